@@ -1,0 +1,30 @@
+"""WorldPlay-1.5 teacher transformer: our own, checkpoint-compatible implementation of its AR paths."""
+
+from .cache import CameraProjection, ChunkOutput, ContextKV, LayerContextKV, RopeTable, TextKV
+from .config import TEACHER_PRESETS, preset_config
+from .loading import (
+    CheckpointMismatchError,
+    load_checkpoint_strict,
+    load_state_dict_strict,
+    randomize_zero_initialised_,
+    zero_initialised_entries,
+)
+from .model import DoubleStreamBlock, WorldPlayTransformer
+
+__all__ = [
+    "CameraProjection",
+    "CheckpointMismatchError",
+    "ChunkOutput",
+    "ContextKV",
+    "DoubleStreamBlock",
+    "LayerContextKV",
+    "RopeTable",
+    "TEACHER_PRESETS",
+    "TextKV",
+    "WorldPlayTransformer",
+    "load_checkpoint_strict",
+    "load_state_dict_strict",
+    "preset_config",
+    "randomize_zero_initialised_",
+    "zero_initialised_entries",
+]

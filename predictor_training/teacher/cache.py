@@ -1,0 +1,175 @@
+"""Small containers passed between the teacher's AR calls and its building blocks.
+
+Layouts follow the upstream AR KV cache: `[B, heads, tokens, head_dim]`. The upstream cache keeps the two attention
+branches stacked along the batch axis (`[2, heads, S, d]`, entry 0 = RoPE, entry 1 = ProPE); here they are separate
+fields, and `LayerContextKV.from_stacked` / `.stacked()` convert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+def _move(tensor: Tensor, device, dtype) -> Tensor:
+    return tensor.to(device=device, dtype=dtype)
+
+
+@dataclass
+class TextKV:
+    """Per-layer text keys/values of the text prefill.
+
+    `k[i]`, `v[i]`: `[B, heads, L_txt, head_dim]` for double block i (K after qk-norm, no RoPE; V raw).
+    `mask`: optional `[B, L_txt]` bool (True = valid token); None means every token is valid (the AR case).
+    """
+
+    k: list[Tensor]
+    v: list[Tensor]
+    mask: Tensor | None = None
+
+    def __post_init__(self):
+        if len(self.k) != len(self.v):
+            raise ValueError(f"TextKV: {len(self.k)} key tensors but {len(self.v)} value tensors")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.k[0].shape[2]
+
+    def layer(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.k[index], self.v[index]
+
+    def to(self, device=None, dtype=None) -> "TextKV":
+        mask = None if self.mask is None else self.mask.to(device=device)
+        return TextKV([_move(t, device, dtype) for t in self.k], [_move(t, device, dtype) for t in self.v], mask)
+
+    def select(self, layers: Sequence[int]) -> "TextKV":
+        """Keep only `layers`, in that order: entry j of the result is layer `layers[j]`."""
+        return TextKV([self.k[i] for i in layers], [self.v[i] for i in layers], self.mask)
+
+
+@dataclass
+class LayerContextKV:
+    """Context (memory) K/V of one double block, `[B, heads, S, head_dim]` each.
+
+    rope_k: qk-normed K with RoPE at the context positions; rope_v: raw V;
+    prope_k / prope_v: qk-normed K / raw V multiplied by P^-1 of their frame (no RoPE).
+    Built by the teacher (or `from_stacked`), the four fields are views of two branch-stacked tensors, so nothing
+    is copied; clone them before saving them as separate safetensors entries.
+    """
+
+    rope_k: Tensor
+    rope_v: Tensor
+    prope_k: Tensor
+    prope_v: Tensor
+    # The branch-stacked form, built once and reused by every chunk step: (source tensors, (k, v)).
+    _stacked_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.rope_k.shape[2]
+
+    def _sources(self) -> tuple[Tensor, ...]:
+        return (self.rope_k, self.prope_k, self.rope_v, self.prope_v)
+
+    @classmethod
+    def from_stacked(cls, k_vision: Tensor, v_vision: Tensor) -> "LayerContextKV":
+        """From the upstream layout `[2B, heads, S, d]` (first B rows = RoPE branch, last B rows = ProPE branch)."""
+        if k_vision.shape[0] % 2 or v_vision.shape != k_vision.shape:
+            raise ValueError(
+                f"stacked context K/V must have an even leading axis and equal shapes, got {tuple(k_vision.shape)} "
+                f"and {tuple(v_vision.shape)}"
+            )
+        rope_k, prope_k = k_vision.chunk(2, dim=0)
+        rope_v, prope_v = v_vision.chunk(2, dim=0)
+        layer = cls(rope_k, rope_v, prope_k, prope_v)
+        layer._stacked_cache = (layer._sources(), (k_vision, v_vision))
+        return layer
+
+    def _cache_is_current(self) -> bool:
+        cache = self._stacked_cache
+        return cache is not None and all(a is b for a, b in zip(cache[0], self._sources()))
+
+    def stacked(self) -> tuple[Tensor, Tensor]:
+        """Upstream layout: (k, v) each `[2B, heads, S, d]`, RoPE branch first (computed once, then cached)."""
+        if not self._cache_is_current():
+            stacked = (torch.cat([self.rope_k, self.prope_k], dim=0), torch.cat([self.rope_v, self.prope_v], dim=0))
+            self._stacked_cache = (self._sources(), stacked)
+        return self._stacked_cache[1]
+
+    def to(self, device=None, dtype=None) -> "LayerContextKV":
+        if self._cache_is_current():
+            k_vision, v_vision = self._stacked_cache[1]
+            return LayerContextKV.from_stacked(_move(k_vision, device, dtype), _move(v_vision, device, dtype))
+        moved = (_move(t, device, dtype) for t in (self.rope_k, self.rope_v, self.prope_k, self.prope_v))
+        return LayerContextKV(*moved)
+
+
+@dataclass
+class ContextKV:
+    """Context K/V of every double block plus the number of context frames it encodes."""
+
+    layers: list[LayerContextKV]
+    num_frames: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer(self, index: int) -> LayerContextKV:
+        return self.layers[index]
+
+    def to(self, device=None, dtype=None) -> "ContextKV":
+        return ContextKV([layer.to(device, dtype) for layer in self.layers], self.num_frames)
+
+    def select(self, layers: Sequence[int]) -> "ContextKV":
+        """Keep only `layers`, in that order: entry j of the result is layer `layers[j]`."""
+        return ContextKV([self.layers[i] for i in layers], self.num_frames)
+
+
+@dataclass
+class RopeTable:
+    """3-D RoPE table for `num_frames x height x width` tokens in (frame, row, column) order.
+
+    cos, sin: `[T*H*W, head_dim]` float32, each value repeated for the two channels of its adjacent pair.
+    """
+
+    cos: Tensor
+    sin: Tensor
+    start: int = 0
+
+    def to(self, device=None) -> "RopeTable":
+        return RopeTable(self.cos.to(device=device), self.sin.to(device=device), self.start)
+
+
+@dataclass
+class CameraProjection:
+    """Per-frame ProPE matrices, `[B, T, 4, 4]` each.
+
+    P = lift(K with the principal point dropped) @ w2c; P_inv = SE3inv(w2c) @ lift(K^-1).
+    """
+
+    P: Tensor
+    P_inv: Tensor
+
+    @property
+    def num_frames(self) -> int:
+        return self.P.shape[1]
+
+
+@dataclass
+class ChunkOutput:
+    """Output of `WorldPlayTransformer.chunk_step(..., return_final_hidden=True)`.
+
+    velocity `[1, C, T, H, W]`; final_hidden `[1, T*H*W, hidden]` (input of the final layer); vec `[T, hidden]`.
+    """
+
+    velocity: Tensor
+    final_hidden: Tensor
+    vec: Tensor

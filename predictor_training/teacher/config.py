@@ -1,0 +1,96 @@
+"""Constructor presets of the WorldPlay-1.5 teacher transformer.
+
+Every preset is a complete set of constructor arguments of `WorldPlayTransformer`, with the upstream argument
+names (the released `transformer/480p_i2v/config.json` uses the same names), plus our own `byt5_states_dim` and
+`byt5_hidden_dim` (hard-coded to 1472 / 2048 upstream).
+
+* `worldplay_480p_i2v`: the real 480p image-to-video sizes (8,557,933,856 parameters with the WorldPlay extras).
+* `tiny`: the sizes of conformance set A (`tests/data/conformance/worldplay_tiny_A/config.json`) with 2 double blocks.
+* `demo`: a small CPU demo model (a few MB), every width small, ByT5 sizes shrunk as well.
+"""
+
+from __future__ import annotations
+
+import copy
+
+_COMMON_UPSTREAM_FLAGS = {
+    "patch_size": [1, 1, 1],
+    "concat_condition": True,
+    "mlp_width_ratio": 4.0,
+    "mlp_act_type": "gelu_tanh",
+    "mm_single_blocks_depth": 0,
+    "qkv_bias": True,
+    "qk_norm": True,
+    "qk_norm_type": "rms",
+    "guidance_embed": False,
+    "use_meanflow": False,
+    "text_projection": "single_refiner",
+    "use_attention_mask": True,
+    "text_states_dim_2": None,
+    "text_pool_type": None,
+    "rope_theta": 256,
+    "attn_param": None,
+    "glyph_byT5_v2": True,
+    "vision_projection": "linear",
+    "is_reshape_temporal_channels": False,
+    "use_cond_type_embedding": True,
+    "ideal_resolution": "480p",
+    "ideal_task": "i2v",
+}
+
+TEACHER_PRESETS: dict[str, dict] = {
+    "worldplay_480p_i2v": {
+        **_COMMON_UPSTREAM_FLAGS,
+        "in_channels": 32,
+        "out_channels": 32,
+        "hidden_size": 2048,
+        "heads_num": 16,
+        "mm_double_blocks_depth": 54,
+        "rope_dim_list": [16, 56, 56],
+        "text_states_dim": 3584,
+        "attn_mode": "flash",
+        "vision_states_dim": 1152,
+        "byt5_states_dim": 1472,
+        "byt5_hidden_dim": 2048,
+    },
+    "tiny": {
+        **_COMMON_UPSTREAM_FLAGS,
+        "in_channels": 4,
+        "out_channels": 4,
+        "hidden_size": 64,
+        "heads_num": 2,
+        "mm_double_blocks_depth": 2,
+        "rope_dim_list": [8, 12, 12],
+        "text_states_dim": 32,
+        "attn_mode": "torch",
+        "vision_states_dim": 16,
+        "byt5_states_dim": 1472,
+        "byt5_hidden_dim": 2048,
+    },
+    "demo": {
+        **_COMMON_UPSTREAM_FLAGS,
+        "in_channels": 4,
+        "out_channels": 4,
+        "hidden_size": 64,
+        "heads_num": 2,
+        "mm_double_blocks_depth": 4,
+        "rope_dim_list": [8, 12, 12],
+        "text_states_dim": 32,
+        "attn_mode": "torch",
+        "vision_states_dim": 16,
+        "byt5_states_dim": 32,
+        "byt5_hidden_dim": 64,
+    },
+}
+
+
+def preset_config(name: str, **overrides) -> dict:
+    """Return a deep copy of preset `name` with `overrides` applied (each override must name a preset key)."""
+    if name not in TEACHER_PRESETS:
+        raise KeyError(f"unknown teacher preset {name!r}; expected one of {sorted(TEACHER_PRESETS)}")
+    config = copy.deepcopy(TEACHER_PRESETS[name])
+    unknown = sorted(set(overrides) - set(config))
+    if unknown:
+        raise KeyError(f"unknown override(s) {unknown} for teacher preset {name!r}; valid keys: {sorted(config)}")
+    config.update(copy.deepcopy(overrides))
+    return config

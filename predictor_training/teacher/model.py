@@ -1,0 +1,599 @@
+"""The WorldPlay-1.5 teacher transformer: our own implementation with the upstream state-dict key names.
+
+Only the autoregressive (AR) paths of the upstream model are implemented: the text prefill, the context (memory)
+prefill and the chunk step (README sections 4-7), plus batch-general building blocks for the Predictor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import Tensor, nn
+
+from .cache import CameraProjection, ChunkOutput, ContextKV, LayerContextKV, RopeTable, TextKV
+from .config import preset_config
+from .loading import load_checkpoint_strict, raise_on_loading_info, zero_initialised_tensors
+from .layers import (
+    MLP,
+    ByT5Mapper,
+    FinalLayer,
+    PatchEmbed,
+    RMSNorm,
+    SingleTokenRefiner,
+    TimestepEmbedder,
+    VisionProjection,
+    apply_frame_matrix,
+    apply_rope,
+    build_camera_projection,
+    build_rope_table,
+    layer_norm_no_affine,
+    merge_heads,
+    modulate,
+    split_heads,
+)
+
+TEXT_TIMESTEP = 0.0  # the AR text stream is always modulated by time_in(0)
+COND_TYPE_LLM, COND_TYPE_BYT5, COND_TYPE_SIGLIP = 0, 1, 2
+
+
+def _require_batch_one(name: str, tensor: Tensor) -> None:
+    if tensor.shape[0] != 1:
+        raise ValueError(
+            f"{name}: the AR paths support batch size 1 only (tokens are dropped, not masked), got batch "
+            f"{tensor.shape[0]} (shape {tuple(tensor.shape)})"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Double-stream block
+# ---------------------------------------------------------------------------------------------------------------
+class _Modulation(nn.Module):
+    """`{img,txt}_mod`: SiLU then `linear` to 6 * hidden."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 6 * hidden_size)
+
+    def forward(self, vec: Tensor) -> Tensor:
+        return self.linear(F.silu(vec))
+
+
+class DoubleStreamBlock(nn.Module):
+    """One `double_blocks.N`: a text stream (text-only attention) and an image stream (RoPE + ProPE branches).
+
+    Modulation chunks: (shift1, scale1, gate1, shift2, scale2, gate2). Norms are non-affine LayerNorms (no keys).
+    """
+
+    def __init__(self, hidden_size: int, heads: int, mlp_ratio: float, qkv_bias: bool):
+        super().__init__()
+        self.heads = heads
+        head_dim = hidden_size // heads
+        mlp_width = int(hidden_size * mlp_ratio)
+
+        def linear() -> nn.Linear:
+            return nn.Linear(hidden_size, hidden_size, bias=qkv_bias)
+
+        # image stream
+        self.img_mod = _Modulation(hidden_size)
+        self.img_attn_q, self.img_attn_k, self.img_attn_v = linear(), linear(), linear()
+        self.img_attn_q_norm, self.img_attn_k_norm = RMSNorm(head_dim), RMSNorm(head_dim)
+        self.img_attn_proj = linear()
+        self.img_attn_prope_proj = nn.Linear(hidden_size, hidden_size)  # WorldPlay extra, always with bias
+        self.img_mlp = MLP(hidden_size, mlp_width, nn.GELU(approximate="tanh"))
+        # text stream
+        self.txt_mod = _Modulation(hidden_size)
+        self.txt_attn_q, self.txt_attn_k, self.txt_attn_v = linear(), linear(), linear()
+        self.txt_attn_q_norm, self.txt_attn_k_norm = RMSNorm(head_dim), RMSNorm(head_dim)
+        self.txt_attn_proj = linear()
+        self.txt_mlp = MLP(hidden_size, mlp_width, nn.GELU(approximate="tanh"))
+
+    # ---- text stream --------------------------------------------------------------------------------------
+    def text_forward(
+        self, x: Tensor, vec_txt: Tensor, text_mask: Tensor | None = None, kv_only: bool = False
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Text-only mode. x [B, L, h]; vec_txt [B, h]; text_mask [B, L] bool (True = valid) or None.
+
+        Returns (x' [B, L, h] or None when kv_only, k [B, heads, L, d] qk-normed, v [B, heads, L, d]).
+        """
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.txt_mod(vec_txt).unsqueeze(1).chunk(6, dim=-1)
+        x_mod = modulate(layer_norm_no_affine(x), shift1, scale1)
+        k = self.txt_attn_k_norm(split_heads(self.txt_attn_k(x_mod), self.heads))
+        v = split_heads(self.txt_attn_v(x_mod), self.heads)
+        if kv_only:
+            return None, k, v
+        q = self.txt_attn_q_norm(split_heads(self.txt_attn_q(x_mod), self.heads))
+        attn_mask = None if text_mask is None else text_mask[:, None, None, :]
+        attn = merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
+        x = x + gate1 * self.txt_attn_proj(attn)
+        x = x + gate2 * self.txt_mlp(modulate(layer_norm_no_affine(x), shift2, scale2))
+        return x, k, v
+
+    # ---- image stream -------------------------------------------------------------------------------------
+    def _image_modulation(self, frame_vec: Tensor) -> tuple[Tensor, ...]:
+        """frame_vec [B, T, h] -> six [B, T, 1, h] tensors (broadcast over the tokens of each frame)."""
+        return self.img_mod(frame_vec).unsqueeze(2).chunk(6, dim=-1)
+
+    @staticmethod
+    def _per_frame(x: Tensor, frames: int, tokens_per_frame: int) -> Tensor:
+        """[B, T*HW, h] -> [B, T, HW, h]."""
+        return x.view(x.shape[0], frames, tokens_per_frame, x.shape[-1])
+
+    def _image_qkv(
+        self, x: Tensor, shift1: Tensor, scale1: Tensor, tokens_per_frame: int, need_q: bool
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Modulate, project and qk-norm. Returns q (or None), k, v, each [B, heads, N, d]."""
+        frames = shift1.shape[1]
+        normed = layer_norm_no_affine(self._per_frame(x, frames, tokens_per_frame))
+        x_mod = modulate(normed, shift1, scale1).flatten(1, 2)
+        k = self.img_attn_k_norm(split_heads(self.img_attn_k(x_mod), self.heads))
+        v = split_heads(self.img_attn_v(x_mod), self.heads)
+        q = self.img_attn_q_norm(split_heads(self.img_attn_q(x_mod), self.heads)) if need_q else None
+        return q, k, v
+
+    @staticmethod
+    def _check_image_inputs(
+        x: Tensor, frame_vec: Tensor, tokens_per_frame: int, rope: RopeTable, camera: CameraProjection
+    ) -> None:
+        batch, tokens = x.shape[:2]
+        frames = frame_vec.shape[1]
+        if frame_vec.shape[0] != batch or frames * tokens_per_frame != tokens:
+            raise ValueError(
+                f"x {tuple(x.shape)} must hold frame_vec's {frames} frames x {tokens_per_frame} tokens for batch "
+                f"{frame_vec.shape[0]}"
+            )
+        if rope.cos.shape[0] != tokens:
+            raise ValueError(f"the RoPE table has {rope.cos.shape[0]} rows for {tokens} image tokens")
+        if tuple(camera.P.shape[:2]) != (batch, frames):
+            raise ValueError(f"camera matrices {tuple(camera.P.shape)} do not match batch {batch} x {frames} frames")
+
+    @staticmethod
+    def _own_context_kv(
+        k: Tensor, v: Tensor, tokens_per_frame: int, rope: RopeTable, camera: CameraProjection
+    ) -> LayerContextKV:
+        """Both branches' K/V of these tokens, built directly in the branch-stacked layout [2B, heads, N, d]."""
+        keys = torch.cat([apply_rope(k, rope), apply_frame_matrix(k, camera.P_inv, tokens_per_frame)])
+        values = torch.cat([v, apply_frame_matrix(v, camera.P_inv, tokens_per_frame)])
+        return LayerContextKV.from_stacked(keys, values)
+
+    def image_kv(
+        self, x: Tensor, frame_vec: Tensor, tokens_per_frame: int, rope: RopeTable, camera: CameraProjection
+    ) -> LayerContextKV:
+        """Only the K/V path of `image_forward` (what a context prefill caches for this block).
+
+        x [B, T*HW, h]; frame_vec [B, T, h] -> LayerContextKV with tensors [B, heads, T*HW, d].
+        """
+        self._check_image_inputs(x, frame_vec, tokens_per_frame, rope, camera)
+        shift1, scale1 = self._image_modulation(frame_vec)[:2]
+        _, k, v = self._image_qkv(x, shift1, scale1, tokens_per_frame, need_q=False)
+        return self._own_context_kv(k, v, tokens_per_frame, rope, camera)
+
+    def image_forward(
+        self,
+        x: Tensor,
+        frame_vec: Tensor,
+        tokens_per_frame: int,
+        rope: RopeTable,
+        camera: CameraProjection,
+        text_k: Tensor,
+        text_v: Tensor,
+        text_mask: Tensor | None = None,
+        context: LayerContextKV | None = None,
+        return_kv: bool = False,
+    ):
+        """Image stream of one block; queries attend to [text ; context ; own] in the RoPE and ProPE branches.
+
+        x [B, N=T*HW, h]; frame_vec [B, T, h]; text_k/v [B, heads, L, d]; text_mask [B, L] bool (True = valid) or
+        None; context [B, heads, S, d] tensors or None. Returns x' [B, N, h] (and this call's LayerContextKV).
+        """
+        self._check_image_inputs(x, frame_vec, tokens_per_frame, rope, camera)
+        batch = x.shape[0]
+        shift1, scale1, gate1, shift2, scale2, gate2 = self._image_modulation(frame_vec)
+        q, k, v = self._image_qkv(x, shift1, scale1, tokens_per_frame, need_q=True)
+        own = self._own_context_kv(k, v, tokens_per_frame, rope, camera)
+        # 1. Both branches in one attention call: the branch is stacked on the batch axis (RoPE rows first).
+        queries = torch.cat([apply_rope(q, rope), apply_frame_matrix(q, camera.P.transpose(-1, -2), tokens_per_frame)])
+        parts = [(text_k.repeat(2, 1, 1, 1), text_v.repeat(2, 1, 1, 1))]
+        if context is not None:
+            parts.append(context.stacked())
+        parts.append(own.stacked())
+        keys = torch.cat([key for key, _ in parts], dim=2)
+        values = torch.cat([value for _, value in parts], dim=2)
+        attn_mask = None
+        if text_mask is not None:
+            always_valid = torch.ones(batch, keys.shape[2] - text_k.shape[2], dtype=torch.bool, device=x.device)
+            attn_mask = torch.cat([text_mask.bool(), always_valid], dim=1).repeat(2, 1)[:, None, None, :]
+        attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask)
+        attn_rope, attn_prope = attn[:batch], attn[batch:]
+        attn_prope = apply_frame_matrix(attn_prope, camera.P, tokens_per_frame)
+        # 2. Gated residuals with per-frame gates.
+        update = self.img_attn_proj(merge_heads(attn_rope)) + self.img_attn_prope_proj(merge_heads(attn_prope))
+        frames = frame_vec.shape[1]
+        x = self._per_frame(x, frames, tokens_per_frame) + gate1 * self._per_frame(update, frames, tokens_per_frame)
+        x = x + gate2 * self.img_mlp(modulate(layer_norm_no_affine(x), shift2, scale2))
+        x = x.flatten(1, 2)
+        return (x, own) if return_kv else x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The transformer
+# ---------------------------------------------------------------------------------------------------------------
+class WorldPlayTransformer(ModelMixin, ConfigMixin):
+    """WorldPlay-1.5 transformer (HunyuanVideo-1.5 dual-stream backbone + action embedder + ProPE branch).
+
+    Constructor arguments carry the upstream names, so the released `transformer/480p_i2v/config.json` is read as
+    is. Supported values are those of the WorldPlay AR model; anything else raises. Upstream arguments that do not
+    change the AR computation (`attn_mode`, `attn_param`, `use_attention_mask`, `ideal_resolution`, `ideal_task`)
+    are stored only. `byt5_states_dim` / `byt5_hidden_dim` are ours (fixed 1472 / 2048 upstream).
+    """
+
+    config_name = "config.json"
+    _supports_gradient_checkpointing = False
+    _no_split_modules = ["DoubleStreamBlock"]
+
+    @register_to_config
+    def __init__(
+        self,
+        patch_size: Sequence[int] = (1, 1, 1),
+        in_channels: int = 32,
+        concat_condition: bool = True,
+        out_channels: int | None = None,
+        hidden_size: int = 2048,
+        heads_num: int = 16,
+        mlp_width_ratio: float = 4.0,
+        mlp_act_type: str = "gelu_tanh",
+        mm_double_blocks_depth: int = 54,
+        mm_single_blocks_depth: int = 0,
+        rope_dim_list: Sequence[int] = (16, 56, 56),
+        qkv_bias: bool = True,
+        qk_norm: bool = True,
+        qk_norm_type: str = "rms",
+        guidance_embed: bool = False,
+        use_meanflow: bool = False,
+        text_projection: str = "single_refiner",
+        use_attention_mask: bool = True,
+        text_states_dim: int = 3584,
+        text_states_dim_2: int | None = None,
+        text_pool_type: str | None = None,
+        rope_theta: float = 256,
+        attn_mode: str = "flash",
+        attn_param: dict | None = None,
+        glyph_byT5_v2: bool = True,
+        vision_projection: str = "linear",
+        vision_states_dim: int = 1152,
+        is_reshape_temporal_channels: bool = False,
+        use_cond_type_embedding: bool = True,
+        ideal_resolution: str | None = "480p",
+        ideal_task: str | None = "i2v",
+        byt5_states_dim: int = 1472,
+        byt5_hidden_dim: int = 2048,
+    ):
+        super().__init__()
+        _check_supported_config(locals())
+        self.out_channels = in_channels if out_channels is None else out_channels
+        self.heads_num = heads_num
+        self.head_dim = hidden_size // heads_num
+        self.rope_dim_list = list(rope_dim_list)
+        self.rope_theta = rope_theta
+
+        self.img_in = PatchEmbed(2 * in_channels + 1, hidden_size)
+        self.time_in = TimestepEmbedder(hidden_size)
+        self.action_in = TimestepEmbedder(hidden_size)
+        self.txt_in = SingleTokenRefiner(text_states_dim, hidden_size, heads_num, mlp_width_ratio, qkv_bias)
+        self.byt5_in = ByT5Mapper(byt5_states_dim, byt5_hidden_dim, hidden_size)
+        self.vision_in = VisionProjection(vision_states_dim, hidden_size)
+        self.cond_type_embedding = nn.Embedding(3, hidden_size)
+        self.double_blocks = nn.ModuleList(
+            DoubleStreamBlock(hidden_size, heads_num, mlp_width_ratio, qkv_bias) for _ in range(mm_double_blocks_depth)
+        )
+        self.final_layer = FinalLayer(hidden_size, self.out_channels)
+        self.reset_upstream_initialisation_()
+
+    # ---- construction helpers -----------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "WorldPlayTransformer":
+        """Build a fresh model from a preset of `TEACHER_PRESETS` ("worldplay_480p_i2v", "tiny", "demo")."""
+        return cls(**preset_config(name, **overrides))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """diffusers `from_pretrained`, but strict: any missing, unexpected or mismatched key raises."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        raise_on_loading_info(info, source=str(pretrained_model_name_or_path))
+        return (model, info) if want_info else model
+
+    @classmethod
+    def load_action_checkpoint(cls, path: str | os.PathLike, model: "WorldPlayTransformer") -> None:
+        """Load a full WorldPlay state dict (e.g. the action model's safetensors) into `model`, strictly."""
+        load_checkpoint_strict(model, path)
+
+    def reset_upstream_initialisation_(self) -> None:
+        """Upstream init of the layers it zero-initialises (and xavier on the latent channels of `img_in`)."""
+        latent_channels = self.config.in_channels
+        with torch.no_grad():
+            nn.init.xavier_uniform_(self.img_in.proj.weight[:, :latent_channels])
+            for tensor in zero_initialised_tensors(self):
+                tensor.zero_()
+
+    # ---- building blocks (batch-general) --------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.double_blocks)
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype activations are computed in: the autocast dtype when autocast is on, else the weights' dtype."""
+        device_type = self.img_in.proj.weight.device.type
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return self.img_in.proj.weight.dtype
+
+    def embed_image(self, hidden_states: Tensor) -> Tensor:
+        """[B, 2C+1, T, H, W] -> [B, T*H*W, hidden] (`img_in`)."""
+        if hidden_states.dim() != 5:
+            raise ValueError(f"hidden_states must be [B, 2C+1, T, H, W], got shape {tuple(hidden_states.shape)}")
+        return self.img_in(hidden_states)
+
+    def frame_vec(self, timestep: Tensor, action: Tensor) -> Tensor:
+        """timestep [B, T] or [T] (0..1000), action [B, T] (labels 0..80) -> per-frame vec [B, T, hidden]."""
+        if action.dim() != 2:
+            raise ValueError(f"action must be [B, T], got shape {tuple(action.shape)}")
+        batch, frames = action.shape
+        timestep = timestep.expand(batch, frames) if timestep.dim() == 1 else timestep
+        if timestep.shape != (batch, frames):
+            raise ValueError(
+                f"timestep must be [T] or [B, T] matching action {tuple(action.shape)}, got {tuple(timestep.shape)}"
+            )
+        vec = self.time_in(timestep.reshape(-1)) + self.action_in(action.reshape(-1))
+        return vec.view(batch, frames, vec.shape[-1])
+
+    def rope_table(self, num_frames: int, height: int, width: int, start: int) -> RopeTable:
+        """cos/sin [T*H*W, head_dim] float32 for temporal positions start..start+T-1."""
+        return build_rope_table(
+            num_frames, height, width, start, self.rope_dim_list, self.rope_theta, device=self.img_in.proj.weight.device
+        )
+
+    def camera_projection(self, viewmats: Tensor, Ks: Tensor) -> CameraProjection:
+        """viewmats [B, T, 4, 4] (w2c), Ks [B, T, 3, 3] -> P, P_inv [B, T, 4, 4] in the compute dtype.
+
+        The poses are cast to the compute dtype first (bf16 under bf16 autocast, as the upstream pipeline does).
+        """
+        dtype = self.compute_dtype()
+        return build_camera_projection(viewmats.to(dtype), Ks.to(dtype))
+
+    def final_projection(self, hidden: Tensor, frame_vec: Tensor, tokens_per_frame: int) -> Tensor:
+        """`final_layer`: [B, T*HW, hidden] with frame_vec [B, T, hidden] -> [B, T*HW, C_out]."""
+        return self.final_layer(hidden, frame_vec, tokens_per_frame)
+
+    def unpatchify(self, tokens: Tensor, num_frames: int, height: int, width: int) -> Tensor:
+        """[B, T*H*W, C] -> [B, C, T, H, W]."""
+        batch, _, channels = tokens.shape
+        return tokens.view(batch, num_frames, height, width, channels).permute(0, 4, 1, 2, 3)
+
+    # ---- text prefill ---------------------------------------------------------------------------------------
+    def text_tokens(
+        self,
+        text_states: Tensor,
+        text_mask: Tensor,
+        byt5_states: Tensor,
+        byt5_mask: Tensor,
+        vision_states: Tensor,
+        mask_type: str = "i2v",
+    ) -> tuple[Tensor, Tensor]:
+        """The kept text tokens [1, L_txt, hidden] = [SigLIP | valid ByT5 | valid LLM] and vec_txt [1, hidden]."""
+        named = {"text_states": text_states, "byt5_states": byt5_states, "vision_states": vision_states}
+        for name, tensor in named.items():
+            _require_batch_one(f"text_prefill {name}", tensor)
+        if mask_type not in ("i2v", "t2v"):
+            raise ValueError(f"mask_type must be 'i2v' or 't2v', got {mask_type!r}")
+        device = text_states.device
+        timestep_txt = torch.full((1,), TEXT_TIMESTEP, device=device)
+        vec_txt = self.time_in(timestep_txt)
+        cond = self.cond_type_embedding.weight
+        llm = self.txt_in(text_states, timestep_txt, text_mask) + cond[COND_TYPE_LLM]
+        byt5 = self.byt5_in(byt5_states) + cond[COND_TYPE_BYT5]
+        vision = self.vision_in(vision_states) + cond[COND_TYPE_SIGLIP]
+        drop_vision = mask_type == "t2v" and not bool((vision_states != 0).any())
+        parts = [] if drop_vision else [vision[0]]
+        parts += [byt5[0][byt5_mask[0].bool()], llm[0][text_mask[0].bool()]]
+        return torch.cat(parts, dim=0).unsqueeze(0), vec_txt
+
+    def text_prefill(
+        self,
+        text_states: Tensor,
+        text_mask: Tensor,
+        byt5_states: Tensor,
+        byt5_mask: Tensor,
+        vision_states: Tensor,
+        mask_type: str = "i2v",
+        trace: dict | None = None,
+    ) -> TextKV:
+        """Per-layer text K/V of the valid text tokens (B = 1).
+
+        text_states [1, L, text_dim], text_mask [1, L]; byt5_states [1, Lb, byt5_dim], byt5_mask [1, Lb];
+        vision_states [1, Nv, vision_dim]. Returns TextKV with k/v [1, heads, L_txt, d] per layer.
+        `trace` (optional dict) receives "tokens", "vec_txt" and "layer{i}.txt_out" (debug aids).
+        """
+        x, vec_txt = self.text_tokens(text_states, text_mask, byt5_states, byt5_mask, vision_states, mask_type)
+        if trace is not None:
+            trace.update({"tokens": x, "vec_txt": vec_txt})
+        keys, values = [], []
+        last = self.num_layers - 1
+        for index, block in enumerate(self.double_blocks):
+            x_next, k, v = block.text_forward(x, vec_txt, kv_only=index == last)
+            keys.append(k)
+            values.append(v)
+            if x_next is not None:
+                x = x_next
+                if trace is not None:
+                    trace[f"layer{index}.txt_out"] = x
+        return TextKV(keys, values)
+
+    # ---- context prefill and chunk step ---------------------------------------------------------------------
+    def _image_inputs(self, name, hidden_states, timestep, action, viewmats, Ks):
+        """Shared input handling of the AR image calls (B = 1)."""
+        named = {"hidden_states": hidden_states, "action": action, "viewmats": viewmats, "Ks": Ks}
+        for arg_name, tensor in named.items():
+            _require_batch_one(f"{name} {arg_name}", tensor)
+        if hidden_states.dim() != 5:
+            raise ValueError(f"{name}: hidden_states must be [1, 2C+1, T, H, W], got {tuple(hidden_states.shape)}")
+        frames, height, width = hidden_states.shape[2:]
+        for arg_name, tensor, shape in (
+            ("timestep", timestep, (frames,)),
+            ("action", action, (1, frames)),
+            ("viewmats", viewmats, (1, frames, 4, 4)),
+            ("Ks", Ks, (1, frames, 3, 3)),
+        ):
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"{name}: {arg_name} must have shape {shape}, got {tuple(tensor.shape)}")
+        x = self.embed_image(hidden_states)
+        vec = self.frame_vec(timestep, action)
+        camera = self.camera_projection(viewmats, Ks)
+        return x, vec, camera, (frames, height, width)
+
+    def _check_text_kv(self, text_kv: TextKV) -> None:
+        if text_kv.num_layers != self.num_layers:
+            raise ValueError(f"text_kv has {text_kv.num_layers} layers, the model has {self.num_layers}")
+
+    def context_prefill(
+        self,
+        hidden_states: Tensor,
+        timestep: Tensor,
+        action: Tensor,
+        viewmats: Tensor,
+        Ks: Tensor,
+        text_kv: TextKV,
+        prefeature_layers: Sequence[int] = (),
+        trace: dict | None = None,
+    ) -> tuple[ContextKV, dict[int, Tensor]]:
+        """Encode n context frames into per-layer context K/V (temporal RoPE positions 0..n-1).
+
+        hidden_states [1, 2C+1, n, H, W]; timestep [n]; action [1, n]; viewmats [1, n, 4, 4]; Ks [1, n, 3, 3].
+        Returns (ContextKV, {layer: hidden state entering double block `layer`, [1, n*H*W, hidden]}).
+        `trace` (optional) receives "img_tokens_in", "vec" [n, hidden] and "layer{i}.img_out" (i < depth-1).
+        """
+        self._check_text_kv(text_kv)
+        wanted = sorted(set(int(layer) for layer in prefeature_layers))
+        if wanted and not (0 <= wanted[0] and wanted[-1] < self.num_layers):
+            raise ValueError(f"prefeature_layers must lie in [0, {self.num_layers}), got {wanted}")
+        x, vec, camera, (frames, height, width) = self._image_inputs(
+            "context_prefill", hidden_states, timestep, action, viewmats, Ks
+        )
+        tokens_per_frame = height * width
+        rope = self.rope_table(frames, height, width, start=0)
+        if trace is not None:
+            trace.update({"img_tokens_in": x, "vec": vec[0]})
+        prefeatures: dict[int, Tensor] = {}
+        layers: list[LayerContextKV] = []
+        last = self.num_layers - 1
+        for index, block in enumerate(self.double_blocks):
+            if index in wanted:
+                prefeatures[index] = x
+            if index == last:  # everything after the last block's K/V is unused
+                layers.append(block.image_kv(x, vec, tokens_per_frame, rope, camera))
+                break
+            text_k, text_v = text_kv.layer(index)
+            x, own = block.image_forward(
+                x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, return_kv=True
+            )
+            layers.append(own)
+            if trace is not None:
+                trace[f"layer{index}.img_out"] = x
+        return ContextKV(layers, frames), prefeatures
+
+    def chunk_step(
+        self,
+        hidden_states: Tensor,
+        timestep: Tensor,
+        action: Tensor,
+        viewmats: Tensor,
+        Ks: Tensor,
+        text_kv: TextKV,
+        context_kv: ContextKV | None = None,
+        rope_start: int | None = None,
+        return_final_hidden: bool = False,
+        trace: dict | None = None,
+    ):
+        """One denoising call on a chunk: velocity [1, C, T, H, W] (or ChunkOutput with return_final_hidden).
+
+        hidden_states [1, 2C+1, T, H, W]; timestep [T]; action [1, T]; viewmats [1, T, 4, 4]; Ks [1, T, 3, 3].
+        Temporal RoPE positions are rope_start..rope_start+T-1, rope_start defaulting to the context's frame count.
+        `trace` (optional) receives "img_tokens_in" and "layer{i}.img_out" (i < depth-1).
+        """
+        self._check_text_kv(text_kv)
+        if context_kv is not None and context_kv.num_layers != self.num_layers:
+            raise ValueError(f"context_kv has {context_kv.num_layers} layers, the model has {self.num_layers}")
+        if rope_start is None:
+            rope_start = 0 if context_kv is None else context_kv.num_frames
+        x, vec, camera, (frames, height, width) = self._image_inputs(
+            "chunk_step", hidden_states, timestep, action, viewmats, Ks
+        )
+        tokens_per_frame = height * width
+        rope = self.rope_table(frames, height, width, start=rope_start)
+        if trace is not None:
+            trace["img_tokens_in"] = x
+        for index, block in enumerate(self.double_blocks):
+            text_k, text_v = text_kv.layer(index)
+            context = None if context_kv is None else context_kv.layer(index)
+            x = block.image_forward(x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context)
+            if trace is not None and index < self.num_layers - 1:
+                trace[f"layer{index}.img_out"] = x
+        velocity = self.unpatchify(self.final_projection(x, vec, tokens_per_frame), frames, height, width)
+        if return_final_hidden:
+            return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0])
+        return velocity
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(
+            "WorldPlayTransformer has no generic forward; call text_prefill, context_prefill or chunk_step"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config validation
+# ---------------------------------------------------------------------------------------------------------------
+_REQUIRED_VALUES = {
+    "concat_condition": True,
+    "mlp_act_type": "gelu_tanh",
+    "mm_single_blocks_depth": 0,
+    "qk_norm": True,
+    "qk_norm_type": "rms",
+    "guidance_embed": False,
+    "use_meanflow": False,
+    "text_projection": "single_refiner",
+    "text_states_dim_2": None,
+    "text_pool_type": None,
+    "glyph_byT5_v2": True,
+    "vision_projection": "linear",
+    "is_reshape_temporal_channels": False,
+    "use_cond_type_embedding": True,
+}
+
+
+def _check_supported_config(args: dict) -> None:
+    """Raise a clear error for sizes that cannot work and for upstream options this implementation does not cover."""
+    hidden, heads = args["hidden_size"], args["heads_num"]
+    if heads <= 0 or hidden % heads:
+        raise ValueError(f"hidden_size ({hidden}) must be divisible by heads_num ({heads})")
+    head_dim = hidden // heads
+    rope_dims = list(args["rope_dim_list"])
+    if len(rope_dims) != 3 or sum(rope_dims) != head_dim:
+        raise ValueError(
+            f"rope_dim_list {rope_dims} must have 3 entries (t, h, w) summing to head_dim = hidden_size / heads_num "
+            f"= {head_dim}"
+        )
+    if any(dim % 2 for dim in rope_dims):
+        raise ValueError(f"every rope_dim_list entry must be even (channel pairs), got {rope_dims}")
+    if head_dim % 4:
+        raise ValueError(f"head_dim ({head_dim}) must be divisible by 4 for the ProPE 4x4 blocks")
+    if list(args["patch_size"]) != [1, 1, 1]:
+        raise ValueError(f"patch_size must be [1, 1, 1] (the WorldPlay model), got {list(args['patch_size'])}")
+    if args["mm_double_blocks_depth"] < 1:
+        raise ValueError(f"mm_double_blocks_depth must be >= 1, got {args['mm_double_blocks_depth']}")
+    for name, expected in _REQUIRED_VALUES.items():
+        if args[name] != expected:
+            raise ValueError(f"unsupported {name}={args[name]!r}: this implementation covers only {name}={expected!r}")
