@@ -1,0 +1,385 @@
+"""Training checkpoints (`training_latest.pt`) and inference weights (`predictor_step_XXXXX.safetensors`).
+
+* `training_latest.pt` holds everything a lossless resume needs: the FP32 model state of the unwrapped module,
+  the optimizer, the LR schedule, the run state (global/micro step, epoch, data position), the RNG states of
+  every rank (python, numpy, torch CPU, CUDA), the config and `meta` (variant, source_blocks, precision).
+  It loads with `torch.load(weights_only=True)`: everything in it is tensors or plain python values.
+* `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata.
+* Every write is atomic (temp file in the same folder, fsync, `os.replace`), and nothing non-finite is ever
+  written, so the last good checkpoint survives a crash, a SIGKILL or a NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .distributed import all_gather_objects, barrier, current_rank, unwrap_model
+from .logger import atomic_write, redact_secrets
+
+TRAINING_STATE_NAME = "training_latest.pt"
+TRAINING_STATE_FORMAT = "predictor_training.training_state"
+TRAINING_STATE_VERSION = 1
+INFERENCE_FORMAT = "predictor_training.inference_weights"
+REQUIRED_META_KEYS = ("variant", "source_blocks", "precision")
+_INFERENCE_NAME_PATTERN = re.compile(r"^predictor_step_(\d{5,})\.safetensors$")
+
+
+class NonFiniteError(RuntimeError):
+    """A loss, gradient norm or weight is NaN/Inf; raised before anything is stepped or written."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint was saved for a different variant / source blocks / precision / world size than requested."""
+
+
+def inference_weights_name(step: int) -> str:
+    """`predictor_step_00300.safetensors` for step 300."""
+    return f"predictor_step_{step:05d}.safetensors"
+
+
+@dataclass
+class RunState:
+    """Loop position saved in every checkpoint.
+
+    global_step: optimizer updates done. micro_step: micro-batches consumed (global_step * grad_accum on an
+    uninterrupted run). epoch: current data epoch. data: `ResumableBatches.state_dict()` (epoch + position).
+    """
+
+    global_step: int = 0
+    micro_step: int = 0
+    epoch: int = 0
+    data: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "RunState":
+        return cls(
+            global_step=int(state["global_step"]),
+            micro_step=int(state["micro_step"]),
+            epoch=int(state["epoch"]),
+            data=dict(state["data"]),
+        )
+
+
+# ------------------------------------------------------------------------------------------------ RNG
+def capture_rng_state() -> dict:
+    """This process's RNG states as plain values and CPU byte tensors (weights_only-loadable)."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
+    cuda_state = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda_state = torch.cuda.get_rng_state(torch.cuda.current_device())
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_name,
+            "keys": np_keys.tolist(),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
+        "torch_cpu": torch.get_rng_state(),
+        "torch_cuda": cuda_state,
+    }
+
+
+def restore_rng_state(state: dict) -> None:
+    """Inverse of `capture_rng_state`; a saved CUDA state on a machine without CUDA is an error."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        (
+            numpy_state["bit_generator"],
+            np.asarray(numpy_state["keys"], dtype=np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch_cpu"])
+    if state["torch_cuda"] is not None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("checkpoint holds a CUDA RNG state but CUDA is not available in this run")
+        torch.cuda.set_rng_state(state["torch_cuda"], torch.cuda.current_device())
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _json_plain(obj, what: str):
+    """`obj` normalised through JSON (tuples -> lists); raises if it is not JSON-representable."""
+    try:
+        return json.loads(json.dumps(obj, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{what} must be JSON-serialisable plain data: {error}") from error
+
+
+def _check_meta(meta: dict) -> dict:
+    missing = [key for key in REQUIRED_META_KEYS if key not in meta]
+    if missing:
+        raise ValueError(f"checkpoint meta is missing {missing}; expected keys {REQUIRED_META_KEYS} (got {sorted(meta)})")
+    return _json_plain(meta, "checkpoint meta")
+
+
+def _check_fp32_master(model: nn.Module, meta: dict) -> None:
+    if meta["precision"] != "fp32master":
+        return
+    wrong = [f"{name} ({p.dtype})" for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
+    if wrong:
+        raise ValueError(f"precision 'fp32master' but trainable parameters are not float32: {wrong[:5]}")
+
+
+def check_finite_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Raise NonFiniteError naming the first few non-finite floating tensors of `tensors`."""
+    bad = [
+        name
+        for name, tensor in tensors.items()
+        if torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all())
+    ]
+    if bad:
+        raise NonFiniteError(f"{what}: non-finite values in {len(bad)} tensors, e.g. {bad[:5]}; nothing was written")
+
+
+def _compare_expect(saved_meta: dict, expect: dict, path: Path) -> None:
+    problems = []
+    for key, requested in _json_plain(expect, "expect").items():
+        if key not in saved_meta:
+            problems.append(f"{key}: not recorded in the checkpoint, requested {requested!r}")
+        elif saved_meta[key] != requested:
+            problems.append(f"{key}: saved {saved_meta[key]!r}, requested {requested!r}")
+    if problems:
+        raise CheckpointMismatchError(f"{path} does not match this run: " + "; ".join(problems))
+
+
+_OPTIMIZER_GROUP_KEYS = ("name", "initial_lr", "betas", "weight_decay")
+
+
+def _compare_optimizer_groups(saved_state: dict, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """`optimizer.load_state_dict` would silently replace this run's LRs/betas with the saved ones: refuse."""
+    saved_groups, current_groups = saved_state["param_groups"], optimizer.param_groups
+    if len(saved_groups) != len(current_groups):
+        raise CheckpointMismatchError(
+            f"{path}: optimizer has {len(saved_groups)} param groups saved, this run builds {len(current_groups)}"
+        )
+    problems = []
+    for index, (saved, current) in enumerate(zip(saved_groups, current_groups)):
+        for key in _OPTIMIZER_GROUP_KEYS:
+            saved_value, current_value = saved.get(key), current.get(key)
+            if isinstance(saved_value, (list, tuple)):
+                saved_value, current_value = list(saved_value), list(current_value)
+            if saved_value != current_value:
+                problems.append(f"group {index} {key}: saved {saved.get(key)!r}, requested {current.get(key)!r}")
+    if problems:
+        raise CheckpointMismatchError(f"{path} does not match this run's optimizer: " + "; ".join(problems))
+
+
+def _require_file(path: Path, what: str) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: {path} does not exist; refusing to start from scratch instead")
+
+
+# ------------------------------------------------------------------------------------------------ training state
+def save_training_state(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_schedule,
+    run_state: RunState,
+    config: dict,
+    meta: dict,
+) -> None:
+    """Write `training_latest.pt` atomically from rank 0. A collective: call it on EVERY rank (it gathers each
+    rank's RNG state, and ends with a barrier).
+
+    meta: {"variant": ..., "source_blocks": [...], "precision": "fp32master" | ...}; `config` is stored with
+    secrets redacted. Raises NonFiniteError (writing nothing) if the model holds NaN/Inf.
+    """
+    # 1. Validate on every rank so that all ranks raise together.
+    raw_model = unwrap_model(model)
+    meta = _check_meta(meta)
+    _check_fp32_master(raw_model, meta)
+    device_state = raw_model.state_dict()
+    check_finite_tensors(device_state, f"save_training_state({path})")
+    # 2. Every rank's RNG, so each rank resumes its own noise stream.
+    rng_by_rank = all_gather_objects(capture_rng_state())
+    # 3. Rank 0 writes.
+    if current_rank() == 0:
+        payload = {
+            "format": TRAINING_STATE_FORMAT,
+            "format_version": TRAINING_STATE_VERSION,
+            "model": {name: tensor.detach().cpu() for name, tensor in device_state.items()},
+            "optimizer": optimizer.state_dict(),
+            "lr_schedule": lr_schedule.state_dict(),
+            "run_state": _json_plain(run_state.to_dict(), "run_state"),
+            "rng_by_rank": rng_by_rank,
+            "world_size": len(rng_by_rank),
+            "config": _json_plain(redact_secrets(config), "config"),
+            "meta": meta,
+        }
+
+        def write(tmp_path: Path) -> None:
+            with open(tmp_path, "wb") as handle:
+                torch.save(payload, handle)
+                handle.flush()
+
+        atomic_write(path, write)
+    barrier()
+
+
+def read_training_state(path: str | os.PathLike) -> dict:
+    """The raw checkpoint dict (CPU tensors), after checking that the file exists and has our format."""
+    path = Path(path)
+    _require_file(path, "training state")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
+        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    if payload["format_version"] != TRAINING_STATE_VERSION:
+        raise ValueError(
+            f"{path}: format_version {payload['format_version']}, this code reads version {TRAINING_STATE_VERSION}"
+        )
+    return payload
+
+
+def load_training_state(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_schedule,
+    expect: dict,
+) -> RunState:
+    """Restore model (strict), optimizer, LR schedule and this rank's RNG from `path`; returns the RunState.
+
+    expect: meta values this run requires, e.g. {"variant": "v4", "source_blocks": [1, 52], "precision":
+    "fp32master"}; any difference raises CheckpointMismatchError showing saved and requested values. A missing
+    file raises FileNotFoundError. Call it last before `train_loop` so nothing draws random numbers in between.
+    """
+    path = Path(path)
+    payload = read_training_state(path)
+    # 1. Refuse a checkpoint made for something else.
+    _compare_expect(payload["meta"], expect, path)
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if payload["world_size"] != world_size:
+        raise CheckpointMismatchError(
+            f"{path} does not match this run: world_size: saved {payload['world_size']}, requested {world_size} "
+            "(the data position and per-rank RNG streams depend on it)"
+        )
+    _compare_optimizer_groups(payload["optimizer"], optimizer, path)
+    # 2. Model, optimizer, schedule.
+    unwrap_model(model).load_state_dict(payload["model"], strict=True)
+    optimizer.load_state_dict(payload["optimizer"])
+    lr_schedule.load_state_dict(payload["lr_schedule"])
+    # 3. RNG last.
+    restore_rng_state(payload["rng_by_rank"][current_rank()])
+    return RunState.from_dict(payload["run_state"])
+
+
+# ------------------------------------------------------------------------------------------------ inference weights
+def save_inference_weights(
+    path: str | os.PathLike,
+    model_state_or_module: nn.Module | dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.bfloat16,
+    metadata: dict | None = None,
+    config: dict | None = None,
+) -> Path:
+    """Write a safetensors file atomically: floating tensors cast to `dtype`, others unchanged.
+
+    A module contributes its whole (unwrapped) `state_dict()`; pass a dict to choose a subset. `metadata`
+    (e.g. meta + step) and `config` (the run config, secrets redacted, so eval can rebuild the model) are
+    stored as JSON strings in the file header. Non-finite weights raise NonFiniteError and write nothing.
+    Call on one rank only.
+    """
+    if isinstance(model_state_or_module, nn.Module):
+        state = unwrap_model(model_state_or_module).state_dict()
+    else:
+        state = model_state_or_module
+    tensors = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        if torch.is_floating_point(tensor):
+            tensor = tensor.to(dtype)
+        # clone: safetensors refuses tensors that share storage
+        tensors[name] = tensor.to("cpu").contiguous().clone()
+    check_finite_tensors(tensors, f"save_inference_weights({path})")
+    file_metadata = {
+        "format": INFERENCE_FORMAT,
+        "dtype": str(dtype).removeprefix("torch."),
+        "meta": json.dumps(_json_plain(metadata or {}, "inference metadata")),
+        "config": json.dumps(_json_plain(redact_secrets(config or {}), "inference config")),
+    }
+    return atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=file_metadata))
+
+
+def _read_inference_header(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    _require_file(path, "inference weights")
+    with safetensors.safe_open(str(path), framework="pt") as handle:
+        file_metadata = handle.metadata() or {}
+    if file_metadata.get("format") != INFERENCE_FORMAT:
+        raise ValueError(f"{path} is not a predictor inference file (metadata format != {INFERENCE_FORMAT!r})")
+    return file_metadata
+
+
+def read_inference_metadata(path: str | os.PathLike) -> dict:
+    """The `metadata` dict stored by `save_inference_weights` (meta + step for loop checkpoints)."""
+    return json.loads(_read_inference_header(path)["meta"])
+
+
+def read_inference_config(path: str | os.PathLike) -> dict:
+    """The run config stored by `save_inference_weights` (for rebuilding the model at eval time)."""
+    return json.loads(_read_inference_header(path)["config"])
+
+
+def load_model_weights(path: str | os.PathLike, model: nn.Module, expect: dict | None = None) -> dict:
+    """Initialise `model` (strict) from a `training_latest.pt` (model part only) or an inference `.safetensors`.
+
+    Values are cast to the model's own dtypes (BF16 file -> FP32 master params). Returns the file's meta; with
+    `expect`, a mismatch (e.g. source_blocks) raises CheckpointMismatchError. Optimizer/schedule are not touched.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        meta = read_inference_metadata(path)
+        state = safetensors.torch.load_file(str(path), device="cpu")
+    elif path.suffix == ".pt":
+        payload = read_training_state(path)
+        meta, state = payload["meta"], payload["model"]
+    else:
+        raise ValueError(f"load_model_weights: {path} must end in .pt (training state) or .safetensors")
+    if expect:
+        _compare_expect(meta, expect, path)
+    unwrap_model(model).load_state_dict(state, strict=True)
+    return meta
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, keep: int = 20) -> list[Path]:
+    """Delete all but the newest `keep` `predictor_step_XXXXX.safetensors` in `run_dir` (-1 keeps all).
+
+    Returns the deleted paths. Other files are never touched.
+    """
+    if keep == -1:
+        return []
+    if keep < 1:
+        raise ValueError(f"prune_checkpoints: keep={keep}; expected >= 1, or -1 to keep all")
+    by_step = []
+    for path in Path(run_dir).iterdir():
+        match = _INFERENCE_NAME_PATTERN.match(path.name)
+        if match:
+            by_step.append((int(match.group(1)), path))
+    by_step.sort()
+    doomed = [path for _, path in by_step[:-keep]]
+    for path in doomed:
+        path.unlink()
+    return doomed

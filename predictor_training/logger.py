@@ -1,0 +1,178 @@
+"""Rank-0 metrics: `train_log.jsonl` (one JSON record per logged step) and optional SwanLab; atomic file writes.
+
+Secrets: `SWANLAB_API_KEY` is only ever read by SwanLab itself from the process environment (or its own login
+cache). This module never passes, prints or writes it, and `redact_secrets` strips it (and any secret-looking key)
+from every config dict before that dict goes to SwanLab or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from .distributed import DistEnv, log0
+
+SWANLAB_KEY_ENV = "SWANLAB_API_KEY"
+SWANLAB_MODE_ENV = "SWANLAB_MODE"
+SWANLAB_MODES = ("cloud", "offline", "local", "disabled")
+TRACKERS = ("none", "swanlab")
+TRAIN_LOG_NAME = "train_log.jsonl"
+DISCARDED_LOG_NAME = "train_log.discarded.jsonl"
+_SECRET_KEY_MARKERS = ("api_key", "apikey", "token", "secret", "password")
+REDACTED = "<redacted>"
+
+
+# ------------------------------------------------------------------------------------------------ atomic writes
+def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], None]) -> Path:
+    """Write `path` via `write_fn(tmp_path)` into `<path>.tmp` in the same folder, fsync, then `os.replace`.
+
+    A crash (even SIGKILL) at any point leaves the previous `path` untouched; on an exception the temp file is
+    removed and the exception propagates.
+    """
+    path = Path(path)
+    tmp_path = path.with_name(path.name + ".tmp")
+    try:
+        write_fn(tmp_path)
+        with open(tmp_path, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+    directory_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory_fd)  # make the rename itself durable
+    finally:
+        os.close(directory_fd)
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> Path:
+    """`json.dump(obj, indent=2)` to `path`, atomically (raises on values JSON cannot hold)."""
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+def _looks_secret(key: str) -> bool:
+    lowered = key.lower()
+    return any(marker in lowered for marker in _SECRET_KEY_MARKERS)
+
+
+def redact_secrets(obj):
+    """Copy of a JSON-like `obj` with secret-looking keys dropped and the SwanLab key's value masked anywhere."""
+    secret_value = os.environ.get(SWANLAB_KEY_ENV, "")
+    if isinstance(obj, dict):
+        return {key: redact_secrets(value) for key, value in obj.items() if not _looks_secret(str(key))}
+    if isinstance(obj, (list, tuple)):
+        return [redact_secrets(value) for value in obj]
+    if isinstance(obj, str) and secret_value and secret_value in obj:
+        return REDACTED
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------ metrics logger
+def resolve_swanlab_mode(swanlab_mode: str | None) -> str:
+    """`--swanlab_mode` if given, else `$SWANLAB_MODE`, else "cloud"; returns SwanLab's name for it."""
+    if swanlab_mode is not None:
+        mode, source = swanlab_mode, "--swanlab_mode"
+    elif SWANLAB_MODE_ENV in os.environ:
+        mode, source = os.environ[SWANLAB_MODE_ENV], f"${SWANLAB_MODE_ENV}"
+    else:
+        mode, source = "cloud", "default"
+    if mode not in SWANLAB_MODES:
+        raise ValueError(f"SwanLab mode {mode!r} (from {source}) is not one of {SWANLAB_MODES}")
+    return "online" if mode == "cloud" else mode
+
+
+class MetricsLogger:
+    """Appends one JSON record per logged step to `run_dir/train_log.jsonl` and mirrors it to SwanLab.
+
+    Rank 0 only: on every other rank each method returns immediately, so the loop needs no rank checks.
+    tracker: "none" (jsonl only) or "swanlab" (logdir `run_dir/swanlab`, mode from `swanlab_mode`/$SWANLAB_MODE:
+    cloud|offline|local|disabled).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        env: DistEnv,
+        tracker: str = "none",
+        project: str | None = None,
+        experiment: str | None = None,
+        config: dict | None = None,
+        swanlab_mode: str | None = None,
+    ):
+        if tracker not in TRACKERS:
+            raise ValueError(f"MetricsLogger: tracker={tracker!r}; expected one of {TRACKERS}")
+        self.active = env.is_main
+        self.run_dir = Path(run_dir)
+        self.log_path = self.run_dir / TRAIN_LOG_NAME
+        self._file = None
+        self._swanlab_run = None
+        if not self.active:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.log_path, "a", encoding="utf-8")
+        if tracker == "swanlab":
+            self._swanlab_run = self._start_swanlab(project, experiment, config, swanlab_mode)
+
+    def _start_swanlab(self, project, experiment, config, swanlab_mode):
+        if not project or not experiment:
+            raise ValueError(f"MetricsLogger: tracker='swanlab' needs project and experiment (got {project!r}, {experiment!r})")
+        import swanlab
+
+        mode = resolve_swanlab_mode(swanlab_mode)
+        key_source = "environment" if os.environ.get(SWANLAB_KEY_ENV) else "SwanLab login cache"
+        log0(f"SwanLab: project={project} experiment={experiment} mode={mode} (API key from the {key_source})")
+        return swanlab.init(
+            project=project,
+            name=experiment,
+            config=redact_secrets(config or {}),
+            mode=mode,
+            log_dir=str(self.run_dir / "swanlab"),
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append `{"step": step, **metrics}` (flushed) and send `metrics` to SwanLab at `step`."""
+        if not self.active:
+            return
+        record = {"step": int(step), **metrics}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        if self._swanlab_run is not None:
+            self._swanlab_run.log(dict(metrics), step=int(step))
+
+    def discard_after(self, step: int) -> int:
+        """On resume: move records with `step` > `step` (from an abandoned run past the checkpoint) out of
+        `train_log.jsonl` into `train_log.discarded.jsonl`, so each step appears once. Returns how many moved."""
+        if not self.active:
+            return 0
+        self._file.close()
+        kept, moved = [], []
+        for line in self.log_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                (moved if json.loads(line)["step"] > step else kept).append(line)
+        if moved:
+            with open(self.run_dir / DISCARDED_LOG_NAME, "a", encoding="utf-8") as handle:
+                handle.write("\n".join(moved) + "\n")
+            text = "".join(line + "\n" for line in kept)
+            atomic_write(self.log_path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        self._file = open(self.log_path, "a", encoding="utf-8")
+        return len(moved)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._swanlab_run is not None:
+            self._swanlab_run.finish()
+            self._swanlab_run = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

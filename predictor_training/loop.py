@@ -1,0 +1,410 @@
+"""The one training loop every recipe uses (offline v4/disca pairs, on-policy rollout) and its resumable data.
+
+A recipe supplies `step_fn(micro_batch, *, sync) -> dict[str, float]` that runs forward AND backward itself
+(several backwards are fine, e.g. one per rollout chunk) and returns detached python floats, including the total
+under "loss". The loop owns everything else:
+
+    for each optimizer step:
+        zero_grad(set_to_none)                      # 1
+        grad_accum x: next micro-batch, step_fn     # 2 (sync=True only on the last micro-batch)
+        grads /= grad_accum; metrics: mean over micro-batches, then over ranks
+        clip_grad_norm_                             # 3
+        refuse NaN/Inf (NonFiniteError, nothing stepped or written), extra_step_check
+        optimizer.step(); lr_schedule.step()        # 4
+        log one record; checkpoint on the interval and on the last step   # 5
+
+`step_fn` must wrap the forward and backward of non-final micro-batches in
+`maybe_no_sync(ddp_model, enabled=not sync)`, so DDP all-reduces once per optimizer step. It backpropagates
+its micro-batch loss unscaled: the loop divides the accumulated gradients by `grad_accum`.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+from tqdm.auto import tqdm
+
+from .checkpoint import (
+    TRAINING_STATE_NAME,
+    NonFiniteError,
+    RunState,
+    inference_weights_name,
+    prune_checkpoints,
+    save_inference_weights,
+    save_training_state,
+)
+from .distributed import DistEnv, all_gather_objects, log0
+from .logger import MetricsLogger
+from .optim import count_group_params
+
+__all__ = ["ResumableBatches", "train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
+
+
+# ------------------------------------------------------------------------------------------------ data
+def _mixed_seed(*values: int) -> int:
+    """A well-mixed 63-bit seed from several integers (seed, epoch, position)."""
+    return int(np.random.SeedSequence(list(values)).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def _prepare_sampler_epoch(sampler, epoch: int, seed: int) -> None:
+    """Make `sampler`'s order for `epoch` a pure function of (seed, epoch)."""
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)  # DistributedSampler, bucketing batch samplers
+    elif isinstance(sampler, BatchSampler):
+        _prepare_sampler_epoch(sampler.sampler, epoch, seed)
+    elif isinstance(sampler, RandomSampler):
+        if sampler.generator is None:
+            raise ValueError("ResumableBatches: a RandomSampler needs an explicit generator= so its order can be replayed")
+        sampler.generator.manual_seed(_mixed_seed(seed, epoch))
+    elif not isinstance(sampler, SequentialSampler):
+        raise TypeError(
+            f"ResumableBatches: cannot replay the order of {type(sampler).__name__}; use a sampler with set_epoch(), "
+            "a RandomSampler with a generator, a SequentialSampler, or a BatchSampler over one of those"
+        )
+
+
+class ResumableBatches:
+    """An endless stream of collated batches over epochs that can resume at the exact next batch.
+
+    sampler: yields dataset indices (DistributedSampler, RandomSampler(generator=...), SequentialSampler) when
+        `batch_size` is given, or lists of indices (a batch sampler, e.g. bucketing by context length) when
+        `batch_size` is None. `set_epoch(epoch)` is called at each epoch start where the sampler has it.
+    State: (epoch, position) = batches already handed out in the current epoch. The order of an epoch is
+    recomputed from (seed, epoch) on resume and the first `position` batches are skipped without loading them.
+    Worker seeds come from an explicit generator seeded by (seed, epoch, position); for an exact resume a
+    dataset should draw no random numbers in `__getitem__` (draw them in `step_fn`).
+    """
+
+    def __init__(
+        self,
+        sampler,
+        dataset,
+        collate_fn: Callable,
+        *,
+        batch_size: int | None = None,
+        drop_last: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        seed: int = 0,
+    ):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"ResumableBatches: batch_size={batch_size}; expected >= 1 or None for a batch sampler")
+        self.sampler = sampler
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._epoch_batches: tuple[int, list[list[int]]] | None = None
+        self._iterator = None
+
+    # -- epoch order --------------------------------------------------------------------------------
+    def _group(self, items: Iterable) -> list[list[int]]:
+        if self.batch_size is None:
+            batches = []
+            for item in items:
+                if not isinstance(item, (list, tuple)):
+                    raise TypeError(
+                        f"ResumableBatches: batch_size=None expects a batch sampler yielding lists of indices, got {type(item).__name__}"
+                    )
+                batches.append([int(index) for index in item])
+            return batches
+        indices = [int(index) for index in items]
+        batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """Index lists of every batch of `epoch`, in order (cached for the current epoch)."""
+        if self._epoch_batches is None or self._epoch_batches[0] != epoch:
+            _prepare_sampler_epoch(self.sampler, epoch, self.seed)
+            batches = self._group(iter(self.sampler))
+            if not batches:
+                raise ValueError(f"ResumableBatches: epoch {epoch} has no batches (dataset/sampler too small?)")
+            self._epoch_batches = (epoch, batches)
+        return self._epoch_batches[1]
+
+    def batches_per_epoch(self) -> int:
+        return len(self.epoch_batches(self.epoch))
+
+    # -- iteration ----------------------------------------------------------------------------------
+    def _open_epoch(self) -> None:
+        remaining = self.epoch_batches(self.epoch)[self.position :]
+        generator = torch.Generator().manual_seed(_mixed_seed(self.seed, self.epoch, self.position))
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=remaining,
+            collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            generator=generator,
+        )
+        self._iterator = iter(loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            if self._iterator is None:
+                self._open_epoch()
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self._iterator = None
+                self.epoch += 1
+                self.position = 0
+                continue
+            self.position += 1
+            return batch
+
+    # -- resume -------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"ResumableBatches.load_state_dict: saved seed={state['seed']}, this run uses {self.seed}")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if position > len(self.epoch_batches(epoch)):
+            raise ValueError(
+                f"ResumableBatches.load_state_dict: position {position} is past the {len(self.epoch_batches(epoch))} "
+                f"batches of epoch {epoch} (different dataset, batch size or world size?)"
+            )
+        self.epoch, self.position = epoch, position
+        self._iterator = None
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def peak_memory_gib(device: torch.device) -> tuple[str, float]:
+    """("memory/cuda_max_allocated_gib", torch.cuda.max_memory_allocated) on CUDA, else
+    ("memory/cpu_peak_rss_gib", the process's peak resident set size from getrusage)."""
+    if device.type == "cuda":
+        return "memory/cuda_max_allocated_gib", torch.cuda.max_memory_allocated(device) / 2**30
+    return "memory/cpu_peak_rss_gib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+def _check_step_metrics(metrics, step: int) -> dict[str, float]:
+    if not isinstance(metrics, dict) or "loss" not in metrics:
+        raise TypeError(f"step {step}: step_fn must return a dict of floats with the total under 'loss', got {metrics!r}")
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"step {step}: step_fn metric {key!r} is {type(value).__name__}; return detached python floats")
+    return metrics
+
+
+def _mean_metrics(per_micro: list[dict[str, float]], env: DistEnv, step: int) -> dict[str, float]:
+    """Mean over micro-batches, then over ranks (every rank must return the same keys)."""
+    keys = sorted(per_micro[0])
+    for metrics in per_micro[1:]:
+        if sorted(metrics) != keys:
+            raise ValueError(f"step {step}: step_fn returned keys {sorted(metrics)} after {keys}")
+    values = torch.tensor([[m[k] for k in keys] for m in per_micro], dtype=torch.float64).mean(dim=0)
+    if env.distributed:
+        values = values.to(env.device)
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        values = values.cpu() / env.world_size
+    return {key: float(value) for key, value in zip(keys, values.tolist())}
+
+
+def _trainable_params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
+
+
+def _grad_norm_and_clip(params: list[nn.Parameter], grad_clip: float, step: int) -> float:
+    grads = [param.grad for param in params if param.grad is not None]
+    if not grads:
+        raise RuntimeError(f"step {step}: no trainable parameter has a gradient; did step_fn call backward()?")
+    if grad_clip == -1:
+        return float(torch.nn.utils.get_total_norm(grads))
+    return float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+
+
+def _validate_loop_args(*, ddp_model, raw_model, optimizer, lr_schedule, batches, run_state, max_steps, stop_step,
+                        grad_accum, grad_clip, ckpt_every, keep_last, log_every) -> None:
+    if ddp_model is not raw_model and not (isinstance(ddp_model, DistributedDataParallel) and ddp_model.module is raw_model):
+        raise ValueError("train_loop: ddp_model must be raw_model or a DistributedDataParallel wrapping raw_model")
+    model_param_ids = {id(param) for param in raw_model.parameters()}
+    if any(id(param) not in model_param_ids for param in _trainable_params(optimizer)):
+        raise ValueError("train_loop: the optimizer holds parameters that are not in raw_model")
+    checks = {
+        "max_steps": (max_steps >= 1, ">= 1"),
+        "stop_at_step": (run_state.global_step <= stop_step <= max_steps, f"in [{run_state.global_step}, max_steps={max_steps}]"),
+        "grad_accum": (grad_accum >= 1, ">= 1"),
+        "grad_clip": (grad_clip == -1 or grad_clip > 0, "> 0, or -1 for no clipping"),
+        "ckpt_every": (ckpt_every == -1 or ckpt_every >= 1, ">= 1, or -1 for the last step only"),
+        "keep_last": (keep_last == -1 or keep_last >= 1, ">= 1, or -1 to keep all"),
+        "log_every": (log_every >= 1, ">= 1"),
+    }
+    values = {"max_steps": max_steps, "stop_at_step": stop_step, "grad_accum": grad_accum, "grad_clip": grad_clip,
+              "ckpt_every": ckpt_every, "keep_last": keep_last, "log_every": log_every}
+    for name, (ok, expected) in checks.items():
+        if not ok:
+            raise ValueError(f"train_loop: {name}={values[name]}; expected {expected}")
+    if lr_schedule.max_steps != max_steps:
+        raise ValueError(f"train_loop: lr_schedule.max_steps={lr_schedule.max_steps} but max_steps={max_steps}")
+    if lr_schedule.step_count != run_state.global_step:
+        raise ValueError(
+            f"train_loop: lr_schedule is at step {lr_schedule.step_count} but run_state.global_step="
+            f"{run_state.global_step}; load both from the same checkpoint"
+        )
+    if run_state.global_step > 0 and batches.state_dict() != run_state.data:
+        raise ValueError(
+            f"train_loop: batches are at {batches.state_dict()} but run_state.data={run_state.data}; "
+            "call batches.load_state_dict(run_state.data) after load_training_state"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+def train_loop(
+    *,
+    ddp_model: nn.Module,
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_schedule,
+    batches: ResumableBatches,
+    step_fn: Callable[..., dict[str, float]],
+    run_dir: str | Path,
+    env: DistEnv,
+    run_state: RunState,
+    max_steps: int,
+    grad_accum: int,
+    grad_clip: float = 1.0,
+    ckpt_every: int = 100,
+    keep_last: int = 20,
+    log_every: int = 1,
+    metrics_logger: MetricsLogger,
+    config: dict,
+    meta: dict,
+    progress: bool = True,
+    extra_step_check: Callable[[int, dict[str, float]], None] | None = None,
+    stop_at_step: int | None = None,
+) -> RunState:
+    """Run optimizer steps `run_state.global_step + 1 .. stop_at_step (default max_steps)`; returns the final RunState.
+
+    max_steps: the schedule's length (cosine reaches 0 there). stop_at_step: end this run earlier (e.g. stop a
+    2000-step schedule at 600), with a checkpoint at that step. grad_clip=-1: measure the norm, no clipping.
+    ckpt_every: `predictor_step_XXXXX.safetensors` (inference weights, `meta` + step in its metadata) and
+    `training_latest.pt` every N steps and always at the last step; -1 = last step only. keep_last: how many
+    safetensors to keep (-1 all). extra_step_check(step, metrics): called before the optimizer step; raise to
+    refuse the step (e.g. distinct trajectory keys across ranks) - on every rank alike, so no rank is left
+    waiting in a collective. Every rank must call this function.
+    """
+    run_dir = Path(run_dir)
+    stop_step = max_steps if stop_at_step is None else stop_at_step
+    _validate_loop_args(
+        ddp_model=ddp_model, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
+        run_state=run_state, max_steps=max_steps, stop_step=stop_step, grad_accum=grad_accum, grad_clip=grad_clip,
+        ckpt_every=ckpt_every, keep_last=keep_last, log_every=log_every,
+    )
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    params = _trainable_params(optimizer)
+    start_step = run_state.global_step
+    discarded = metrics_logger.discard_after(start_step)
+    group_sizes = ", ".join(f"{name} {count:,}" for name, count in count_group_params(optimizer).items())
+    # Unequal epoch lengths would leave one rank waiting in an all-reduce forever.
+    per_rank_batches = all_gather_objects(batches.batches_per_epoch())
+    if len(set(per_rank_batches)) != 1:
+        raise ValueError(f"train_loop: ranks have different numbers of micro-batches per epoch: {per_rank_batches}")
+    micro_batch = "batch-sampler sized" if batches.batch_size is None else f"of {batches.batch_size}"
+    log0(
+        f"train_loop: trainable params {group_sizes} | world {env.world_size} x grad_accum {grad_accum} micro-batches "
+        f"({micro_batch}) per step | {batches.batches_per_epoch()} micro-batches per epoch per rank | "
+        f"steps {start_step + 1}..{stop_step} "
+        f"of a {max_steps}-step schedule | resume step {start_step}"
+        + (f" | moved {discarded} stale log records to the discarded log" if discarded else "")
+    )
+    if start_step == stop_step:
+        log0(f"train_loop: already at step {stop_step}; nothing to do")
+        return run_state
+
+    bar = tqdm(total=stop_step, initial=start_step, desc="train", disable=not (progress and env.is_main), dynamic_ncols=True)
+    try:
+        for step in range(start_step + 1, stop_step + 1):
+            step_start = time.perf_counter()
+            # 1. Fresh gradients.
+            optimizer.zero_grad(set_to_none=True)
+            # 2. Accumulate micro-batches; only the last one all-reduces.
+            data_time = 0.0
+            per_micro = []
+            for micro in range(grad_accum):
+                data_start = time.perf_counter()
+                micro_batch = next(batches)
+                data_time += time.perf_counter() - data_start
+                per_micro.append(_check_step_metrics(step_fn(micro_batch, sync=micro == grad_accum - 1), step))
+                run_state.micro_step += 1
+            if grad_accum > 1:
+                for param in params:
+                    if param.grad is not None:
+                        param.grad.div_(grad_accum)
+            metrics = _mean_metrics(per_micro, env, step)
+            # 3. Clip, then refuse anything non-finite before touching the weights.
+            grad_norm = _grad_norm_and_clip(params, grad_clip, step)
+            bad_terms = [key for key, value in metrics.items() if not math.isfinite(value)]
+            if not math.isfinite(grad_norm):
+                bad_terms.append("grad_norm")
+            if bad_terms:
+                raise NonFiniteError(
+                    f"step {step}: non-finite {bad_terms} (metrics {metrics}, grad_norm {grad_norm}); "
+                    "the optimizer was not stepped and no checkpoint was written"
+                )
+            if extra_step_check is not None:
+                extra_step_check(step, metrics)
+            # 4. Update with the LRs of this step.
+            lrs = {f"lr/{group['name']}": group["lr"] for group in optimizer.param_groups}
+            optimizer.step()
+            lr_schedule.step()
+            run_state.global_step = step
+            run_state.data = batches.state_dict()
+            run_state.epoch = batches.epoch
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+            step_time = time.perf_counter() - step_start
+            # 5. Log, checkpoint.
+            if step % log_every == 0 or step == stop_step:
+                memory_key, memory_gib = peak_memory_gib(env.device)
+                record = {**metrics, "grad_norm": grad_norm, **lrs, "epoch": run_state.epoch,
+                          "time/step_s": step_time, "time/data_s": data_time, memory_key: memory_gib}
+                metrics_logger.log(step, record)
+                if env.is_main:
+                    lr_text = " ".join(f"{key} {value:.3e}" for key, value in lrs.items())
+                    terms = " ".join(f"{key} {value:.6g}" for key, value in metrics.items())
+                    bar.write(f"step {step}/{stop_step} | {terms} | grad_norm {grad_norm:.4g} | {lr_text} | "
+                              f"step {step_time:.3f}s data {data_time:.3f}s | {memory_key} {memory_gib:.2f}")
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.4g}")
+            if (ckpt_every != -1 and step % ckpt_every == 0) or step == stop_step:
+                _write_checkpoints(run_dir, step, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule,
+                                   run_state=run_state, config=config, meta=meta, env=env, keep_last=keep_last)
+    finally:
+        bar.close()
+    return run_state
+
+
+def _write_checkpoints(run_dir: Path, step: int, *, raw_model, optimizer, lr_schedule, run_state, config, meta, env,
+                       keep_last: int) -> None:
+    # The training state goes first: it is a collective and checks finiteness identically on every rank.
+    save_training_state(run_dir / TRAINING_STATE_NAME, model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule,
+                        run_state=run_state, config=config, meta=meta)
+    if env.is_main:
+        inference_path = run_dir / inference_weights_name(step)
+        save_inference_weights(inference_path, raw_model, metadata={**meta, "step": step}, config=config)
+        pruned = prune_checkpoints(run_dir, keep=keep_last)
+        log0(f"checkpoint step {step}: {TRAINING_STATE_NAME}, {inference_path.name}"
+             + (f" (pruned {len(pruned)})" if pruned else ""))
