@@ -1,0 +1,115 @@
+"""Demo assets: complete, byte-deterministic, loadable by the Teacher and the readers, and made of distinct scenes."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from predictor_training.data.encoders import ENCODER_COMPONENTS, load_encoded_case
+from predictor_training.data.sample_table import STANDARD_ACTIONS, read_cases, read_sample_table
+from predictor_training.demo import DEMO_SOURCE_SIZE, make_demo_scenes
+from predictor_training.teacher import WorldPlayTransformer, zero_initialised_entries
+
+TOOL_PATH = Path(__file__).resolve().parents[1] / "tools" / "make_demo_assets.py"
+COUNTS = {"train": 2, "holdout25": 1, "holdout50": 1}
+ARGV = ["--num_train", "2", "--num_holdout25", "1", "--num_holdout50", "1", "--seed", "0"]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("make_demo_assets", TOOL_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The models are tiny: one thread is as fast and does not stall when the machine is busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    load_tool().main(["--out", str(root / "D"), *ARGV])
+    return root / "D"
+
+
+def file_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_demo_assets_are_complete(demo):
+    case_ids = [f"demo{index:03d}" for index in range(sum(COUNTS.values()))]
+    files = set(file_bytes(demo))
+    expected = {
+        "cases.jsonl", "demo_config.json", "teacher/config.json", "teacher/diffusion_pytorch_model.safetensors",
+        "encoders/model_index.json", "encoded/encode_config.json",
+        *(f"samples/{name}.jsonl" for name in COUNTS),
+        *(f"images/{case_id}.png" for case_id in case_ids),
+        *(f"encoded/{case_id}.pt" for case_id in case_ids),
+    }
+    assert expected <= files, sorted(expected - files)
+    assert len([name for name in files if name.startswith("samples/poses/")]) == len(STANDARD_ACTIONS)
+    for component in ENCODER_COMPONENTS:
+        assert any(name.startswith(f"encoders/{component}/") for name in files), component
+    assert not [name for name in files if name.endswith(".tmp")]
+    assert not list(demo.parent.glob(".D.*")), "staging folder left behind"
+    assert sum(path.stat().st_size for path in demo.rglob("*") if path.is_file()) < 16 * 2**20
+
+
+def test_demo_assets_fit_together(demo):
+    config = json.loads((demo / "demo_config.json").read_text())
+    teacher = WorldPlayTransformer.from_pretrained(str(demo / "teacher"))
+    assert config["teacher_preset"] == "demo"
+    grid = (config["latent_grid"]["height"], config["latent_grid"]["width"])
+    assert grid == (config["resolution"]["height"] // 16, config["resolution"]["width"] // 16)
+    assert config["latent_grid"]["channels"] == teacher.config.in_channels
+
+    # upstream zero-initialised layers carry random values in the demo Teacher
+    for entry in zero_initialised_entries(teacher):
+        assert entry.tensor.abs().sum() > 0, entry.name
+
+    # every case: one encoded file that fits the Teacher; the sample tables cover the cases, split as configured
+    cases = read_cases(demo / "cases.jsonl")
+    assert len({case.caption for case in cases}) == len(cases)
+    for case in cases:
+        encoded = load_encoded_case(demo / "encoded" / f"{case.case_id}.pt", teacher.config, grid)
+        with torch.no_grad():
+            text_kv = teacher.text_prefill(encoded["prompt_embeds"], encoded["prompt_mask"],
+                                           encoded["byt5_text_states"], encoded["byt5_text_mask"],
+                                           encoded["vision_states"])
+        assert torch.isfinite(text_kv.layer(0)[0]).all()
+    in_tables = {}
+    for name, count in COUNTS.items():
+        rows = read_sample_table(demo / config["samples"][name])
+        assert len(rows) == count * len(STANDARD_ACTIONS) == config["sample_rows"][name]
+        in_tables.update({row.case_id: name for row in rows})
+        for row in rows:
+            assert not Path(row.source_image).is_absolute()  # the folder can be moved
+    assert sorted(in_tables) == sorted(case.case_id for case in cases)
+
+
+def test_demo_assets_are_deterministic_and_guarded(demo, tmp_path):
+    tool = load_tool()
+    tool.main(["--out", str(tmp_path / "again"), *ARGV])
+    assert file_bytes(tmp_path / "again") == file_bytes(demo)
+    with pytest.raises(SystemExit):
+        tool.main(["--out", str(tmp_path / "again"), *ARGV])  # exists, no --overwrite
+
+
+def test_scenes_are_distinct_and_seeded():
+    scenes = make_demo_scenes(24, seed=0)
+    assert len({scene.caption for scene in scenes}) == 24
+    assert len({scene.image.tobytes() for scene in scenes}) == 24
+    assert all(scene.image.size == DEMO_SOURCE_SIZE[::-1] for scene in scenes)
+    assert any('"' in scene.caption for scene in scenes) and any('"' not in scene.caption for scene in scenes)
+    again = make_demo_scenes(24, seed=0)
+    assert [(s.caption, s.image.tobytes()) for s in again] == [(s.caption, s.image.tobytes()) for s in scenes]
+    other = make_demo_scenes(24, seed=1)
+    assert [s.caption for s in other] != [s.caption for s in scenes]
