@@ -1,0 +1,166 @@
+"""Synthetic predictor dataset in the DATASET.md layout, for reader tests (random tensors, tiny sizes).
+
+``write_synthetic_dataset(root, spec)`` writes ``dataset_config.json``, ``cases/{case_id}.safetensors``,
+``trajectories/{case_id}__a{action_id}.safetensors`` and ``manifest.jsonl`` (through ``predictor_training.data.shards``,
+the builder's writer) and returns every tensor it wrote so tests can compare what the readers yield.
+Also writes a sample table (``samples/*.jsonl`` + ``samples/poses/*.json``) for the trajectory-table dataset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from predictor_training.data.shards import append_jsonl, make_manifest_entry, write_safetensors_atomic
+
+FRAMES_PER_CHUNK = 4
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Sizes of the synthetic dataset (defaults: a few KiB per file)."""
+
+    cases: dict[str, str] = field(default_factory=lambda: {"c000": "train", "c001": "train", "c002": "holdout25"})
+    actions: tuple[int, ...] = (0, 2)
+    num_chunks: int = 4
+    num_steps: int = 4
+    channels: int = 4
+    height: int = 2
+    width: int = 3
+    hidden: int = 8
+    depth: int = 3
+    heads: int = 2
+    head_dim: int = 4
+    prefeature_layers: tuple[int, ...] = (0, 2)
+    max_context: int = 8  # context frames are capped like the memory window (20 in the real data)
+    with_trajectories: bool = True
+    seed: int = 0
+
+    @property
+    def num_latents(self) -> int:
+        return self.num_chunks * FRAMES_PER_CHUNK
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return FRAMES_PER_CHUNK * self.height * self.width
+
+
+def context_indices(chunk: int, max_context: int, generator: torch.Generator) -> torch.Tensor:
+    """Ascending earlier-frame indices of a chunk: all previous frames, or frame 0 plus a random subset when capped."""
+    previous = chunk * FRAMES_PER_CHUNK
+    if previous <= max_context:
+        return torch.arange(previous, dtype=torch.int64)
+    others = torch.randperm(previous - 1, generator=generator)[: max_context - 1] + 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), others.sort().values])
+
+
+def make_case_tensors(spec: SyntheticSpec, text_length: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    shape_kv = (spec.depth, spec.heads, text_length, spec.head_dim)
+    return {
+        "image_cond": torch.randn(1, spec.channels, 1, spec.height, spec.width, generator=generator).bfloat16(),
+        "text_k": torch.randn(*shape_kv, generator=generator).bfloat16(),
+        "text_v": torch.randn(*shape_kv, generator=generator).bfloat16(),
+    }
+
+
+def make_trajectory_tensors(spec: SyntheticSpec, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    frames, latent = spec.num_latents, (spec.channels, FRAMES_PER_CHUNK, spec.height, spec.width)
+    tensors = {
+        "viewmats": torch.randn(frames, 4, 4, generator=generator),
+        "Ks": torch.randn(frames, 3, 3, generator=generator),
+        "action": torch.randint(0, 81, (frames,), generator=generator),
+        "timesteps": torch.tensor([1000.0, 937.5, 833.3333, 625.0]),
+        "sigmas": torch.tensor([1.0, 0.9375, 0.8333333, 0.625, 0.0]),
+        "seed": torch.tensor([1234], dtype=torch.int64),
+    }
+    for chunk in range(spec.num_chunks):
+        if chunk > 0:
+            indices = context_indices(chunk, spec.max_context, generator)
+            tensors[f"chunk{chunk}.ctx_indices"] = indices
+            for layer in spec.prefeature_layers:
+                rows = indices.numel() * spec.height * spec.width
+                tensors[f"chunk{chunk}.ctx_prefeature.layer{layer}"] = torch.randn(
+                    rows, spec.hidden, generator=generator
+                ).bfloat16()
+        for step in range(spec.num_steps):
+            prefix = f"chunk{chunk}.step{step}"
+            tensors[f"{prefix}.latent_in"] = torch.randn(*latent, generator=generator).bfloat16()
+            hidden = torch.randn(spec.tokens_per_chunk, spec.hidden, generator=generator)
+            tensors[f"{prefix}.final_hidden"] = hidden.bfloat16()
+            tensors[f"{prefix}.velocity"] = torch.randn(*latent, generator=generator).bfloat16()
+        tensors[f"chunk{chunk}.final_latent"] = torch.randn(*latent, generator=generator).bfloat16()
+    return tensors
+
+
+def dataset_config(spec: SyntheticSpec) -> dict:
+    return {
+        "builder_version": "synthetic-test",
+        "grid": {"C": spec.channels, "H": spec.height, "W": spec.width},
+        "num_latents": spec.num_latents,
+        "chunk_latents": FRAMES_PER_CHUNK,
+        "num_chunks": spec.num_chunks,
+        "num_steps": spec.num_steps,
+        "context_timestep": 14.0,
+        "prefeature_layers": list(spec.prefeature_layers),
+        "storage_dtype": "bfloat16",
+        "splits": sorted(set(spec.cases.values())),
+    }
+
+
+def write_synthetic_dataset(
+    root: str | Path, spec: SyntheticSpec = SyntheticSpec()
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Write the dataset under ``root``; returns ``{relative file: {tensor name: tensor}}``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(spec.seed)
+    (root / "dataset_config.json").write_text(json.dumps(dataset_config(spec), indent=2))
+    written: dict[str, dict[str, torch.Tensor]] = {}
+    for case_number, (case_id, split) in enumerate(sorted(spec.cases.items())):
+        case_file = f"cases/{case_id}.safetensors"
+        tensors = make_case_tensors(spec, text_length=3 + 2 * case_number, generator=generator)
+        facts = write_safetensors_atomic(root / case_file, tensors)
+        append_jsonl(root / "manifest.jsonl", make_manifest_entry("case", case_file, facts, case_id, None, split))
+        written[case_file] = tensors
+        if not spec.with_trajectories:
+            continue
+        for action_id in spec.actions:
+            trajectory_file = f"trajectories/{case_id}__a{action_id}.safetensors"
+            tensors = make_trajectory_tensors(spec, generator)
+            facts = write_safetensors_atomic(root / trajectory_file, tensors)
+            entry = make_manifest_entry("trajectory", trajectory_file, facts, case_id, action_id, split)
+            append_jsonl(root / "manifest.jsonl", entry)
+            written[trajectory_file] = tensors
+    return written
+
+
+def write_synthetic_sample_tables(
+    folder: str | Path, splits: dict[str, list[str]], actions=(0, 1, 2, 3)
+) -> dict[str, Path]:
+    """Sample tables ``{split}.jsonl`` (+ standard pose files and tiny PNG images) in ``folder``.
+
+    Args:
+        splits: split name -> case ids.
+    Returns:
+        split name -> table path.
+    """
+    from PIL import Image
+
+    from predictor_training.data.sample_table import build_sample_rows, write_sample_table, write_standard_pose_files
+
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    write_standard_pose_files(folder, actions)
+    tables = {}
+    for split, case_ids in splits.items():
+        cases = []
+        for case_id in case_ids:
+            image = folder / "images" / f"{case_id}.png"
+            Image.new("RGB", (6, 4), color=(len(case_id) * 20 % 256, 40, 90)).save(image)
+            cases.append({"case_id": case_id, "source_image": str(image), "caption": f"caption of {case_id}"})
+        tables[split] = folder / f"{split}.jsonl"
+        write_sample_table(tables[split], build_sample_rows(cases, actions))
+    return tables
