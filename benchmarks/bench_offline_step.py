@@ -1,0 +1,219 @@
+"""Where the time of one offline training step goes: data, forward, backward, optimizer, and the loop's overhead.
+
+    python benchmarks/bench_offline_step.py                                   # tiny dataset in a temporary folder
+    python benchmarks/bench_offline_step.py --dataset_root demo_data/dataset --source_blocks 1,2   # the CPU demo data
+    python benchmarks/bench_offline_step.py --variant disca --precision fp32master --batch_size 16   # on a GPU
+
+Two passes over the same configuration, each on freshly built components (Predictor, AdamW, schedule, batches):
+
+1. instrumented: the pair step written out phase by phase, with a device sync after each phase:
+   data (next batch + copy to the device), forward (context projection, Predictor, FP32 loss), backward,
+   optimizer (clip, AdamW, schedule, zero_grad);
+2. the real loop: `train_loop` with `offline_training.pair_step`, timed by the loop itself (`time/step_s` of
+   train_log.jsonl, which also covers the metric all-reduce, the finite checks and the logging).
+
+Reported: the median of each phase over the timed steps (after --warmup untimed steps), and the overhead ratio
+loop step / (forward + backward + optimizer) and loop step / (data + forward + backward + optimizer). A ratio near 1
+means the loop adds little around the compute. Nothing is written outside a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import train_predictor_disca  # noqa: E402
+import train_predictor_v4  # noqa: E402
+from predictor_training.checkpoint import RunState  # noqa: E402
+from predictor_training.data.pair_dataset import config_field, read_dataset_config  # noqa: E402
+from predictor_training.distributed import cleanup_distributed, init_distributed, seed_everything  # noqa: E402
+from predictor_training.logger import MetricsLogger  # noqa: E402
+from predictor_training.loop import train_loop  # noqa: E402
+from predictor_training.losses import predictor_loss  # noqa: E402
+from predictor_training.offline_training import (  # noqa: E402
+    build_pair_batches,
+    build_pair_dataset,
+    move_batch,
+    pair_step,
+    predict_pairs,
+)
+from predictor_training.predictor import build_predictor  # noqa: E402
+from predictor_training.training_setup import (  # noqa: E402
+    build_optimizer_and_schedule,
+    load_teacher,
+    precision_policy,
+)
+
+PHASES = ("data", "forward", "backward", "optimizer")
+SCRIPTS = {"v4": train_predictor_v4, "disca": train_predictor_disca}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset_root", type=Path, default=None,
+                        help="dataset to read; default: the tests' tiny dataset (2-block tiny Teacher) written to a "
+                             "temporary folder")
+    parser.add_argument("--variant", choices=sorted(SCRIPTS), default="v4", help="Predictor variant")
+    parser.add_argument("--source_blocks", type=str, default="0,1", help="source blocks 'a,b' (demo data: 1,2)")
+    parser.add_argument("--precision", choices=("fp32", "fp32master"), default="fp32", help="precision mode")
+    parser.add_argument("--batch_size", type=int, default=4, help="micro-batch")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per pass")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
+    parser.add_argument("--no_gradient_checkpointing", dest="gradient_checkpointing", action="store_false",
+                        help="time without the non-reentrant checkpointing of the two blocks (on in the recipe)")
+    parser.add_argument("--json_out", type=Path, default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.steps < 3 or args.warmup < 1:
+        parser.error(f"--steps={args.steps} must be >= 3 and --warmup={args.warmup} >= 1")
+    return args
+
+
+def training_args(bench: argparse.Namespace, dataset_root: Path, run_dir: Path) -> argparse.Namespace:
+    """The entry script's own flags for this configuration (so the benchmark times the recipe's real wiring)."""
+    total = bench.warmup + bench.steps
+    argv = ["--dataset_root", str(dataset_root), "--output_dir", str(run_dir), "--source_blocks", bench.source_blocks,
+            "--precision", bench.precision, "--batch_size", str(bench.batch_size), "--max_steps", str(total),
+            "--scheduler_warmup_steps", "1", "--block_warmup_steps", "-1", "--ckpt_every", "-1", "--num_workers", "0",
+            "--no_progress", "--log_every", "1"]
+    if not bench.gradient_checkpointing:
+        argv.append("--no_gradient_checkpointing")
+    args = SCRIPTS[bench.variant].parse_args(argv)
+    args.variant = bench.variant
+    return args
+
+
+@dataclass
+class Components:
+    predictor: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_schedule: object
+    batches: object
+    policy: object
+    context_timestep: float
+
+
+def build_components(args: argparse.Namespace, env) -> Components:
+    seed_everything(args.seed, rank=0)
+    dataset = build_pair_dataset(args, args.variant)
+    batches = build_pair_batches(dataset, args, env, args.variant)
+    teacher = load_teacher(args, env.device)
+    predictor = build_predictor(teacher, args.variant, args.source_blocks, args.gradient_checkpointing)
+    optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
+    context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
+                                          args.dataset_root))
+    return Components(predictor, optimizer, lr_schedule, batches, precision_policy(args.precision, env.device),
+                      context_timestep)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def instrumented_pass(args: argparse.Namespace, env, total_steps: int) -> dict[str, list[float]]:
+    """Seconds per phase for each step."""
+    parts = build_components(args, env)
+    device = env.device
+    times: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    params = [param for group in parts.optimizer.param_groups for param in group["params"]]
+    for _ in range(total_steps):
+        start = time.perf_counter()
+        batch = move_batch(next(parts.batches), device)
+        synchronize(device)
+        loaded = time.perf_counter()
+        pred_hidden, pred_velocity = predict_pairs(batch, model=parts.predictor, predictor=parts.predictor,
+                                                   policy=parts.policy, context_timestep=parts.context_timestep)
+        loss, _ = predictor_loss(pred_hidden, pred_velocity, batch["target_hidden"], batch["target_velocity"])
+        synchronize(device)
+        forwarded = time.perf_counter()
+        loss.backward()
+        synchronize(device)
+        backwarded = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        parts.optimizer.step()
+        parts.lr_schedule.step()
+        parts.optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        stepped = time.perf_counter()
+        for phase, seconds in zip(PHASES, (loaded - start, forwarded - loaded, backwarded - forwarded,
+                                           stepped - backwarded)):
+            times[phase].append(seconds)
+    return times
+
+
+def loop_pass(args: argparse.Namespace, env) -> list[float]:
+    """`time/step_s` of every step of a real `train_loop` run."""
+    parts = build_components(args, env)
+    run_dir = Path(args.output_dir)
+    step_fn = lambda batch, *, sync: pair_step(  # noqa: E731
+        batch, sync=sync, model=parts.predictor, predictor=parts.predictor, policy=parts.policy,
+        context_timestep=parts.context_timestep)
+    with MetricsLogger(run_dir, env) as metrics_logger:
+        train_loop(ddp_model=parts.predictor, raw_model=parts.predictor, optimizer=parts.optimizer,
+                   lr_schedule=parts.lr_schedule, batches=parts.batches, step_fn=step_fn, run_dir=run_dir, env=env,
+                   run_state=RunState(), max_steps=args.max_steps, grad_accum=1, grad_clip=args.grad_clip,
+                   ckpt_every=-1, keep_last=1, log_every=1, metrics_logger=metrics_logger, config={},
+                   meta={"variant": args.variant, "source_blocks": list(args.source_blocks),
+                         "precision": args.precision}, progress=False)
+    records = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    return [record["time/step_s"] for record in records]
+
+
+def tiny_dataset(folder: Path) -> Path:
+    """The tests' tiny dataset (tests/test_offline_training.py: write_tiny_dataset)."""
+    spec = importlib.util.spec_from_file_location("offline_tests", REPO_ROOT / "tests" / "test_offline_training.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_tiny_dataset(folder)
+
+
+def main(argv=None) -> dict:
+    bench = parse_args(argv)
+    env = init_distributed("auto")
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_offline_step_") as scratch:
+            scratch = Path(scratch)
+            dataset_root = bench.dataset_root or tiny_dataset(scratch / "tiny")
+            args = training_args(bench, dataset_root, scratch / "run")
+            total = bench.warmup + bench.steps
+            phases = instrumented_pass(args, env, total)
+            loop_steps = loop_pass(args, env)
+    finally:
+        cleanup_distributed()
+
+    median = {phase: statistics.median(values[bench.warmup:]) for phase, values in phases.items()}
+    compute = median["forward"] + median["backward"] + median["optimizer"]
+    loop_step = statistics.median(loop_steps[bench.warmup:])
+    figures = {
+        "config": {"dataset_root": str(bench.dataset_root or "tiny (temporary)"), "variant": bench.variant,
+                   "source_blocks": bench.source_blocks, "precision": bench.precision,
+                   "batch_size": bench.batch_size, "device": str(env.device), "threads": torch.get_num_threads(),
+                   "timed_steps": bench.steps, "gradient_checkpointing": bench.gradient_checkpointing},
+        "median_s": {**median, "compute": compute, "data+compute": compute + median["data"], "loop_step": loop_step},
+        "overhead_ratio_vs_compute": loop_step / compute,
+        "overhead_ratio_vs_data_plus_compute": loop_step / (compute + median["data"]),
+    }
+    print(f"config: {figures['config']}")
+    for name, seconds in figures["median_s"].items():
+        print(f"  {name:<13} {seconds * 1000:9.2f} ms")
+    print(f"  loop step / (forward+backward+optimizer)      = {figures['overhead_ratio_vs_compute']:.3f}")
+    print(f"  loop step / (data+forward+backward+optimizer) = {figures['overhead_ratio_vs_data_plus_compute']:.3f}")
+    if bench.json_out is not None:
+        bench.json_out.write_text(json.dumps(figures, indent=2) + "\n")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""Offline Predictor training (train_predictor_v4.py / train_predictor_disca.py) end to end on a tiny dataset.
+
+The dataset is written here in the DATASET.md layout (random tensors, sane cameras) for a saved tiny Teacher, so the
+file stays fast; the real demo data path is exercised by the launchers. Covered: both entry scripts' run
+directories, the pair step's context / variant wiring, loss falling, resume refusals, and the 2-rank gloo resume
+equivalence (one torchrun launch running this file as its driver, see `resume_driver`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import safetensors
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import train_predictor_disca  # noqa: E402
+import train_predictor_v4  # noqa: E402
+from predictor_training.checkpoint import CheckpointMismatchError, read_training_state  # noqa: E402
+from predictor_training.data.shards import append_jsonl, make_manifest_entry, write_safetensors_atomic  # noqa: E402
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.training_setup import teacher_config_sha256  # noqa: E402
+
+CHUNK_LATENTS = 4
+NUM_CHUNKS = 3  # chunks 1 and 2 carry context (4 and 8 frames) and a previous chunk
+GRID = (4, 2, 3)  # C, H, W
+CASES = ("c0", "c1")
+ACTIONS = (0, 3)
+TEXT_LENGTHS = {"c0": 3, "c1": 5}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tiny dataset
+# ---------------------------------------------------------------------------------------------------------------
+def write_tiny_dataset(root: Path) -> Path:
+    """Tiny Teacher (2 blocks) saved under root/teacher and a dataset under root/dataset; returns the dataset root."""
+    generator = torch.Generator().manual_seed(7)
+    teacher = WorldPlayTransformer.from_preset("tiny")
+    randomize_zero_initialised_(teacher, generator)
+    teacher.save_pretrained(root / "teacher")
+    depth, heads = teacher.num_layers, teacher.heads_num
+    hidden = teacher.config.hidden_size
+    head_dim = hidden // heads
+    channels, height, width = GRID
+    dataset = root / "dataset"
+    dataset.mkdir(parents=True)
+    config = {
+        "teacher": {"folder": str(root / "teacher"), "config_sha256": teacher_config_sha256(teacher),
+                    "action_ckpt": None},
+        "grid": {"C": channels, "H": height, "W": width},
+        "num_latents": NUM_CHUNKS * CHUNK_LATENTS, "chunk_latents": CHUNK_LATENTS, "num_chunks": NUM_CHUNKS,
+        "num_steps": 4, "context_timestep": 14.0, "prefeature_layers": list(range(depth)),
+        "storage_dtype": "bfloat16", "splits": ["train"],
+    }
+    (dataset / "dataset_config.json").write_text(json.dumps(config))
+    frames, tokens = NUM_CHUNKS * CHUNK_LATENTS, CHUNK_LATENTS * height * width
+    hidden_offset = 0.5 * torch.randn(hidden, generator=generator)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).bfloat16()
+
+    for case_id in CASES:
+        case = {"image_cond": randn(1, channels, 1, height, width),
+                "text_k": randn(depth, heads, TEXT_LENGTHS[case_id], head_dim),
+                "text_v": randn(depth, heads, TEXT_LENGTHS[case_id], head_dim)}
+        facts = write_safetensors_atomic(dataset / f"cases/{case_id}.safetensors", case)
+        append_jsonl(dataset / "manifest.jsonl",
+                     make_manifest_entry("case", f"cases/{case_id}.safetensors", facts, case_id, None, "train"))
+        for action_id in ACTIONS:
+            viewmats = torch.eye(4).repeat(frames, 1, 1)
+            viewmats[:, 2, 3] = -0.1 * torch.arange(frames)  # the camera walks forward
+            intrinsics = torch.tensor([[0.8, 0.0, 0.5], [0.0, 0.8, 0.5], [0.0, 0.0, 1.0]]).repeat(frames, 1, 1)
+            tensors = {"viewmats": viewmats, "Ks": intrinsics,
+                       "action": torch.randint(0, 81, (frames,), generator=generator),
+                       "timesteps": torch.tensor([1000.0, 937.5, 833.3333, 625.0]),
+                       "sigmas": torch.tensor([1.0, 0.9375, 0.8333333, 0.625, 0.0]),
+                       "seed": torch.tensor([action_id], dtype=torch.int64)}
+            for chunk in range(NUM_CHUNKS):
+                if chunk > 0:
+                    indices = torch.arange(chunk * CHUNK_LATENTS)
+                    tensors[f"chunk{chunk}.ctx_indices"] = indices
+                    for layer in range(depth):
+                        tensors[f"chunk{chunk}.ctx_prefeature.layer{layer}"] = randn(
+                            indices.numel() * height * width, hidden)
+                chunk_action = tensors["action"][chunk * CHUNK_LATENTS:(chunk + 1) * CHUNK_LATENTS]
+                final_hidden = torch.randn(tokens, hidden, generator=generator)
+                for step in range(4):
+                    # A learnable rule: each step adds the same offset to the hidden, and the velocity is the
+                    # Teacher's own final layer applied to it (as in real data).
+                    final_hidden = final_hidden + hidden_offset
+                    tensors[f"chunk{chunk}.step{step}.latent_in"] = randn(channels, CHUNK_LATENTS, height, width)
+                    tensors[f"chunk{chunk}.step{step}.final_hidden"] = final_hidden.bfloat16()
+                    tensors[f"chunk{chunk}.step{step}.velocity"] = teacher_velocity(
+                        teacher, final_hidden, tensors["timesteps"][step], chunk_action).bfloat16()
+                tensors[f"chunk{chunk}.final_latent"] = randn(channels, CHUNK_LATENTS, height, width)
+            file = f"trajectories/{case_id}__a{action_id}.safetensors"
+            facts = write_safetensors_atomic(dataset / file, tensors)
+            append_jsonl(dataset / "manifest.jsonl",
+                         make_manifest_entry("trajectory", file, facts, case_id, action_id, "train"))
+    return dataset
+
+
+@torch.no_grad()
+def teacher_velocity(teacher, final_hidden, timestep, action):
+    """Teacher final layer on one chunk's hidden: [N, D] -> velocity [C, T, H, W]."""
+    _, height, width = GRID
+    frame_vec = teacher.frame_vec(timestep.repeat(1, CHUNK_LATENTS), action[None])
+    tokens = teacher.final_projection(final_hidden[None], frame_vec, height * width)
+    return teacher.unpatchify(tokens, CHUNK_LATENTS, height, width)[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> Path:
+    return write_tiny_dataset(tmp_path_factory.mktemp("offline"))
+
+
+def train_args(dataset: Path, run_dir: Path, *extra: str, steps: int = 3) -> list[str]:
+    return ["--dataset_root", str(dataset), "--output_dir", str(run_dir), "--source_blocks", "0,1",
+            "--precision", "fp32", "--batch_size", "2", "--max_steps", str(steps), "--scheduler_warmup_steps", "1",
+            "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "2",
+            "--num_workers", "0", "--no_progress", *extra]
+
+
+def read_log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script, variant, pairs_per_trajectory", [
+    (train_predictor_v4, "v4", 2 * 3),          # chunks 1-2 x 3 pairs
+    (train_predictor_disca, "disca", 2 * 3),    # chunk 0 left out by default, like the user's recipe
+])
+def test_entry_script_writes_a_complete_run_dir(tiny_dataset, tmp_path, script, variant, pairs_per_trajectory):
+    run_dir = tmp_path / variant
+    assert script.main(train_args(tiny_dataset, run_dir)) == 0
+
+    names = sorted(path.name for path in run_dir.iterdir())
+    assert names == ["predictor_step_00002.safetensors", "predictor_step_00003.safetensors", "train_config.json",
+                     "train_log.jsonl", "training_latest.pt"]
+    config = json.loads((run_dir / "train_config.json").read_text())
+    trajectories = len(CASES) * len(ACTIONS)
+    assert config["derived"]["variant"] == variant
+    assert config["derived"]["global_batch"] == 2 * 1 * 1
+    assert config["derived"]["num_pairs"] == trajectories * pairs_per_trajectory
+    assert config["flags"]["pairs"] == [[0, 1], [1, 2], [2, 3]]
+    records = read_log(run_dir)
+    assert [record["step"] for record in records] == [1, 2, 3]
+    for key in ("loss", "hidden_mse", "velocity_mse", "grad_norm", "lr/fusion", "lr/blocks", "time/step_s",
+                "memory/cpu_peak_rss_gib"):
+        assert all(key in record for record in records), key
+    for record in records:
+        assert record["loss"] == pytest.approx(record["velocity_mse"] + 0.1 * record["hidden_mse"], rel=1e-6)
+    assert records[0]["lr/blocks"] == 0.0 and records[1]["lr/blocks"] > 0.0  # block warmup of 1 step
+
+    state = read_training_state(run_dir / "training_latest.pt")
+    assert state["meta"] == {"variant": variant, "source_blocks": [0, 1], "precision": "fp32"}
+    assert state["run_state"]["global_step"] == 3
+    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values())
+    with safetensors.safe_open(str(run_dir / "predictor_step_00003.safetensors"), framework="pt") as handle:
+        assert sorted(handle.keys()) == sorted(state["model"])
+        assert {handle.get_tensor(key).dtype for key in handle.keys()} == {torch.bfloat16}
+    stream_count = {"v4": 3, "disca": 2}[variant]  # image, anchor (+ previous chunk)
+    assert state["model"]["fusion.proj.weight"].shape[1] == stream_count * 64
+
+
+def test_disca_include_chunk0_adds_the_first_chunk(tiny_dataset, tmp_path):
+    run_dir = tmp_path / "disca0"
+    train_predictor_disca.main(train_args(tiny_dataset, run_dir, "--include_chunk0", steps=2))
+    config = json.loads((run_dir / "train_config.json").read_text())
+    assert config["derived"]["num_pairs"] == len(CASES) * len(ACTIONS) * NUM_CHUNKS * 3
+
+
+def test_loss_falls_over_twenty_steps(tiny_dataset, tmp_path):
+    run_dir = tmp_path / "fall"
+    train_predictor_v4.main(train_args(tiny_dataset, run_dir, "--batch_size", "4", "--ckpt_every", "-1", steps=20))
+    losses = [record["loss"] for record in read_log(run_dir)]
+    # 20 steps = 3.3 epochs of 6 batches: compare the first epoch with the last 6 steps (same batches, other order)
+    first, last = sum(losses[:6]) / 6, sum(losses[-6:]) / 6
+    assert last < 0.7 * first, losses
+
+
+def test_fp32master_keeps_fp32_weights_and_adam_moments(tiny_dataset, tmp_path):
+    """BF16 autocast with a BF16 Teacher (runs on the CPU too); what is trained and saved for resume stays FP32."""
+    run_dir = tmp_path / "master"
+    train_predictor_v4.main(train_args(tiny_dataset, run_dir, "--precision", "fp32master", steps=2))
+    state = read_training_state(run_dir / "training_latest.pt")
+    assert state["meta"]["precision"] == "fp32master"
+    assert {tensor.dtype for tensor in state["model"].values()} == {torch.float32}
+    moments = [entry[name] for entry in state["optimizer"]["state"].values() for name in ("exp_avg", "exp_avg_sq")]
+    assert moments and {tensor.dtype for tensor in moments} == {torch.float32}
+    assert all(record["loss"] > 0 for record in read_log(run_dir))
+
+
+def test_resume_refuses_other_variant_blocks_or_precision(tiny_dataset, tmp_path):
+    run_dir = tmp_path / "base"
+    train_predictor_v4.main(train_args(tiny_dataset, run_dir, steps=2))
+    checkpoint = run_dir / "training_latest.pt"
+
+    def resume(script, *extra):
+        return script.main(train_args(tiny_dataset, tmp_path / "other", "--resume", str(checkpoint), *extra, steps=4))
+
+    with pytest.raises(CheckpointMismatchError, match=r"variant: saved 'v4', requested 'disca'"):
+        resume(train_predictor_disca)
+    with pytest.raises(CheckpointMismatchError, match=r"source_blocks: saved \[0, 1\], requested \[1, 0\]"):
+        resume(train_predictor_v4, "--source_blocks", "1,0")
+    with pytest.raises(CheckpointMismatchError, match=r"precision: saved 'fp32', requested 'fp32master'"):
+        resume(train_predictor_v4, "--precision", "fp32master")
+    with pytest.raises(ValueError, match=r"--resume=.*no such file"):
+        resume(train_predictor_v4, "--resume", str(tmp_path / "missing.pt"))
+    with pytest.raises(FileExistsError, match="already holds training_latest.pt"):
+        train_predictor_v4.main(train_args(tiny_dataset, run_dir, steps=2))  # a new run over an old one
+    assert read_training_state(checkpoint)["run_state"]["global_step"] == 2  # untouched by the refusals
+
+
+def test_two_rank_gloo_resume_matches_uninterrupted_run(tiny_dataset, tmp_path):
+    """One torchrun launch (2 ranks, gloo): 4 uninterrupted steps; 2 steps then a resume to 4 from the checkpoint."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
+               str(tiny_dataset), str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-6000:]
+
+    full_log, resumed_log = read_log(tmp_path / "full"), read_log(tmp_path / "cut")
+    assert [r["step"] for r in full_log] == [r["step"] for r in resumed_log] == [1, 2, 3, 4]
+    for full, resumed in zip(full_log, resumed_log):
+        for key in ("loss", "hidden_mse", "velocity_mse", "grad_norm", "lr/fusion", "lr/blocks", "epoch"):
+            assert full[key] == resumed[key], (full["step"], key, full[key], resumed[key])
+    assert full_log[-1]["epoch"] == 1  # 3 batches per rank per epoch: step 4 starts the second epoch
+    full_state = read_training_state(tmp_path / "full" / "training_latest.pt")
+    resumed_state = read_training_state(tmp_path / "cut" / "training_latest.pt")
+    assert full_state["world_size"] == 2
+    assert full_state["run_state"] == resumed_state["run_state"]
+    assert all(torch.equal(full_state["model"][key], resumed_state["model"][key]) for key in full_state["model"])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_launcher_names_the_run_and_tees_the_console(tiny_dataset, tmp_path):
+    """tools/launch_predictor_disca_training.sh with a dataset: run name by the convention, positional source blocks,
+    extra flags forwarded, torchrun.log in the run directory."""
+    env = {**os.environ, "DATASET_ROOT": str(tiny_dataset), "OUTPUT_ROOT": str(tmp_path), "NPROC_PER_NODE": "1",
+           "MASTER_PORT": str(free_port()), "PRECISION": "fp32", "BATCH_SIZE": "2", "MAX_STEPS": "2",
+           "SCHEDULER_WARMUP_STEPS": "1", "BLOCK_WARMUP_STEPS": "-1", "TRACKER": "none", "NUM_WORKERS": "0",
+           "FUSION_LR": "2e-4", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    command = ["bash", str(REPO_ROOT / "tools" / "launch_predictor_disca_training.sh"), "", "0,1", "--no_progress"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    device = "gpu" if torch.cuda.is_available() else "cpu"
+    name = f"predictor_disca_blocks0-1_fp32_1{device}_flr2e-4_blr1e-5_schedsteps2_swarmup1_bwarmupnone_notracker"
+    run_dir = tmp_path / name
+    assert sorted(path.name for path in tmp_path.iterdir()) == [name]
+    assert (run_dir / "torchrun.log").read_text().count("step 2/2") == 1
+    flags = json.loads((run_dir / "train_config.json").read_text())["flags"]
+    assert (flags["source_blocks"], flags["fusion_lr"], flags["no_progress"]) == ([0, 1], 2e-4, True)
+    assert [record["lr/blocks"] > 0 for record in read_log(run_dir)] == [True, True]  # no block warmup
+
+
+def fresh_rendezvous(round_name: str) -> None:
+    """Make the next init_process_group use a new TCPStore on a free port (rank 0 picks it and shares it through
+    torchrun's agent store). Re-creating the default group on the agent store can read the previous group's stale
+    gloo addresses and fail or hang."""
+    agent_port = int(os.environ.setdefault("OFFLINE_TEST_AGENT_PORT", os.environ["MASTER_PORT"]))
+    agent_store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], agent_port, is_master=False)
+    key = f"offline_test/{round_name}/port"
+    if os.environ["RANK"] == "0":
+        with socket.socket() as probe:
+            probe.bind((os.environ["MASTER_ADDR"], 0))
+            agent_store.set(key, str(probe.getsockname()[1]))
+    os.environ["MASTER_PORT"] = agent_store.get(key).decode()
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+
+
+def resume_driver(dataset: str, out: str) -> None:
+    """Run under torchrun by the test above: three main() calls in one launch, each with its own process group."""
+    out, dataset = Path(out), Path(dataset)
+    common = ("--batch_size", "4", "--seed", "3")
+    fresh_rendezvous("full")
+    train_predictor_v4.main(train_args(dataset, out / "full", *common, steps=4))
+    fresh_rendezvous("cut")
+    train_predictor_v4.main(train_args(dataset, out / "cut", *common, "--stop_at_step", "2", steps=4))
+    fresh_rendezvous("resume")
+    train_predictor_v4.main(train_args(dataset, out / "cut", *common, "--resume",
+                                       str(out / "cut" / "training_latest.pt"), steps=4))
+
+
+if __name__ == "__main__":
+    resume_driver(*sys.argv[1:])
