@@ -1,0 +1,391 @@
+"""On-policy F-P-P-P self-rollout of one trajectory (SPEC §6, user notes §8): what runs, and where gradients stop.
+
+One trajectory of T latents = T / 4 chunks. Chunk 0 is the Teacher's F-F-F-F (no gradients): it seeds the
+self-generated history and gives the previous-chunk hidden of steps 1, 2, 3 for chunk 1. Every later chunk c is
+F-P-P-P and trained:
+
+    context    = select_aligned_memory_frames on the camera path, latents read from the DETACHED self history
+    ctx K/V    = Teacher context prefill on them (exact K/V of every layer, no graph)
+    h0, v0     = Teacher step 0 on x0 (the chunk's noise);  x1 = FlowMatchEulerScheduler.step(v0, t0, x0)
+    for k = 1, 2, 3:
+        target_h, target_v = Teacher step k on x_k.detach()             (no graph; a stop-gradient label)
+        pred_h, pred_v     = Predictor(x_k, anchor, prev_chunk_hidden[k], ctx K/V + text K/V of its source layers)
+                             anchor = h0 (k = 1), pred_h1 (k = 2), pred_h2 (k = 3)
+        loss_k             = mse(pred_v, target_v) + 0.1 * mse(pred_h, target_h)       (FP32)
+        x_{k+1}            = differentiable_euler_step(x_k, pred_v, sigmas, k)
+    chunk_loss = mean_k loss_k;   (chunk_loss / number_of_trained_chunks).backward()   right away
+    history[c] = x4.detach();     prev_chunk_hidden[k] = pred_h_k.detach()
+
+Gradient paths inside a chunk (one graph over the three Predictor calls):
+    hidden anchor:  pred_h1 -> Predictor step 2 -> pred_h2 -> Predictor step 3
+    latent:         pred_v1 -> x2 -> Predictor step 2 -> pred_v2 -> x3 -> Predictor step 3
+Across chunks nothing flows: each chunk's graph is freed by its own backward.
+
+DDP: ``train_trajectory`` runs each trained chunk's three Predictor forwards AND its backward inside
+``no_sync()``, except the last chunk, whose backward all-reduces the gradients accumulated over all chunks once.
+
+Pieces are public so tests can check each claim: ``SelfRolloutTrajectory`` (``run_chunk_zero``,
+``run_fppp_chunk`` -> ``ChunkGraph``, ``commit``) and ``train_trajectory`` (the training composition).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from predictor_training.ar_rollout import (
+    ARRollout,
+    ChunkContext,
+    RolloutConfig,
+    RolloutInputs,
+    StepOutput,
+    make_initial_noise,
+)
+from predictor_training.camera import make_retrieval_points
+from predictor_training.distributed import maybe_no_sync, unwrap_model
+from predictor_training.losses import predictor_loss
+from predictor_training.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
+from predictor_training.teacher import ContextKV, TextKV
+
+FULL_STEP = 0  # F-P-P-P: the Teacher runs step 0, the Predictor every later step
+
+
+# ---- settings and inputs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SelfRolloutSettings:
+    """Loss weights and Predictor precision of the rollout.
+
+    hidden_weight / velocity_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (0.1 / 1.0).
+    predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the real recipe; None = off). The Teacher's
+    own autocast is ``RolloutConfig.autocast_dtype``.
+    track_latent_grads: keep ``.grad`` of the Predictor-made latents that feed later Predictor calls (x2, x3) for
+    the ``latent_grad_l1_min`` check (notes §8.10).
+    """
+
+    hidden_weight: float = 0.1
+    velocity_weight: float = 1.0
+    predictor_autocast_dtype: torch.dtype | None = None
+    track_latent_grads: bool = True
+
+
+def text_kv_from_case(case_tensors: dict[str, Tensor], device: torch.device | str, dtype: torch.dtype) -> TextKV:
+    """Stored ``text_k`` / ``text_v`` [depth, heads, L_txt, d] -> TextKV with [1, heads, L_txt, d] per layer."""
+    for name in ("text_k", "text_v"):
+        if name not in case_tensors:
+            raise KeyError(f"case tensors lack {name!r} (expected text_k, text_v [depth, heads, L_txt, d]); "
+                           f"got {sorted(case_tensors)}")
+        if case_tensors[name].dim() != 4:
+            raise ValueError(f"{name} must be [depth, heads, L_txt, d], got {tuple(case_tensors[name].shape)}")
+    keys = [layer[None].to(device=device, dtype=dtype) for layer in case_tensors["text_k"]]
+    values = [layer[None].to(device=device, dtype=dtype) for layer in case_tensors["text_v"]]
+    return TextKV(keys, values)
+
+
+def rollout_inputs_for_item(item: dict, image_cond: Tensor, state_dtype: torch.dtype = torch.float32) -> RolloutInputs:
+    """Noise, memory points and camera inputs of one sample-table item (``TrajectoryTableDataset``), derived from
+    its seed exactly as the dataset builder and eval do (same seed -> same chunk 0).
+
+    item: ``viewmats`` [T, 4, 4], ``Ks`` [T, 3, 3], ``action`` [T], ``seed``; image_cond [1, C, 1, H, W].
+    """
+    _, channels, _, height, width = image_cond.shape
+    num_latents = item["viewmats"].shape[0]
+    seed = int(item["seed"])
+    return RolloutInputs(
+        noise=make_initial_noise(seed, (1, channels, num_latents, height, width), dtype=state_dtype),
+        image_cond=image_cond,
+        viewmats=item["viewmats"],
+        Ks=item["Ks"],
+        action=item["action"],
+        memory_points=make_retrieval_points(seed),
+    )
+
+
+# ---- what one trained chunk produces ---------------------------------------------------------------------------
+@dataclass
+class PredictorStep:
+    """One Predictor step k of a trained chunk (all on the rollout device).
+
+    latent [1, C, 4, H, W]: x_k, the student latent entering step k (with graph for k >= 2).
+    teacher_input [1, 2C+1, 4, H, W]: what the Teacher target was computed on (detached x_k | cond).
+    anchor / prev_chunk_hidden / pred_hidden / target_hidden [1, N, D]; pred_velocity / target_velocity
+    [1, C, 4, H, W]. loss: scalar with graph; metrics: detached scalars (loss, hidden_mse, velocity_mse).
+    """
+
+    step_index: int
+    latent: Tensor
+    teacher_input: Tensor
+    anchor: Tensor
+    prev_chunk_hidden: Tensor
+    target_hidden: Tensor
+    target_velocity: Tensor
+    pred_hidden: Tensor
+    pred_velocity: Tensor
+    loss: Tensor
+    metrics: dict[str, Tensor]
+
+
+@dataclass
+class ChunkGraph:
+    """A trained chunk before its backward.
+
+    context: the chunk's context (indices, prefill input, exact K/V); full_hidden / full_velocity: Teacher step 0
+    (h0, v0); steps: the Predictor steps 1..n-1; final_latent [1, C, 4, H, W]: x_n with graph; loss: chunk loss
+    (mean of the step losses) with graph; tracked_latents: {k: x_k} whose ``.grad`` is retained (k >= 2).
+    """
+
+    chunk_index: int
+    context: ChunkContext
+    full_hidden: Tensor
+    full_velocity: Tensor
+    steps: list[PredictorStep]
+    final_latent: Tensor
+    loss: Tensor
+    tracked_latents: dict[int, Tensor] = field(default_factory=dict)
+
+    def pred_hidden_by_step(self) -> dict[int, Tensor]:
+        return {step.step_index: step.pred_hidden for step in self.steps}
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# ---- one trajectory --------------------------------------------------------------------------------------------
+class SelfRolloutTrajectory:
+    """The state of one self-rollout trajectory: the history buffer and the previous-chunk hiddens.
+
+    teacher: the frozen WorldPlayTransformer; predictor: the v4 Predictor, plain or DDP-wrapped (it is called as
+    given, so DDP sees every forward); text_kv: all layers, [1, heads, L, d]; inputs / rollout_config: as for
+    ``ARRollout``, whose running latents are the self-generated history (chunk c's slot holds its noise until the
+    chunk is committed, then its detached final latent).
+
+    Order of calls: ``run_chunk_zero()``, then for c = 1..num_chunks-1: ``graph = run_fppp_chunk(c)``, backward,
+    ``commit(graph)``.
+    """
+
+    def __init__(
+        self,
+        teacher,
+        predictor: nn.Module,
+        text_kv: TextKV,
+        inputs: RolloutInputs,
+        rollout_config: RolloutConfig = RolloutConfig(),
+        settings: SelfRolloutSettings = SelfRolloutSettings(),
+        device: torch.device | str | None = None,
+    ):
+        raw_predictor = unwrap_model(predictor)
+        if raw_predictor.variant != "v4":
+            raise ValueError(f"self-rollout training needs the v4 Predictor (context + previous-chunk hidden), "
+                             f"got variant {raw_predictor.variant!r}")
+        if rollout_config.num_steps < 2:
+            raise ValueError(f"F-P-P-P needs at least 2 denoising steps, got num_steps={rollout_config.num_steps}")
+        self.rollout = ARRollout(teacher, text_kv, inputs, rollout_config, recorder=None, device=device)
+        if self.rollout.num_chunks < 2:
+            raise ValueError(f"{inputs.num_latents} latents make {self.rollout.num_chunks} chunk(s); self-rollout "
+                             "training needs chunk 0 plus at least one trained chunk")
+        self.teacher = teacher
+        self.predictor = predictor
+        self.settings = settings
+        self.source_blocks = tuple(raw_predictor.source_blocks)
+        self.predictor_text_kv = self.rollout.text_kv.select(self.source_blocks)
+        self.prev_chunk_hidden: dict[int, Tensor] | None = None
+        self.next_chunk = 0
+
+    # ---- sizes ------------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.rollout.device
+
+    @property
+    def num_chunks(self) -> int:
+        return self.rollout.num_chunks
+
+    @property
+    def trained_chunks(self) -> list[int]:
+        return list(range(1, self.num_chunks))
+
+    @property
+    def predictor_steps(self) -> list[int]:
+        return list(range(FULL_STEP + 1, self.rollout.config.num_steps))
+
+    def chunk_frames(self, chunk_index: int) -> slice:
+        size = self.rollout.config.chunk_latents
+        return slice(chunk_index * size, (chunk_index + 1) * size)
+
+    # ---- chunk 0 -----------------------------------------------------------------------------------------------
+    def run_chunk_zero(self) -> list[StepOutput]:
+        """F-F-F-F of chunk 0 under no_grad (the ARRollout loop): writes its final latent into the history and keeps
+        the Full hidden of steps 1..n-1 as chunk 1's previous-chunk hidden. Returns the Teacher's step outputs."""
+        if self.next_chunk != 0:
+            raise RuntimeError(f"run_chunk_zero must come first; the trajectory is at chunk {self.next_chunk}")
+        with torch.no_grad():
+            outputs = self.rollout.run_chunk(0)
+        self.prev_chunk_hidden = {k: outputs[k].final_hidden for k in self.predictor_steps}
+        self.next_chunk = 1
+        return outputs
+
+    # ---- chunks 1.. --------------------------------------------------------------------------------------------
+    def _teacher_step(self, model_input: Tensor, timestep: Tensor, frame_inputs, context: ChunkContext) -> StepOutput:
+        """One Full-DiT step as a stop-gradient label: no graph, Teacher autocast."""
+        action, viewmats, Ks = frame_inputs
+        with torch.no_grad(), _autocast(self.device, self.rollout.config.autocast_dtype):
+            output = self.teacher.chunk_step(
+                model_input, timestep, action, viewmats, Ks, self.rollout.text_kv,
+                context_kv=context.kv, rope_start=context.num_frames, return_final_hidden=True,
+            )
+        return StepOutput(velocity=output.velocity, final_hidden=output.final_hidden)
+
+    def run_fppp_chunk(self, chunk_index: int) -> ChunkGraph:
+        """Forward of trained chunk ``chunk_index`` (module docstring); the caller runs the backward and commits."""
+        if chunk_index != self.next_chunk or chunk_index == 0:
+            raise RuntimeError(f"run_fppp_chunk({chunk_index}) called, but the next chunk to run is {self.next_chunk}")
+        rollout, config, settings = self.rollout, self.rollout.config, self.settings
+        frames = self.chunk_frames(chunk_index)
+        frame_range = range(frames.start, frames.stop)
+        state_dtype, model_dtype = config.state_dtype, rollout.model_dtype
+
+        # 1. Context from the detached self-generated history; exact K/V of every layer, without a graph.
+        context = rollout.prefill_context(chunk_index)
+        if context.kv is None:
+            raise RuntimeError(f"chunk {chunk_index} got no context frames; a trained chunk needs history")
+        predictor_context: ContextKV = context.kv.select(self.source_blocks)
+        frame_inputs = rollout.frame_inputs(frame_range)
+        action, viewmats, Ks = frame_inputs
+        cond = rollout.cond[:, :, frames]
+        scheduler = FlowMatchEulerScheduler(shift=config.shift)
+        scheduler.set_timesteps(config.num_steps)
+        timesteps = scheduler.timesteps
+        size = config.chunk_latents
+
+        # 2. Full step 0 on the chunk's noise, advanced by the pipeline's own scheduler.
+        noise = rollout.latents[:, :, frames].clone()
+        step0_timestep = timesteps[FULL_STEP].expand(size).to(device=self.device, dtype=torch.float32)
+        full = self._teacher_step(rollout.model_input(frame_range), step0_timestep, frame_inputs, context)
+        latent = scheduler.step(full.velocity, timesteps[FULL_STEP], noise).to(state_dtype)
+
+        # 3. Predictor steps; the latent and the anchor keep their graphs from one step to the next.
+        anchor = full.final_hidden
+        steps: list[PredictorStep] = []
+        tracked: dict[int, Tensor] = {}
+        for k in self.predictor_steps:
+            timestep = timesteps[k].expand(size).to(device=self.device, dtype=torch.float32)
+            # The label is computed on the state the Predictor actually visits, cut from its graph.
+            teacher_input = torch.cat([latent.detach().to(model_dtype), cond.to(model_dtype)], dim=1)
+            target = self._teacher_step(teacher_input, timestep, frame_inputs, context)
+            predictor_input = torch.cat([latent, cond.to(latent.dtype)], dim=1)
+            prev_hidden = self.prev_chunk_hidden[k]
+            with _autocast(self.device, settings.predictor_autocast_dtype):
+                pred_hidden, pred_velocity = self.predictor(
+                    predictor_input, anchor, timestep[None], action, viewmats, Ks, self.predictor_text_kv,
+                    context=predictor_context, prev_chunk_hidden=prev_hidden, rope_start=context.num_frames,
+                )
+            loss, metrics = predictor_loss(
+                pred_hidden, pred_velocity, target.final_hidden, target.velocity,
+                hidden_weight=settings.hidden_weight, velocity_weight=settings.velocity_weight,
+            )
+            steps.append(PredictorStep(
+                step_index=k, latent=latent, teacher_input=teacher_input, anchor=anchor, prev_chunk_hidden=prev_hidden,
+                target_hidden=target.final_hidden, target_velocity=target.velocity, pred_hidden=pred_hidden,
+                pred_velocity=pred_velocity, loss=loss, metrics=metrics,
+            ))
+            # The running buffer of the pipeline holds state_dtype; the cast keeps the same rounding, differentiably.
+            latent = differentiable_euler_step(latent, pred_velocity, scheduler.sigmas, k).to(state_dtype)
+            if k + 1 < config.num_steps and latent.requires_grad:
+                tracked[k + 1] = latent
+                if settings.track_latent_grads:
+                    latent.retain_grad()
+            anchor = pred_hidden
+
+        # 4. Chunk loss: the mean over the Predictor steps.
+        chunk_loss = torch.stack([step.loss for step in steps]).mean()
+        return ChunkGraph(
+            chunk_index=chunk_index, context=context, full_hidden=full.final_hidden, full_velocity=full.velocity,
+            steps=steps, final_latent=latent, loss=chunk_loss, tracked_latents=tracked,
+        )
+
+    def commit(self, graph: ChunkGraph) -> None:
+        """Move a finished chunk into the trajectory state, cut from its graph.
+
+        Both the final latent (next chunks' history, hence their context) and the predicted hiddens (next chunk's
+        previous-chunk hidden) are detached: gradients of a later chunk must not reach this chunk, whose graph is
+        freed by its own backward (and whose loss already accounted for these values).
+        """
+        if graph.chunk_index != self.next_chunk:
+            raise RuntimeError(f"commit of chunk {graph.chunk_index}, but the trajectory is at chunk {self.next_chunk}")
+        frames = self.chunk_frames(graph.chunk_index)
+        with torch.no_grad():
+            self.rollout.latents[:, :, frames] = graph.final_latent.detach().to(self.rollout.config.state_dtype)
+        self.prev_chunk_hidden = {k: hidden.detach() for k, hidden in graph.pred_hidden_by_step().items()}
+        self.next_chunk += 1
+
+
+# ---- the training composition ----------------------------------------------------------------------------------
+def latent_grad_l1(graph: ChunkGraph) -> dict[int, float]:
+    """{k: sum |d loss / d x_k|} of the tracked latents after the chunk's backward (0.0 where no grad arrived);
+    empty when the settings do not track latent gradients."""
+    values = {}
+    if not any(latent.retains_grad for latent in graph.tracked_latents.values()):
+        return values
+    for k, latent in graph.tracked_latents.items():
+        values[k] = 0.0 if latent.grad is None else float(latent.grad.detach().float().abs().sum())
+    return values
+
+
+def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True) -> dict[str, float]:
+    """Chunk 0 (no grad), then each trained chunk: forward, ``(chunk_loss / n_trained).backward()``, commit.
+
+    sync: whether this trajectory's backward may all-reduce (the loop's flag; False while accumulating several
+    trajectories). The three Predictor forwards and the backward of every chunk but the last run under
+    ``no_sync()``; the last chunk's backward all-reduces once. Gradients are left in ``.grad`` for the caller's
+    clip/optimizer step. Returns detached python floats:
+
+    loss (the trajectory loss = mean chunk loss), hidden_mse, velocity_mse, step{k}/{loss,hidden_mse,velocity_mse}
+    (means over the trained chunks), chunk{c}/loss, latent_grad_l1_min (min over chunks and k of sum |grad x_k|;
+    nan when no latent is tracked) and context_frames_mean.
+    """
+    # 1. Chunk 0: the history seed, no parameter is touched.
+    trajectory.run_chunk_zero()
+    trained = trajectory.trained_chunks
+    # Each chunk's backward adds its share, so the gradients equal those of the trajectory-mean loss.
+    divisor = len(trained)
+    per_step: dict[int, dict[str, list[float]]] = {k: {} for k in trajectory.predictor_steps}
+    chunk_losses: dict[int, float] = {}
+    grad_l1: list[float] = []
+    context_frames: list[int] = []
+    # 2. Trained chunks, each freed by its own backward.
+    for chunk_index in trained:
+        all_reduce_now = sync and chunk_index == trained[-1]
+        with maybe_no_sync(trajectory.predictor, enabled=not all_reduce_now):
+            graph = trajectory.run_fppp_chunk(chunk_index)
+            (graph.loss / divisor).backward()
+        chunk_losses[chunk_index] = float(graph.loss.detach())
+        for step in graph.steps:
+            for name, value in step.metrics.items():
+                per_step[step.step_index].setdefault(name, []).append(float(value))
+        grad_l1.extend(latent_grad_l1(graph).values())
+        context_frames.append(graph.context.num_frames)
+        trajectory.commit(graph)
+        del graph
+    # 3. Metrics.
+    metrics: dict[str, float] = {"loss": sum(chunk_losses.values()) / divisor}
+    for name in ("hidden_mse", "velocity_mse"):
+        metrics[name] = _mean([value for step in per_step.values() for value in step[name]])
+    for k, values in per_step.items():
+        for name, series in values.items():
+            metrics[f"step{k}/{name}"] = _mean(series)
+    for chunk_index, value in chunk_losses.items():
+        metrics[f"chunk{chunk_index}/loss"] = value
+    metrics["latent_grad_l1_min"] = min(grad_l1) if grad_l1 else math.nan
+    metrics["context_frames_mean"] = _mean(context_frames)
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
