@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Evaluate Predictor checkpoints against the full Teacher: quality, speed and side-by-side videos (SPEC §7).
+
+For each (case, action) of a split, the same seed is rolled out as the reference F-F-F-F, as velocity reuse and
+hidden reuse at the replaced steps, and with each --ckpt's Predictor at the replaced steps; the videos are decoded
+with the VAE and every method is scored against the reference (PSNR full / frame-mean, SSIM, LPIPS, pixel MSE /
+RMSE / MAE, temporal-delta MSE; per video, per chunk and aggregated). The logic lives in
+predictor_training/evaluation.py; see train.md, section "Evaluation".
+
+Demo (CPU, after `bash tools/launch_predictor_v4_rollout_training.sh`; no AlexNet weights here, so the LPIPS column is
+the clearly labelled random-backbone figure):
+
+    python tools/eval_predictor.py --demo demo_data/assets --split holdout25 \\
+        --ckpt checkpoints/<run>/predictor_step_00020.safetensors --replace_steps 1,2,3 --lpips_random_backbone
+
+Real model, 8 GPUs, two checkpoints sharing the reference rollouts:
+
+    torchrun --nproc_per_node 8 tools/eval_predictor.py --split holdout25 \\
+        --samples_dir /data/samples --encoded /data/encoded --vae /models/HunyuanVideo-1.5-i2v/vae \\
+        --ckpt RUN/predictor_step_00300.safetensors --ckpt RUN/predictor_step_02000.safetensors \\
+        --replace_steps 1,2,3 --lpips_alexnet ~/weights/alexnet-owt-7be5be79.pth
+
+Outputs go to <output_root>/<train_run>_ckptstep<N>_<schedule>_<split>/ (default output_root: eval/ in the
+repository): eval_config.json, videos/*.json (one per finished video; a rerun skips them), per_video.csv,
+per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md, side_by_side/*.mp4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from predictor_training.data.sample_table import SPLIT_NAMES  # noqa: E402
+from predictor_training.distributed import cleanup_distributed, init_distributed, print0  # noqa: E402
+from predictor_training.evaluation import (  # noqa: E402
+    EvalSettings,
+    Schedule,
+    parse_replace_steps,
+    read_predictor_checkpoint,
+    run_evaluation,
+)
+from predictor_training.metrics import LpipsWeightsError  # noqa: E402
+from predictor_training.training_setup import TeacherSource, resolve_teacher_source  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+PRECISION_DTYPES = {"fp32master": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    inputs = parser.add_argument_group("inputs (either --demo D, or the separate flags)")
+    inputs.add_argument("--demo", type=Path, help="demo asset folder (tools/make_demo_assets.py): D/teacher, "
+                        "D/encoders/vae, D/samples/<split>.jsonl, D/encoded")
+    inputs.add_argument("--teacher", type=Path, help="Teacher transformer folder; default: the one recorded in the "
+                        "first checkpoint's run config (flags teacher / dataset_root)")
+    inputs.add_argument("--action_ckpt", type=Path, help="WorldPlay action checkpoint loaded strictly on --teacher")
+    inputs.add_argument("--vae", type=Path, help="AutoencoderKLHunyuanVideo15 folder (or a diffusers pipeline folder "
+                        "with vae/)")
+    inputs.add_argument("--samples_dir", type=Path, help="folder of the sample tables <split>.jsonl")
+    inputs.add_argument("--encoded", type=Path, help="encoder outputs {case_id}.pt (the text prefill then runs and "
+                        "is timed)")
+    inputs.add_argument("--dataset_root", type=Path, help="instead of --encoded: a built dataset whose cases/ hold the "
+                        "stored text K/V (no text prefill is run or timed)")
+    inputs.add_argument("--split", choices=SPLIT_NAMES, default="holdout25", help="which sample table to evaluate; "
+                        "held-out numbers are the ones that count")
+    inputs.add_argument("--max_videos", type=int, default=None, help="evaluate only the first N rows of the split")
+    inputs.add_argument("--num_latents", type=int, default=32, help="latent frames per video (poses must match)")
+    method = parser.add_argument_group("methods")
+    method.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
+                        "(predictor_step_XXXXX.safetensors or training_latest.pt); repeat to compare several in one "
+                        "run (they share the reference and reuse rollouts)")
+    method.add_argument("--replace_steps", type=str, default="1,2,3", help="denoising steps replaced in every "
+                        "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
+    method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
+                        "and the schedule applies to chunks 1.. (notes 8.11); schedule: chunk 0 follows it too "
+                        "(not possible for v4, which needs a previous chunk)")
+    method.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="Teacher weights, "
+                        "autocast and running latents; auto = the checkpoints' training precision (fp32master -> "
+                        "bfloat16, fp32 -> float32), without checkpoints bfloat16 on CUDA and float32 on CPU")
+    method.add_argument("--vae_dtype", choices=("auto", *DTYPES), default="auto", help="VAE weights; auto = --dtype")
+    method.add_argument("--vae_tiling", action="store_true", help="decode in spatial tiles (less GPU memory)")
+    output = parser.add_argument_group("outputs")
+    output.add_argument("--output_root", type=Path, default=REPO_ROOT / "eval", help="parent of the eval run directory")
+    output.add_argument("--run_name", type=str, default=None, help="eval run directory name; default "
+                        "<train_run>_ckptstep<N>_<schedule>_<split>")
+    output.add_argument("--num_side_by_side", type=int, default=2, help="side-by-side mp4 for the first N videos")
+    output.add_argument("--fps", type=float, default=24.0, help="frame rate of the side-by-side mp4")
+    output.add_argument("--lpips_alexnet", type=Path, default=None, help="torchvision AlexNet state dict for LPIPS; "
+                        "default $TORCH_HOME/hub/checkpoints/alexnet-owt-7be5be79.pth; nothing is downloaded")
+    output.add_argument("--lpips_random_backbone", action="store_true", help="no real AlexNet: use a random one and "
+                        "report the column as lpips_random_backbone_NOT_LPIPS (demo / tests only)")
+    run = parser.add_argument_group("run")
+    run.add_argument("--warmup_chunks", type=int, default=2, help="chunks of every method run untimed before the "
+                     "first video (0 = no warm-up)")
+    run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend "
+                     "under torchrun")
+    run.add_argument("--no_progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+
+    # Cross-flag rules.
+    if args.demo is not None:
+        given = [flag for flag in ("teacher", "action_ckpt", "vae", "samples_dir", "encoded", "dataset_root")
+                 if getattr(args, flag) is not None]
+        if given:
+            parser.error(f"--demo replaces --{', --'.join(given)}")
+        args.teacher, args.vae = args.demo / "teacher", args.demo / "encoders" / "vae"
+        args.samples_dir, args.encoded = args.demo / "samples", args.demo / "encoded"
+    missing = [flag for flag in ("vae", "samples_dir") if getattr(args, flag) is None]
+    if missing:
+        parser.error(f"missing --{', --'.join(missing)} (or use --demo D)")
+    if (args.encoded is None) == (args.dataset_root is None):
+        parser.error("give exactly one case source: --encoded DIR or --dataset_root DS")
+    if args.lpips_alexnet is not None and args.lpips_random_backbone:
+        parser.error("--lpips_alexnet and --lpips_random_backbone exclude each other")
+    for flag, minimum in (("max_videos", 1), ("num_side_by_side", 0), ("warmup_chunks", 0), ("num_latents", 4)):
+        value = getattr(args, flag)
+        if value is not None and value < minimum:
+            parser.error(f"--{flag} must be >= {minimum}, got {value}")
+    table = args.samples_dir / f"{args.split}.jsonl"
+    if not table.is_file():
+        parser.error(f"--split {args.split}: no sample table {table}")
+    args.sample_table = table
+    try:
+        args.schedule = Schedule(parse_replace_steps(args.replace_steps), chunk0_full=args.chunk0 == "full")
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def resolve_teacher(args, checkpoint_flags: list[dict]) -> TeacherSource:
+    """--teacher / --demo, else the Teacher every checkpoint's run recorded (they must agree)."""
+    if args.teacher is not None:
+        return TeacherSource(args.teacher, args.action_ckpt, "--demo" if args.demo else "--teacher", None)
+    if not checkpoint_flags:
+        raise ValueError("no Teacher: pass --teacher DIR (or --demo D, or a --ckpt whose run records its Teacher)")
+    sources = []
+    for flags in checkpoint_flags:
+        dataset_root = flags.get("dataset_root")  # runs on the light sample table have none
+        sources.append(resolve_teacher_source(
+            None if flags.get("teacher") is None else Path(flags["teacher"]),
+            None if flags.get("action_ckpt") is None else Path(flags["action_ckpt"]),
+            None if dataset_root is None else Path(dataset_root),
+        ))
+    folders = {(str(source.folder), str(source.action_ckpt)) for source in sources}
+    if len(folders) != 1:
+        raise ValueError(f"the checkpoints were trained on different Teachers {sorted(folders)}; pass --teacher")
+    return sources[0]
+
+
+def resolve_dtype(args, checkpoint_meta: list[dict]) -> torch.dtype:
+    if args.dtype != "auto":
+        return DTYPES[args.dtype]
+    precisions = sorted({meta["precision"] for meta in checkpoint_meta})
+    if len(precisions) > 1:
+        raise ValueError(f"the checkpoints were trained with precisions {precisions}; choose --dtype")
+    if precisions:
+        if precisions[0] not in PRECISION_DTYPES:
+            raise ValueError(f"checkpoint precision {precisions[0]!r} unknown; choose --dtype")
+        return PRECISION_DTYPES[precisions[0]]
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = init_distributed(args.backend)
+    try:
+        checkpoints = [read_predictor_checkpoint(path) for path in args.ckpt]
+        dtype = resolve_dtype(args, [ckpt.meta for ckpt in checkpoints])
+        settings = EvalSettings(
+            teacher_source=resolve_teacher(args, [ckpt.run_flags for ckpt in checkpoints]),
+            vae=args.vae,
+            sample_table=args.sample_table,
+            split=args.split,
+            case_source="encoded" if args.encoded is not None else "dataset",
+            case_root=args.encoded if args.encoded is not None else args.dataset_root,
+            num_latents=args.num_latents,
+            checkpoints=list(args.ckpt),
+            schedule=args.schedule,
+            dtype=dtype,
+            vae_dtype=dtype if args.vae_dtype == "auto" else DTYPES[args.vae_dtype],
+            output_root=args.output_root,
+            run_name=args.run_name,
+            max_videos=args.max_videos,
+            num_side_by_side=args.num_side_by_side,
+            fps=args.fps,
+            lpips_alexnet=args.lpips_alexnet,
+            lpips_random_backbone=args.lpips_random_backbone,
+            warmup_chunks=args.warmup_chunks,
+            vae_tiling=args.vae_tiling,
+            progress=not args.no_progress,
+            extra={"argv": sys.argv[1:] if argv is None else list(argv)},
+        )
+        report = run_evaluation(settings, env)
+        if env.is_main:
+            print0(report["table"])
+            print0(f"[eval_predictor] {len(report['computed'])} videos computed, {report['skipped']} already "
+                   f"finished; outputs in {report['out_dir']}")
+    finally:
+        cleanup_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (LpipsWeightsError, ValueError, FileNotFoundError, KeyError) as error:
+        sys.exit(f"eval_predictor: error: {error}")
