@@ -61,7 +61,12 @@ def load_conformance_teacher(folder: Path) -> WorldPlayTransformer:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConformanceInputError(f"{folder}: no config.json")
-    teacher = WorldPlayTransformer(**json.loads(config_path.read_text()))
+    # keys such as `_class_name` / `_diffusers_version` are diffusers bookkeeping, not constructor arguments
+    arguments = {key: value for key, value in json.loads(config_path.read_text()).items() if not key.startswith("_")}
+    try:
+        teacher = WorldPlayTransformer(**arguments)
+    except TypeError as error:
+        raise ConformanceInputError(f"{config_path}: not a valid WorldPlayTransformer config ({error})") from error
     compressed, plain = folder / "weights.safetensors.xz", folder / "weights.safetensors"
     if compressed.is_file():
         state_dict = load_safetensors_bytes(lzma.open(compressed).read())
