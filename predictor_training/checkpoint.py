@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .distributed import all_gather_objects, barrier, current_rank, unwrap_model
-from .logger import atomic_write, redact_secrets
+from .atomic_io import atomic_write
+from .logger import redact_secrets
 
 TRAINING_STATE_NAME = "training_latest.pt"
 TRAINING_STATE_FORMAT = "predictor_training.training_state"

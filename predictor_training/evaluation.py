@@ -66,7 +66,8 @@ from predictor_training.flops import (
     rollout_flops,
     text_prefill_flops,
 )
-from predictor_training.logger import atomic_write, write_json_atomic
+from predictor_training.atomic_io import atomic_write, write_text_atomic
+from predictor_training.logger import write_json_atomic
 from predictor_training.metrics import (
     LPIPS_METRIC_NAME,
     LpipsScorer,
@@ -788,7 +789,7 @@ def _csv_text(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text_atomic(path, text)
 
 
 def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, method_names: Sequence[str],

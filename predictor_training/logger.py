@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Callable
 
+from .atomic_io import write_text_atomic
 from .distributed import DistEnv, log0
 
 SWANLAB_KEY_ENV = "SWANLAB_API_KEY"
@@ -25,34 +25,10 @@ REDACTED = "<redacted>"
 
 
 # ------------------------------------------------------------------------------------------------ atomic writes
-def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], None]) -> Path:
-    """Write `path` via `write_fn(tmp_path)` into `<path>.tmp` in the same folder, fsync, then `os.replace`.
-
-    A crash (even SIGKILL) at any point leaves the previous `path` untouched; on an exception the temp file is
-    removed and the exception propagates.
-    """
-    path = Path(path)
-    tmp_path = path.with_name(path.name + ".tmp")
-    try:
-        write_fn(tmp_path)
-        with open(tmp_path, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
-    directory_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)  # make the rename itself durable
-    finally:
-        os.close(directory_fd)
-    return path
-
-
 def write_json_atomic(path: str | os.PathLike, obj) -> Path:
     """`json.dump(obj, indent=2)` to `path`, atomically (raises on values JSON cannot hold)."""
     text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return write_text_atomic(path, text)
 
 
 # ------------------------------------------------------------------------------------------------ secrets
@@ -159,7 +135,7 @@ class MetricsLogger:
             with open(self.run_dir / DISCARDED_LOG_NAME, "a", encoding="utf-8") as handle:
                 handle.write("\n".join(moved) + "\n")
             text = "".join(line + "\n" for line in kept)
-            atomic_write(self.log_path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+            write_text_atomic(self.log_path, text)
         self._file = open(self.log_path, "a", encoding="utf-8")
         return len(moved)
 

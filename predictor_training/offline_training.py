@@ -22,20 +22,17 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
-from predictor_training.checkpoint import RunState, load_training_state
+from predictor_training.checkpoint import RunState
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs, config_field, read_dataset_config
 from predictor_training.data.samplers import BucketBatchSampler
 from predictor_training.distributed import (
     DistEnv,
     cleanup_distributed,
     init_distributed,
-    log0,
     maybe_no_sync,
     seed_everything,
-    wrap_ddp,
 )
-from predictor_training.logger import MetricsLogger
-from predictor_training.loop import ResumableBatches, train_loop
+from predictor_training.loop import ResumableBatches
 from predictor_training.losses import predictor_loss
 from predictor_training.predictor import Predictor, build_predictor, text_kv_from_stacked
 from predictor_training.training_setup import (
@@ -44,15 +41,11 @@ from predictor_training.training_setup import (
     build_optimizer_and_schedule,
     checkpoint_meta,
     environment_summary,
-    experiment_name,
     format_pairs,
     load_teacher,
-    log_block,
-    precision_policy,
-    prepare_run_dir,
+    resume_and_train,
     run_config,
-    startup_summary,
-    write_train_config,
+    start_run,
 )
 
 OFFLINE_VARIANTS = ("v4", "disca")
@@ -185,12 +178,9 @@ def run_offline_training(args: argparse.Namespace, variant: str) -> RunState:
     if variant not in OFFLINE_VARIANTS:
         raise ValueError(f"run_offline_training: variant={variant!r}; expected one of {OFFLINE_VARIANTS}")
     env = init_distributed(args.backend)
-    metrics_logger = None
     try:
         # 1. Run directory, RNG, precision, data.
-        run_dir = prepare_run_dir(args.output_dir, args.resume, env)
-        seed_everything(args.seed, rank=env.rank)
-        policy = precision_policy(args.precision, env.device)
+        run_dir, policy = start_run(args, env)
         dataset = build_pair_dataset(args, variant)
         context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
                                               args.dataset_root))
@@ -206,59 +196,31 @@ def run_offline_training(args: argparse.Namespace, variant: str) -> RunState:
         seed_everything(args.seed, rank=env.rank)
         optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
 
-        # 3. Config, resume.
+        # 3. Config.
         layout = BatchLayout(args.batch_size, env.world_size, args.grad_accum)
-        meta = checkpoint_meta(variant, args.source_blocks, args.precision)
         config = run_config(
             args, variant=variant, env=env, layout=layout, num_pairs=len(dataset),
             num_trajectories=len(dataset.trajectories), micro_batches_per_epoch=batches.batches_per_epoch(),
             predictor=predictor.predictor_config(), teacher_double_blocks=teacher_layers,
             context_timestep=context_timestep, environment=environment_summary(),
         )
-        run_state = RunState()
-        if args.resume is not None:
-            run_state = load_training_state(args.resume, model=predictor, optimizer=optimizer,
-                                            lr_schedule=lr_schedule, expect=meta)
-            batches.load_state_dict(run_state.data)
-            log0(f"resumed from {args.resume} at step {run_state.global_step} (epoch {run_state.epoch})")
-        write_train_config(run_dir, config, env)
-        stop_step = args.max_steps if args.stop_at_step == -1 else args.stop_at_step
         optimizer_steps_per_epoch = batches.batches_per_epoch() // args.grad_accum
-        log_block(startup_summary(
-            title=f"offline Predictor training ({variant})",
-            optimizer=optimizer, layout=layout, max_steps=args.max_steps, stop_step=stop_step,
-            resume_step=run_state.global_step,
-            extra={
-                "run dir": str(run_dir),
-                "variant": f"{variant}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}",
-                "precision": policy.describe(),
-                "data": f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
-                        f"{len(dataset)} pairs; {batches.batches_per_epoch()} micro-batches per rank per epoch "
-                        f"(~{optimizer_steps_per_epoch} optimizer steps)",
-                "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup "
-                            f"{args.scheduler_warmup_steps}, block warmup {args.block_warmup_steps}, cosine to 0",
-                "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}",
-                "tracker": args.tracker,
-            },
-        ))
 
-        # 4. Train.
-        model = wrap_ddp(predictor, env)
-        metrics_logger = MetricsLogger(run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                                       experiment=experiment_name(args, run_dir), config=config,
-                                       swanlab_mode=args.swanlab_mode)
-        step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy,
-                          context_timestep=context_timestep)
-        return train_loop(
-            ddp_model=model, raw_model=predictor, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
-            step_fn=step_fn, run_dir=run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
-            grad_accum=args.grad_accum, grad_clip=args.grad_clip, ckpt_every=args.ckpt_every,
-            keep_last=args.keep_last, log_every=args.log_every, metrics_logger=metrics_logger, config=config,
-            meta=meta, progress=not args.no_progress, stop_at_step=stop_step,
+        # 4. Resume, summary, train.
+        return resume_and_train(
+            args, env=env, run_dir=run_dir, policy=policy, predictor=predictor, optimizer=optimizer,
+            lr_schedule=lr_schedule, batches=batches, layout=layout, config=config,
+            meta=checkpoint_meta(variant, args.source_blocks, args.precision),
+            title=f"offline Predictor training ({variant})",
+            model_rows={"variant": f"{variant}, source blocks {list(args.source_blocks)}, "
+                                   f"pairs {format_pairs(args.pairs)}"},
+            data_row=f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
+                     f"{len(dataset)} pairs; {batches.batches_per_epoch()} micro-batches per rank per epoch "
+                     f"(~{optimizer_steps_per_epoch} optimizer steps)",
+            make_step_fn=lambda model: partial(pair_step, model=model, predictor=predictor, policy=policy,
+                                               context_timestep=context_timestep),
         )
     finally:
-        if metrics_logger is not None:
-            metrics_logger.close()
         cleanup_distributed()
 
 

@@ -1,5 +1,5 @@
 """Setup shared by every training recipe (offline v4 / disca, rollout) and by the eval: flags, Teacher, precision,
-optimizer, run directory, startup summary.
+optimizer, run directory, startup summary, and the resume -> summary -> `train_loop` tail of every run.
 
 The recipe scripts stay short because everything they have in common lives here:
 
@@ -9,12 +9,13 @@ The recipe scripts stay short because everything they have in common lives here:
     args = parser.parse_args(argv); check_common_args(args)          # cross-flag rules, ValueError naming the flag
 
     env = init_distributed(args.backend)
-    policy = precision_policy(args.precision, env.device)            # dtypes + autocast of "fp32master" / "fp32"
+    run_dir, policy = start_run(args, env)        # run directory, per-rank seed, dtypes + autocast of --precision
+    ... the recipe's data ...
     teacher = load_teacher(args, env.device)                         # --teacher or the dataset's teacher
     predictor = build_predictor(teacher, variant, args.source_blocks, args.gradient_checkpointing)
     optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
-    ddp_model = wrap_ddp(predictor, env)
-    write_train_config(run_dir, config)  # rank 0; config = run_config(args, ...) incl. the derived global batch
+    config = run_config(args, ...)                                   # every flag + the derived global batch
+    resume_and_train(args, ..., make_step_fn=...)  # resume, train_config.json, summary, DDP, logger, train_loop
 
 Precision modes (`--precision`):
 * "fp32master" (the real recipe): frozen Teacher weights in BF16, trainable Predictor weights and the AdamW moments
@@ -31,14 +32,17 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
+from torch import nn
 
+from predictor_training.checkpoint import RunState, load_training_state
 from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME
 from predictor_training.data.shards import canonical_json
-from predictor_training.distributed import DistEnv, log0
-from predictor_training.logger import TRACKERS, redact_secrets, write_json_atomic
+from predictor_training.distributed import DistEnv, log0, seed_everything, wrap_ddp
+from predictor_training.logger import TRACKERS, MetricsLogger, redact_secrets, write_json_atomic
+from predictor_training.loop import ResumableBatches, train_loop
 from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer
 from predictor_training.teacher import WorldPlayTransformer
 
@@ -519,3 +523,84 @@ def environment_summary() -> dict[str, str]:
         "cuda_devices": str(torch.cuda.device_count() if torch.cuda.is_available() else 0),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
     }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. The run around the recipe: start, then resume, summary and the loop
+# ---------------------------------------------------------------------------------------------------------------
+def start_run(args: argparse.Namespace, env: DistEnv) -> tuple[Path, PrecisionPolicy]:
+    """First step of every recipe after `init_distributed`: the run directory (`prepare_run_dir`), the per-rank
+    seed, and the `--precision` policy on this rank's device. Returns (run_dir, policy)."""
+    run_dir = prepare_run_dir(args.output_dir, args.resume, env)
+    seed_everything(args.seed, rank=env.rank)
+    return run_dir, precision_policy(args.precision, env.device)
+
+
+def resume_and_train(
+    args: argparse.Namespace,
+    *,
+    env: DistEnv,
+    run_dir: Path,
+    policy: PrecisionPolicy,
+    predictor: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_schedule,
+    batches: ResumableBatches,
+    layout: BatchLayout,
+    config: dict,
+    meta: dict,
+    title: str,
+    model_rows: dict[str, str],
+    data_row: str,
+    make_step_fn: Callable[[nn.Module], Callable[..., dict[str, float]]],
+    extra_step_check: Callable[[int, dict[str, float]], None] | None = None,
+) -> RunState:
+    """What every recipe does once its data, Predictor, optimizer and schedule exist; returns the final RunState.
+
+    1. --resume: model, optimizer, schedule and data position from the training state (`meta` must match);
+    2. train_config.json (rank 0) and the startup summary: run dir, `model_rows`, precision, `data_row`, schedule,
+       checkpoints, tracker;
+    3. the DDP wrapper, the metrics logger (closed on success and on error) and `train_loop` with the step function
+       `make_step_fn(ddp_model)`.
+    """
+    # 1. Resume.
+    run_state = RunState()
+    if args.resume is not None:
+        run_state = load_training_state(args.resume, model=predictor, optimizer=optimizer, lr_schedule=lr_schedule,
+                                        expect=meta)
+        batches.load_state_dict(run_state.data)
+        log0(f"resumed from {args.resume} at step {run_state.global_step} (epoch {run_state.epoch})")
+
+    # 2. Config file, summary.
+    write_train_config(run_dir, config, env)
+    stop_step = args.max_steps if args.stop_at_step == -1 else args.stop_at_step
+    log_block(startup_summary(
+        title=title, optimizer=optimizer, layout=layout, max_steps=args.max_steps, stop_step=stop_step,
+        resume_step=run_state.global_step,
+        extra={
+            "run dir": str(run_dir),
+            **model_rows,
+            "precision": policy.describe(),
+            "data": data_row,
+            "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup "
+                        f"{args.scheduler_warmup_steps}, block warmup {args.block_warmup_steps}, cosine to 0",
+            "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}",
+            "tracker": args.tracker,
+        },
+    ))
+
+    # 3. Train.
+    model = wrap_ddp(predictor, env)
+    metrics_logger = MetricsLogger(run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                                   experiment=experiment_name(args, run_dir), config=config,
+                                   swanlab_mode=args.swanlab_mode)
+    try:
+        return train_loop(
+            ddp_model=model, raw_model=predictor, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
+            step_fn=make_step_fn(model), run_dir=run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
+            grad_accum=args.grad_accum, grad_clip=args.grad_clip, ckpt_every=args.ckpt_every,
+            keep_last=args.keep_last, log_every=args.log_every, metrics_logger=metrics_logger, config=config,
+            meta=meta, progress=not args.no_progress, extra_step_check=extra_step_check, stop_at_step=stop_step,
+        )
+    finally:
+        metrics_logger.close()

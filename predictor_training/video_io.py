@@ -16,6 +16,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from predictor_training.atomic_io import atomic_write
+
 VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".avi", ".webm")
 FRAME_SUFFIX = ".png"
 
@@ -119,27 +121,26 @@ def _write_mp4(path: Path, frames: np.ndarray, fps: float, lossless: bool, quali
         if height % 2 or width % 2:
             raise ValueError(f"{path}: H.264 yuv420p needs even frame sizes, got {height}x{width} (or lossless=True)")
         codec, pix_fmt_out, quality_arg, extra = "libx264", "yuv420p", quality, []
-    tmp_path = path.with_name(path.name + ".tmp")
-    writer = imageio_ffmpeg.write_frames(
-        str(tmp_path),
-        (width, height),
-        fps=fps,
-        codec=codec,
-        pix_fmt_out=pix_fmt_out,
-        quality=quality_arg,
-        macro_block_size=1,  # never let ffmpeg rescale frames
-        output_params=extra + ["-f", "mp4"],  # the temp name has no .mp4 suffix
-    )
-    try:
-        writer.send(None)  # start ffmpeg
-        for frame in frames:
-            writer.send(frame)
-        writer.close()
-    except BaseException:
-        writer.close()
-        tmp_path.unlink(missing_ok=True)
-        raise
-    os.replace(tmp_path, path)
+
+    def encode(tmp_path: Path) -> None:
+        writer = imageio_ffmpeg.write_frames(
+            str(tmp_path),
+            (width, height),
+            fps=fps,
+            codec=codec,
+            pix_fmt_out=pix_fmt_out,
+            quality=quality_arg,
+            macro_block_size=1,  # never let ffmpeg rescale frames
+            output_params=extra + ["-f", "mp4"],  # the temp name has no .mp4 suffix
+        )
+        try:
+            writer.send(None)  # start ffmpeg
+            for frame in frames:
+                writer.send(frame)
+        finally:
+            writer.close()
+
+    atomic_write(path, encode)
 
 
 def _write_png_folder(folder: Path, frames: np.ndarray) -> None:

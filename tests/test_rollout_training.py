@@ -609,8 +609,8 @@ def test_12_finite_metrics_falling_step_losses_and_peak_memory_logged(overfit_ru
 
 
 def test_resume_refuses_a_bf16_master_state(tmp_path):
-    import train_predictor_v4_rollout as trainer
     from predictor_training.checkpoint import TRAINING_STATE_FORMAT, TRAINING_STATE_VERSION
+    from predictor_training.rollout_training import check_fp32_master_state
 
     def state(dtype):
         return {"format": TRAINING_STATE_FORMAT, "format_version": TRAINING_STATE_VERSION,
@@ -619,10 +619,10 @@ def test_resume_refuses_a_bf16_master_state(tmp_path):
                                             "exp_avg_sq": torch.zeros(2, 2, dtype=dtype)}}, "param_groups": []}}
 
     torch.save(state(torch.float32), tmp_path / "fp32.pt")
-    trainer.check_fp32_master_state(tmp_path / "fp32.pt")
+    check_fp32_master_state(tmp_path / "fp32.pt")
     torch.save(state(torch.bfloat16), tmp_path / "bf16.pt")
     with pytest.raises(ValueError, match="exp_avg is torch.bfloat16"):
-        trainer.check_fp32_master_state(tmp_path / "bf16.pt")
+        check_fp32_master_state(tmp_path / "bf16.pt")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -634,6 +634,7 @@ def ddp_checks(root: Path) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import train_predictor_v4_rollout as trainer
+    from predictor_training import rollout_training
     from predictor_training.checkpoint import CheckpointMismatchError, load_model_weights
     from predictor_training.distributed import all_gather_objects, init_distributed, wrap_ddp
     from predictor_training.trajectory_dataset import TrajectoryTableDataset
@@ -647,16 +648,17 @@ def ddp_checks(root: Path) -> None:
     # 1. Keys: the table, one epoch of each rank's sampler, and the step check refusing a shared key.
     dataset = TrajectoryTableDataset(paths["table"], dataset_root=paths["dataset"], num_latents=16)
     args = argparse_namespace(seed=0, num_workers=0)
-    batches = trainer.build_trajectory_batches(dataset, args, env)
+    batches = rollout_training.build_trajectory_batches(dataset, args, env)
     epoch_keys = [list(next(batches)["key"]) for _ in range(batches.batches_per_epoch())]
     report["dataset_keys"] = [list(key) for key in dataset.keys()]
     report["sampler_epoch_keys"] = {str(rank): keys for rank, keys in enumerate(all_gather_objects(epoch_keys))}
     shared_item = dataset[0]  # the same trajectory on both ranks
-    step = trainer.RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None, env=env)
+    step = rollout_training.RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None,
+                                        env=env)
     try:
         step(shared_item, sync=True)
         refused = False
-    except trainer.DuplicateTrajectoryError:
+    except rollout_training.DuplicateTrajectoryError:
         refused = True
     report["duplicate_keys_error"] = {str(rank): flag for rank, flag in enumerate(all_gather_objects(refused))}
 
@@ -706,9 +708,9 @@ def ddp_checks(root: Path) -> None:
     del model
 
     # 3. The trainer itself: a 1-step smoke run, a 2-step run, and a 1-step run resumed to step 2, all under this
-    #    process group (the script's init/cleanup are bypassed so that the group is made once).
-    trainer.init_distributed = lambda backend: env
-    trainer.cleanup_distributed = lambda: None
+    #    process group (the runner's init/cleanup are bypassed so that the group is made once).
+    rollout_training.init_distributed = lambda backend: env
+    rollout_training.cleanup_distributed = lambda: None
     common = ["--init_from", str(paths["init"]), "--max_steps", "2", "--scheduler_warmup_steps", "1",
               "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "1"]
     trainer.main(trainer_args(paths, root / "smoke_1step", *common, "--stop_at_step", "1"))

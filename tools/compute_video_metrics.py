@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 from tqdm import tqdm
 
+from predictor_training.atomic_io import write_text_atomic
 from predictor_training.metrics import (
     LpipsScorer,
     LpipsWeightsError,
@@ -117,13 +118,6 @@ def pair_videos(ref_dir: Path, test_dir: Path) -> list[tuple[str, Path, Path]]:
 # ----------------------------------------------------------------------------------------------------------------
 # Outputs
 # ----------------------------------------------------------------------------------------------------------------
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp_path = path.with_name(path.name + ".tmp")
-    with open(tmp_path, "w", encoding="utf-8", newline="") as handle:
-        handle.write(text)
-    os.replace(tmp_path, path)
-
-
 def _csv_text(header: list[str], rows: list[list]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -141,18 +135,18 @@ def write_outputs(out_dir: Path, report: dict, per_video: list[dict], with_per_f
     written = []
     # 1. JSON with everything
     path = out_dir / "metrics.json"
-    _write_text_atomic(path, json.dumps(jsonable(report), indent=2, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(jsonable(report), indent=2, allow_nan=False) + "\n", newline="")
     written.append(path)
     # 2. per-video and aggregate CSV
     columns = _metric_columns(per_video[0]["metrics"])
     rows = [[item["name"], str(item["ref"]), str(item["test"])] + [item["metrics"][key] for key in columns]
             for item in per_video]
     path = out_dir / "per_video.csv"
-    _write_text_atomic(path, _csv_text(["name", "ref", "test"] + columns, rows))
+    write_text_atomic(path, _csv_text(["name", "ref", "test"] + columns, rows), newline="")
     written.append(path)
     aggregate = report["aggregate"]
     path = out_dir / "aggregate.csv"
-    _write_text_atomic(path, _csv_text(list(aggregate), [list(aggregate.values())]))
+    write_text_atomic(path, _csv_text(list(aggregate), [list(aggregate.values())]), newline="")
     written.append(path)
     # 3. optional per-frame CSV
     if with_per_frame:
@@ -163,7 +157,7 @@ def write_outputs(out_dir: Path, report: dict, per_video: list[dict], with_per_f
             rows += [[item["name"], frame] + [series[key][frame] for key in series_keys]
                      for frame in range(len(series["mse"]))]
         path = out_dir / "per_frame.csv"
-        _write_text_atomic(path, _csv_text(["name", "frame"] + series_keys, rows))
+        write_text_atomic(path, _csv_text(["name", "frame"] + series_keys, rows), newline="")
         written.append(path)
     return written
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -38,6 +37,8 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from PIL import Image
 from tqdm import tqdm
+
+from predictor_training.atomic_io import write_bytes_atomic
 
 ENCODED_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
 IGNORED_FIELDS = ("latent",)  # written by the upstream trainer's producer (video latent), not needed here
@@ -199,21 +200,6 @@ def encoded_case_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
     buffer = io.BytesIO()
     torch.save({name: tensors[name] for name in ENCODED_FIELDS}, buffer)
     return buffer.getvalue()
-
-
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write `path.tmp`, fsync, then rename over `path`; an existing `path` is untouched on error."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
 
 
 def save_encoded_case(path: str | Path, tensors: Mapping[str, torch.Tensor]) -> None:

@@ -38,6 +38,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from predictor_training.atomic_io import write_text_atomic
 from predictor_training.camera import load_pose, pose_string_to_json
 
 
@@ -148,7 +149,7 @@ def write_standard_pose_files(table_dir: str | Path, action_ids: Sequence[int] =
     for action_id in action_ids:
         path = Path(table_dir) / standard_pose_relpath(action_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(path, json.dumps(standard_pose_json(action_id), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(standard_pose_json(action_id), indent=1) + "\n")
         paths[action_id] = path
     return paths
 
@@ -171,7 +172,7 @@ def write_sample_table(path: str | Path, rows: Sequence[SampleRow]) -> None:
     """Write a table atomically (``path.tmp`` then rename); an existing table is untouched on error."""
     text = format_sample_table(rows)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(Path(path), text)
+    write_text_atomic(Path(path), text)
 
 
 def read_sample_table(path: str | Path) -> list[SampleRow]:
@@ -401,16 +402,3 @@ def _check_row_consistency(rows: Sequence[SampleRow], places: Sequence[str]) -> 
                 )
         else:
             case_rows[row.case_id] = (row, place)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()

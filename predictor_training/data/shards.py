@@ -30,6 +30,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
+from predictor_training import atomic_io
+
 MANIFEST_KINDS = ("case", "trajectory")
 _HASH_BLOCK_BYTES = 1 << 22
 
@@ -75,29 +77,11 @@ def tensor_specs(tensors: Mapping[str, torch.Tensor]) -> dict[str, list]:
     return {name: [list(tensors[name].shape), dtype_name(tensors[name].dtype)] for name in sorted(tensors)}
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via ``path.tmp`` + fsync + ``os.replace``; an existing ``path`` survives errors."""
+    """Write ``data`` to ``path`` atomically (``atomic_io``), creating its folder first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp_path, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
-    _fsync_directory(path.parent)
+    atomic_io.write_bytes_atomic(path, data)
 
 
 # ---- safetensors -------------------------------------------------------------------------------------------

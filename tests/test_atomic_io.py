@@ -1,0 +1,56 @@
+"""The shared atomic writer: replaces the target whole, keeps it on error, gives new files umask permissions."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from predictor_training.atomic_io import atomic_write, write_bytes_atomic, write_text_atomic
+from predictor_training.checkpoint import save_inference_weights
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_write_replaces_and_error_keeps_the_old_file(tmp_path):
+    target = tmp_path / "out.bin"
+    write_bytes_atomic(target, b"first")
+    write_text_atomic(target, "second\n")
+    assert target.read_text() == "second\n"
+
+    def failing(tmp):
+        tmp.write_bytes(b"half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_write(target, failing)
+    assert target.read_text() == "second\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_new_file_gets_umask_permissions_even_from_a_0600_temp(tmp_path, umask):
+    def private_writer(tmp):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)  # like safetensors' save_file
+        os.write(fd, b"x")
+        os.close(fd)
+
+    previous = os.umask(umask)
+    try:
+        path = atomic_write(tmp_path / f"f{umask:o}", private_writer)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert current_umask() == previous
+
+
+def test_safetensors_checkpoint_is_not_private(tmp_path):
+    path = save_inference_weights(tmp_path / "predictor_step_00001.safetensors", {"w": torch.ones(2)},
+                                  dtype=torch.float32)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~current_umask()
