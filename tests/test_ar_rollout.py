@@ -33,13 +33,7 @@ from predictor_training.teacher import WorldPlayTransformer, randomize_zero_init
 SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and a busy machine makes spinning threads very slow."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---- set A --------------------------------------------------------------------------------------------------------

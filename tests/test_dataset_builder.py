@@ -95,14 +95,6 @@ def test_jsonl_append_rewrite_and_torn_tail(tmp_path):
 # demo assets and a small subset of them
 # =============================================================================================================
 @pytest.fixture(scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same as every torchrun worker (OMP_NUM_THREADS=1), so bytes can be compared
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
 def demo(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("demo") / "D"
     make_demo_assets.main(["--out", str(root), "--num_train", "2", "--num_holdout25", "1", "--num_holdout50", "1"])

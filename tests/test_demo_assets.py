@@ -24,13 +24,7 @@ def load_tool():
     return module
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The models are tiny: one thread is as fast and does not stall when the machine is busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
