@@ -346,7 +346,7 @@ def resolve_teacher_source(
 
 def teacher_config_sha256(teacher: WorldPlayTransformer) -> str:
     """sha256 of the Teacher's constructor arguments as one canonical JSON line (the dataset builder's record)."""
-    constructor_args = {key: value for key, value in dict(teacher.config).items() if not key.startswith("_")}
+    constructor_args = WorldPlayTransformer.constructor_arguments(teacher.config, source="the loaded Teacher")
     return hashlib.sha256(canonical_json(constructor_args).encode("utf-8")).hexdigest()
 
 

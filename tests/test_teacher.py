@@ -16,6 +16,7 @@ from predictor_training.teacher import (
     LayerContextKV,
     TextKV,
     WorldPlayTransformer,
+    preset_config,
     randomize_zero_initialised_,
     zero_initialised_entries,
 )
@@ -444,3 +445,14 @@ def test_cache_containers_stack_select_and_move():
     text = TextKV([torch.full((1, 2, 3, 8), float(i)) for i in range(3)], [torch.zeros(1, 2, 3, 8)] * 3)
     assert text.select([1]).layer(0)[0][0, 0, 0, 0] == 1.0
     assert text.to(dtype=torch.bfloat16).k[2].dtype == torch.bfloat16
+
+
+def test_constructor_arguments_drop_bookkeeping_fill_defaults_and_refuse_unknown_fields():
+    config = preset_config("tiny")
+    del config["byt5_states_dim"]  # the released config.json has no byt5_*_dim
+    config.update({"_class_name": "HunyuanVideo_1_5_DiffusionTransformer", "_diffusers_version": "0.35.0"})
+    arguments = WorldPlayTransformer.constructor_arguments(config, source="cfg.json")
+    assert "_class_name" not in arguments and arguments["byt5_states_dim"] == 1472
+    assert WorldPlayTransformer(**arguments).config.hidden_size == config["hidden_size"]
+    with pytest.raises(ValueError, match=r"cfg.json: unknown Teacher config field\(s\) \['hidden_sise'\]"):
+        WorldPlayTransformer.constructor_arguments({**config, "hidden_sise": 64}, source="cfg.json")

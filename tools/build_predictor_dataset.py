@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import sys
 import time
@@ -537,18 +536,14 @@ def dry_run(args, plan: BuildPlan, teacher_config: dict) -> None:
 
 
 def read_teacher_config(teacher_dir: Path) -> dict:
-    """The Teacher's constructor arguments from ``config.json`` (no weights loaded); arguments the file omits take
-    the constructor defaults, exactly as ``from_pretrained`` does (the released config has no ``byt5_*_dim``)."""
+    """The Teacher's full constructor arguments from ``config.json`` (no weights loaded)."""
     path = Path(teacher_dir) / "config.json"
     if not path.is_file():
         raise DatasetInputError(f"--teacher {teacher_dir}: no config.json")
-    stored = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
-    parameters = inspect.signature(WorldPlayTransformer.__init__).parameters
-    unknown = sorted(set(stored) - set(parameters))
-    if unknown:
-        raise DatasetInputError(f"{path}: unknown Teacher config field(s) {unknown}")
-    defaults = {name: parameter.default for name, parameter in parameters.items() if name != "self"}
-    return {**defaults, **stored}
+    try:
+        return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text()), source=str(path))
+    except ValueError as error:
+        raise DatasetInputError(str(error)) from error
 
 
 # =============================================================================================================

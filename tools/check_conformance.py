@@ -147,11 +147,8 @@ def load_conformance_set(root: str | Path) -> ConformanceSet:
 
 def build_model(cset: ConformanceSet) -> WorldPlayTransformer:
     """The set's model in float32 on the CPU with its weights loaded strictly."""
-    arguments = {key: value for key, value in cset.config.items() if not key.startswith("_")}
-    try:
-        model = WorldPlayTransformer(**arguments)
-    except TypeError as error:
-        raise ValueError(f"{cset.root / 'config.json'}: not a valid WorldPlayTransformer config ({error})") from error
+    arguments = WorldPlayTransformer.constructor_arguments(cset.config, source=str(cset.root / "config.json"))
+    model = WorldPlayTransformer(**arguments)
     load_state_dict_strict(model, load_safetensors_bytes(cset.weights_bytes), source=str(cset.root / WEIGHTS_FILE))
     return model.float().eval()
 

@@ -61,12 +61,11 @@ def load_conformance_teacher(folder: Path) -> WorldPlayTransformer:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConformanceInputError(f"{folder}: no config.json")
-    # keys such as `_class_name` / `_diffusers_version` are diffusers bookkeeping, not constructor arguments
-    arguments = {key: value for key, value in json.loads(config_path.read_text()).items() if not key.startswith("_")}
     try:
-        teacher = WorldPlayTransformer(**arguments)
-    except TypeError as error:
-        raise ConformanceInputError(f"{config_path}: not a valid WorldPlayTransformer config ({error})") from error
+        arguments = WorldPlayTransformer.constructor_arguments(json.loads(config_path.read_text()), str(config_path))
+    except ValueError as error:
+        raise ConformanceInputError(str(error)) from error
+    teacher = WorldPlayTransformer(**arguments)
     compressed, plain = folder / "weights.safetensors.xz", folder / "weights.safetensors"
     if compressed.is_file():
         state_dict = load_safetensors_bytes(lzma.open(compressed).read())

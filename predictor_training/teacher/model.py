@@ -6,8 +6,9 @@ prefill and the chunk step (README sections 4-7), plus batch-general building bl
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -298,6 +299,22 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
     def from_preset(cls, name: str, **overrides) -> "WorldPlayTransformer":
         """Build a fresh model from a preset of `TEACHER_PRESETS` ("worldplay_480p_i2v", "tiny", "demo")."""
         return cls(**preset_config(name, **overrides))
+
+    @classmethod
+    def constructor_arguments(cls, config: Mapping, source: str) -> dict:
+        """The full constructor arguments that a `config.json`-style mapping describes.
+
+        Keys starting with `_` (`_class_name`, `_diffusers_version`) are diffusers bookkeeping and are dropped;
+        arguments the mapping omits take the constructor defaults, as `from_pretrained` does (the released config has
+        no `byt5_*_dim`); any other unknown field raises a ValueError naming `source`.
+        """
+        stored = {key: value for key, value in config.items() if not key.startswith("_")}
+        parameters = inspect.signature(cls.__init__).parameters
+        unknown = sorted(set(stored) - set(parameters))
+        if unknown:
+            raise ValueError(f"{source}: unknown Teacher config field(s) {unknown}")
+        defaults = {name: parameter.default for name, parameter in parameters.items() if name != "self"}
+        return {**defaults, **stored}
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
