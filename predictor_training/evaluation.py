@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import io
 import json
 import math
@@ -58,7 +57,7 @@ from predictor_training.checkpoint import (
     read_inference_metadata,
     read_training_state,
 )
-from predictor_training.data.shards import canonical_json, sha256_file
+from predictor_training.data.shards import sha256_file, sha256_json
 from predictor_training.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.flops import (
     TeacherShape,
@@ -943,7 +942,7 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
         "lpips": {"metric_name": scorer.metric_name, "backbone_sha256": scorer.backbone_sha256,
                   "backbone_source": scorer.backbone_source},
     }
-    return hashlib.sha256(canonical_json(record).encode("utf-8")).hexdigest(), record
+    return sha256_json(record), record
 
 
 def check_or_write_eval_config(out_dir: Path, fingerprint: str, record: dict, settings: EvalSettings,

@@ -26,7 +26,6 @@ LPIPS with a randomly initialised AlexNet is NOT LPIPS; such a scorer reports un
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 import re
@@ -37,6 +36,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from predictor_training.data.shards import sha256_file
 
 LPIPS_METRIC_NAME = "lpips_alex"
 LPIPS_RANDOM_BACKBONE_METRIC_NAME = "lpips_random_backbone_NOT_LPIPS"
@@ -92,14 +93,6 @@ def resolve_alexnet_weights(alexnet_path: str | Path | None) -> Path:
             f"labelled, meaningless '{LPIPS_RANDOM_BACKBONE_METRIC_NAME}' instead."
         )
     return path
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_hub_hash(path: Path, sha256: str) -> None:
@@ -228,7 +221,7 @@ class LpipsScorer:
                 device=device,
             )
         path = resolve_alexnet_weights(alexnet_path)
-        sha256 = file_sha256(path)
+        sha256 = sha256_file(path)
         _check_hub_hash(path, sha256)
         return cls(
             load_alexnet_backbone_state(path),

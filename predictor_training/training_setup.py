@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from torch import nn
 
 from predictor_training.checkpoint import RunState, load_training_state
 from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME
-from predictor_training.data.shards import canonical_json
+from predictor_training.data.shards import sha256_json
 from predictor_training.distributed import DistEnv, log0, seed_everything, wrap_ddp
 from predictor_training.logger import TRACKERS, MetricsLogger, redact_secrets, write_json_atomic
 from predictor_training.loop import ResumableBatches, train_loop
@@ -347,7 +346,7 @@ def resolve_teacher_source(
 def teacher_config_sha256(teacher: WorldPlayTransformer) -> str:
     """sha256 of the Teacher's constructor arguments as one canonical JSON line (the dataset builder's record)."""
     constructor_args = WorldPlayTransformer.constructor_arguments(teacher.config, source="the loaded Teacher")
-    return hashlib.sha256(canonical_json(constructor_args).encode("utf-8")).hexdigest()
+    return sha256_json(constructor_args)
 
 
 def load_teacher_weights(source: TeacherSource, device: torch.device, dtype: torch.dtype) -> WorldPlayTransformer:

@@ -28,7 +28,6 @@ it does not depend on the world size) and removes the parts. Resume: rerun the s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -61,6 +60,7 @@ from predictor_training.data.shards import (  # noqa: E402
     load_tensors,
     make_manifest_entry,
     read_jsonl,
+    sha256_json,
     verify_file,
     write_bytes_atomic,
     write_jsonl_atomic,
@@ -376,7 +376,7 @@ def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int,
         "builder_version": BUILDER_VERSION,
         "teacher": {
             "folder": str(Path(args.teacher).resolve()),
-            "config_sha256": _sha256_text(canonical_json(teacher_config)),
+            "config_sha256": sha256_json(teacher_config),
             "weight_files": sorted(teacher_files, key=lambda item: item["name"]),
             "action_ckpt": None if args.action_ckpt is None else str(Path(args.action_ckpt).resolve()),
             "depth": teacher_config["mm_double_blocks_depth"],
@@ -406,8 +406,6 @@ def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int,
     }
 
 
-def _sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def write_or_check_config(root: Path, config: dict) -> None:

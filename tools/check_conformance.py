@@ -19,7 +19,6 @@ failure, 0 otherwise. Model tensors use |got - ref| <= atol + rtol * |ref| with 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import lzma
 import math
@@ -36,6 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from predictor_training.data.shards import sha256_bytes  # noqa: E402
 from predictor_training.teacher import (  # noqa: E402
     ContextKV,
     LayerContextKV,
@@ -104,8 +104,6 @@ class ConformanceSet:
         return self.vectors[name]
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _read_json(path: Path) -> dict:
@@ -139,8 +137,8 @@ def load_conformance_set(root: str | Path) -> ConformanceSet:
             if not path.is_file():
                 raise FileNotFoundError(f"{root / 'vectors.json'} lists {entry!r}, which is not in {root}")
             data = raw_files[entry] if entry in raw_files else path.read_bytes()
-        if _sha256(data) != meta["sha256"]:
-            raise ValueError(f"{root / entry}: sha256 {_sha256(data)} differs from vectors.json ({meta['sha256']})")
+        if sha256_bytes(data) != meta["sha256"]:
+            raise ValueError(f"{root / entry}: sha256 {sha256_bytes(data)} differs from vectors.json ({meta['sha256']})")
     vectors = load_safetensors_bytes(raw_files["vectors.safetensors"])
     return ConformanceSet(root, config, info, vectors, weights_bytes)
 

@@ -63,6 +63,11 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_json(record: Any) -> str:
+    """Hex sha256 of `canonical_json(record)`: a fingerprint of a config that ignores key order."""
+    return sha256_bytes(canonical_json(record).encode("utf-8"))
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
