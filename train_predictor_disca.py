@@ -1,64 +1,193 @@
-"""Offline teacher-forcing training of the disca Predictor: no context, no previous-chunk hidden (SPEC §5, notes §4).
+"""Offline teacher-forcing training of the disca Predictor: no context, no previous-chunk hidden (train.md § 1).
 
 disca: the two copied Teacher blocks see only the text K/V of their source layers; the fusion merges the current
-noisy input with the anchor hidden. Pairs 0-1, 1-2, 2-3 of chunks 1-7 (the user's 8400-pair set;
-`--include_chunk0` adds chunk 0); a plain DistributedSampler, no bucketing.
+noisy input with the anchor hidden. Pairs 0-1, 1-2, 2-3 of chunks 1-7 (the user's 8400-pair set; `--include_chunk0`
+adds chunk 0), drawn by a plain DistributedSampler (no bucketing: every item has the same shapes).
 
-Tiny CPU run (demo data from `bash tools/launch_predictor_disca_training.sh`, or tools/make_demo_assets.py +
-tools/build_predictor_dataset.py):
+Tiny CPU run (the demo dataset comes from `bash tools/launch_predictor_disca_training.sh`):
 
-    python train_predictor_disca.py --dataset_root demo_data/dataset --output_dir checkpoints/disca_tiny \
-        --source_blocks 1,2 --precision fp32 --batch_size 4 --max_steps 20 --scheduler_warmup_steps 2 \
-        --block_warmup_steps 2 --fusion_lr 1e-3 --blocks_lr 1e-4 --ckpt_every 10 --num_workers 0
+    python train_predictor_disca.py --preset demo --dataset_root demo_data/dataset --max_steps 20
 
-Real run (8 GPUs; blocks [1,52] by default, [0,53] as the second positional argument):
+Real run (8 GPUs; the run directory is named from the flags, see train.md § Run names):
 
     DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_disca_training.sh
     DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_disca_training.sh "" 0,53
-    DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_disca_training.sh \
-        RUN_DIR 0,53 RUN_DIR/training_latest.pt
+    torchrun --nproc_per_node 8 train_predictor_disca.py --dataset_root /data/predictor_v4 --tracker swanlab
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
-from predictor_training.offline_training import add_offline_args, run_offline_training
-from predictor_training.training_setup import (
-    OptimDefaults,
+import torch
+from torch.utils.data import DistributedSampler
+
+from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
+from predictor_training.data.pair_dataset import PairDataset, collate_pairs, config_field, read_dataset_config
+from predictor_training.distributed import cleanup_distributed, init_distributed, log0, seed_everything, wrap_ddp
+from predictor_training.flags import (
     add_data_args,
+    add_loss_args,
     add_optimization_args,
     add_predictor_args,
     add_run_args,
     add_teacher_args,
     add_tracker_args,
-    check_common_args,
+    check_args,
+    format_pairs,
+    parse_with_preset,
 )
+from predictor_training.logger import MetricsLogger, log_summary
+from predictor_training.loop import ResumableBatches, train_loop
+from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer, format_group_params
+from predictor_training.pair_step import pair_step
+from predictor_training.precision import precision_policy
+from predictor_training.predictor import build_predictor
+from predictor_training.run_directory import (
+    environment_summary,
+    plan_run,
+    report_run_start,
+    run_config,
+    write_train_config,
+)
+from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
 
 VARIANT = "disca"
 
+# The CPU demo: the demo dataset's tiny Teacher has 3 blocks; a short fp32 run without tracker or workers.
+PRESETS = {
+    "demo": ["--experiment", "predictor_disca_demo", "--source_blocks", "1,2", "--precision", "fp32",
+             "--max_steps", "240", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
+             "--batch_size", "8", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0"],
+}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The disca offline recipe: every default below is the recipe (train.md § Configuration)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_args(parser, pairs="0-1,1-2,2-3")
+    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     add_teacher_args(parser)
-    add_predictor_args(parser, source_blocks="1,52")
-    add_optimization_args(parser, OptimDefaults(fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000,
-                                                scheduler_warmup_steps=100, block_warmup_steps=100,
-                                                batch_size=16, grad_accum=1))
-    add_run_args(parser, ckpt_every=100, keep_last=20)
-    add_tracker_args(parser)
-    add_offline_args(parser, VARIANT)
-    args = parser.parse_args(argv)
-    check_common_args(args)
+    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, scheduler_warmup_steps=100,
+                          block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
+                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
+    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
+    add_run_args(parser, experiment="predictor_disca", precision="fp32master", ckpt_every=100, keep_last=20,
+                 log_every=1, seed=0)
+    add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    parser.add_argument_group("disca").add_argument(
+        "--include_chunk0", action="store_true",
+        help="also train on chunk 0 (the user's recipe used chunks 1-7: 400 trajectories x 7 x 3 = 8400 pairs)")
+    args = parse_with_preset(parser, argv, PRESETS)
+    check_args(parser, args)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run_offline_training(args, VARIANT)
-    return 0
+    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    start = plan_run(args)
+    if args.print_run_dir:
+        return report_run_start(start)
+    if start.kind == "finished":
+        log0(start.describe())
+        return 0
+    env = init_distributed(args.backend)
+    try:
+        if env.is_main:
+            start.run_dir.mkdir(parents=True, exist_ok=True)
+        log0(start.describe())
+        seed_everything(args.seed, rank=env.rank)
+        policy = precision_policy(args.precision, env.device)
+
+        # 2. Data: pairs without context or previous-chunk hidden, from a plain DistributedSampler; incomplete
+        #    batches are dropped, so every rank sees the same number.
+        dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=False,
+                              with_prev_chunk_hidden=False, source_layers=tuple(args.source_blocks),
+                              verify=args.verify_dataset, include_chunk0=args.include_chunk0)
+        context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
+                                              args.dataset_root))
+        if len(dataset) < args.batch_size * env.world_size:
+            raise ValueError(f"{len(dataset)} pairs cannot fill one batch of {args.batch_size} on each of "
+                             f"{env.world_size} ranks; lower --batch_size")
+        sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
+                                     seed=args.seed, drop_last=True)
+        batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=args.batch_size, drop_last=True,
+                                   num_workers=args.num_workers, pin_memory=env.device.type == "cuda", seed=args.seed)
+
+        # 3. Teacher -> Predictor. The Predictor shares the few frozen Teacher modules it runs; dropping our
+        #    reference to the Teacher frees every other block.
+        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+        teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
+        log0(describe_teacher(teacher_source, teacher))
+        torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
+        predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
+        teacher_layers = teacher.num_layers
+        del teacher
+        seed_everything(args.seed, rank=env.rank)
+
+        # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule.
+        optimizer = build_optimizer(predictor.trainable_parameter_groups(),
+                                    {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
+                                    betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+        lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps,
+                                         max_steps=args.max_steps, block_warmup_steps=args.block_warmup_steps)
+
+        # 5. Resume (--resume, or the run directory's own unfinished run): model, optimizer, schedule, data position.
+        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
+        run_state = RunState()
+        if start.resume_path is not None:
+            run_state = load_training_state(start.resume_path, model=predictor, optimizer=optimizer,
+                                            lr_schedule=lr_schedule, expect=meta)
+            batches.load_state_dict(run_state.data)
+
+        # 6. Config and summary.
+        global_batch = args.batch_size * env.world_size * args.grad_accum
+        config = run_config(
+            args, run_name=start.run_name, variant=VARIANT, world_size=env.world_size, device=str(env.device),
+            backend=env.backend, global_batch=global_batch, num_pairs=len(dataset),
+            num_trajectories=len(dataset.trajectories), micro_batches_per_epoch=batches.batches_per_epoch(),
+            predictor=predictor.predictor_config(), teacher_double_blocks=teacher_layers,
+            context_timestep=context_timestep, environment=environment_summary(),
+        )
+        if env.is_main:
+            write_train_config(start.run_dir, config)
+        log_summary(f"offline Predictor training ({VARIANT})", {
+            "run dir": str(start.run_dir),
+            "model": f"{VARIANT}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}; "
+                     f"trainable {format_group_params(optimizer)}",
+            "precision": policy.describe(),
+            "data": f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
+                    f"{len(dataset)} pairs; {batches.batches_per_epoch()} micro-batches per rank per epoch",
+            "batch": f"{args.batch_size} per rank x {env.world_size} ranks x {args.grad_accum} accumulation = "
+                     f"{global_batch} global",
+            "steps": f"{run_state.global_step + 1}..{start.stop_step} of a {args.max_steps}-step schedule",
+            "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup "
+                        f"{args.scheduler_warmup_steps}, block warmup {args.block_warmup_steps}, cosine to 0",
+            "loss": f"{args.velocity_weight:g} mse_v + {args.hidden_weight:g} mse_h",
+            "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
+        })
+
+        # 7. Train: DDP wrapper, the pair step, the shared loop.
+        model = wrap_ddp(predictor, env)
+        step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy,
+                          context_timestep=context_timestep, velocity_weight=args.velocity_weight,
+                          hidden_weight=args.hidden_weight)
+        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                           experiment=args.experiment_name or start.run_name, config=config,
+                           swanlab_mode=args.swanlab_mode) as metrics_logger:
+            train_loop(
+                ddp_model=model, raw_model=predictor, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
+                step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
+                stop_at_step=start.stop_step, grad_accum=args.grad_accum, grad_clip=args.grad_clip,
+                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
+                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
+            )
+        return 0
+    finally:
+        cleanup_distributed()
 
 
 if __name__ == "__main__":

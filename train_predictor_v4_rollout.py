@@ -1,66 +1,343 @@
-"""On-policy recursive F-P-P-P self-rollout fine-tuning of the v4 Predictor (SPEC §6, user notes §8).
+"""On-policy recursive F-P-P-P self-rollout fine-tuning of the v4 Predictor (train.md § 2).
 
 Stage 2 after offline teacher forcing: the Predictor starts from an offline v4 checkpoint (`--init_from`, model
 weights only; the optimizer and LR schedule start fresh) and learns on the states it visits itself. Per optimizer
 step every rank rolls out ONE whole trajectory (case, action) of the sample table: chunk 0 F-F-F-F without
-gradients, chunks 1..7 F-P-P-P with a per-chunk backward of chunk_loss / 7 (`predictor_training.rollout_utils`).
+gradients, chunks 1..7 F-P-P-P with a per-chunk backward of chunk_loss / 7 (`predictor_training/self_rollout.py`).
 The Teacher labels are computed online on the student's own latents; no stored Teacher trajectory is read, only
 the offline dataset's case files (image condition + exact text K/V of every layer).
 
 DDP: each rank holds the frozen Teacher, the DDP Predictor and its own trajectory; chunks 1..6 run under
 `no_sync()` (forwards and backward), chunk 7's backward all-reduces once; then clip, AdamW, schedule.
 
-Tiny CPU run (demo data and a short offline v4 checkpoint first: `bash tools/launch_predictor_v4_training.sh`):
+Tiny CPU run (demo data and the offline demo checkpoint come from `bash tools/launch_predictor_v4_training.sh`):
 
-    python train_predictor_v4_rollout.py --dataset_root demo_data/dataset --output_dir checkpoints/rollout_tiny \
-        --init_from checkpoints/<offline demo run>/training_latest.pt --source_blocks 1,2 --precision fp32 \
-        --max_steps 6 --scheduler_warmup_steps 2 --block_warmup_steps 2 --ckpt_every 3 --num_workers 0
+    python train_predictor_v4_rollout.py --preset demo --dataset_root demo_data/dataset \
+        --init_from checkpoints/<offline demo run>/training_latest.pt
 
-Launchers (8 GPUs, run directory named by the convention; with no GPU the first runs the whole CPU demo):
+Launchers (8 GPUs; with no GPU and no DATASET_ROOT the first runs the whole CPU demo):
 
-    bash tools/launch_predictor_v4_rollout_training.sh [RUN_DIR] [RESUME]
-    bash tools/launch_predictor_v4_rollout_overfit8_training.sh
+    INIT_FROM=RUN/training_latest.pt DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_v4_rollout_training.sh
+    bash tools/launch_predictor_v4_rollout_training.sh RUN_DIR RUN_DIR/training_latest.pt       # resume
+    INIT_FROM=... DATASET_ROOT=... bash tools/launch_predictor_v4_rollout_overfit8_training.sh  # --preset overfit8
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
 
-from predictor_training.rollout_training import add_rollout_args, check_rollout_args, run_rollout_training
-from predictor_training.training_setup import (
-    OptimDefaults,
+import torch
+from torch.utils.data import DistributedSampler
+
+from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
+from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
+from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME, config_field, read_dataset_config
+from predictor_training.distributed import (
+    DistEnv,
+    all_gather_objects,
+    cleanup_distributed,
+    init_distributed,
+    log0,
+    seed_everything,
+    wrap_ddp,
+)
+from predictor_training.flags import (
     add_data_args,
+    add_loss_args,
     add_optimization_args,
     add_predictor_args,
     add_run_args,
     add_teacher_args,
     add_tracker_args,
-    check_common_args,
+    check_args,
+    parse_subset_cases,
+    parse_with_preset,
 )
+from predictor_training.logger import MetricsLogger, log_summary
+from predictor_training.loop import ResumableBatches, train_loop
+from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer, format_group_params
+from predictor_training.precision import precision_policy
+from predictor_training.predictor import build_predictor
+from predictor_training.run_directory import (
+    environment_summary,
+    plan_run,
+    report_run_start,
+    run_config,
+    subset_tag,
+    write_train_config,
+)
+from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.teacher import TextKV
+from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
+from predictor_training.trajectory_dataset import TrajectoryTableDataset
+
+VARIANT = "v4"
+RECIPE = "rollout_fppp"
+
+_DEMO = ["--source_blocks", "1,2", "--precision", "fp32", "--max_steps", "8", "--scheduler_warmup_steps", "2",
+         "--block_warmup_steps", "2", "--ckpt_every", "4", "--tracker", "none", "--num_workers", "0"]
+_OVERFIT8 = ["--subset_cases", "8", "--subset_seed", "20260721", "--scheduler_warmup_steps", "8",
+             "--block_warmup_steps", "8"]
+PRESETS = {
+    # The CPU demo: the demo dataset's tiny Teacher has 3 blocks; a short fp32 run without tracker or workers.
+    "demo": ["--experiment", "predictor_v4_rollout_fppp_demo", *_DEMO],
+    # overfit8 (train.md § overfit8): 8 fixed cases x their actions, warmup and block freeze of 8 steps.
+    "overfit8": _OVERFIT8,
+    "overfit8_demo": ["--experiment", "predictor_v4_rollout_fppp_demo", *_DEMO, *_OVERFIT8,
+                      "--max_steps", "16", "--ckpt_every", "8"],
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The rollout recipe: every default below is the recipe (train.md § 2)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_args(parser, pairs=None)
-    add_rollout_args(parser)
+    add_data_args(parser, pairs=None, num_workers=2)
+    rollout = parser.add_argument_group("rollout")
+    rollout.add_argument("--sample_table", type=Path, default=None,
+                         help="sample table (JSONL) of the trajectories to roll out; default: the table of --split "
+                              "recorded in the dataset's dataset_config.json (sample_tables)")
+    rollout.add_argument("--subset_cases", type=parse_subset_cases, default=None,
+                         help="train on a subset of cases (all their actions): a count N (seeded choice, "
+                              "--subset_seed) or comma-separated case ids; default: every case (overfit8: 8)")
+    rollout.add_argument("--subset_seed", type=int, default=20260721,
+                         help="seed of the --subset_cases choice (default %(default)s, the overfit8 run's)")
+    rollout.add_argument("--init_from", type=Path, default=None,
+                         help="Predictor weights to start from: an offline v4 training_latest.pt (its model part only) "
+                              "or a predictor_step_XXXXX.safetensors; required for a fresh run, not allowed with "
+                              "--resume (the model then comes from the resumed checkpoint)")
     add_teacher_args(parser)
-    add_predictor_args(parser, source_blocks="1,52")
-    add_optimization_args(parser, OptimDefaults(fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000,
-                                                scheduler_warmup_steps=100, block_warmup_steps=100,
-                                                batch_size=1, grad_accum=1))
-    add_run_args(parser, ckpt_every=100, keep_last=20)
-    add_tracker_args(parser)
-    args = parser.parse_args(argv)
-    check_common_args(args)
-    check_rollout_args(args)
+    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, scheduler_warmup_steps=100,
+                          block_warmup_steps=100, batch_size=None, grad_accum=1, weight_decay=0.01,
+                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
+    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
+    add_run_args(parser, experiment="predictor_v4_rollout_fppp", precision="fp32master", ckpt_every=100,
+                 keep_last=20, log_every=1, seed=0)
+    add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    args = parse_with_preset(parser, argv, PRESETS)
+    check_args(parser, args)
+    # Rules only this recipe has.
+    if args.resume is None and args.init_from is None:
+        parser.error("--init_from is missing: a rollout run starts from an offline v4 checkpoint "
+                     "(training_latest.pt or predictor_step_XXXXX.safetensors)")
+    if args.resume is not None and args.init_from is not None:
+        parser.error(f"--init_from={str(args.init_from)!r} with --resume: the model comes from the resumed "
+                     "checkpoint; drop --init_from")
+    if args.init_from is not None:
+        if args.init_from.suffix not in (".pt", ".safetensors"):
+            parser.error(f"--init_from={str(args.init_from)!r}: expected a .pt training state or .safetensors")
+        if not args.init_from.is_file():
+            parser.error(f"--init_from={str(args.init_from)!r}: no such file")
+    if args.sample_table is not None and not args.sample_table.is_file():
+        parser.error(f"--sample_table={str(args.sample_table)!r}: no such file")
+    if isinstance(args.subset_cases, int) and args.subset_cases < 1:
+        parser.error(f"--subset_cases={args.subset_cases}: expected >= 1")
     return args
+
+
+def resolve_sample_table(args: argparse.Namespace, dataset_config: dict) -> Path:
+    """--sample_table, else the dataset's recorded table named `<split>.jsonl`."""
+    if args.sample_table is not None:
+        return args.sample_table
+    where = Path(args.dataset_root) / DATASET_CONFIG_NAME
+    recorded = [Path(path) for path in config_field(dataset_config, "sample_tables", args.dataset_root)]
+    matching = [path for path in recorded if path.stem == args.split]
+    if len(matching) != 1:
+        raise ValueError(f"{where}: sample_tables {[str(p) for p in recorded]} hold {len(matching)} table(s) named "
+                         f"{args.split}.jsonl; pass --sample_table")
+    if not matching[0].is_file():
+        raise FileNotFoundError(f"{where}: recorded sample table {matching[0]} does not exist; pass --sample_table")
+    return matching[0]
+
+
+def first_item(items: list[dict]) -> dict:
+    """Collate of one trajectory per micro-batch: the item itself."""
+    if len(items) != 1:
+        raise ValueError(f"expected one trajectory per micro-batch, got {len(items)}")
+    return items[0]
+
+
+def build_trajectory_batches(dataset: TrajectoryTableDataset, env: DistEnv, *, seed: int,
+                             num_workers: int) -> ResumableBatches:
+    """One trajectory per rank per micro-batch from a DistributedSampler (shuffled, drop_last), so ranks never
+    share one and every rank has the same number per epoch."""
+    if len(dataset) < env.world_size:
+        raise ValueError(f"{len(dataset)} trajectories cannot give one to each of {env.world_size} ranks")
+    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed,
+                                 drop_last=True)
+    return ResumableBatches(sampler, dataset, first_item, batch_size=1, drop_last=True, num_workers=num_workers,
+                            seed=seed)
+
+
+class DuplicateTrajectoryError(RuntimeError):
+    """Two ranks (or two micro-batches of one step) got the same (case_id, action_id)."""
+
+
+def check_latent_grads(step: int, metrics: dict[str, float]) -> None:
+    """The Predictor-made latents x2, x3 must receive a gradient (the BPTT path through them is alive)."""
+    value = metrics["latent_grad_l1_min"]
+    if not value > 0:
+        raise RuntimeError(
+            f"step {step}: latent_grad_l1_min={value}: some x2/x3 got no gradient, so the latent BPTT path is cut "
+            "(an untrained Predictor, with zero-initialised output layers, ignores its input latent: start from an "
+            "offline v4 checkpoint with --init_from)"
+        )
+
+
+class RolloutStep:
+    """`step_fn` of the loop: one trajectory per call (micro-batch), forward + per-chunk backward inside.
+
+    Before the rollout it gathers every rank's (case_id, action_id) and refuses duplicates within the optimizer
+    step; after it, `latent_grad_l1_min` is replaced by its minimum over ranks, so the loop's rank mean is that
+    minimum and `check_latent_grads` decides identically on every rank.
+    """
+
+    def __init__(self, *, model, teacher, dataset: TrajectoryTableDataset, rollout_config: RolloutConfig,
+                 settings: SelfRolloutSettings, env: DistEnv):
+        self.model = model
+        self.teacher = teacher
+        self.dataset = dataset
+        self.rollout_config = rollout_config
+        self.settings = settings
+        self.env = env
+        self.step_keys: list = []
+
+    def __call__(self, item: dict, *, sync: bool) -> dict[str, float]:
+        # 1. Distinct trajectories across ranks (and micro-batches) of this optimizer step.
+        self.step_keys.extend(map(tuple, all_gather_objects(list(item["key"]))))
+        if len(set(self.step_keys)) != len(self.step_keys):
+            raise DuplicateTrajectoryError(f"trajectory keys used twice in one optimizer step: {self.step_keys}")
+        distinct = float(len(self.step_keys))
+        if sync:
+            self.step_keys = []
+        # 2. The trajectory's static inputs: the exact text K/V of every layer, the image condition, and what the
+        #    row's seed gives (noise, memory points).
+        case = self.dataset.load_case(item["case_id"])
+        text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], self.env.device, self.teacher.dtype)
+        inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].to(torch.float32), item["viewmats"],
+                                         item["Ks"], item["action"], state_dtype=self.rollout_config.state_dtype)
+        # 3. Roll out and train.
+        trajectory = SelfRolloutTrajectory(self.teacher, self.model, text_kv, inputs, self.rollout_config,
+                                           settings=self.settings, device=self.env.device)
+        metrics = train_trajectory(trajectory, sync=sync)
+        gathered = all_gather_objects(metrics["latent_grad_l1_min"])
+        metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
+        metrics["trajectory/distinct_keys"] = distinct
+        return metrics
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run_rollout_training(args)
-    return 0
+    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    start = plan_run(args, subset=subset_tag(args.subset_cases, args.subset_seed))
+    if args.print_run_dir:
+        return report_run_start(start)
+    if start.kind == "finished":
+        log0(start.describe())
+        return 0
+    env = init_distributed(args.backend)
+    try:
+        if env.is_main:
+            start.run_dir.mkdir(parents=True, exist_ok=True)
+        log0(start.describe())
+        seed_everything(args.seed, rank=env.rank)
+        policy = precision_policy(args.precision, env.device)
+
+        # 2. Data: one whole trajectory (case, action) per rank per micro-batch; ranks never share one.
+        dataset_config = read_dataset_config(args.dataset_root)
+        sample_table = resolve_sample_table(args, dataset_config)
+        dataset = TrajectoryTableDataset(
+            sample_table, dataset_root=args.dataset_root,
+            num_latents=int(config_field(dataset_config, "num_latents", args.dataset_root)),
+            subset_cases=args.subset_cases, subset_seed=args.subset_seed, verify=args.verify_dataset,
+        )
+        batches = build_trajectory_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
+        # The AR loop of the dataset; running latents and Teacher autocast follow --precision.
+        rollout_config = RolloutConfig.from_dataset_config(
+            dataset_config, str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
+            state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
+        )
+
+        # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
+        #    a training state is resumed below.
+        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+        teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
+        log0(describe_teacher(teacher_source, teacher))
+        predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
+        init_meta = None
+        if start.resume_path is None:
+            init_meta = load_model_weights(args.init_from, predictor,
+                                           expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+
+        # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
+        optimizer = build_optimizer(predictor.trainable_parameter_groups(),
+                                    {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
+                                    betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+        lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps,
+                                         max_steps=args.max_steps, block_warmup_steps=args.block_warmup_steps)
+
+        # 5. Resume (--resume, or the run directory's own unfinished run): model, optimizer, schedule, data position.
+        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE)
+        run_state = RunState()
+        if start.resume_path is not None:
+            run_state = load_training_state(start.resume_path, model=predictor, optimizer=optimizer,
+                                            lr_schedule=lr_schedule, expect=meta)
+            batches.load_state_dict(run_state.data)
+
+        # 6. Config and summary.
+        trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
+        config = run_config(
+            args, run_name=start.run_name, variant=VARIANT, recipe=RECIPE, world_size=env.world_size,
+            device=str(env.device), backend=env.backend, global_batch=env.world_size * args.grad_accum,
+            sample_table=str(sample_table), num_trajectories=len(dataset), cases=dataset.case_ids,
+            num_latents=dataset.num_latents, trained_chunks=trained_chunks, init_meta=init_meta,
+            predictor=predictor.predictor_config(), teacher_double_blocks=teacher.num_layers,
+            environment=environment_summary(),
+        )
+        if env.is_main:
+            write_train_config(start.run_dir, config)
+        log_summary("self-rollout F-P-P-P Predictor training (v4)", {
+            "run dir": str(start.run_dir),
+            "init": f"{start.resume_path} (training state)" if start.resume_path else
+                    f"{args.init_from} (model only; fresh optimizer)",
+            "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
+                     f"{args.gradient_checkpointing}; trainable {format_group_params(optimizer)}",
+            "precision": policy.describe(),
+            "data": f"{sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
+                    f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
+                    f"{batches.batches_per_epoch()} per rank per epoch",
+            "batch": f"1 trajectory per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+            "steps": f"{run_state.global_step + 1}..{start.stop_step} of a {args.max_steps}-step schedule",
+            "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup "
+                        f"{args.scheduler_warmup_steps}, block warmup {args.block_warmup_steps}, cosine to 0",
+            "loss": f"chunk 0 F-F-F-F (no grad), chunks 1.. F-P-P-P; {args.velocity_weight:g} mse_v + "
+                    f"{args.hidden_weight:g} mse_h per Predictor step",
+            "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
+        })
+
+        # 7. Train: DDP wrapper, the trajectory step, the shared loop.
+        model = wrap_ddp(predictor, env)
+        settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
+                                       predictor_autocast_dtype=policy.autocast_dtype)
+        step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
+                              settings=settings, env=env)
+        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                           experiment=args.experiment_name or start.run_name, config=config,
+                           swanlab_mode=args.swanlab_mode) as metrics_logger:
+            train_loop(
+                ddp_model=model, raw_model=predictor, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
+                step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
+                stop_at_step=start.stop_step, grad_accum=args.grad_accum, grad_clip=args.grad_clip,
+                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
+                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
+                extra_step_check=check_latent_grads,
+            )
+        return 0
+    finally:
+        cleanup_distributed()
 
 
 if __name__ == "__main__":

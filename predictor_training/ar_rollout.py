@@ -28,14 +28,14 @@ place); the self-rollout trainer uses it for chunk 0 only.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from predictor_training.camera import select_aligned_memory_frames
+from predictor_training.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.precision import autocast
 from predictor_training.scheduler import FlowMatchEulerScheduler
 from predictor_training.teacher import ContextKV, TextKV
 
@@ -102,6 +102,28 @@ class RolloutConfig:
         if self.chunk_latents < 1 or self.num_steps < 1:
             raise ValueError(f"chunk_latents and num_steps must be >= 1, got {self.chunk_latents}, {self.num_steps}")
 
+    @classmethod
+    def from_dataset_config(
+        cls, dataset_config: dict, where: str, *, state_dtype: torch.dtype, autocast_dtype: torch.dtype | None
+    ) -> "RolloutConfig":
+        """The AR loop settings a dataset was built with (its dataset_config.json, named `where` in errors); the
+        running-latent dtype and the Teacher autocast are the caller's (they follow its --precision)."""
+        missing = [name for name in ("num_steps", "shift", "chunk_latents", "context_timestep", "memory")
+                   if name not in dataset_config]
+        if missing:
+            raise KeyError(f"{where}: missing field(s) {missing}")
+        memory = dataset_config["memory"]
+        return cls(
+            num_steps=int(dataset_config["num_steps"]),
+            shift=float(dataset_config["shift"]),
+            chunk_latents=int(dataset_config["chunk_latents"]),
+            context_timestep=float(dataset_config["context_timestep"]),
+            memory_frames=int(memory["memory_frames"]),
+            temporal_context_size=int(memory["temporal_context_size"]),
+            state_dtype=state_dtype,
+            autocast_dtype=autocast_dtype,
+        )
+
 
 @dataclass
 class RolloutInputs:
@@ -140,6 +162,35 @@ class RolloutInputs:
     @property
     def num_latents(self) -> int:
         return self.noise.shape[2]
+
+    @classmethod
+    def from_seed(
+        cls,
+        seed: int,
+        image_cond: Tensor,
+        viewmats: Tensor,
+        Ks: Tensor,
+        action: Tensor,
+        *,
+        state_dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> "RolloutInputs":
+        """The trajectory of one sample-table row: its seed gives the initial noise (``make_initial_noise``) and the
+        memory-retrieval points (``make_retrieval_points``). The dataset builder, the self-rollout trainer and the
+        eval all call this, so one seed means one trajectory everywhere.
+
+        image_cond [1, C, 1, H, W]; viewmats [T, 4, 4]; Ks [T, 3, 3]; action [T] (T latents).
+        """
+        _, channels, _, height, width = image_cond.shape
+        num_latents = viewmats.shape[0]
+        return cls(
+            noise=make_initial_noise(int(seed), (1, channels, num_latents, height, width), device, state_dtype),
+            image_cond=image_cond,
+            viewmats=viewmats,
+            Ks=Ks,
+            action=action,
+            memory_points=make_retrieval_points(int(seed)),
+        )
 
 
 # ---- what one step / one chunk produces ------------------------------------------------------------------------
@@ -197,16 +248,6 @@ class StepCall:
 
 
 StepFn = Callable[[StepCall], StepOutput]
-
-
-class RolloutRecorder(Protocol):
-    """Receives what the rollout produces; tensors are views/clones owned by the rollout's device."""
-
-    def on_context(self, chunk_index: int, frame_start: int, context: ChunkContext) -> None: ...
-
-    def on_step(self, chunk_index: int, step_index: int, step: "StepRecord") -> None: ...
-
-    def on_chunk_end(self, chunk_index: int, final_latent: Tensor) -> None: ...
 
 
 @dataclass
@@ -290,7 +331,7 @@ class ARRollout:
         text_kv: TextKV,
         inputs: RolloutInputs,
         config: RolloutConfig = RolloutConfig(),
-        recorder: RolloutRecorder | None = None,
+        recorder: "TrajectoryRecorder | None" = None,
         device: torch.device | str | None = None,
     ):
         self.teacher = teacher
@@ -337,10 +378,9 @@ class ARRollout:
         """[num_steps] float32 (CPU)."""
         return self.scheduler.timesteps
 
-    def _autocast(self):
-        if self.config.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.config.autocast_dtype)
+    def autocast(self):
+        """The Teacher's autocast context of this rollout (a null context without ``config.autocast_dtype``)."""
+        return autocast(self.device, self.config.autocast_dtype)
 
     def frame_inputs(self, frames: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
         """(action [1, n], viewmats [1, n, 4, 4], Ks [1, n, 3, 3]) of ``frames``, cast to the Teacher dtype."""
@@ -405,7 +445,7 @@ class ARRollout:
         model_input = self.model_input(indices)
         action, viewmats, Ks = self.frame_inputs(indices)
         timestep = torch.full((len(indices),), self.config.context_timestep, dtype=torch.float32, device=self.device)
-        with self._autocast():
+        with self.autocast():
             kv, prefeatures = self.teacher.context_prefill(
                 model_input, timestep, action, viewmats, Ks, self.text_kv,
                 prefeature_layers=tuple(self.config.prefeature_layers),
@@ -414,8 +454,9 @@ class ARRollout:
         return ChunkContext(indices=indices, model_input=model_input, kv=kv, prefeatures=dict(prefeatures), vec=vec)
 
     # ---- 2. steps -----------------------------------------------------------------------------------------------
-    def _full_step(self, model_input, timestep, action, viewmats, Ks, context: ChunkContext) -> StepOutput:
-        with self._autocast():
+    def full_step(self, model_input, timestep, action, viewmats, Ks, context: ChunkContext) -> StepOutput:
+        """One Full Teacher step of a chunk: velocity and final hidden (no ``no_grad`` here: callers choose)."""
+        with self.autocast():
             output = self.teacher.chunk_step(
                 model_input, timestep, action, viewmats, Ks, self.text_kv,
                 context_kv=context.kv, rope_start=context.num_frames, return_final_hidden=True,
@@ -444,7 +485,7 @@ class ARRollout:
             latent_in = self.latents[:, :, frames].clone()
             model_input = self.model_input(frames)
             run_teacher = (
-                lambda model_input=model_input, timestep=timestep: self._full_step(
+                lambda model_input=model_input, timestep=timestep: self.full_step(
                     model_input, timestep, action, viewmats, Ks, context
                 )
             )
@@ -477,19 +518,6 @@ class ARRollout:
         for chunk_index in range(self.num_chunks) if chunks is None else chunks:
             self.run_chunk(chunk_index, step_fn)
         return self.latents
-
-
-def rollout_trajectory(
-    teacher,
-    text_kv: TextKV,
-    inputs: RolloutInputs,
-    config: RolloutConfig = RolloutConfig(),
-    step_fn: StepFn | None = None,
-    recorder: RolloutRecorder | None = None,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Full AR rollout (all chunks) -> final latents [1, C, T, H, W] in ``config.state_dtype``."""
-    return ARRollout(teacher, text_kv, inputs, config, recorder, device).run(step_fn)
 
 
 def record_rollout(

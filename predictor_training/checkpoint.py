@@ -45,6 +45,14 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint was saved for a different variant / source blocks / precision / world size than requested."""
 
 
+def checkpoint_meta(variant: str, source_blocks, precision: str, **extra) -> dict:
+    """What identifies a run's checkpoints; saved as `meta` and required back on resume (the `expect` dict): a
+    checkpoint of another variant, other source blocks or another precision mode is refused. `extra`: more keys a
+    recipe requires (e.g. recipe="rollout_fppp")."""
+    return {"variant": variant, "source_blocks": [int(block) for block in source_blocks], "precision": precision,
+            **extra}
+
+
 def inference_weights_name(step: int) -> str:
     """`predictor_step_00300.safetensors` for step 300."""
     return f"predictor_step_{step:05d}.safetensors"
@@ -254,6 +262,31 @@ def read_training_state(path: str | os.PathLike) -> dict:
     return payload
 
 
+def read_training_summary(path: str | os.PathLike) -> dict:
+    """{"step", "config", "meta"} of a training state, memory-mapped so the weights are not read."""
+    path = Path(path)
+    _require_file(path, "training state")
+    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
+        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    return {"step": int(payload["run_state"]["global_step"]), "config": payload["config"], "meta": payload["meta"]}
+
+
+def check_fp32_training_state(payload: dict, path: Path) -> None:
+    """AdamW moments are FP32 in every precision mode (trainable weights are FP32, "fp32master" included), and
+    `optimizer.load_state_dict` would silently cast other moments to the parameters' dtype: refuse a state (e.g.
+    an old BF16 one) that holds anything else."""
+    problems = []
+    for index, state in payload["optimizer"]["state"].items():
+        for name, value in state.items():
+            is_moment = torch.is_tensor(value) and value.is_floating_point() and value.numel() > 1
+            if is_moment and value.dtype != torch.float32:
+                problems.append(f"optimizer state {index}.{name} is {value.dtype}")
+    if problems:
+        raise CheckpointMismatchError(f"{path}: not an FP32-master training state ({len(problems)} problems, e.g. "
+                                      f"{problems[:3]}); refusing to resume it")
+
+
 def load_training_state(
     path: str | os.PathLike,
     *,
@@ -272,6 +305,7 @@ def load_training_state(
     payload = read_training_state(path)
     # 1. Refuse a checkpoint made for something else.
     _compare_expect(payload["meta"], expect, path)
+    check_fp32_training_state(payload, path)
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if payload["world_size"] != world_size:
         raise CheckpointMismatchError(

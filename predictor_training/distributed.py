@@ -118,8 +118,8 @@ def _process_group_active() -> bool:
 
 
 def current_rank() -> int:
-    """Rank of this process in the default group; 0 when no group exists."""
-    return dist.get_rank() if _process_group_active() else 0
+    """Rank of this process in the default group; before a group exists, torchrun's RANK (0 without torchrun)."""
+    return dist.get_rank() if _process_group_active() else int(os.environ.get("RANK", "0"))
 
 
 def print0(*args, **kwargs) -> None:
@@ -138,18 +138,6 @@ def barrier() -> None:
     """`dist.barrier()` when a process group exists; nothing otherwise."""
     if _process_group_active():
         dist.barrier()
-
-
-def broadcast_object(obj, src: int = 0):
-    """Return rank `src`'s `obj` on every rank (picklable objects; identity without a process group).
-
-    Use it for control-flow randomness: draw on rank 0, broadcast, and every rank takes the same branch.
-    """
-    if not _process_group_active():
-        return obj
-    holder = [obj if dist.get_rank() == src else None]
-    dist.broadcast_object_list(holder, src=src)
-    return holder[0]
 
 
 def all_gather_objects(obj) -> list:

@@ -152,3 +152,13 @@ class MetricsLogger:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ------------------------------------------------------------------------------------------------ startup summary
+def log_summary(title: str, rows: dict[str, str]) -> None:
+    """The block printed once before the first step (rank 0): a title, then one aligned `label  text` line per
+    row (trainable parameters, batch, steps, data, precision, schedule, ...)."""
+    width = max(len(label) for label in rows)
+    log0(f"==== {title} ====")
+    for label, text in rows.items():
+        log0(f"  {label.ljust(width)}  {text}")

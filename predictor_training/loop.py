@@ -45,7 +45,6 @@ from .checkpoint import (
 )
 from .distributed import DistEnv, all_gather_objects, log0
 from .logger import MetricsLogger
-from .optim import count_group_params
 
 __all__ = ["ResumableBatches", "train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
 
@@ -236,26 +235,18 @@ def _grad_norm_and_clip(params: list[nn.Parameter], grad_clip: float, step: int)
 
 
 def _validate_loop_args(*, ddp_model, raw_model, optimizer, lr_schedule, batches, run_state, max_steps, stop_step,
-                        grad_accum, grad_clip, ckpt_every, keep_last, log_every) -> None:
+                        grad_accum) -> None:
+    """Wiring checks (the flag values themselves are checked when the recipe parses its flags)."""
     if ddp_model is not raw_model and not (isinstance(ddp_model, DistributedDataParallel) and ddp_model.module is raw_model):
         raise ValueError("train_loop: ddp_model must be raw_model or a DistributedDataParallel wrapping raw_model")
     model_param_ids = {id(param) for param in raw_model.parameters()}
     if any(id(param) not in model_param_ids for param in _trainable_params(optimizer)):
         raise ValueError("train_loop: the optimizer holds parameters that are not in raw_model")
-    checks = {
-        "max_steps": (max_steps >= 1, ">= 1"),
-        "stop_at_step": (run_state.global_step <= stop_step <= max_steps, f"in [{run_state.global_step}, max_steps={max_steps}]"),
-        "grad_accum": (grad_accum >= 1, ">= 1"),
-        "grad_clip": (grad_clip == -1 or grad_clip > 0, "> 0, or -1 for no clipping"),
-        "ckpt_every": (ckpt_every == -1 or ckpt_every >= 1, ">= 1, or -1 for the last step only"),
-        "keep_last": (keep_last == -1 or keep_last >= 1, ">= 1, or -1 to keep all"),
-        "log_every": (log_every >= 1, ">= 1"),
-    }
-    values = {"max_steps": max_steps, "stop_at_step": stop_step, "grad_accum": grad_accum, "grad_clip": grad_clip,
-              "ckpt_every": ckpt_every, "keep_last": keep_last, "log_every": log_every}
-    for name, (ok, expected) in checks.items():
-        if not ok:
-            raise ValueError(f"train_loop: {name}={values[name]}; expected {expected}")
+    if not run_state.global_step <= stop_step <= max_steps:
+        raise ValueError(f"train_loop: stop_at_step={stop_step}; expected in [{run_state.global_step}, "
+                         f"max_steps={max_steps}]")
+    if grad_accum < 1:
+        raise ValueError(f"train_loop: grad_accum={grad_accum}; expected >= 1")
     if lr_schedule.max_steps != max_steps:
         raise ValueError(f"train_loop: lr_schedule.max_steps={lr_schedule.max_steps} but max_steps={max_steps}")
     if lr_schedule.step_count != run_state.global_step:
@@ -309,27 +300,17 @@ def train_loop(
     stop_step = max_steps if stop_at_step is None else stop_at_step
     _validate_loop_args(
         ddp_model=ddp_model, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
-        run_state=run_state, max_steps=max_steps, stop_step=stop_step, grad_accum=grad_accum, grad_clip=grad_clip,
-        ckpt_every=ckpt_every, keep_last=keep_last, log_every=log_every,
+        run_state=run_state, max_steps=max_steps, stop_step=stop_step, grad_accum=grad_accum,
     )
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
     params = _trainable_params(optimizer)
     start_step = run_state.global_step
     discarded = metrics_logger.discard_after(start_step)
-    group_sizes = ", ".join(f"{name} {count:,}" for name, count in count_group_params(optimizer).items())
     # Unequal epoch lengths would leave one rank waiting in an all-reduce forever.
     per_rank_batches = all_gather_objects(batches.batches_per_epoch())
     if len(set(per_rank_batches)) != 1:
         raise ValueError(f"train_loop: ranks have different numbers of micro-batches per epoch: {per_rank_batches}")
-    micro_batch = "batch-sampler sized" if batches.batch_size is None else f"of {batches.batch_size}"
-    log0(
-        f"train_loop: trainable params {group_sizes} | world {env.world_size} x grad_accum {grad_accum} micro-batches "
-        f"({micro_batch}) per step | {batches.batches_per_epoch()} micro-batches per epoch per rank | "
-        f"steps {start_step + 1}..{stop_step} "
-        f"of a {max_steps}-step schedule | resume step {start_step}"
-        + (f" | moved {discarded} stale log records to the discarded log" if discarded else "")
-    )
+    if discarded:
+        log0(f"train_loop: moved {discarded} log records past step {start_step} to the discarded log")
     if start_step == stop_step:
         log0(f"train_loop: already at step {stop_step}; nothing to do")
         return run_state

@@ -1,4 +1,5 @@
-"""Predictor supervision loss (SPEC §5, notes §2 / §8.8): FP32 MSE on the velocity and on the final hidden."""
+"""Predictor supervision loss (train.md § What is trained, and the loss): FP32 MSE on the velocity and on the final
+hidden. The weights are the recipes' --velocity_weight / --hidden_weight flags."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ def predictor_loss(
     pred_velocity: Tensor,
     target_hidden: Tensor,
     target_velocity: Tensor,
-    hidden_weight: float = 0.1,
-    velocity_weight: float = 1.0,
+    *,
+    velocity_weight: float,
+    hidden_weight: float,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """loss = velocity_weight * mse(v_pred, v_teacher) + hidden_weight * mse(h_pred, h_teacher), MSE in FP32.
 

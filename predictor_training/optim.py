@@ -29,8 +29,9 @@ FP32_MASTER = "fp32master"
 def build_optimizer(
     groups: dict[str, list[nn.Parameter]],
     lrs: dict[str, float],
-    betas: tuple[float, float] = (0.9, 0.95),
-    weight_decay: float = 0.01,
+    *,
+    betas: tuple[float, float],
+    weight_decay: float,
 ) -> torch.optim.AdamW:
     """AdamW with one param group per name (`group["name"]`, peak LR in `group["initial_lr"]`).
 
@@ -70,6 +71,12 @@ def build_optimizer(
 def count_group_params(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Number of scalar parameters per named group (for the run summary)."""
     return {group["name"]: sum(p.numel() for p in group["params"]) for group in optimizer.param_groups}
+
+
+def format_group_params(optimizer: torch.optim.Optimizer) -> str:
+    """"fusion 1,234 | blocks 5,678 | total 6,912" for the run summary."""
+    counts = count_group_params(optimizer)
+    return " | ".join(f"{name} {count:,}" for name, count in counts.items()) + f" | total {sum(counts.values()):,}"
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, max_steps: int, delay_steps: int = 0) -> float:

@@ -131,7 +131,7 @@ def train_once(args: argparse.Namespace, env, run_dir: str, stop_at_step: int | 
     ddp_model = wrap_ddp(raw_model, env)
     optimizer = build_optimizer(
         {"fusion": list(raw_model.fusion.parameters()), "blocks": list(raw_model.blocks.parameters())},
-        {"fusion": 1e-2, "blocks": 1e-3},
+        {"fusion": 1e-2, "blocks": 1e-3}, betas=(0.9, 0.95), weight_decay=0.01,
     )
     lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.warmup_steps, max_steps=args.max_steps,
                                      block_warmup_steps=args.block_warmup_steps)

@@ -45,7 +45,7 @@ def build(seed=0):
     model = TinyPredictor()
     optimizer = build_optimizer(
         {"fusion": list(model.fusion.parameters()), "blocks": list(model.blocks.parameters())},
-        {"fusion": 1e-2, "blocks": 1e-3},
+        {"fusion": 1e-2, "blocks": 1e-3}, betas=(0.9, 0.95), weight_decay=0.01,
     )
     schedule = TwoGroupLRSchedule(optimizer, warmup_steps=2, max_steps=10, block_warmup_steps=1)
     return model, optimizer, schedule
@@ -137,7 +137,7 @@ def test_refuses_other_learning_rates(tmp_path):
     other_model = TinyPredictor()
     other_optimizer = build_optimizer(
         {"fusion": list(other_model.fusion.parameters()), "blocks": list(other_model.blocks.parameters())},
-        {"fusion": 1e-2, "blocks": 5e-3},
+        {"fusion": 1e-2, "blocks": 5e-3}, betas=(0.9, 0.95), weight_decay=0.01,
     )
     other_schedule = TwoGroupLRSchedule(other_optimizer, warmup_steps=2, max_steps=10, block_warmup_steps=1)
     with pytest.raises(CheckpointMismatchError, match="group 1 initial_lr: saved 0.001, requested 0.005"):
@@ -187,8 +187,7 @@ def test_training_state_survives_sigkill_during_write(tmp_path):
     child_code = textwrap.dedent(
         f"""
         import sys, time, torch
-        sys.path.insert(0, {str(REPO_ROOT)!r}); sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_checkpoint import build, train_steps, save
+        from tests.test_checkpoint import build, train_steps, save  # python -c runs in the repository root
         model, optimizer, schedule = build()
         train_steps(model, optimizer, schedule, steps=1)
         save({str(path)!r}, model, optimizer, schedule, step=1)

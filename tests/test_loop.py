@@ -174,7 +174,7 @@ def setup_loop(tmp_path, max_steps, batch_size=2):
     torch.manual_seed(0)
     model = TwoLayer()
     optimizer = build_optimizer({"fusion": list(model.fusion.parameters()), "blocks": list(model.blocks.parameters())},
-                                {"fusion": 1e-2, "blocks": 1e-2})
+                                {"fusion": 1e-2, "blocks": 1e-2}, betas=(0.9, 0.95), weight_decay=0.01)
     schedule = TwoGroupLRSchedule(optimizer, warmup_steps=0, max_steps=max_steps, block_warmup_steps=None)
     data = RegressionData()
     batches = ResumableBatches(SequentialSampler(data), data, torch.utils.data.default_collate, batch_size=batch_size)

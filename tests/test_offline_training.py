@@ -1,6 +1,6 @@
 """Offline Predictor training (train_predictor_v4.py / train_predictor_disca.py) end to end on a tiny dataset.
 
-The dataset is written here in the DATASET.md layout (random tensors, sane cameras) for a saved tiny Teacher, so the
+The dataset is written here in the data.md layout (random tensors, sane cameras) for a saved tiny Teacher, so the
 file stays fast; the real demo data path is exercised by the launchers. Covered: both entry scripts' run
 directories, the pair step's context / variant wiring, loss falling, resume refusals, and the 2-rank gloo resume
 equivalence (one torchrun launch running this file as its driver, see `resume_driver`).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,16 +20,14 @@ import pytest
 import safetensors
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import train_predictor_disca
+import train_predictor_v4
+from predictor_training.checkpoint import CheckpointMismatchError, read_training_state
+from predictor_training.data.shards import append_jsonl, make_manifest_entry, write_safetensors_atomic
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher.source import teacher_config_sha256
 
-import train_predictor_disca  # noqa: E402
-import train_predictor_v4  # noqa: E402
-from predictor_training.checkpoint import CheckpointMismatchError, read_training_state  # noqa: E402
-from predictor_training.data.shards import append_jsonl, make_manifest_entry, write_safetensors_atomic  # noqa: E402
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
-from predictor_training.training_setup import teacher_config_sha256  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 CHUNK_LATENTS = 4
 NUM_CHUNKS = 3  # chunks 1 and 2 carry context (4 and 8 frames) and a previous chunk
@@ -127,7 +126,7 @@ def train_args(dataset: Path, run_dir: Path, *extra: str, steps: int = 3) -> lis
     return ["--dataset_root", str(dataset), "--output_dir", str(run_dir), "--source_blocks", "0,1",
             "--precision", "fp32", "--batch_size", "2", "--max_steps", str(steps), "--scheduler_warmup_steps", "1",
             "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "2",
-            "--num_workers", "0", "--no_progress", *extra]
+            "--num_workers", "0", "--tracker", "none", "--no_progress", *extra]
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -216,16 +215,39 @@ def test_resume_refuses_other_variant_blocks_or_precision(tiny_dataset, tmp_path
         resume(train_predictor_v4, "--source_blocks", "1,0")
     with pytest.raises(CheckpointMismatchError, match=r"precision: saved 'fp32', requested 'fp32master'"):
         resume(train_predictor_v4, "--precision", "fp32master")
-    with pytest.raises(ValueError, match=r"--resume=.*no such file"):
+    with pytest.raises(SystemExit) as missing:
         resume(train_predictor_v4, "--resume", str(tmp_path / "missing.pt"))
-    with pytest.raises(FileExistsError, match="already holds training_latest.pt"):
-        train_predictor_v4.main(train_args(tiny_dataset, run_dir, steps=2))  # a new run over an old one
+    assert missing.value.code == 2  # argparse's exit, with the usage line and the message, no traceback
     assert read_training_state(checkpoint)["run_state"]["global_step"] == 2  # untouched by the refusals
+
+
+def test_second_launch_finishes_continues_or_refuses(tiny_dataset, tmp_path, capsys):
+    """The same command twice: a finished run says so and does nothing; an interrupted one continues from its own
+    training_latest.pt to the same losses as an uninterrupted run; other settings are refused in one line."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert train_predictor_v4.main(train_args(tiny_dataset, full, steps=4)) == 0
+    saved = (full / "training_latest.pt").stat().st_mtime_ns
+    assert train_predictor_v4.main(train_args(tiny_dataset, full, steps=4)) == 0
+    assert "already finished at step 4; nothing to do" in capsys.readouterr().out
+    assert (full / "training_latest.pt").stat().st_mtime_ns == saved
+
+    assert train_predictor_v4.main(train_args(tiny_dataset, cut, "--stop_at_step", "2", steps=4)) == 0
+    assert train_predictor_v4.main(train_args(tiny_dataset, cut, steps=4)) == 0  # the interrupted run, relaunched
+    assert "continuing the interrupted run" in capsys.readouterr().out
+    for uninterrupted, continued in zip(read_log(full), read_log(cut), strict=True):
+        for key in ("step", "loss", "hidden_mse", "velocity_mse", "grad_norm", "lr/fusion", "lr/blocks"):
+            assert uninterrupted[key] == continued[key], (key, uninterrupted, continued)
+
+    with pytest.raises(SystemExit) as conflict:
+        train_predictor_v4.main(train_args(tiny_dataset, full, "--fusion_lr", "5e-4", steps=4))
+    assert conflict.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--fusion_lr saved 0.001 now 0.0005" in error, error
 
 
 def test_two_rank_gloo_resume_matches_uninterrupted_run(tiny_dataset, tmp_path):
     """One torchrun launch (2 ranks, gloo): 4 uninterrupted steps; 2 steps then a resume to 4 from the checkpoint."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
                str(tiny_dataset), str(tmp_path)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -250,14 +272,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def launcher_env(tiny_dataset: Path, output_root: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "DATASET_ROOT": str(tiny_dataset), "OUTPUT_ROOT": str(output_root), "NPROC_PER_NODE": "1",
+            "MASTER_PORT": str(free_port()), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **extra}
+
+
+TINY_FLAGS = ["--precision", "fp32", "--batch_size", "2", "--scheduler_warmup_steps", "1", "--tracker", "none",
+              "--num_workers", "0", "--no_progress"]
+
+
 def test_launcher_names_the_run_and_tees_the_console(tiny_dataset, tmp_path):
-    """tools/launch_predictor_disca_training.sh with a dataset: run name by the convention, positional source blocks,
-    extra flags forwarded, torchrun.log in the run directory."""
-    env = {**os.environ, "DATASET_ROOT": str(tiny_dataset), "OUTPUT_ROOT": str(tmp_path), "NPROC_PER_NODE": "1",
-           "MASTER_PORT": str(free_port()), "PRECISION": "fp32", "BATCH_SIZE": "2", "MAX_STEPS": "2",
-           "SCHEDULER_WARMUP_STEPS": "1", "BLOCK_WARMUP_STEPS": "-1", "TRACKER": "none", "NUM_WORKERS": "0",
-           "FUSION_LR": "2e-4", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    command = ["bash", str(REPO_ROOT / "tools" / "launch_predictor_disca_training.sh"), "", "0,1", "--no_progress"]
+    """tools/launch_predictor_disca_training.sh with a dataset: run name from the effective flags, positional source
+    blocks, environment variables and extra flags forwarded, torchrun.log in the run directory; the same command
+    a second time reports the finished run and exits 0."""
+    env = launcher_env(tiny_dataset, tmp_path, FUSION_LR="2e-4", MAX_STEPS="2", BLOCK_WARMUP_STEPS="-1")
+    command = ["bash", str(REPO_ROOT / "tools" / "launch_predictor_disca_training.sh"), "", "0,1", *TINY_FLAGS]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -266,9 +295,43 @@ def test_launcher_names_the_run_and_tees_the_console(tiny_dataset, tmp_path):
     run_dir = tmp_path / name
     assert sorted(path.name for path in tmp_path.iterdir()) == [name]
     assert (run_dir / "torchrun.log").read_text().count("step 2/2") == 1
-    flags = json.loads((run_dir / "train_config.json").read_text())["flags"]
+    config = json.loads((run_dir / "train_config.json").read_text())
+    flags = config["flags"]
     assert (flags["source_blocks"], flags["fusion_lr"], flags["no_progress"]) == ([0, 1], 2e-4, True)
+    assert config["derived"]["run_name"] == name
     assert [record["lr/blocks"] > 0 for record in read_log(run_dir)] == [True, True]  # no block warmup
+
+    again = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "already finished at step 2; nothing to do" in again.stderr
+    assert (run_dir / "torchrun.log").read_text().count("step 2/2") == 1  # nothing was started
+
+
+@pytest.mark.parametrize("edit_default", [False, True])
+def test_flags_or_edited_defaults_reach_the_run_and_its_name(tiny_dataset, tmp_path, edit_default):
+    """`launch_predictor_v4_training.sh --fusion_lr 5e-4 --max_steps 2` (no positionals), or the same values
+    written as the entry script's defaults: either way the run trains with them and its name says so."""
+    root = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT / "tools", root / "tools")
+    script = (REPO_ROOT / "train_predictor_v4.py").read_text()
+    flags = ["--fusion_lr", "5e-4", "--max_steps", "2"]
+    if edit_default:
+        for old, new in (("fusion_lr=1e-4,", "fusion_lr=5e-4,"), ("max_steps=2000,", "max_steps=2,")):
+            assert script.count(old) == 1, old
+            script = script.replace(old, new)
+        flags = []
+    (root / "train_predictor_v4.py").write_text(script)
+    env = launcher_env(tiny_dataset, tmp_path / "runs", PYTHONPATH=str(REPO_ROOT))
+    command = ["bash", str(root / "tools" / "launch_predictor_v4_training.sh"), *flags, "--source_blocks", "0,1",
+               "--block_warmup_steps", "1", *TINY_FLAGS]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert "_flr5e-4_" in run_dir.name and "_schedsteps2_" in run_dir.name, run_dir.name
+    config = json.loads((run_dir / "train_config.json").read_text())
+    assert (config["flags"]["fusion_lr"], config["flags"]["max_steps"]) == (0.0005, 2)
+    assert read_log(run_dir)[0]["lr/fusion"] == 5e-4  # one warmup step: the first update runs at the peak LR
 
 
 def fresh_rendezvous(round_name: str) -> None:

@@ -46,6 +46,8 @@ def test_lr_multiplier_recipe_table(step, fusion, blocks):
     assert lr_multiplier(step, warmup_steps=100, max_steps=2000, delay_steps=100) == pytest.approx(blocks, abs=1e-12)
 
 
+ADAMW = {"betas": (0.9, 0.95), "weight_decay": 0.01}
+
 def test_lr_multiplier_blocks_exactly_zero_during_delay_and_no_warmup_case():
     assert all(lr_multiplier(s, warmup_steps=4, max_steps=12, delay_steps=3) == 0.0 for s in range(3))
     # warmup 0: cosine from the first step
@@ -75,7 +77,7 @@ def _two_group_model():
 def _optimizer(model, fusion_lr=1e-4, blocks_lr=1e-5):
     return build_optimizer(
         {"fusion": list(model["fusion"].parameters()), "blocks": list(model["blocks"].parameters())},
-        {"fusion": fusion_lr, "blocks": blocks_lr},
+        {"fusion": fusion_lr, "blocks": blocks_lr}, **ADAMW,
     )
 
 
@@ -94,15 +96,15 @@ def test_build_optimizer_refuses_non_fp32_frozen_shared_and_mismatched():
     model = _two_group_model()
     bf16 = nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="fp32master"):
-        build_optimizer({"fusion": [bf16], "blocks": list(model["blocks"].parameters())}, {"fusion": 1.0, "blocks": 1.0})
+        build_optimizer({"fusion": [bf16], "blocks": list(model["blocks"].parameters())}, {"fusion": 1.0, "blocks": 1.0}, **ADAMW)
     frozen = nn.Parameter(torch.zeros(2), requires_grad=False)
     with pytest.raises(ValueError, match="requires_grad=False"):
-        build_optimizer({"fusion": [frozen], "blocks": list(model["blocks"].parameters())}, {"fusion": 1.0, "blocks": 1.0})
+        build_optimizer({"fusion": [frozen], "blocks": list(model["blocks"].parameters())}, {"fusion": 1.0, "blocks": 1.0}, **ADAMW)
     shared = list(model["fusion"].parameters())
     with pytest.raises(ValueError, match="both"):
-        build_optimizer({"fusion": shared, "blocks": shared}, {"fusion": 1.0, "blocks": 1.0})
+        build_optimizer({"fusion": shared, "blocks": shared}, {"fusion": 1.0, "blocks": 1.0}, **ADAMW)
     with pytest.raises(ValueError, match="name different groups"):
-        build_optimizer({"fusion": shared}, {"fusion": 1.0, "blocks": 1.0})
+        build_optimizer({"fusion": shared}, {"fusion": 1.0, "blocks": 1.0}, **ADAMW)
 
 
 def test_two_group_schedule_follows_table_and_survives_state_dict():
@@ -135,7 +137,7 @@ def test_two_group_schedule_refuses_different_settings_and_wrong_groups():
     other = TwoGroupLRSchedule(_optimizer(model), warmup_steps=4, max_steps=20, block_warmup_steps=2)
     with pytest.raises(ValueError, match="max_steps=12.*max_steps=20"):
         other.load_state_dict(schedule.state_dict())
-    single = build_optimizer({"fusion": list(model.parameters())}, {"fusion": 1.0})
+    single = build_optimizer({"fusion": list(model.parameters())}, {"fusion": 1.0}, **ADAMW)
     with pytest.raises(ValueError, match="expected exactly"):
         TwoGroupLRSchedule(single, warmup_steps=1, max_steps=4, block_warmup_steps=None)
 

@@ -22,6 +22,7 @@ LATENT_C, FRAMES, HEIGHT, WIDTH = 4, 4, 2, 3
 TOKENS = FRAMES * HEIGHT * WIDTH
 CTX_FRAMES = 4
 CTX_TIMESTEP = 14.0
+WEIGHTS = {"velocity_weight": 1.0, "hidden_weight": 0.1}  # the recipes' defaults
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,7 +268,7 @@ def test_trained_head_moves_hidden_and_gradients_reach_everything(teacher2, vari
     noisy_input = case.noisy_input.clone().requires_grad_(True)
     pred_hidden, pred_velocity = run_predictor(predictor, case, noisy_input=noisy_input)
     assert not torch.allclose(pred_hidden, case.anchor, atol=1e-3)
-    loss, _ = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity)
+    loss, _ = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity, **WEIGHTS)
     loss.backward()
     groups = predictor.trainable_parameter_groups()
     named = dict(predictor.named_parameters())
@@ -334,7 +335,7 @@ def test_gradient_checkpointing_gives_same_gradients(teacher2):
         predictor.zero_grad(set_to_none=True)
         noisy_input = case.noisy_input.clone().requires_grad_(True)
         pred_hidden, pred_velocity = run_predictor(predictor, case, noisy_input=noisy_input)
-        loss, _ = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity)
+        loss, _ = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity, **WEIGHTS)
         loss.backward()
         grads = {name: param.grad.clone() for name, param in predictor.named_parameters() if param.requires_grad}
         results.append((loss.detach(), grads, noisy_input.grad.clone()))
@@ -366,7 +367,7 @@ def test_bf16_autocast_with_fp32_master_and_bf16_teacher(teacher2):
     noisy_input = case.noisy_input.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         pred_hidden, pred_velocity = run_predictor(predictor, bf16_case, exact_context=False, noisy_input=noisy_input)
-        loss, metrics = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity)
+        loss, metrics = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity, **WEIGHTS)
     loss.backward()
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert pred_hidden.dtype == torch.float32
@@ -455,7 +456,7 @@ def test_ddp_trains_without_unused_parameters(teacher2, tmp_path):
                 case.text_kv.select((0, 1)), context=case.context_kv.select((0, 1)),
                 prev_chunk_hidden=case.prev_chunk_hidden,
             )
-            loss, _ = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity)
+            loss, _ = predictor_loss(pred_hidden, pred_velocity, case.target_hidden, case.target_velocity, **WEIGHTS)
             loss.backward()
         assert predictor.residual_head.fc2.weight.grad.abs().sum() > 0
     finally:
@@ -467,7 +468,7 @@ def test_predictor_loss_matches_weighted_fp32_mse():
     pred_h, target_h = torch.randn(2, 6, 8, generator=gen), torch.randn(2, 6, 8, generator=gen)
     pred_v, target_v = torch.randn(2, 4, 4, 2, 3, generator=gen), torch.randn(2, 4, 4, 2, 3, generator=gen)
     pred_h.requires_grad_(True)
-    loss, metrics = predictor_loss(pred_h, pred_v, target_h, target_v)
+    loss, metrics = predictor_loss(pred_h, pred_v, target_h, target_v, **WEIGHTS)
     hidden_mse = ((pred_h.detach() - target_h) ** 2).mean()
     velocity_mse = ((pred_v - target_v) ** 2).mean()
     torch.testing.assert_close(metrics["hidden_mse"], hidden_mse)
@@ -487,4 +488,4 @@ def test_predictor_loss_matches_weighted_fp32_mse():
     assert loss2.dtype == torch.float32
     torch.testing.assert_close(loss2.detach(), expected)
     with pytest.raises(ValueError, match="velocity"):
-        predictor_loss(pred_h, pred_v[:, :2], target_h, target_v)
+        predictor_loss(pred_h, pred_v[:, :2], target_h, target_v, **WEIGHTS)

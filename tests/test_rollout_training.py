@@ -18,34 +18,28 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from predictor_training.ar_rollout import (  # noqa: E402
+from predictor_training.ar_rollout import (
     ARRollout,
     RolloutInputs,
     build_cond_latents,
     make_initial_noise,
 )
-from predictor_training.camera import make_retrieval_points, select_aligned_memory_frames  # noqa: E402
-from predictor_training.predictor import build_predictor  # noqa: E402
-from predictor_training.rollout_utils import (  # noqa: E402
-    SelfRolloutTrajectory,
-    rollout_inputs_for_item,
-    text_kv_from_case,
-    train_trajectory,
-)
-from predictor_training.scheduler import (  # noqa: E402
+from predictor_training.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.predictor import build_predictor
+from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.scheduler import (
     FlowMatchEulerScheduler,
     differentiable_euler_step,
     flow_match_sigmas,
 )
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 CHANNELS, HEIGHT, WIDTH = 4, 2, 3
 SOURCE_BLOCKS = (0, 2)
 TEACHER_DEPTH = 3
+SETTINGS = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1)  # the recipe's loss weights
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,7 +180,7 @@ def write_rollout_setup(root: Path, num_latents: int, case_ids, actions) -> dict
     """Teacher folder, dataset root (case files + dataset_config.json, no trajectories), sample table and a
     predictor_step safetensors to start from. Returns their paths."""
     from predictor_training.checkpoint import save_inference_weights
-    from predictor_training.training_setup import teacher_config_sha256
+    from predictor_training.teacher.source import teacher_config_sha256
     from tests.helpers_dataset import SyntheticSpec, write_synthetic_dataset
 
     teacher = make_teacher()
@@ -217,7 +211,7 @@ def write_rollout_setup(root: Path, num_latents: int, case_ids, actions) -> dict
 def trainer_args(paths: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
     return ["--dataset_root", str(paths["dataset"]), "--output_dir", str(output_dir), "--teacher",
             str(paths["teacher"]), "--source_blocks", ",".join(map(str, SOURCE_BLOCKS)), "--precision", "fp32",
-            "--backend", "gloo", "--num_workers", "0", "--no_progress", *extra]
+            "--backend", "gloo", "--num_workers", "0", "--tracker", "none", "--no_progress", *extra]
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -229,7 +223,7 @@ def ddp_report(tmp_path_factory):
     """One torchrun launch (2 gloo ranks) of this file's `ddp_checks`; returns its report plus the run dirs."""
     root = tmp_path_factory.mktemp("rollout_ddp")
     paths = write_rollout_setup(root, num_latents=16, case_ids=["c000", "c001"], actions=(0, 3))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(Path(__file__).resolve()), str(root)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -280,7 +274,7 @@ def test_02_chunk0_is_full_teacher_without_gradients_and_keeps_prev_hidden(teach
     with torch.no_grad():
         reference_outputs = reference.run_chunk(0)
     teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs)
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, settings=SETTINGS)
     outputs = trajectory.run_chunk_zero()
 
     assert len(teacher_calls) == 4 and not any(call["grad_enabled"] for call in teacher_calls)
@@ -301,7 +295,7 @@ def test_02_chunk0_is_full_teacher_without_gradients_and_keeps_prev_hidden(teach
 # ---------------------------------------------------------------------------------------------------------------
 def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, text_kv, monkeypatch):
     predictor = RecordingPredictor(make_predictor(teacher))
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs())
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
     teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
     graph = trajectory.run_fppp_chunk(1)
@@ -338,11 +332,12 @@ def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv
     assert not (tmp_path / "dataset" / "trajectories").exists()
     item = dataset[0]
     case = dataset.load_case(item["case_id"])
-    inputs = rollout_inputs_for_item(item, case["image_cond"].float())
-    case_text_kv = text_kv_from_case(case, "cpu", torch.float32)
+    inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].float(), item["viewmats"], item["Ks"],
+                                     item["action"])
+    case_text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], "cpu", torch.float32)
 
     predictor = RecordingPredictor(make_predictor(teacher))
-    trajectory = SelfRolloutTrajectory(teacher, predictor, case_text_kv, inputs)
+    trajectory = SelfRolloutTrajectory(teacher, predictor, case_text_kv, inputs, settings=SETTINGS)
     trajectory.run_chunk_zero()
     teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
     graph = trajectory.run_fppp_chunk(1)
@@ -373,7 +368,7 @@ def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv
 # ---------------------------------------------------------------------------------------------------------------
 def test_05_context_comes_from_self_history_with_the_selection_function_indices(teacher, text_kv, monkeypatch):
     inputs = make_inputs(num_latents=32)
-    trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, inputs)
+    trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, inputs, settings=SETTINGS)
     prefill_calls = record_teacher_calls(monkeypatch, teacher, "context_prefill")
     final_latents = {}
     with torch.no_grad():  # forward only: this check is about what the context reads
@@ -422,7 +417,7 @@ def test_06_differentiable_euler_matches_the_scheduler_on_all_steps(teacher, tex
         torch.testing.assert_close(chained.detach(), stateful, rtol=1e-6, atol=1e-6)
         assert chained.dtype == stateful.dtype == torch.float32 and chained.grad_fn is not None
     # inside the rollout: x1 from the scheduler on the Teacher velocity, then the pure step on each Predictor velocity
-    trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs())
+    trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
     noise = trajectory.rollout.latents[:, :, 4:8].clone()
     graph = trajectory.run_fppp_chunk(1)
@@ -442,7 +437,7 @@ def test_06_differentiable_euler_matches_the_scheduler_on_all_steps(teacher, tex
 # ---------------------------------------------------------------------------------------------------------------
 def test_07_step3_loss_alone_reaches_x2_x3_and_the_first_two_predictor_calls(teacher, text_kv):
     predictor = RecordingPredictor(make_predictor(teacher))
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs())
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
     graph = trajectory.run_fppp_chunk(1)
     params = [param for param in predictor.inner.parameters() if param.requires_grad]
@@ -481,7 +476,7 @@ def test_07_step3_loss_alone_reaches_x2_x3_and_the_first_two_predictor_calls(tea
 # ---------------------------------------------------------------------------------------------------------------
 def test_08_chunk2_loss_does_not_reach_chunk1_final_latent_or_hidden(teacher, text_kv):
     predictor = make_predictor(teacher)
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs())
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
     chunk1 = trajectory.run_fppp_chunk(1)  # kept with its graph (no backward)
     trajectory.commit(chunk1)
@@ -507,11 +502,11 @@ def test_08_chunk2_loss_does_not_reach_chunk1_final_latent_or_hidden(teacher, te
 def test_10_per_chunk_backward_equals_one_backward_over_all_chunks(teacher, text_kv):
     predictor = make_predictor(teacher)
     inputs = make_inputs()
-    metrics = train_trajectory(SelfRolloutTrajectory(teacher, predictor, text_kv, inputs))
+    metrics = train_trajectory(SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, settings=SETTINGS))
     per_chunk = {name: grad.clone() for name, grad in trainable_grads(predictor).items()}
     predictor.zero_grad(set_to_none=True)
 
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs)
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, settings=SETTINGS)
     trajectory.run_chunk_zero()
     losses = []
     for chunk in trajectory.trained_chunks:
@@ -603,20 +598,16 @@ def test_12_finite_metrics_falling_step_losses_and_peak_memory_logged(overfit_ru
 
 
 def test_resume_refuses_a_bf16_master_state(tmp_path):
-    from predictor_training.checkpoint import TRAINING_STATE_FORMAT, TRAINING_STATE_VERSION
-    from predictor_training.rollout_training import check_fp32_master_state
+    from predictor_training.checkpoint import check_fp32_training_state
 
     def state(dtype):
-        return {"format": TRAINING_STATE_FORMAT, "format_version": TRAINING_STATE_VERSION,
-                "model": {"fusion.proj.weight": torch.zeros(2, 2)},
+        return {"model": {"fusion.proj.weight": torch.zeros(2, 2)},
                 "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2, 2, dtype=dtype),
                                             "exp_avg_sq": torch.zeros(2, 2, dtype=dtype)}}, "param_groups": []}}
 
-    torch.save(state(torch.float32), tmp_path / "fp32.pt")
-    check_fp32_master_state(tmp_path / "fp32.pt")
-    torch.save(state(torch.bfloat16), tmp_path / "bf16.pt")
+    check_fp32_training_state(state(torch.float32), tmp_path / "fp32.pt")
     with pytest.raises(ValueError, match="exp_avg is torch.bfloat16"):
-        check_fp32_master_state(tmp_path / "bf16.pt")
+        check_fp32_training_state(state(torch.bfloat16), tmp_path / "bf16.pt")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -628,7 +619,6 @@ def ddp_checks(root: Path) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import train_predictor_v4_rollout as trainer
-    from predictor_training import rollout_training
     from predictor_training.checkpoint import CheckpointMismatchError, load_model_weights
     from predictor_training.distributed import all_gather_objects, init_distributed, wrap_ddp
     from predictor_training.trajectory_dataset import TrajectoryTableDataset
@@ -641,18 +631,17 @@ def ddp_checks(root: Path) -> None:
 
     # 1. Keys: the table, one epoch of each rank's sampler, and the step check refusing a shared key.
     dataset = TrajectoryTableDataset(paths["table"], dataset_root=paths["dataset"], num_latents=16)
-    args = argparse_namespace(seed=0, num_workers=0)
-    batches = rollout_training.build_trajectory_batches(dataset, args, env)
+    batches = trainer.build_trajectory_batches(dataset, env, seed=0, num_workers=0)
     epoch_keys = [list(next(batches)["key"]) for _ in range(batches.batches_per_epoch())]
     report["dataset_keys"] = [list(key) for key in dataset.keys()]
     report["sampler_epoch_keys"] = {str(rank): keys for rank, keys in enumerate(all_gather_objects(epoch_keys))}
     shared_item = dataset[0]  # the same trajectory on both ranks
-    step = rollout_training.RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None,
-                                        env=env)
+    step = trainer.RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None,
+                              env=env)
     try:
         step(shared_item, sync=True)
         refused = False
-    except rollout_training.DuplicateTrajectoryError:
+    except trainer.DuplicateTrajectoryError:
         refused = True
     report["duplicate_keys_error"] = {str(rank): flag for rank, flag in enumerate(all_gather_objects(refused))}
 
@@ -673,7 +662,7 @@ def ddp_checks(root: Path) -> None:
     per_chunk = []
 
     def run(sync: bool) -> None:
-        trajectory = SelfRolloutTrajectory(teacher, model, text_kv, inputs)
+        trajectory = SelfRolloutTrajectory(teacher, model, text_kv, inputs, settings=SETTINGS)
         commit = trajectory.commit
 
         def commit_and_count(graph):
@@ -703,8 +692,8 @@ def ddp_checks(root: Path) -> None:
 
     # 3. The trainer itself: a 1-step smoke run, a 2-step run, and a 1-step run resumed to step 2, all under this
     #    process group (the runner's init/cleanup are bypassed so that the group is made once).
-    rollout_training.init_distributed = lambda backend: env
-    rollout_training.cleanup_distributed = lambda: None
+    trainer.init_distributed = lambda backend: env
+    trainer.cleanup_distributed = lambda: None
     common = ["--init_from", str(paths["init"]), "--max_steps", "2", "--scheduler_warmup_steps", "1",
               "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "1"]
     trainer.main(trainer_args(paths, root / "smoke_1step", *common, "--stop_at_step", "1"))
@@ -736,12 +725,6 @@ def ddp_checks(root: Path) -> None:
         (root / "report.json").write_text(json.dumps(report, indent=1))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def argparse_namespace(**values):
-    import argparse
-
-    return argparse.Namespace(**values)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,16 @@ class TextKV:
         if len(self.k) != len(self.v):
             raise ValueError(f"TextKV: {len(self.k)} key tensors but {len(self.v)} value tensors")
 
+    @classmethod
+    def from_layer_stack(cls, text_k: Tensor, text_v: Tensor, device=None, dtype=None) -> "TextKV":
+        """Stored text K/V of every layer, `[depth, heads, L_txt, head_dim]` each (a case file's `text_k` /
+        `text_v`, padding already removed) -> a TextKV with `[1, heads, L_txt, head_dim]` per layer."""
+        for name, tensor in (("text_k", text_k), ("text_v", text_v)):
+            if tensor.dim() != 4:
+                raise ValueError(f"{name} must be [depth, heads, L_txt, head_dim], got {tuple(tensor.shape)}")
+        return cls([_move(layer[None], device, dtype) for layer in text_k],
+                   [_move(layer[None], device, dtype) for layer in text_v])
+
     @property
     def num_layers(self) -> int:
         return len(self.k)

@@ -1,4 +1,4 @@
-"""On-policy F-P-P-P self-rollout of one trajectory (SPEC §6, user notes §8): what runs, and where gradients stop.
+"""On-policy F-P-P-P self-rollout of one trajectory (train.md § 2): what runs, and where gradients stop.
 
 One trajectory of T latents = T / 4 chunks. Chunk 0 is the Teacher's F-F-F-F (no gradients): it seeds the
 self-generated history and gives the previous-chunk hidden of steps 1, 2, 3 for chunk 1. Every later chunk c is
@@ -11,7 +11,7 @@ F-P-P-P and trained:
         target_h, target_v = Teacher step k on x_k.detach()             (no graph; a stop-gradient label)
         pred_h, pred_v     = Predictor(x_k, anchor, prev_chunk_hidden[k], ctx K/V + text K/V of its source layers)
                              anchor = h0 (k = 1), pred_h1 (k = 2), pred_h2 (k = 3)
-        loss_k             = mse(pred_v, target_v) + 0.1 * mse(pred_h, target_h)       (FP32)
+        loss_k             = velocity_weight * mse(pred_v, target_v) + hidden_weight * mse(pred_h, target_h)  (FP32)
         x_{k+1}            = differentiable_euler_step(x_k, pred_v, sigmas, k)
     chunk_loss = mean_k loss_k;   (chunk_loss / number_of_trained_chunks).backward()   right away
     history[c] = x4.detach();     prev_chunk_hidden[k] = pred_h_k.detach()
@@ -30,7 +30,6 @@ Pieces are public so tests can check each claim: ``SelfRolloutTrajectory`` (``ru
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -38,17 +37,10 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from predictor_training.ar_rollout import (
-    ARRollout,
-    ChunkContext,
-    RolloutConfig,
-    RolloutInputs,
-    StepOutput,
-    make_initial_noise,
-)
-from predictor_training.camera import make_retrieval_points
+from predictor_training.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs, StepOutput
 from predictor_training.distributed import maybe_no_sync, unwrap_model
 from predictor_training.losses import predictor_loss
+from predictor_training.precision import autocast
 from predictor_training.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
 from predictor_training.teacher import ContextKV, TextKV
 
@@ -60,49 +52,14 @@ FULL_STEP = 0  # F-P-P-P: the Teacher runs step 0, the Predictor every later ste
 class SelfRolloutSettings:
     """Loss weights and Predictor precision of the rollout.
 
-    hidden_weight / velocity_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (0.1 / 1.0).
-    predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the real recipe; None = off). The Teacher's
-    own autocast is ``RolloutConfig.autocast_dtype``.
-    track_latent_grads: keep ``.grad`` of the Predictor-made latents that feed later Predictor calls (x2, x3) for
-    the ``latent_grad_l1_min`` check (notes §8.10).
+    velocity_weight / hidden_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (the recipe's
+    --velocity_weight / --hidden_weight). predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the
+    real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``.
     """
 
-    hidden_weight: float = 0.1
-    velocity_weight: float = 1.0
+    velocity_weight: float
+    hidden_weight: float
     predictor_autocast_dtype: torch.dtype | None = None
-    track_latent_grads: bool = True
-
-
-def text_kv_from_case(case_tensors: dict[str, Tensor], device: torch.device | str, dtype: torch.dtype) -> TextKV:
-    """Stored ``text_k`` / ``text_v`` [depth, heads, L_txt, d] -> TextKV with [1, heads, L_txt, d] per layer."""
-    for name in ("text_k", "text_v"):
-        if name not in case_tensors:
-            raise KeyError(f"case tensors lack {name!r} (expected text_k, text_v [depth, heads, L_txt, d]); "
-                           f"got {sorted(case_tensors)}")
-        if case_tensors[name].dim() != 4:
-            raise ValueError(f"{name} must be [depth, heads, L_txt, d], got {tuple(case_tensors[name].shape)}")
-    keys = [layer[None].to(device=device, dtype=dtype) for layer in case_tensors["text_k"]]
-    values = [layer[None].to(device=device, dtype=dtype) for layer in case_tensors["text_v"]]
-    return TextKV(keys, values)
-
-
-def rollout_inputs_for_item(item: dict, image_cond: Tensor, state_dtype: torch.dtype = torch.float32) -> RolloutInputs:
-    """Noise, memory points and camera inputs of one sample-table item (``TrajectoryTableDataset``), derived from
-    its seed exactly as the dataset builder and eval do (same seed -> same chunk 0).
-
-    item: ``viewmats`` [T, 4, 4], ``Ks`` [T, 3, 3], ``action`` [T], ``seed``; image_cond [1, C, 1, H, W].
-    """
-    _, channels, _, height, width = image_cond.shape
-    num_latents = item["viewmats"].shape[0]
-    seed = int(item["seed"])
-    return RolloutInputs(
-        noise=make_initial_noise(seed, (1, channels, num_latents, height, width), dtype=state_dtype),
-        image_cond=image_cond,
-        viewmats=item["viewmats"],
-        Ks=item["Ks"],
-        action=item["action"],
-        memory_points=make_retrieval_points(seed),
-    )
 
 
 # ---- what one trained chunk produces ---------------------------------------------------------------------------
@@ -151,12 +108,6 @@ class ChunkGraph:
         return {step.step_index: step.pred_hidden for step in self.steps}
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 # ---- one trajectory --------------------------------------------------------------------------------------------
 class SelfRolloutTrajectory:
     """The state of one self-rollout trajectory: the history buffer and the previous-chunk hiddens.
@@ -177,7 +128,8 @@ class SelfRolloutTrajectory:
         text_kv: TextKV,
         inputs: RolloutInputs,
         rollout_config: RolloutConfig = RolloutConfig(),
-        settings: SelfRolloutSettings = SelfRolloutSettings(),
+        *,
+        settings: SelfRolloutSettings,
         device: torch.device | str | None = None,
     ):
         raw_predictor = unwrap_model(predictor)
@@ -215,10 +167,6 @@ class SelfRolloutTrajectory:
     def predictor_steps(self) -> list[int]:
         return list(range(FULL_STEP + 1, self.rollout.config.num_steps))
 
-    def chunk_frames(self, chunk_index: int) -> slice:
-        size = self.rollout.config.chunk_latents
-        return slice(chunk_index * size, (chunk_index + 1) * size)
-
     # ---- chunk 0 -----------------------------------------------------------------------------------------------
     def run_chunk_zero(self) -> list[StepOutput]:
         """F-F-F-F of chunk 0 under no_grad (the ARRollout loop): writes its final latent into the history and keeps
@@ -235,19 +183,15 @@ class SelfRolloutTrajectory:
     def _teacher_step(self, model_input: Tensor, timestep: Tensor, frame_inputs, context: ChunkContext) -> StepOutput:
         """One Full-DiT step as a stop-gradient label: no graph, Teacher autocast."""
         action, viewmats, Ks = frame_inputs
-        with torch.no_grad(), _autocast(self.device, self.rollout.config.autocast_dtype):
-            output = self.teacher.chunk_step(
-                model_input, timestep, action, viewmats, Ks, self.rollout.text_kv,
-                context_kv=context.kv, rope_start=context.num_frames, return_final_hidden=True,
-            )
-        return StepOutput(velocity=output.velocity, final_hidden=output.final_hidden)
+        with torch.no_grad():
+            return self.rollout.full_step(model_input, timestep, action, viewmats, Ks, context)
 
     def run_fppp_chunk(self, chunk_index: int) -> ChunkGraph:
         """Forward of trained chunk ``chunk_index`` (module docstring); the caller runs the backward and commits."""
         if chunk_index != self.next_chunk or chunk_index == 0:
             raise RuntimeError(f"run_fppp_chunk({chunk_index}) called, but the next chunk to run is {self.next_chunk}")
         rollout, config, settings = self.rollout, self.rollout.config, self.settings
-        frames = self.chunk_frames(chunk_index)
+        frames = rollout.chunk_frames(chunk_index)
         frame_range = range(frames.start, frames.stop)
         state_dtype, model_dtype = config.state_dtype, rollout.model_dtype
 
@@ -281,7 +225,7 @@ class SelfRolloutTrajectory:
             target = self._teacher_step(teacher_input, timestep, frame_inputs, context)
             predictor_input = torch.cat([latent, cond.to(latent.dtype)], dim=1)
             prev_hidden = self.prev_chunk_hidden[k]
-            with _autocast(self.device, settings.predictor_autocast_dtype):
+            with autocast(self.device, settings.predictor_autocast_dtype):
                 pred_hidden, pred_velocity = self.predictor(
                     predictor_input, anchor, timestep[None], action, viewmats, Ks, self.predictor_text_kv,
                     context=predictor_context, prev_chunk_hidden=prev_hidden, rope_start=context.num_frames,
@@ -299,8 +243,7 @@ class SelfRolloutTrajectory:
             latent = differentiable_euler_step(latent, pred_velocity, scheduler.sigmas, k).to(state_dtype)
             if k + 1 < config.num_steps and latent.requires_grad:
                 tracked[k + 1] = latent
-                if settings.track_latent_grads:
-                    latent.retain_grad()
+                latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
             anchor = pred_hidden
 
         # 4. Chunk loss: the mean over the Predictor steps.
@@ -319,23 +262,16 @@ class SelfRolloutTrajectory:
         """
         if graph.chunk_index != self.next_chunk:
             raise RuntimeError(f"commit of chunk {graph.chunk_index}, but the trajectory is at chunk {self.next_chunk}")
-        frames = self.chunk_frames(graph.chunk_index)
-        with torch.no_grad():
-            self.rollout.latents[:, :, frames] = graph.final_latent.detach().to(self.rollout.config.state_dtype)
+        self.rollout.write_chunk(graph.chunk_index, graph.final_latent.detach())
         self.prev_chunk_hidden = {k: hidden.detach() for k, hidden in graph.pred_hidden_by_step().items()}
         self.next_chunk += 1
 
 
 # ---- the training composition ----------------------------------------------------------------------------------
 def latent_grad_l1(graph: ChunkGraph) -> dict[int, float]:
-    """{k: sum |d loss / d x_k|} of the tracked latents after the chunk's backward (0.0 where no grad arrived);
-    empty when the settings do not track latent gradients."""
-    values = {}
-    if not any(latent.retains_grad for latent in graph.tracked_latents.values()):
-        return values
-    for k, latent in graph.tracked_latents.items():
-        values[k] = 0.0 if latent.grad is None else float(latent.grad.detach().float().abs().sum())
-    return values
+    """{k: sum |d loss / d x_k|} of the tracked latents after the chunk's backward (0.0 where no grad arrived)."""
+    return {k: 0.0 if latent.grad is None else float(latent.grad.detach().float().abs().sum())
+            for k, latent in graph.tracked_latents.items()}
 
 
 def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True) -> dict[str, float]:

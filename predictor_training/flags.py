@@ -1,0 +1,295 @@
+"""Command-line flags shared by the training recipes: value parsers, flag groups, presets and cross-flag checks.
+
+The recipe's numbers are NOT written here. Every `add_*_args` takes them as required keyword arguments, so each
+entry script's `parse_args()` is the one place where its defaults are written (and `--help` shows them):
+
+    parser = argparse.ArgumentParser(...)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, ...)
+    args = parse_with_preset(parser, argv, presets={"demo": {...}})
+    check_args(parser, args)           # cross-flag rules -> parser.error: usage line + message, exit 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME
+from predictor_training.logger import SWANLAB_MODES, TRACKERS
+from predictor_training.precision import PRECISIONS
+
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Parsers of list-valued flags
+# ---------------------------------------------------------------------------------------------------------------
+def parse_source_blocks(text: str) -> tuple[int, int]:
+    """"1,52" -> (1, 52). Two distinct non-negative block indices (checked against the Teacher later)."""
+    parts = [part.strip() for part in str(text).split(",") if part.strip()]
+    try:
+        blocks = tuple(int(part) for part in parts)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--source_blocks {text!r}: expected two integers like '1,52'") from error
+    if len(blocks) != 2 or blocks[0] == blocks[1] or min(blocks) < 0:
+        raise argparse.ArgumentTypeError(f"--source_blocks {text!r}: expected two distinct indices >= 0 like '1,52'")
+    return blocks
+
+
+def parse_pairs(text: str) -> tuple[tuple[int, int], ...]:
+    """"0-1,1-2,2-3" -> ((0, 1), (1, 2), (2, 3)): (anchor step, target step) pairs, anchor < target."""
+    pairs = []
+    for part in [part.strip() for part in str(text).split(",") if part.strip()]:
+        pieces = part.split("-")
+        if len(pieces) != 2 or not all(piece.strip().isdigit() for piece in pieces):
+            raise argparse.ArgumentTypeError(f"--pairs {text!r}: item {part!r} is not 'anchor-target' like '0-1'")
+        anchor, target = int(pieces[0]), int(pieces[1])
+        if anchor >= target:
+            raise argparse.ArgumentTypeError(f"--pairs {text!r}: item {part!r} needs anchor < target")
+        pairs.append((anchor, target))
+    if not pairs:
+        raise argparse.ArgumentTypeError(f"--pairs {text!r}: no pair given")
+    if len(set(pairs)) != len(pairs):
+        raise argparse.ArgumentTypeError(f"--pairs {text!r}: a pair is listed twice")
+    return tuple(pairs)
+
+
+def format_pairs(pairs: Sequence[tuple[int, int]]) -> str:
+    """((0, 1), (1, 2)) -> "0-1,1-2" (inverse of parse_pairs)."""
+    return ",".join(f"{anchor}-{target}" for anchor, target in pairs)
+
+
+def parse_subset_cases(text: str) -> int | list[str]:
+    """"8" -> 8 (a seeded choice of 8 cases); "c004,c011" -> those case ids."""
+    parts = [part.strip() for part in str(text).split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"--subset_cases {text!r}: expected a count like 8 or case ids like c004,c011")
+    if len(parts) == 1 and parts[0].isdigit():
+        return int(parts[0])
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Flag groups (the recipe's numbers come from the entry script)
+# ---------------------------------------------------------------------------------------------------------------
+def add_data_args(parser: argparse.ArgumentParser, *, num_workers: int, pairs: str | None) -> None:
+    """--dataset_root, --split, --num_workers, --verify_dataset and (unless pairs=None) --pairs."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset_root", type=Path, required=True,
+                       help="dataset root made by tools/build_predictor_dataset.py (dataset_config.json, "
+                            "manifest.jsonl)")
+    group.add_argument("--split", type=str, default="train", help="manifest split to train on (default %(default)s)")
+    if pairs is not None:
+        group.add_argument("--pairs", type=parse_pairs, default=parse_pairs(pairs),
+                           help=f"supervision pairs 'anchor-target' of denoising steps, comma-separated (default "
+                                f"{pairs}; '0-1,2-3' reproduces the F-P-F-P recipes v1-v3)")
+    group.add_argument("--num_workers", type=int, default=num_workers,
+                       help="DataLoader worker processes per rank, 0 = main process (default %(default)s)")
+    group.add_argument("--verify_dataset", action="store_true",
+                       help="also check size and sha256 of every dataset file against the manifest before training "
+                            "(each tensor's checksum is checked when it is read in any case)")
+
+
+def add_teacher_args(parser: argparse.ArgumentParser) -> None:
+    """--teacher, --action_ckpt (see `teacher.source.resolve_teacher_source` for where the defaults come from)."""
+    group = parser.add_argument_group("teacher")
+    group.add_argument("--teacher", type=Path, default=None,
+                       help="Teacher transformer folder (config.json + safetensors); default: the folder recorded in "
+                            "the dataset's dataset_config.json, so the Predictor learns from the Teacher that made "
+                            "the data")
+    group.add_argument("--action_ckpt", type=Path, default=None,
+                       help="WorldPlay action checkpoint loaded strictly on top of --teacher; default: the one "
+                            "recorded in dataset_config.json when --teacher is not given, else none")
+
+
+def add_predictor_args(parser: argparse.ArgumentParser, *, source_blocks: str, gradient_checkpointing: bool) -> None:
+    """--source_blocks, --gradient_checkpointing / --no-gradient_checkpointing."""
+    group = parser.add_argument_group("predictor")
+    group.add_argument("--source_blocks", type=parse_source_blocks, default=parse_source_blocks(source_blocks),
+                       help=f"the two Teacher double blocks copied into the Predictor, 'a,b' (default {source_blocks}; "
+                            "the real Teacher also has '0,53')")
+    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
+                       default=gradient_checkpointing,
+                       help="non-reentrant activation checkpointing of the two Predictor blocks (default %(default)s)")
+
+
+def add_optimization_args(
+    parser: argparse.ArgumentParser,
+    *,
+    fusion_lr: float,
+    blocks_lr: float,
+    max_steps: int,
+    scheduler_warmup_steps: int,
+    block_warmup_steps: int,
+    batch_size: int | None,
+    grad_accum: int,
+    weight_decay: float,
+    adam_beta1: float,
+    adam_beta2: float,
+    grad_clip: float,
+) -> None:
+    """Learning rates, schedule, AdamW, clipping, batch (no --batch_size when batch_size=None) and accumulation."""
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--fusion_lr", type=float, default=fusion_lr,
+                       help="peak LR of the image fusion + residual head group (default %(default)g)")
+    group.add_argument("--blocks_lr", type=float, default=blocks_lr,
+                       help="peak LR of the two copied Teacher blocks (default %(default)g)")
+    group.add_argument("--max_steps", type=int, default=max_steps,
+                       help="optimizer steps of the schedule: the cosine reaches 0 here (default %(default)s)")
+    group.add_argument("--stop_at_step", type=int, default=-1,
+                       help="end this run at this optimizer step (checkpoint written), keeping the max_steps schedule; "
+                            "-1 = run to max_steps")
+    group.add_argument("--scheduler_warmup_steps", type=int, default=scheduler_warmup_steps,
+                       help="linear warmup steps of both groups before the cosine decay (default %(default)s)")
+    group.add_argument("--block_warmup_steps", type=int, default=block_warmup_steps,
+                       help="steps during which the blocks group is held at LR 0 while fusion/head train, then it "
+                            "follows the schedule; -1 = none (default %(default)s)")
+    if batch_size is not None:
+        group.add_argument("--batch_size", type=int, default=batch_size,
+                           help="micro-batch per rank (per GPU) (default %(default)s)")
+    group.add_argument("--grad_accum", type=int, default=grad_accum,
+                       help="micro-batches accumulated per optimizer step (default %(default)s)")
+    group.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay (default %(default)g)")
+    group.add_argument("--adam_beta1", type=float, default=adam_beta1, help="AdamW beta1 (default %(default)g)")
+    group.add_argument("--adam_beta2", type=float, default=adam_beta2, help="AdamW beta2 (default %(default)g)")
+    group.add_argument("--grad_clip", type=float, default=grad_clip,
+                       help="global gradient-norm clip; -1 = measure only (default %(default)g)")
+
+
+def add_loss_args(parser: argparse.ArgumentParser, *, velocity_weight: float, hidden_weight: float) -> None:
+    """--velocity_weight, --hidden_weight: loss = velocity_weight * mse_v + hidden_weight * mse_h (FP32)."""
+    group = parser.add_argument_group("loss")
+    group.add_argument("--velocity_weight", type=float, default=velocity_weight,
+                       help="weight of mse(pred_velocity, teacher_velocity) (default %(default)g)")
+    group.add_argument("--hidden_weight", type=float, default=hidden_weight,
+                       help="weight of mse(pred_hidden, teacher_final_hidden) (default %(default)g)")
+
+
+def add_run_args(
+    parser: argparse.ArgumentParser,
+    *,
+    experiment: str,
+    precision: str,
+    ckpt_every: int,
+    keep_last: int,
+    log_every: int,
+    seed: int,
+) -> None:
+    """Run name and directory, resume, checkpoint cadence, logging, seed, precision, backend."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--experiment", type=str, default=experiment,
+                       help="first part of the run name (default %(default)s); see train.md § Run names")
+    group.add_argument("--output_root", type=Path, default=Path("checkpoints"),
+                       help="folder that receives the run directory <output_root>/<run name> (default %(default)s)")
+    group.add_argument("--output_dir", type=Path, default=None,
+                       help="use this run directory instead of <output_root>/<run name>")
+    group.add_argument("--print_run_dir", action="store_true",
+                       help="print the run directory these flags give and whether it is new, unfinished or finished, "
+                            "then exit (exit 0: start or continue; 3: already finished; 2: settings differ from the "
+                            "run saved there). The launchers use it before starting torchrun")
+    group.add_argument("--resume", type=Path, default=None,
+                       help="training_latest.pt to resume from (model, optimizer, schedule, steps, data position, "
+                            "RNG); a missing file is an error. Without it, a run directory that already holds an "
+                            "unfinished run with the same settings is continued")
+    group.add_argument("--ckpt_every", type=int, default=ckpt_every,
+                       help="write predictor_step_XXXXX.safetensors + training_latest.pt every N optimizer steps "
+                            "(and always at the last step); -1 = last step only (default %(default)s)")
+    group.add_argument("--keep_last", type=int, default=keep_last,
+                       help="predictor_step_*.safetensors files kept (oldest pruned); -1 = keep all "
+                            "(default %(default)s)")
+    group.add_argument("--log_every", type=int, default=log_every,
+                       help="write a train_log.jsonl record every N steps (default %(default)s)")
+    group.add_argument("--seed", type=int, default=seed,
+                       help="seed of the data order and the per-rank RNG streams (default %(default)s)")
+    group.add_argument("--precision", choices=PRECISIONS, default=precision,
+                       help="fp32master: BF16 frozen Teacher, FP32 trainable weights and AdamW state, BF16 autocast; "
+                            "fp32: everything FP32 (CPU demo, exact tests) (default %(default)s)")
+    group.add_argument("--backend", choices=BACKENDS, default="auto",
+                       help="process-group backend: auto = nccl with CUDA, gloo without")
+    group.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
+
+
+def add_tracker_args(parser: argparse.ArgumentParser, *, tracker: str, project: str) -> None:
+    """--tracker, --swanlab_project, --swanlab_mode, --experiment_name."""
+    group = parser.add_argument_group("tracking")
+    group.add_argument("--tracker", choices=TRACKERS, default=tracker,
+                       help="swanlab: mirror train_log.jsonl to SwanLab from rank 0 (SWANLAB_API_KEY only from the "
+                            "environment or SwanLab's login cache) (default %(default)s)")
+    group.add_argument("--swanlab_project", type=str, default=project, help="SwanLab project (default %(default)s)")
+    group.add_argument("--swanlab_mode", choices=SWANLAB_MODES, default=None,
+                       help="SwanLab mode; default $SWANLAB_MODE, else cloud")
+    group.add_argument("--experiment_name", type=str, default=None,
+                       help="SwanLab experiment name; default: the run directory's name")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Presets
+# ---------------------------------------------------------------------------------------------------------------
+def parse_with_preset(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, presets: dict[str, list[str]]
+) -> argparse.Namespace:
+    """Parse `argv` after adding `--preset NAME`. A preset is a list of command-line tokens placed before `argv`,
+    so it replaces the recipe defaults of the flags it names while flags given explicitly still win (argparse keeps
+    the last value), and a preset naming an unknown flag fails like a typo on the command line."""
+    listing = "; ".join(f"{name}: {' '.join(tokens)}" for name, tokens in presets.items())
+    parser.add_argument("--preset", choices=sorted(presets), default=None,
+                        help=f"start from other defaults for some flags ({listing})")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--preset", choices=sorted(presets), default=None)
+    chosen, _ = chooser.parse_known_args(argv)
+    tokens = [] if chosen.preset is None else list(presets[chosen.preset])
+    return parser.parse_args(tokens + argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Cross-flag rules
+# ---------------------------------------------------------------------------------------------------------------
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rules spanning the groups above; every problem names the flag, its value and what was expected, and goes
+    through `parser.error` (usage line + message, exit 2). Flags a recipe does not have are skipped by name."""
+    problems = []
+    present = vars(args)
+
+    def need(flag: str, ok: bool, expected: str) -> None:
+        if not ok:
+            problems.append(f"--{flag}={present[flag]!r}: expected {expected}")
+
+    need("fusion_lr", args.fusion_lr > 0, "> 0")
+    need("blocks_lr", args.blocks_lr > 0, "> 0")
+    need("max_steps", args.max_steps >= 1, ">= 1")
+    need("scheduler_warmup_steps", 0 <= args.scheduler_warmup_steps < args.max_steps,
+         f"in [0, max_steps={args.max_steps})")
+    need("block_warmup_steps", args.block_warmup_steps == -1 or 0 <= args.block_warmup_steps < args.max_steps,
+         f"-1 or in [0, max_steps={args.max_steps})")
+    need("stop_at_step", args.stop_at_step == -1 or 1 <= args.stop_at_step <= args.max_steps,
+         f"-1 or in [1, max_steps={args.max_steps}]")
+    if "batch_size" in present:
+        need("batch_size", args.batch_size >= 1, ">= 1")
+    need("grad_accum", args.grad_accum >= 1, ">= 1")
+    need("weight_decay", args.weight_decay >= 0, ">= 0")
+    need("adam_beta1", 0 <= args.adam_beta1 < 1, "in [0, 1)")
+    need("adam_beta2", 0 <= args.adam_beta2 < 1, "in [0, 1)")
+    need("grad_clip", args.grad_clip == -1 or args.grad_clip > 0, "> 0, or -1 for no clipping")
+    need("velocity_weight", args.velocity_weight >= 0, ">= 0")
+    need("hidden_weight", args.hidden_weight >= 0, ">= 0")
+    if args.velocity_weight == 0 and args.hidden_weight == 0:
+        problems.append("--velocity_weight=0 and --hidden_weight=0: nothing would be trained")
+    need("ckpt_every", args.ckpt_every == -1 or args.ckpt_every >= 1, ">= 1, or -1 for the last step only")
+    need("keep_last", args.keep_last == -1 or args.keep_last >= 1, ">= 1, or -1 to keep all")
+    need("log_every", args.log_every >= 1, ">= 1")
+    need("seed", args.seed >= 0, ">= 0")
+    need("num_workers", args.num_workers >= 0, ">= 0")
+    if args.resume is not None and not args.resume.is_file():
+        problems.append(f"--resume={str(args.resume)!r}: no such file (refusing to start from scratch instead)")
+    if not (args.dataset_root / DATASET_CONFIG_NAME).is_file():
+        problems.append(f"--dataset_root={str(args.dataset_root)!r}: no {DATASET_CONFIG_NAME} there "
+                        "(build it with tools/build_predictor_dataset.py)")
+    if args.action_ckpt is not None and not args.action_ckpt.is_file():
+        problems.append(f"--action_ckpt={str(args.action_ckpt)!r}: no such file")
+    if args.teacher is not None and not (args.teacher / "config.json").is_file():
+        problems.append(f"--teacher={str(args.teacher)!r}: no config.json in that folder")
+    if problems:
+        parser.error("; ".join(problems))
