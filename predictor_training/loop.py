@@ -44,6 +44,7 @@ from .checkpoint import (
     save_training_state,
 )
 from .distributed import DistEnv, all_gather_objects, log0
+from .precision import synchronize
 from .logger import MetricsLogger
 
 __all__ = ["ResumableBatches", "train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
@@ -354,8 +355,7 @@ def train_loop(
             run_state.global_step = step
             run_state.data = batches.state_dict()
             run_state.epoch = batches.epoch
-            if env.device.type == "cuda":
-                torch.cuda.synchronize(env.device)
+            synchronize(env.device)  # so step time includes the queued GPU work
             step_time = time.perf_counter() - step_start
             # 5. Log, checkpoint.
             if step % log_every == 0 or step == stop_step:

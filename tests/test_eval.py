@@ -1,13 +1,14 @@
-"""tools/eval_predictor.py and predictor_training/evaluation.py + flops.py on a tiny Teacher, a tiny random VAE and an
-untrained Predictor (which is exactly hidden reuse): equal rollouts, reference reproduction, resume, outputs, FLOPs."""
+"""tools/eval_predictor.py and the package predictor_training/eval/ + flops.py on a tiny Teacher, a tiny random VAE
+and an untrained Predictor (which is exactly hidden reuse): equal rollouts, reference reproduction, resume, outputs,
+FLOPs. The command line runs as a subprocess, as a user runs it."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,18 +16,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-
-import eval_predictor  # noqa: E402
-
-from predictor_training.camera import pose_string_to_json  # noqa: E402
-from predictor_training.checkpoint import save_inference_weights  # noqa: E402
-from predictor_training.evaluation import (  # noqa: E402
+from predictor_training.camera import pose_string_to_json
+from predictor_training.checkpoint import save_inference_weights
+from predictor_training.distributed import init_distributed
+from predictor_training.eval import (
     REFERENCE,
     REUSE_HIDDEN,
     REUSE_VELOCITY,
     EvalRuntime,
+    EvalSettings,
     HiddenReuse,
     PredictorMethod,
     ReferenceMethod,
@@ -40,19 +38,25 @@ from predictor_training.evaluation import (  # noqa: E402
     load_predictor,
     parse_replace_steps,
     read_predictor_checkpoint,
+    resolve_dtype,
+    resolve_teacher,
     rollout_config_for,
+    run_evaluation,
 )
-from predictor_training.flops import (  # noqa: E402
+from predictor_training.flops import (
     TeacherShape,
     context_prefill_flops,
     predictor_step_flops,
     teacher_chunk_step_flops,
     text_prefill_flops,
 )
-from predictor_training.predictor import build_predictor  # noqa: E402
-from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
-from predictor_training.trajectory_dataset import TrajectoryTableDataset  # noqa: E402
+from predictor_training.predictor import build_predictor
+from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
+from predictor_training.trajectory_dataset import TrajectoryTableDataset
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOOL = REPO_ROOT / "tools" / "eval_predictor.py"
 CLI_LATENTS = 8  # holdout25: 2 chunks per video (chunk 0 F-F-F-F, chunk 1 scheduled), decoded by the CLI runs
 LONG_LATENTS = 12  # holdout50: 3 chunks, so chunk 2 gets the previous-chunk hidden the Predictor itself made
 HEIGHT, WIDTH = 2, 3
@@ -121,7 +125,8 @@ def world(tmp_path_factory) -> dict:
     return _write_world(tmp_path_factory.mktemp("eval_world"))
 
 
-def _cli(world: dict, out: Path, *extra: str) -> tuple[int, str]:
+def _cli(world: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """tools/eval_predictor.py on the tiny world, as a subprocess (returncode, stdout, stderr)."""
     root = world["root"]
     argv = [
         "--teacher", str(root / "teacher"), "--vae", str(root / "vae"), "--samples_dir", str(root / "samples"),
@@ -129,18 +134,18 @@ def _cli(world: dict, out: Path, *extra: str) -> tuple[int, str]:
         "--ckpt", str(world["ckpt"]), "--lpips_random_backbone", "--output_root", str(out), "--no_progress",
         *extra,
     ]
-    stream = io.StringIO()
-    with contextlib.redirect_stdout(stream):
-        status = eval_predictor.main(argv)
-    return status, stream.getvalue()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # this checkout's package, installed or not
+    return subprocess.run([sys.executable, str(TOOL), *argv], capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def fppp_run(world, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("eval_out")
-    status, printed = _cli(world, out, "--replace_steps", "1,2,3", "--num_side_by_side", "1", "--warmup_chunks", "0")
+    result = _cli(world, out, "--replace_steps", "1,2,3", "--num_side_by_side", "1", "--warmup_chunks", "0")
     run_dir = out / f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout25"
-    return {"out": out, "status": status, "printed": printed, "run_dir": run_dir}
+    return {"out": out, "status": result.returncode, "printed": result.stdout, "stderr": result.stderr,
+            "run_dir": run_dir}
 
 
 def _json(path: Path) -> dict:
@@ -236,7 +241,10 @@ def test_predictor_inputs_come_from_this_rollout(world, monkeypatch):
 # 2. The CLI: names, files, metrics, timings, FLOPs
 # ---------------------------------------------------------------------------------------------------------------
 def test_cli_writes_named_outputs(fppp_run):
-    assert fppp_run["status"] == 0
+    assert fppp_run["status"] == 0, fppp_run["stderr"]
+    # the first line says which dtype --dtype auto chose and why
+    first = fppp_run["printed"].splitlines()[0]
+    assert "eval dtype float32 (--dtype auto: the checkpoints' training precision fp32)" in first, first
     run_dir = fppp_run["run_dir"]
     assert run_dir.is_dir(), sorted(path.name for path in fppp_run["out"].iterdir())
     for name in ("eval_config.json", "per_video.csv", "per_chunk.csv", "aggregate.csv", "timings.csv",
@@ -299,27 +307,38 @@ def test_cli_records_timings_and_flop_bound(fppp_run):
 def test_rerun_skips_finished_videos_and_refuses_other_settings(world, fppp_run):
     videos = sorted((fppp_run["run_dir"] / "videos").iterdir())
     stamps = [path.stat().st_mtime_ns for path in videos]
-    status, printed = _cli(world, fppp_run["out"], "--replace_steps", "1,2,3", "--num_side_by_side", "1")
-    assert status == 0 and "0 videos computed, 2 already finished" in printed
+    rerun = _cli(world, fppp_run["out"], "--replace_steps", "1,2,3", "--num_side_by_side", "1")
+    assert rerun.returncode == 0 and "0 videos computed, 2 already finished" in rerun.stdout, rerun.stderr
     assert [path.stat().st_mtime_ns for path in videos] == stamps
-    # same directory, other numbers-changing settings: refused, nothing overwritten
-    with pytest.raises(ValueError, match="other settings"):
-        _cli(world, fppp_run["out"], "--replace_steps", "1,2", "--run_name", fppp_run["run_dir"].name)
+    # same directory, other numbers-changing settings: refused (a run error: message, exit 1), nothing overwritten
+    refused = _cli(world, fppp_run["out"], "--replace_steps", "1,2", "--run_name", fppp_run["run_dir"].name)
+    last = refused.stderr.splitlines()[-1]
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert last.startswith("eval_predictor: error: ") and "other settings" in last
     assert [path.stat().st_mtime_ns for path in videos] == stamps
 
 
 def test_no_replaced_steps_reproduce_the_reference(world, tmp_path):
-    status, printed = _cli(world, tmp_path, "--replace_steps", "", "--max_videos", "1", "--num_side_by_side", "0",
-                           "--warmup_chunks", "1")
-    assert status == 0
+    """The library entry point without the command line: an empty schedule makes every method the reference."""
+    root = world["root"]
+    settings = EvalSettings(
+        teacher_source=TeacherSource(root / "teacher", None, "--teacher", None), vae=root / "vae",
+        sample_table=root / "samples" / "holdout25.jsonl", split="holdout25", case_source="encoded",
+        case_root=root / "encoded", num_latents=CLI_LATENTS, checkpoints=[world["ckpt"]],
+        schedule=Schedule(parse_replace_steps("")), dtype=torch.float32, vae_dtype=torch.float32,
+        output_root=tmp_path, max_videos=1, num_side_by_side=0, lpips_random_backbone=True, warmup_chunks=1,
+        progress=False,
+    )
+    report = run_evaluation(settings, init_distributed("gloo"))
     run_dir = tmp_path / f"{RUN_DIR_NAME}_ckptstep{STEP}_ffff_holdout25"
+    assert report["out_dir"] == run_dir and report["computed"] == ["c000__a0"] and report["skipped"] == 0
     methods = _json(run_dir / "aggregate.json")["methods"]
     for name in (REUSE_VELOCITY, REUSE_HIDDEN, f"predictor_ckptstep{STEP}"):
         metrics = methods[name]["metrics"]
         assert metrics["mse"] == 0 and metrics["psnr_full"] == "inf" and metrics["ssim"] == 1.0
         assert metrics["identical_frames"] == metrics["num_frames"] == (CLI_LATENTS - 1) * 4 + 1
         assert methods[name]["speedup"]["flop_bound_dit"] == 1.0
-    assert "| inf |" in (run_dir / "table.md").read_text() and "inf" in printed
+    assert "| inf |" in (run_dir / "table.md").read_text() and "| inf |" in report["table"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -352,13 +371,55 @@ def test_run_names_follow_the_convention(world):
         label_checkpoints([ckpt, ckpt])
 
 
-def test_v4_with_scheduled_chunk0_and_step0_are_refused(world, tmp_path):
-    with pytest.raises(ValueError, match="chunk 0"):
-        _cli(world, tmp_path, "--chunk0", "schedule")
-    with pytest.raises(SystemExit):
-        with contextlib.redirect_stderr(io.StringIO()):
-            _cli(world, tmp_path, "--replace_steps", "0,1")
+def test_bad_flags_are_usage_errors(world, tmp_path):
+    """Flag problems end like argparse's own: usage line, 'error:' message, exit code 2, no traceback, no output."""
+    for extra, message in ((("--chunk0", "schedule"), "are v4 Predictors"),  # found in the checkpoint's metadata
+                           (("--replace_steps", "0,1"), "outside 1..3"),
+                           (("--ckpt", str(tmp_path / "missing.safetensors")), "missing.safetensors")):
+        result = _cli(world, tmp_path, *extra)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (extra, result.stderr)
+        assert any(line.startswith("usage: eval_predictor.py") for line in lines), (extra, result.stderr)
+        assert lines[-1].startswith("eval_predictor.py: error: ") and message in lines[-1], (extra, result.stderr)
     assert not list(tmp_path.iterdir())
+
+
+def test_dtype_choice_is_explicit():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_dtype("bfloat16", [{"precision": "fp32"}], cpu) == (torch.bfloat16, "--dtype bfloat16")
+    assert resolve_dtype("auto", [{"precision": "fp32master"}], cpu)[0] == torch.bfloat16
+    assert resolve_dtype("auto", [], cpu) == (torch.float32, "--dtype auto without checkpoints: float32 on cpu")
+    assert resolve_dtype("auto", [], cuda) == (torch.bfloat16, "--dtype auto without checkpoints: bfloat16 on CUDA")
+    with pytest.raises(ValueError, match="choose --dtype"):
+        resolve_dtype("auto", [{"precision": "fp32"}, {"precision": "fp32master"}], cpu)
+
+
+def test_explicit_teacher_is_checked_against_the_training_dataset_record(world, tmp_path):
+    """--teacher: the Teacher config recorded by the checkpoint's training dataset is enforced, as in training; a
+    run that records no dataset (or whose dataset is not here) leaves the Teacher unchecked."""
+    root = world["root"]
+    ckpt = label_checkpoints([read_predictor_checkpoint(world["ckpt"])])[0]
+    actual = teacher_config_sha256(WorldPlayTransformer.from_pretrained(str(root / "teacher")))
+
+    def trained_on(name: str, sha: str | None):
+        dataset = tmp_path / name
+        if sha is not None:
+            dataset.mkdir()
+            (dataset / "dataset_config.json").write_text(json.dumps(
+                {"teacher": {"folder": str(root / "teacher"), "config_sha256": sha, "action_ckpt": None}}))
+        return dataclasses.replace(ckpt, run_flags={**ckpt.run_flags, "dataset_root": str(dataset)})
+
+    teacher = root / "teacher"
+    assert resolve_teacher(teacher, None, "--teacher", [ckpt]).expected_config_sha256 is None  # nothing recorded
+    assert resolve_teacher(teacher, None, "--teacher", [trained_on("gone", None)]).expected_config_sha256 is None
+    same = resolve_teacher(teacher, None, "--teacher", [trained_on("same", actual)])
+    assert same.expected_config_sha256 == actual and same.origin == "--teacher"
+    load_teacher(same, torch.device("cpu"), torch.float32)
+    other = resolve_teacher(teacher, None, "--demo", [trained_on("other", "0" * 64)])
+    with pytest.raises(ValueError, match="config sha256"):
+        load_teacher(other, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="different configs"):
+        resolve_teacher(teacher, None, "--teacher", [trained_on("a", actual), trained_on("b", "0" * 64)])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 """Video metrics against their reference implementations (skimage, the lpips package), the LPIPS weight policy,
-video I/O and the compute_video_metrics CLI."""
+video I/O, the folder comparison and the compute_video_metrics command line."""
 
 import csv
-import importlib.util
 import json
 import math
 import os
@@ -17,7 +16,8 @@ import torch
 import torchvision
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from predictor_training import metrics as M
+from predictor_training import video_metrics as M
+from predictor_training.video_folder_metrics import compare_video_folders, pair_videos
 from predictor_training.video_io import read_video, side_by_side, write_video
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -72,11 +72,10 @@ def random_backbone_scorer():
     return M.LpipsScorer.from_policy(random_backbone=True, random_seed=0)
 
 
-def load_cli():
-    spec = importlib.util.spec_from_file_location("compute_video_metrics_cli", CLI_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """tools/compute_video_metrics.py as a subprocess, on this checkout's package (installed or not)."""
+    return subprocess.run([sys.executable, str(CLI_PATH), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT, timeout=120)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -262,7 +261,7 @@ def test_video_io_round_trips(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# CLI
+# Folder comparison and its command line
 # ---------------------------------------------------------------------------------------------------------------
 def make_video_folders(root: Path):
     """ref/: a.mp4 (lossless) + clip_b/ PNG frames; test/: a/ PNG frames + clip_b.mp4 (mixed on purpose)."""
@@ -275,12 +274,11 @@ def make_video_folders(root: Path):
     return {"a": (ref_a, test_a), "sub/clip_b": (ref_b, test_b)}
 
 
-def test_cli_round_trip_with_random_backbone_label(tmp_path, capsys, random_backbone_scorer):
-    cli = load_cli()
+def test_folder_round_trip_with_random_backbone_label(tmp_path, capsys, random_backbone_scorer):
     videos = make_video_folders(tmp_path)
     out = tmp_path / "out"
-    report = cli.main([str(tmp_path / "ref"), str(tmp_path / "test"), "--out", str(out), "--device", "cpu",
-                       "--lpips_random_backbone", "--per_frame"])
+    report = compare_video_folders(tmp_path / "ref", tmp_path / "test", out, device=torch.device("cpu"),
+                                   lpips_random_backbone=True, per_frame=True)
     printed = capsys.readouterr().out
     label = M.LPIPS_RANDOM_BACKBONE_METRIC_NAME
     # the label is everywhere and the real name nowhere
@@ -305,32 +303,45 @@ def test_cli_round_trip_with_random_backbone_label(tmp_path, capsys, random_back
     assert report["aggregate"][label] == pytest.approx(saved["aggregate"][label])
 
 
-def test_cli_errors_name_files_and_keep_outputs(tmp_path, monkeypatch):
-    cli = load_cli()
+def test_folder_errors_name_files_and_keep_outputs(tmp_path, monkeypatch):
     make_video_folders(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     (out / "metrics.json").write_text("previous")
-    args = [str(tmp_path / "ref"), str(tmp_path / "test"), "--out", str(out), "--device", "cpu"]
+    ref, test, cpu = tmp_path / "ref", tmp_path / "test", torch.device("cpu")
     # 1. no AlexNet weights and no opt-in: refuse
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "no_weights"))
     with pytest.raises(M.LpipsWeightsError, match="--lpips_random_backbone"):
-        cli.main(args)
+        compare_video_folders(ref, test, out, device=cpu)
     # 2. a missing partner
-    (tmp_path / "ref" / "extra.mp4").write_bytes((tmp_path / "ref" / "a.mp4").read_bytes())
+    (ref / "extra.mp4").write_bytes((ref / "a.mp4").read_bytes())
     with pytest.raises(ValueError, match=r"extra\.mp4 has no partner"):
-        cli.main(args + ["--lpips_random_backbone"])
-    (tmp_path / "ref" / "extra.mp4").unlink()
+        pair_videos(ref, test)
+    with pytest.raises(ValueError, match=r"extra\.mp4 has no partner"):
+        compare_video_folders(ref, test, out, device=cpu, lpips_random_backbone=True)
+    (ref / "extra.mp4").unlink()
     # 3. a shape mismatch names both files and shapes
-    ref_a = read_video(tmp_path / "ref" / "a.mp4")
-    write_video(tmp_path / "test" / "a", ref_a[:2], fps=8)
+    ref_a = read_video(ref / "a.mp4")
+    write_video(test / "a", ref_a[:2], fps=8)
     with pytest.raises(ValueError, match=r"a\.mp4 is \(3, 32, 48, 3\).*test/a is \(2, 32, 48, 3\)"):
-        cli.main(args + ["--lpips_random_backbone"])
+        compare_video_folders(ref, test, out, device=cpu, lpips_random_backbone=True)
     assert (out / "metrics.json").read_text() == "previous"
 
 
-def test_cli_runs_as_a_script():
-    result = subprocess.run([sys.executable, str(CLI_PATH), "--help"], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": ""}, timeout=60)
+def test_cli_runs_as_a_script_and_reports_usage_errors(tmp_path):
+    result = run_cli("--help")
     assert result.returncode == 0, result.stderr
     assert "--lpips_random_backbone" in result.stdout and "NOT_LPIPS" in result.stdout
+    make_video_folders(tmp_path)
+    ref, test, out = str(tmp_path / "ref"), str(tmp_path / "test"), tmp_path / "out"
+    result = run_cli(ref, test, "--out", str(out), "--device", "cpu", "--lpips_random_backbone")
+    assert result.returncode == 0, result.stderr
+    assert "NOT LPIPS" in result.stdout and f"wrote {out / 'metrics.json'}" in result.stdout
+    # folders that do not pair up, an unknown device: usage line, message, exit code 2, nothing written
+    (tmp_path / "ref" / "extra.mp4").write_bytes((tmp_path / "ref" / "a.mp4").read_bytes())
+    for args, message in (((ref, test), "has no partner"), ((ref, ref, "--device", "nodevice"), "--device nodevice")):
+        result = run_cli(*args, "--out", str(tmp_path / "not_written"), "--lpips_random_backbone")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        usage = [line for line in result.stderr.splitlines() if line.startswith("usage: compute_video_metrics.py")]
+        assert usage and "compute_video_metrics.py: error: " in result.stderr and message in result.stderr
+    assert not (tmp_path / "not_written").exists()

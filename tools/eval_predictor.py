@@ -5,7 +5,7 @@ For each (case, action) of a split, the same seed is rolled out as the reference
 hidden reuse at the replaced steps, and with each --ckpt's Predictor at the replaced steps; the videos are decoded
 with the VAE and every method is scored against the reference (PSNR full / frame-mean, SSIM, LPIPS, pixel MSE /
 RMSE / MAE, temporal-delta MSE; per video, per chunk and aggregated). The logic lives in
-predictor_training/evaluation.py; see train.md, section "Evaluation".
+the package predictor_training/eval/; see train.md, section "Evaluation".
 
 Demo (CPU, after `bash tools/launch_predictor_v4_rollout_training.sh`; no AlexNet weights here, so the LPIPS column is
 the clearly labelled random-backbone figure):
@@ -31,35 +31,22 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from predictor_training.data.sample_table import SPLIT_NAMES
+from predictor_training.distributed import cleanup_distributed, init_distributed, print0
+from predictor_training.eval import DTYPES, Schedule, parse_replace_steps, run_evaluation, settings_from_args
+from predictor_training.video_metrics import LpipsWeightsError
 
-import torch  # noqa: E402
-
-from predictor_training.data.sample_table import SPLIT_NAMES  # noqa: E402
-from predictor_training.distributed import cleanup_distributed, init_distributed, print0  # noqa: E402
-from predictor_training.evaluation import (  # noqa: E402
-    EvalSettings,
-    Schedule,
-    parse_replace_steps,
-    read_predictor_checkpoint,
-    run_evaluation,
-)
-from predictor_training.metrics import LpipsWeightsError  # noqa: E402
-from predictor_training.training_setup import TeacherSource, resolve_teacher_source  # noqa: E402
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-PRECISION_DTYPES = {"fp32master": torch.bfloat16, "fp32": torch.float32}
+REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     inputs = parser.add_argument_group("inputs (either --demo D, or the separate flags)")
     inputs.add_argument("--demo", type=Path, help="demo asset folder (tools/make_demo_assets.py): D/teacher, "
                         "D/encoders/vae, D/samples/<split>.jsonl, D/encoded")
     inputs.add_argument("--teacher", type=Path, help="Teacher transformer folder; default: the one recorded in the "
-                        "first checkpoint's run config (flags teacher / dataset_root)")
+                        "first checkpoint's run config (flags teacher / dataset_root). Either way its config is "
+                        "checked against the Teacher config recorded by the checkpoints' training dataset, if any")
     inputs.add_argument("--action_ckpt", type=Path, help="WorldPlay action checkpoint loaded strictly on --teacher")
     inputs.add_argument("--vae", type=Path, help="AutoencoderKLHunyuanVideo15 folder (or a diffusers pipeline folder "
                         "with vae/)")
@@ -82,8 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "and the schedule applies to chunks 1.. (notes 8.11); schedule: chunk 0 follows it too "
                         "(not possible for v4, which needs a previous chunk)")
     method.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="Teacher weights, "
-                        "autocast and running latents; auto = the checkpoints' training precision (fp32master -> "
-                        "bfloat16, fp32 -> float32), without checkpoints bfloat16 on CUDA and float32 on CPU")
+                        "autocast and running latents (default: auto). auto = the checkpoints' training precision "
+                        "(fp32master -> bfloat16, fp32 -> float32); without checkpoints it depends on the device: "
+                        "bfloat16 on CUDA, float32 on CPU. The chosen dtype is logged first")
     method.add_argument("--vae_dtype", choices=("auto", *DTYPES), default="auto", help="VAE weights; auto = --dtype")
     method.add_argument("--vae_tiling", action="store_true", help="decode in spatial tiles (less GPU memory)")
     output = parser.add_argument_group("outputs")
@@ -102,9 +90,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend "
                      "under torchrun")
     run.add_argument("--no_progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    return parser
 
-    # Cross-flag rules.
+
+def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Flags plus the cross-flag rules that need no file beyond the sample table."""
+    args = parser.parse_args(argv)
     if args.demo is not None:
         given = [flag for flag in ("teacher", "action_ckpt", "vae", "samples_dir", "encoded", "dataset_root")
                  if getattr(args, flag) is not None]
@@ -134,69 +125,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def resolve_teacher(args, checkpoint_flags: list[dict]) -> TeacherSource:
-    """--teacher / --demo, else the Teacher every checkpoint's run recorded (they must agree)."""
-    if args.teacher is not None:
-        return TeacherSource(args.teacher, args.action_ckpt, "--demo" if args.demo else "--teacher", None)
-    if not checkpoint_flags:
-        raise ValueError("no Teacher: pass --teacher DIR (or --demo D, or a --ckpt whose run records its Teacher)")
-    sources = []
-    for flags in checkpoint_flags:
-        dataset_root = flags.get("dataset_root")  # runs on the light sample table have none
-        sources.append(resolve_teacher_source(
-            None if flags.get("teacher") is None else Path(flags["teacher"]),
-            None if flags.get("action_ckpt") is None else Path(flags["action_ckpt"]),
-            None if dataset_root is None else Path(dataset_root),
-        ))
-    folders = {(str(source.folder), str(source.action_ckpt)) for source in sources}
-    if len(folders) != 1:
-        raise ValueError(f"the checkpoints were trained on different Teachers {sorted(folders)}; pass --teacher")
-    return sources[0]
-
-
-def resolve_dtype(args, checkpoint_meta: list[dict]) -> torch.dtype:
-    if args.dtype != "auto":
-        return DTYPES[args.dtype]
-    precisions = sorted({meta["precision"] for meta in checkpoint_meta})
-    if len(precisions) > 1:
-        raise ValueError(f"the checkpoints were trained with precisions {precisions}; choose --dtype")
-    if precisions:
-        if precisions[0] not in PRECISION_DTYPES:
-            raise ValueError(f"checkpoint precision {precisions[0]!r} unknown; choose --dtype")
-        return PRECISION_DTYPES[precisions[0]]
-    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(parser, argv)
     env = init_distributed(args.backend)
     try:
-        checkpoints = [read_predictor_checkpoint(path) for path in args.ckpt]
-        dtype = resolve_dtype(args, [ckpt.meta for ckpt in checkpoints])
-        settings = EvalSettings(
-            teacher_source=resolve_teacher(args, [ckpt.run_flags for ckpt in checkpoints]),
-            vae=args.vae,
-            sample_table=args.sample_table,
-            split=args.split,
-            case_source="encoded" if args.encoded is not None else "dataset",
-            case_root=args.encoded if args.encoded is not None else args.dataset_root,
-            num_latents=args.num_latents,
-            checkpoints=list(args.ckpt),
-            schedule=args.schedule,
-            dtype=dtype,
-            vae_dtype=dtype if args.vae_dtype == "auto" else DTYPES[args.vae_dtype],
-            output_root=args.output_root,
-            run_name=args.run_name,
-            max_videos=args.max_videos,
-            num_side_by_side=args.num_side_by_side,
-            fps=args.fps,
-            lpips_alexnet=args.lpips_alexnet,
-            lpips_random_backbone=args.lpips_random_backbone,
-            warmup_chunks=args.warmup_chunks,
-            vae_tiling=args.vae_tiling,
-            progress=not args.no_progress,
-            extra={"argv": sys.argv[1:] if argv is None else list(argv)},
-        )
+        try:
+            settings = settings_from_args(args, argv, env.device)
+        except (ValueError, FileNotFoundError) as error:  # --ckpt, --teacher, --dtype, --chunk0 problems
+            parser.error(str(error))
         report = run_evaluation(settings, env)
         if env.is_main:
             print0(report["table"])

@@ -1,0 +1,114 @@
+"""Check that the CPU demo trains and evaluates exactly as the recorded baseline did (losses bit for bit).
+
+The baseline (`benchmarks/baselines/demo_369ddf5/`) holds the `train_log.jsonl` of the three demo launchers and the
+eval's `aggregate.json`, recorded at commit 369ddf5 before the entry scripts were restructured. Run the demo the
+same way on the same CPU, then compare:
+
+    bash tools/launch_predictor_v4_rollout_training.sh      # offline v4 demo, then the rollout demo
+    bash tools/launch_predictor_disca_training.sh
+    python tools/eval_predictor.py --demo demo_data/assets --split holdout25 --replace_steps 1,2,3 \
+        --lpips_random_backbone --ckpt checkpoints/<rollout demo run>/predictor_step_00008.safetensors \
+        --ckpt checkpoints/<offline v4 demo run>/predictor_step_00240.safetensors
+    python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
+
+Every logged number except wall-clock times and memory must be equal (==, not approximately); eval metrics must
+be equal too, timings are skipped. Exit code 1 on any difference, with one line per difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+BASELINE = Path(__file__).resolve().parent / "baselines" / "demo_369ddf5"
+# Run-directory prefixes of the three demo runs -> their baseline log.
+RUNS = {
+    "predictor_v4_prefeature_demo_blocks1-2_fp32_": "offline_v4.train_log.jsonl",
+    "predictor_disca_demo_blocks1-2_fp32_": "offline_disca.train_log.jsonl",
+    "predictor_v4_rollout_fppp_demo_blocks1-2_fp32_": "rollout_fppp.train_log.jsonl",
+}
+SKIPPED_PREFIXES = ("time/", "memory/")
+SKIPPED_EVAL_KEYS = {"timings", "speedup"}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def same_number(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def compare_logs(baseline: list[dict], current: list[dict], label: str) -> list[str]:
+    """Differences between two train logs, ignoring wall-clock and memory keys."""
+    problems = []
+    if len(baseline) != len(current):
+        problems.append(f"{label}: {len(current)} records, baseline has {len(baseline)}")
+    for old, new in zip(baseline, current):
+        keys = {key for key in old.keys() | new.keys() if not key.startswith(SKIPPED_PREFIXES)}
+        for key in sorted(keys):
+            if key not in old or key not in new or not same_number(old[key], new[key]):
+                problems.append(f"{label} step {old.get('step')}: {key} baseline {old.get(key)!r} now {new.get(key)!r}")
+    return problems
+
+
+def compare_tree(baseline, current, where: str) -> list[str]:
+    """Recursive equality of two JSON values, skipping timing subtrees."""
+    if isinstance(baseline, dict) and isinstance(current, dict):
+        problems = []
+        for key in sorted(baseline.keys() | current.keys()):
+            if key in SKIPPED_EVAL_KEYS:
+                continue
+            if key not in baseline or key not in current:
+                problems.append(f"{where}.{key}: only in {'baseline' if key in baseline else 'current'}")
+            else:
+                problems.extend(compare_tree(baseline[key], current[key], f"{where}.{key}"))
+        return problems
+    if isinstance(baseline, list) and isinstance(current, list) and len(baseline) == len(current):
+        return [problem for index, (a, b) in enumerate(zip(baseline, current))
+                for problem in compare_tree(a, b, f"{where}[{index}]")]
+    return [] if same_number(baseline, current) else [f"{where}: baseline {baseline!r} now {current!r}"]
+
+
+def find_one(root: Path, prefix: str, what: str) -> Path:
+    matches = sorted(path for path in root.glob(f"{prefix}*") if path.is_dir())
+    if len(matches) != 1:
+        raise SystemExit(f"error: expected one {what} directory {root}/{prefix}*, found {len(matches)}")
+    return matches[0]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"),
+                        help="folder holding the three demo run directories (default %(default)s)")
+    parser.add_argument("--eval", type=Path, default=Path("eval"),
+                        help="folder holding the demo eval's output directory (default %(default)s)")
+    parser.add_argument("--baseline", type=Path, default=BASELINE, help="recorded baseline (default %(default)s)")
+    args = parser.parse_args(argv)
+
+    problems = []
+    for prefix, log_name in RUNS.items():
+        run_dir = find_one(args.checkpoints, prefix, "demo run")
+        current = read_jsonl(run_dir / "train_log.jsonl")
+        found = compare_logs(read_jsonl(args.baseline / log_name), current, run_dir.name)
+        problems.extend(found)
+        print(f"{run_dir.name}: {len(current)} records, {'identical' if not found else f'{len(found)} differences'}")
+    eval_dir = find_one(args.eval, "predictor_v4_rollout_fppp_demo", "demo eval")
+    baseline_eval = json.loads((args.baseline / "eval_holdout25.aggregate.json").read_text())
+    current_eval = json.loads((eval_dir / "aggregate.json").read_text())
+    found = compare_tree(baseline_eval, current_eval, "aggregate")
+    problems.extend(found)
+    print(f"{eval_dir.name}/aggregate.json: {'identical metrics' if not found else f'{len(found)} differences'}")
+    for problem in problems:
+        print(f"DIFF {problem}")
+    print("OK: the demo reproduces the baseline" if not problems else f"FAILED: {len(problems)} differences")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

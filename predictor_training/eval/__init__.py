@@ -1,0 +1,99 @@
+"""Evaluation of Predictor checkpoints against the full Teacher (SPEC §7, user notes §7 and §8.11).
+
+For every (case, action) row of a split, the same seed (same noise, same memory points) is rolled out several ways
+with the Teacher's AR loop (`ar_rollout.ARRollout`, one step hook per method), decoded with the VAE, and compared
+frame by frame with the reference:
+
+    reference        F-F-F-F in every chunk
+    reuse_velocity   a replaced step k reuses the previous step's velocity:        v_k = v_{k-1}
+    reuse_hidden     a replaced step k reuses the previous hidden through the final layer:
+                     h_k = h_{k-1},  v_k = final_layer(h_{k-1}, vec_k)   (what an untrained Predictor computes)
+    predictor_<ckpt> a replaced step k runs the Predictor: anchor = the Teacher's h_0 at step 1, then its own pred_h;
+                     v4 also gets this rollout's previous-chunk hidden of the same step and the exact context K/V of
+                     its source layers from the Teacher's prefill of this chunk
+
+The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default, runs chunk 0 F-F-F-F (notes §8.11;
+`chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
+exactly "the Predictor replaced by a copy".
+
+Timings (CUDA synchronised around every timed call; perf_counter on the CPU; a warm-up rollout runs first and is
+not counted): text prefill, context prefill, Full step, Predictor / reuse step, VAE decode, the rollout, and the
+end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
+FLOP-count bound of `predictor_training.flops` (DiT work only: the VAE decode is the same for every method).
+
+Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by rank 0 except the per-video files:
+
+    eval_config.json          settings and the fingerprint of everything that changes the numbers
+    videos/<case>__a<action>.json   one per finished video (the unit of resume): metrics, per-chunk and per-frame
+                              series of every method vs the reference, timings, FLOPs
+    side_by_side/<case>__a<action>.mp4   reference | reuse_velocity | reuse_hidden | predictor(s), chosen subset
+    per_video.csv, per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md
+
+Modules: `methods` (schedule, methods, step hooks), `runtime` (timing, timed rollout, VAE decoder, one video),
+`reports` (reading results back, aggregation, CSV / markdown / JSON / drift plot, side-by-side videos), `run`
+(checkpoints, settings from the flags, fingerprint, the sharded and resumable run).
+"""
+
+from predictor_training.eval.methods import (
+    PREDICTOR_PREFIX,
+    REFERENCE,
+    REUSE_HIDDEN,
+    REUSE_VELOCITY,
+    HiddenReuse,
+    Method,
+    PredictorMethod,
+    ReferenceMethod,
+    Schedule,
+    VelocityReuse,
+    make_step_fn,
+    method_step_kind,
+    parse_replace_steps,
+)
+from predictor_training.eval.reports import (
+    aggregate_results,
+    format_markdown_table,
+    plot_drift,
+    read_video_result,
+    write_reports,
+    write_side_by_side,
+)
+from predictor_training.eval.run import (
+    DTYPES,
+    EVAL_CONFIG_NAME,
+    PRECISION_DTYPES,
+    EvalSettings,
+    PredictorCheckpoint,
+    check_or_write_eval_config,
+    check_schedule_fits,
+    default_run_name,
+    label_checkpoints,
+    load_predictor,
+    read_predictor_checkpoint,
+    resolve_dtype,
+    resolve_teacher,
+    rollout_config_for,
+    run_evaluation,
+    settings_fingerprint,
+    settings_from_args,
+)
+from predictor_training.eval.runtime import (
+    RESULT_FORMAT,
+    RESULT_VERSION,
+    EvalRuntime,
+    Stopwatch,
+    TimedRollout,
+    VaeDecoder,
+    video_key,
+)
+
+__all__ = [
+    "DTYPES", "EVAL_CONFIG_NAME", "PRECISION_DTYPES", "PREDICTOR_PREFIX", "REFERENCE", "RESULT_FORMAT",
+    "RESULT_VERSION", "REUSE_HIDDEN", "REUSE_VELOCITY",
+    "EvalRuntime", "EvalSettings", "HiddenReuse", "Method", "PredictorCheckpoint", "PredictorMethod",
+    "ReferenceMethod", "Schedule", "Stopwatch", "TimedRollout", "VaeDecoder", "VelocityReuse",
+    "aggregate_results", "check_or_write_eval_config", "check_schedule_fits", "default_run_name",
+    "format_markdown_table", "label_checkpoints", "load_predictor", "make_step_fn", "method_step_kind",
+    "parse_replace_steps", "plot_drift", "read_predictor_checkpoint", "read_video_result", "resolve_dtype",
+    "resolve_teacher", "rollout_config_for", "run_evaluation", "settings_fingerprint", "settings_from_args",
+    "video_key", "write_reports", "write_side_by_side",
+]

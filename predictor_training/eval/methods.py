@@ -1,0 +1,203 @@
+"""What the evaluation compares: the replacement schedule and the methods that fill a replaced step.
+
+    reference        F-F-F-F in every chunk
+    reuse_velocity   a replaced step k reuses the previous step's velocity:        v_k = v_{k-1}
+    reuse_hidden     a replaced step k reuses the previous hidden through the final layer:
+                     h_k = h_{k-1},  v_k = final_layer(h_{k-1}, vec_k)   (what an untrained Predictor computes)
+    predictor_<ckpt> a replaced step k runs the Predictor (see `PredictorMethod`)
+
+`make_step_fn` turns a method into the `ar_rollout.ARRollout` step hook; `method_step_kind` gives the FLOP-count step
+kind of each (chunk, step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from predictor_training.ar_rollout import StepCall, StepFn, StepOutput
+from predictor_training.predictor import Predictor
+from predictor_training.teacher import WorldPlayTransformer
+
+if TYPE_CHECKING:
+    from predictor_training.eval.run import PredictorCheckpoint
+    from predictor_training.eval.runtime import Stopwatch
+
+REFERENCE = "reference"
+REUSE_VELOCITY = "reuse_velocity"
+REUSE_HIDDEN = "reuse_hidden"
+PREDICTOR_PREFIX = "predictor_"
+
+
+# =============================================================================================================
+# 1. Schedule
+# =============================================================================================================
+def parse_replace_steps(text: str) -> tuple[int, ...]:
+    """"1,2,3" -> (1, 2, 3); "" or "none" -> () (every method then equals the reference)."""
+    text = str(text).strip()
+    if text in ("", "none"):
+        return ()
+    try:
+        steps = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as error:
+        raise ValueError(f"--replace_steps {text!r}: expected comma-separated step indices like '1,2,3'") from error
+    return steps
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which denoising steps of which chunks are replaced.
+
+    replace_steps: steps k in 1..num_steps-1 (step 0 has no previous step to reuse or anchor on), ascending.
+    chunk0_full: chunk 0 stays F-F-F-F (notes §8.11) when True; otherwise chunk 0 follows the schedule too.
+    """
+
+    replace_steps: tuple[int, ...]
+    num_steps: int = 4
+    chunk0_full: bool = True
+
+    def __post_init__(self):
+        steps = tuple(self.replace_steps)
+        if list(steps) != sorted(set(steps)):
+            raise ValueError(f"replace_steps {list(steps)} must be ascending without repeats")
+        bad = [step for step in steps if not 1 <= step < self.num_steps]
+        if bad:
+            raise ValueError(
+                f"replace_steps {list(steps)}: {bad} outside 1..{self.num_steps - 1} (step 0 is always Full: "
+                "the replaced steps need the previous step's output)"
+            )
+
+    def replaces(self, chunk_index: int, step_index: int) -> bool:
+        if chunk_index == 0 and self.chunk0_full:
+            return False
+        return step_index in self.replace_steps
+
+    def letters(self) -> str:
+        """'FPPP' for (1, 2, 3)."""
+        return "".join("P" if step in self.replace_steps else "F" for step in range(self.num_steps))
+
+    @property
+    def tag(self) -> str:
+        """Run-name part: 'fppp' (chunk 0 Full) or 'fppp_allchunks'."""
+        letters = self.letters().lower()
+        return letters if self.chunk0_full or not self.replace_steps else f"{letters}_allchunks"
+
+    def describe(self) -> str:
+        letters = "-".join(self.letters())
+        if self.chunk0_full:
+            return f"chunk 0 F-F-F-F, later chunks {letters}"
+        return f"every chunk {letters}"
+
+    def to_dict(self) -> dict:
+        return {"replace_steps": list(self.replace_steps), "num_steps": self.num_steps,
+                "chunk0_full": self.chunk0_full, "letters": self.letters()}
+
+
+# =============================================================================================================
+# 2. Methods: what runs at a replaced step
+# =============================================================================================================
+class Method:
+    """A way to fill the replaced steps. name: output key; kind: the FLOP-count step kind; timer: stopwatch name;
+    panel: side-by-side label."""
+
+    name: str
+    kind: str
+    timer: str
+    panel: str
+
+    def replaced_step(self, call: StepCall) -> StepOutput:
+        raise NotImplementedError
+
+
+class ReferenceMethod(Method):
+    name = REFERENCE
+    kind = "full"
+    timer = "full_step"
+    panel = "reference"
+
+    def replaced_step(self, call: StepCall) -> StepOutput:
+        raise RuntimeError("the reference never replaces a step")
+
+
+class VelocityReuse(Method):
+    name = REUSE_VELOCITY
+    kind = REUSE_VELOCITY
+    timer = "reuse_step"
+    panel = "reuse v"
+
+    def replaced_step(self, call: StepCall) -> StepOutput:
+        return StepOutput(velocity=call.previous.velocity, final_hidden=call.previous.final_hidden)
+
+
+class HiddenReuse(Method):
+    name = REUSE_HIDDEN
+    kind = REUSE_HIDDEN
+    timer = "reuse_step"
+    panel = "reuse h"
+
+    def __init__(self, teacher: WorldPlayTransformer):
+        self.teacher = teacher
+
+    def replaced_step(self, call: StepCall) -> StepOutput:
+        """v_k = final_layer(h_{k-1}, vec_k), vec_k = time_in(t_k) + action_in(a); the hidden is carried on."""
+        hidden = call.previous.final_hidden
+        _, _, frames, height, width = call.latent.shape
+        vec = self.teacher.frame_vec(call.timestep, call.action)  # [1, T, D]
+        tokens = self.teacher.final_projection(hidden, vec, height * width)
+        return StepOutput(velocity=self.teacher.unpatchify(tokens, frames, height, width), final_hidden=hidden)
+
+
+class PredictorMethod(Method):
+    """A replaced step k runs the Predictor: anchor = the Teacher's h_0 at step 1, then its own pred_h; v4 also gets
+    this rollout's previous-chunk hidden of the same step and the exact context K/V of its source layers from the
+    Teacher's prefill of this chunk. name / panel come from the checkpoint's label."""
+
+    kind = "predictor"
+    timer = "predictor_step"
+
+    def __init__(self, predictor: Predictor, ckpt: PredictorCheckpoint):
+        self.predictor = predictor
+        self.ckpt = ckpt
+        self.name = ckpt.method
+        self.panel = f"P {ckpt.panel}"
+
+    def replaced_step(self, call: StepCall) -> StepOutput:
+        """Anchor = previous step's hidden (Teacher h_0, then this Predictor's own pred_h). v4: exact context K/V of
+        the source layers and the previous chunk's hidden of the same step, both from this very rollout."""
+        blocks = self.predictor.source_blocks
+        context, prev_chunk_hidden = None, None
+        if self.predictor.variant == "v4":
+            if call.context.kv is None or call.previous_chunk is None:
+                raise RuntimeError(
+                    f"chunk {call.chunk_index}: the v4 Predictor needs context K/V and a previous chunk (run chunk 0 "
+                    "F-F-F-F)"
+                )
+            context = call.context.kv.select(blocks)
+            prev_chunk_hidden = call.previous_chunk[call.step_index].final_hidden
+        # rope_start: the Predictor's default (n_ctx for v4, 0 for disca), as in both trainers
+        pred_hidden, pred_velocity = self.predictor(
+            call.model_input, call.previous.final_hidden, call.timestep[None], call.action, call.viewmats, call.Ks,
+            call.text_kv.select(blocks), context=context, prev_chunk_hidden=prev_chunk_hidden,
+        )
+        return StepOutput(velocity=pred_velocity, final_hidden=pred_hidden)
+
+
+def make_step_fn(method: Method, schedule: Schedule, stopwatch: Stopwatch, autocast: Callable) -> StepFn:
+    """The ARRollout hook of `method`: Full steps where the schedule keeps them, `method.replaced_step` elsewhere."""
+    replaces = (lambda chunk, step: False) if isinstance(method, ReferenceMethod) else schedule.replaces
+
+    def step_fn(call: StepCall) -> StepOutput:
+        if not replaces(call.chunk_index, call.step_index):
+            with stopwatch.measure("full_step"):
+                return call.run_teacher()
+        with stopwatch.measure(method.timer), autocast():
+            return method.replaced_step(call)
+
+    return step_fn
+
+
+def method_step_kind(method: Method, schedule: Schedule) -> Callable[[int, int], str]:
+    """(chunk, step) -> flops step kind of `method` under `schedule`."""
+    if isinstance(method, ReferenceMethod):
+        return lambda chunk, step: "full"
+    return lambda chunk, step: method.kind if schedule.replaces(chunk, step) else "full"

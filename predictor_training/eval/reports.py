@@ -1,0 +1,318 @@
+"""Reading per-video results back, aggregating them and writing the reports of one evaluation run.
+
+Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by rank 0 except the per-video files:
+
+    videos/<case>__a<action>.json   one per finished video (the unit of resume; written by `run.run_evaluation`)
+    side_by_side/<case>__a<action>.mp4   reference | reuse_velocity | reuse_hidden | predictor(s), chosen subset
+    per_video.csv, per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from torch import Tensor
+
+from predictor_training.atomic_io import atomic_write, write_text_atomic
+from predictor_training.eval.methods import REFERENCE, Method
+from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION
+from predictor_training.flops import flop_speedup_bound
+from predictor_training.logger import write_json_atomic
+from predictor_training.video_io import side_by_side, write_video
+from predictor_training.video_metrics import LPIPS_METRIC_NAME, aggregate_videos, jsonable
+
+# frame-mean PSNR is left out of the table: with chunk 0 F-F-F-F its identical frames make it inf (it is in the CSV)
+TABLE_METRICS = ("psnr_full", "ssim", "<lpips>", "temporal_delta_mse")
+DRIFT_METRICS = ("psnr_full", "ssim", "<lpips>")
+
+
+# =============================================================================================================
+# 1. Reading per-video results back
+# =============================================================================================================
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _restore_floats(value):
+    """Inverse of `video_metrics.jsonable` inside metric records: "inf" / "-inf" / "nan" strings back to floats."""
+    if isinstance(value, dict):
+        return {key: _restore_floats(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_restore_floats(item) for item in value]
+    if isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
+    return value
+
+
+def read_video_result(path: Path, fingerprint: str) -> dict:
+    """A finished per-video JSON, checked against this run's fingerprint; metric strings back to floats."""
+    result = json.loads(path.read_text(encoding="utf-8"))
+    if result.get("format") != RESULT_FORMAT or result.get("version") != RESULT_VERSION:
+        raise ValueError(f"{path}: not a version-{RESULT_VERSION} eval video result (format/version fields)")
+    if result.get("fingerprint") != fingerprint:
+        raise ValueError(f"{path}: made with other eval settings (fingerprint {result.get('fingerprint')!r}, this run "
+                         f"{fingerprint!r}); use another --output_root / --run_name, or remove that directory")
+    for entry in result["methods"].values():
+        for key in ("metrics", "per_chunk", "per_frame"):
+            if key in entry:
+                entry[key] = _restore_floats(entry[key])
+    return result
+
+
+# =============================================================================================================
+# 2. Aggregation and reports
+# =============================================================================================================
+def _mean_of(values: Sequence[float]) -> float:
+    return float(np.mean(values))
+
+
+def aggregate_results(results: Sequence[dict], method_names: Sequence[str]) -> dict:
+    """Across videos, per method: mean metrics, mean per-chunk metrics, timings and FLOPs, speedups vs reference."""
+    if not results:
+        raise ValueError("no finished videos to aggregate")
+    out: dict[str, dict] = {}
+    reference_flops = sum(result["methods"][REFERENCE]["flops"]["total"] for result in results)
+    reference_dit = _mean_of([result["methods"][REFERENCE]["timings"]["dit_s"] for result in results])
+    reference_e2e = _mean_of([result["methods"][REFERENCE]["timings"]["end_to_end_s"] for result in results])
+    num_chunks = len(results[0]["chunk_frame_ranges"])
+    for name in method_names:
+        entries = [result["methods"][name] for result in results]
+        # 1. Timings: per-call means over every call of every video, per-video means of the totals.
+        calls: dict[str, list] = defaultdict(lambda: [0, 0.0, math.inf])
+        for entry in entries:
+            for call, summary in entry["timings"]["calls"].items():
+                calls[call][0] += summary["count"]
+                calls[call][1] += summary["total_s"]
+                calls[call][2] = min(calls[call][2], summary["min_s"])
+        text_values = [entry["timings"]["text_prefill_s"] for entry in entries]
+        timings = {
+            "text_prefill_s": None if text_values[0] is None else _mean_of(text_values),
+            **{key: _mean_of([entry["timings"][key] for entry in entries])
+               for key in ("rollout_s", "vae_decode_s", "dit_s", "end_to_end_s")},
+            "calls": {call: {"count": count, "mean_s": total / count, "min_s": fastest}
+                      for call, (count, total, fastest) in calls.items()},
+        }
+        method_flops = sum(entry["flops"]["total"] for entry in entries)
+        record = {
+            "num_videos": len(entries),
+            "timings": timings,
+            "flops_per_video": method_flops / len(entries),
+            "speedup": {
+                "measured_dit": reference_dit / timings["dit_s"],
+                "measured_end_to_end": reference_e2e / timings["end_to_end_s"],
+                "flop_bound_dit": flop_speedup_bound(reference_flops, method_flops),
+            },
+        }
+        # 2. Quality (not for the reference itself).
+        if name != REFERENCE:
+            record["metrics"] = aggregate_videos([entry["metrics"] for entry in entries])
+            record["per_chunk"] = [aggregate_videos([entry["per_chunk"][chunk] for entry in entries])
+                                   for chunk in range(num_chunks)]
+        out[name] = record
+    return out
+
+
+def _lpips_key(aggregate: dict) -> str:
+    for record in aggregate.values():
+        if "metrics" in record:
+            keys = [key for key in record["metrics"] if key.startswith("lpips")]
+            if len(keys) != 1:
+                raise ValueError(f"expected one LPIPS key in the metrics, got {keys}")
+            return keys[0]
+    raise ValueError("no compared method in the aggregate")
+
+
+def _metric_columns(lpips_key: str, names: Sequence[str]) -> list[str]:
+    return [lpips_key if name == "<lpips>" else name for name in names]
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
+    return str(value)
+
+
+def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: dict) -> str:
+    """Quality table (method x PSNR / SSIM / LPIPS-label / temporal-delta MSE), speed table, component timings."""
+    lpips_key = _lpips_key(aggregate)
+    real_lpips = lpips_key == LPIPS_METRIC_NAME
+    lpips_title = "LPIPS (AlexNet)" if real_lpips else f"{lpips_key} (random AlexNet, NOT LPIPS)"
+    titles = {"psnr_full": "PSNR (dB)", "psnr_frame_mean": "frame-mean PSNR (dB)", "ssim": "SSIM",
+              lpips_key: lpips_title, "temporal_delta_mse": "temporal-delta MSE"}
+    columns = _metric_columns(lpips_key, TABLE_METRICS)
+    lines = [
+        f"**{header['run_name']}** - split `{header['split']}`, {header['num_videos']} videos, schedule "
+        f"{header['schedule']}; every metric against the reference F-F-F-F rollout of the same seed.",
+        "",
+        "| method | " + " | ".join(titles[column] for column in columns) + " |",
+        "| --- | " + " | ".join("---:" for _ in columns) + " |",
+    ]
+    display = header["display_names"]
+    for name in method_names:
+        if name == REFERENCE:
+            continue
+        metrics = aggregate[name]["metrics"]
+        lines.append(f"| {display[name]} | " + " | ".join(_fmt(metrics[column]) for column in columns) + " |")
+    if not real_lpips:
+        lines += ["", f"`{lpips_key}`: LPIPS formula on a randomly initialised AlexNet (no real weights available); "
+                      "it is NOT LPIPS and must not be compared with LPIPS numbers."]
+    lines += ["", "| method | end-to-end s/video | DiT s/video | speedup end-to-end | speedup DiT | "
+                  "FLOP bound (DiT) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name in method_names:
+        timings, speed = aggregate[name]["timings"], aggregate[name]["speedup"]
+        lines.append(f"| {display[name]} | {timings['end_to_end_s']:.3f} | {timings['dit_s']:.3f} | "
+                     f"{speed['measured_end_to_end']:.2f}x | {speed['measured_dit']:.2f}x | "
+                     f"{speed['flop_bound_dit']:.2f}x |")
+    lines += ["", "| component | mean s/call | fastest s/call | calls |", "| --- | ---: | ---: | ---: |"]
+    for row in component_rows(aggregate, method_names, display):
+        lines.append(f"| {row[0]} | {_fmt(row[1], 5)} | {_fmt(row[2], 5)} | {row[3]} |")
+    if header["legend"]:
+        lines += [""] + [f"- {line}" for line in header["legend"]]
+    return "\n".join(lines) + "\n"
+
+
+def component_rows(aggregate: dict, method_names: Sequence[str], display: dict[str, str]
+                   ) -> list[tuple[str, float | None, float | None, int]]:
+    """(component, mean seconds per call, fastest call, number of calls): text prefill, context prefill, Full step,
+    each Predictor / reuse step (per call), VAE decode (per video); the shared components from the reference
+    rollouts. The fastest call is the least disturbed figure on a shared machine. display: method -> label."""
+    reference = aggregate[REFERENCE]
+    num_videos = reference["num_videos"]
+    calls = reference["timings"]["calls"]
+    rows = [("text prefill", reference["timings"]["text_prefill_s"], None, num_videos)]
+    for call, label in (("context_prefill", "context prefill"), ("full_step", "full step (Teacher)")):
+        if call in calls:
+            rows.append((label, calls[call]["mean_s"], calls[call]["min_s"], calls[call]["count"]))
+    for name in method_names:
+        for call in ("predictor_step", "reuse_step"):
+            if call in aggregate[name]["timings"]["calls"]:
+                summary = aggregate[name]["timings"]["calls"][call]
+                rows.append((f"{call.replace('_', ' ')} ({display[name]})", summary["mean_s"], summary["min_s"],
+                             summary["count"]))
+    rows.append(("VAE decode (per video)", reference["timings"]["vae_decode_s"], None, num_videos))
+    return rows
+
+
+def _csv_text(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([[_fmt(value, 8) if isinstance(value, float) else value for value in row] for row in rows])
+    return buffer.getvalue()
+
+
+def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, method_names: Sequence[str],
+                  header: dict) -> dict[str, Path]:
+    """CSV files, aggregate.json, drift.png and table.md (each atomically). Returns {name: path}."""
+    compared = [name for name in method_names if name != REFERENCE]
+    lpips_key = _lpips_key(aggregate)
+    method_labels = {name: name for name in method_names}  # the CSV files keep the full method keys
+    written = {}
+    # 1. per video: one row per (video, method)
+    video_columns = list(results[0]["methods"][compared[0]]["metrics"])
+    rows = [[result["key"], name] + [result["methods"][name]["metrics"][key] for key in video_columns]
+            + [result["methods"][name]["timings"]["end_to_end_s"]]
+            for result in results for name in compared]
+    written["per_video.csv"] = out_dir / "per_video.csv"
+    write_text_atomic(written["per_video.csv"],
+                      _csv_text(["video", "method"] + video_columns + ["end_to_end_s"], rows))
+    # 2. per chunk: every video and the mean
+    chunk_columns = list(results[0]["methods"][compared[0]]["per_chunk"][0])
+    rows = []
+    for name in compared:
+        for chunk in range(len(results[0]["chunk_frame_ranges"])):
+            for result in results:
+                rows.append([result["key"], name, chunk] + [result["methods"][name]["per_chunk"][chunk][key]
+                                                            for key in chunk_columns])
+            rows.append(["MEAN", name, chunk] + [aggregate[name]["per_chunk"][chunk][key] for key in chunk_columns])
+    written["per_chunk.csv"] = out_dir / "per_chunk.csv"
+    write_text_atomic(written["per_chunk.csv"], _csv_text(["video", "method", "chunk"] + chunk_columns, rows))
+    # 3. aggregate: one row per method
+    columns = list(aggregate[compared[0]]["metrics"])
+    rows = []
+    for name in method_names:
+        record = aggregate[name]
+        metrics = [record["metrics"][key] if "metrics" in record else None for key in columns]
+        speed = record["speedup"]
+        rows.append([name] + metrics + [record["timings"]["end_to_end_s"], record["timings"]["dit_s"],
+                                        speed["measured_end_to_end"], speed["measured_dit"], speed["flop_bound_dit"],
+                                        record["flops_per_video"]])
+    written["aggregate.csv"] = out_dir / "aggregate.csv"
+    write_text_atomic(written["aggregate.csv"], _csv_text(
+        ["method"] + columns + ["end_to_end_s", "dit_s", "speedup_end_to_end", "speedup_dit", "flop_bound_dit",
+                                "flops_per_video"], rows))
+    # 4. timings per component
+    written["timings.csv"] = out_dir / "timings.csv"
+    write_text_atomic(written["timings.csv"],
+                      _csv_text(["component", "mean_s_per_call", "fastest_s_per_call", "calls"],
+                                component_rows(aggregate, method_names, method_labels)))
+    # 5. JSON, drift plot, markdown table
+    written["aggregate.json"] = out_dir / "aggregate.json"
+    write_json_atomic(written["aggregate.json"], jsonable({"header": header, "methods": aggregate}))
+    written["drift.png"] = out_dir / "drift.png"
+    plot_drift(written["drift.png"], aggregate, compared, lpips_key, header)
+    written["table.md"] = out_dir / "table.md"
+    write_text_atomic(written["table.md"], format_markdown_table(aggregate, method_names, header))
+    return written
+
+
+def plot_drift(path: Path, aggregate: dict, method_names: Sequence[str], lpips_key: str, header: dict) -> None:
+    """Mean metric per chunk index (drift), one line per method; infinite PSNR (identical chunk) is left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = _metric_columns(lpips_key, DRIFT_METRICS)
+    figure, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+    identical_note = False
+    for axis, metric in zip(axes[0], metrics):
+        for name in method_names:
+            values = np.array([chunk[metric] for chunk in aggregate[name]["per_chunk"]], dtype=float)
+            identical_note |= bool(np.isinf(values).any())
+            values[~np.isfinite(values)] = np.nan
+            axis.plot(range(len(values)), values, marker="o", label=header["display_names"][name])
+        not_lpips = metric == lpips_key and lpips_key != LPIPS_METRIC_NAME
+        axis.set_xlabel("chunk index")
+        axis.set_ylabel("random-AlexNet LPIPS (NOT LPIPS)" if not_lpips else metric)
+        axis.set_title(metric)
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    note = " (chunks identical to the reference, PSNR = inf, are not drawn)" if identical_note else ""
+    title = f"{header['run_name']}: drift vs chunk, {header['split']}, {header['num_videos']} videos{note}"
+    lines = textwrap.wrap(title, width=40 * len(metrics), break_on_hyphens=False)
+    figure.suptitle("\n".join(lines), fontsize=9)
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.04 * len(lines)))
+
+    def save(tmp: Path) -> None:
+        figure.savefig(tmp, format="png", dpi=100)
+
+    try:
+        atomic_write(path, save)
+    finally:
+        plt.close(figure)
+
+
+# =============================================================================================================
+# 3. Side-by-side videos
+# =============================================================================================================
+def write_side_by_side(out_dir: Path, key: str, frames: dict[str, Tensor], methods: Sequence[Method],
+                       fps: float) -> str:
+    """reference | reuse v | reuse h | P <ckpt>... as one mp4; returns its path relative to out_dir."""
+    panels = [frames[method.name].numpy() for method in methods]
+    width = panels[0].shape[2]
+    video = side_by_side(panels, [method.panel for method in methods], label_height=24 if width >= 256 else 14)
+    relative = f"side_by_side/{key}.mp4"
+    write_video(out_dir / relative, video, fps)
+    return relative

@@ -1,0 +1,455 @@
+"""One evaluation run: Predictor checkpoints, settings (from the flags of tools/eval_predictor.py), the
+fingerprint that guards resume, sharding over ranks, gathering and the reports (see the package docstring).
+
+Files of the run directory `<output_root>/<run_name>` written here: eval_config.json (settings and the fingerprint
+of everything that changes the numbers), videos/<case>__a<action>.json (one per finished video, the unit of
+resume), side_by_side/*.mp4 and, on rank 0, the reports of `reports.write_reports`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tqdm import tqdm
+
+from predictor_training.ar_rollout import RolloutConfig
+from predictor_training.checkpoint import (
+    load_model_weights,
+    read_inference_config,
+    read_inference_metadata,
+    read_training_state,
+)
+from predictor_training.data.shards import sha256_file, sha256_json
+from predictor_training.distributed import DistEnv, all_gather_objects, barrier, log0
+from predictor_training.eval.methods import (
+    PREDICTOR_PREFIX,
+    HiddenReuse,
+    Method,
+    PredictorMethod,
+    ReferenceMethod,
+    Schedule,
+    VelocityReuse,
+)
+from predictor_training.eval.reports import aggregate_results, read_video_result, write_reports, write_side_by_side
+from predictor_training.eval.runtime import RESULT_VERSION, EvalRuntime, VaeDecoder, video_key
+from predictor_training.logger import write_json_atomic
+from predictor_training.predictor import Predictor, build_predictor_from_config
+from predictor_training.teacher import WorldPlayTransformer
+from predictor_training.teacher.source import (
+    TeacherSource,
+    load_teacher,
+    resolve_teacher_source,
+    teacher_config_sha256,
+)
+from predictor_training.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.video_metrics import LpipsScorer, jsonable
+
+EVAL_CONFIG_NAME = "eval_config.json"
+MAX_RUN_NAME_LENGTH = 255  # NAME_MAX of Linux file systems
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}  # --dtype / --vae_dtype
+PRECISION_DTYPES = {"fp32master": torch.bfloat16, "fp32": torch.float32}  # checkpoint precision -> --dtype auto
+_STEP_NAME = re.compile(r"^predictor_step_(\d+)\.safetensors$")
+
+
+# =============================================================================================================
+# 1. Predictor checkpoints
+# =============================================================================================================
+@dataclass(frozen=True)
+class PredictorCheckpoint:
+    """One `--ckpt`: an inference file (`predictor_step_XXXXX.safetensors`) or a `training_latest.pt`.
+
+    run_name: the training run directory's name; step: the checkpoint's optimizer step; meta: variant,
+    source_blocks, precision (+ step); predictor_config: `Predictor.predictor_config()` saved with the run config;
+    label: unique name within this eval (`ckptstep300`, or `<run>_ckptstep300` across runs); panel: the short
+    side-by-side label (`ckptstep300`, or `#<position in --ckpt> ckptstep300` across runs).
+    """
+
+    path: Path
+    run_name: str
+    step: int
+    meta: dict
+    predictor_config: dict
+    run_flags: dict
+    label: str = ""
+    panel: str = ""
+
+    @property
+    def method(self) -> str:
+        return f"{PREDICTOR_PREFIX}{self.label}"
+
+    @property
+    def variant(self) -> str:
+        return self.predictor_config["variant"]
+
+
+def read_predictor_checkpoint(path: str | Path) -> PredictorCheckpoint:
+    """Read a checkpoint's metadata and saved run config (no weights). Errors name the file and the field."""
+    path = Path(path).resolve()
+    if path.suffix == ".safetensors":
+        meta = read_inference_metadata(path)
+        config = read_inference_config(path)
+        if "step" not in meta:
+            raise KeyError(f"{path}: inference metadata has no 'step' (keys {sorted(meta)})")
+        step = int(meta["step"])
+        name_match = _STEP_NAME.match(path.name)
+        if name_match and int(name_match.group(1)) != step:
+            raise ValueError(f"{path}: the file name says step {int(name_match.group(1))}, its metadata step {step}")
+    elif path.suffix == ".pt":
+        payload = read_training_state(path)
+        meta, config = payload["meta"], payload["config"]
+        step = int(payload["run_state"]["global_step"])
+    else:
+        raise ValueError(f"--ckpt {path}: expected predictor_step_XXXXX.safetensors or training_latest.pt")
+    for key in ("derived", "flags"):
+        if key not in config:
+            raise KeyError(f"{path}: the saved run config has no '{key}' section (expected train_config.json layout)")
+    if "predictor" not in config["derived"]:
+        raise KeyError(f"{path}: the saved run config has no 'derived.predictor' (the Predictor's architecture)")
+    predictor_config = dict(config["derived"]["predictor"])
+    for key in ("variant", "source_blocks"):
+        if key not in meta or key not in predictor_config:
+            raise KeyError(f"{path}: '{key}' is missing from the checkpoint meta or from derived.predictor")
+        if predictor_config[key] != meta[key]:
+            raise ValueError(f"{path}: meta {key}={meta[key]!r} but derived.predictor {key}={predictor_config[key]!r}")
+    return PredictorCheckpoint(path, path.parent.name, step, dict(meta), predictor_config, dict(config["flags"]))
+
+
+def label_checkpoints(checkpoints: Sequence[PredictorCheckpoint]) -> list[PredictorCheckpoint]:
+    """Give each checkpoint a unique label: `ckptstep<N>` when all come from one run, else `<run>_ckptstep<N>`."""
+    single_run = len({ckpt.run_name for ckpt in checkpoints}) <= 1
+    labelled = [
+        replace(ckpt, label=f"ckptstep{ckpt.step}" if single_run else f"{ckpt.run_name}_ckptstep{ckpt.step}",
+                panel=f"ckptstep{ckpt.step}" if single_run else f"#{position} ckptstep{ckpt.step}")
+        for position, ckpt in enumerate(checkpoints, start=1)
+    ]
+    labels = [ckpt.label for ckpt in labelled]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ValueError(f"--ckpt: checkpoints {duplicates} are given twice (same run and step)")
+    return labelled
+
+
+def load_predictor(teacher: WorldPlayTransformer, ckpt: PredictorCheckpoint) -> Predictor:
+    """Rebuild the checkpoint's Predictor on `teacher` from its saved config and load its weights (strict)."""
+    predictor = build_predictor_from_config(teacher, ckpt.predictor_config)
+    load_model_weights(ckpt.path, predictor, expect={"variant": ckpt.meta["variant"],
+                                                      "source_blocks": ckpt.meta["source_blocks"]})
+    return predictor.eval().requires_grad_(False)
+
+
+def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule, split: str) -> str:
+    """`<train_run>_ckptstep<N>[+<M>...]_<schedule>_<split>` (runs joined by '__'); `reuse_<schedule>_<split>`
+    without checkpoints."""
+    if not checkpoints:
+        return f"reuse_{schedule.tag}_{split}"
+    steps_by_run: dict[str, list[int]] = defaultdict(list)
+    for ckpt in checkpoints:
+        steps_by_run[ckpt.run_name].append(ckpt.step)
+    runs = [f"{run}_ckptstep{'+'.join(str(step) for step in sorted(steps))}" for run, steps in steps_by_run.items()]
+    name = f"{'__'.join(runs)}_{schedule.tag}_{split}"
+    if len(name) > MAX_RUN_NAME_LENGTH:
+        raise ValueError(f"the automatic eval run name is {len(name)} characters long; pass --run_name")
+    return name
+
+
+# =============================================================================================================
+# 2. Settings from the flags of tools/eval_predictor.py
+# =============================================================================================================
+def check_schedule_fits(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule) -> None:
+    """A v4 Predictor needs the previous chunk's hidden and context K/V: refuse replaced steps in chunk 0 for it."""
+    if not schedule.chunk0_full and schedule.replace_steps:
+        v4 = [ckpt.label for ckpt in checkpoints if ckpt.variant == "v4"]
+        if v4:
+            raise ValueError(f"checkpoints {v4} are v4 Predictors: they need the previous chunk's hidden and context "
+                             "K/V, which chunk 0 does not have; keep chunk 0 F-F-F-F (--chunk0 full)")
+
+
+def resolve_dtype(choice: str, checkpoint_meta: Sequence[dict], device: torch.device) -> tuple[torch.dtype, str]:
+    """--dtype: a named dtype as given; "auto" = the checkpoints' training precision (fp32master -> bfloat16,
+    fp32 -> float32), and without checkpoints bfloat16 on a CUDA device, float32 on any other. Returns (dtype, the
+    reason, for the log)."""
+    if choice != "auto":
+        return DTYPES[choice], f"--dtype {choice}"
+    precisions = sorted({meta["precision"] for meta in checkpoint_meta})
+    if len(precisions) > 1:
+        raise ValueError(f"the checkpoints were trained with precisions {precisions}; choose --dtype")
+    if precisions:
+        if precisions[0] not in PRECISION_DTYPES:
+            raise ValueError(f"checkpoint precision {precisions[0]!r} unknown; choose --dtype")
+        return PRECISION_DTYPES[precisions[0]], f"--dtype auto: the checkpoints' training precision {precisions[0]}"
+    if device.type == "cuda":
+        return torch.bfloat16, "--dtype auto without checkpoints: bfloat16 on CUDA"
+    return torch.float32, f"--dtype auto without checkpoints: float32 on {device.type}"
+
+
+def recorded_teacher_config_sha256(ckpt: PredictorCheckpoint, teacher: Path, action_ckpt: Path | None) -> str | None:
+    """The Teacher config sha256 that `ckpt`'s training checked its Teacher against: the `teacher.config_sha256` of
+    the dataset its run trained on (`flags.dataset_root` -> dataset_config.json). The run config records no Teacher
+    config of its own, so None when the run records no dataset (runs on the light sample table); also None, with a
+    warning, when that dataset's config cannot be read here (e.g. the dataset is not mounted on this machine)."""
+    dataset_root = ckpt.run_flags.get("dataset_root")
+    if dataset_root is None:
+        return None
+    try:
+        return resolve_teacher_source(teacher, action_ckpt, Path(dataset_root)).expected_config_sha256
+    except (FileNotFoundError, KeyError) as error:
+        log0(f"WARNING: {ckpt.path}: the Teacher config recorded by its training dataset cannot be read ({error}); "
+             f"the Teacher {teacher} is not checked against it")
+        return None
+
+
+def resolve_teacher(teacher: Path | None, action_ckpt: Path | None, origin: str,
+                    checkpoints: Sequence[PredictorCheckpoint]) -> TeacherSource:
+    """An explicit Teacher (`origin`: "--teacher" or "--demo"), else the Teacher every checkpoint's run recorded (they
+    must agree). An explicit Teacher gets the check training made: its config must match the Teacher config recorded
+    by the checkpoints' training datasets (see `recorded_teacher_config_sha256`; unchecked when none records one)."""
+    if teacher is not None:
+        recorded: dict[str, list[str]] = defaultdict(list)
+        for ckpt in checkpoints:
+            sha = recorded_teacher_config_sha256(ckpt, Path(teacher), action_ckpt)
+            if sha is not None:
+                recorded[sha].append(ckpt.label)
+        if len(recorded) > 1:
+            groups = "; ".join(f"{sha[:12]}...: {labels}" for sha, labels in recorded.items())
+            raise ValueError(f"the checkpoints were trained on datasets made by Teachers of different configs "
+                             f"({groups}); evaluate them in separate runs")
+        return TeacherSource(Path(teacher), action_ckpt, origin, next(iter(recorded), None))
+    if not checkpoints:
+        raise ValueError("no Teacher: pass --teacher DIR (or --demo D, or a --ckpt whose run records its Teacher)")
+    sources = []
+    for ckpt in checkpoints:
+        flags = ckpt.run_flags
+        dataset_root = flags.get("dataset_root")  # runs on the light sample table have none
+        sources.append(resolve_teacher_source(
+            None if flags.get("teacher") is None else Path(flags["teacher"]),
+            None if flags.get("action_ckpt") is None else Path(flags["action_ckpt"]),
+            None if dataset_root is None else Path(dataset_root),
+        ))
+    folders = {(str(source.folder), str(source.action_ckpt)) for source in sources}
+    if len(folders) != 1:
+        raise ValueError(f"the checkpoints were trained on different Teachers {sorted(folders)}; pass --teacher")
+    return sources[0]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: torch.device) -> EvalSettings:
+    """`EvalSettings` from the flags of tools/eval_predictor.py, after its own checks (--demo expanded into teacher,
+    vae, samples_dir and encoded; `sample_table` and `schedule` set). Reads the checkpoints' metadata (Teacher,
+    dtype, labels) and logs the chosen dtypes first. A ValueError or FileNotFoundError here is a problem with the
+    flags (the tool reports it as a usage error)."""
+    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt])
+    check_schedule_fits(checkpoints, args.schedule)
+    dtype, dtype_reason = resolve_dtype(args.dtype, [ckpt.meta for ckpt in checkpoints], device)
+    if args.vae_dtype == "auto":
+        vae_dtype, vae_reason = dtype, "--vae_dtype auto = --dtype"
+    else:
+        vae_dtype, vae_reason = DTYPES[args.vae_dtype], f"--vae_dtype {args.vae_dtype}"
+    log0(f"eval dtype {_dtype_name(dtype)} ({dtype_reason}); VAE dtype {_dtype_name(vae_dtype)} ({vae_reason})")
+    return EvalSettings(
+        teacher_source=resolve_teacher(args.teacher, args.action_ckpt, "--demo" if args.demo else "--teacher",
+                                       checkpoints),
+        vae=args.vae,
+        sample_table=args.sample_table,
+        split=args.split,
+        case_source="encoded" if args.encoded is not None else "dataset",
+        case_root=args.encoded if args.encoded is not None else args.dataset_root,
+        num_latents=args.num_latents,
+        checkpoints=list(args.ckpt),
+        schedule=args.schedule,
+        dtype=dtype,
+        vae_dtype=vae_dtype,
+        output_root=args.output_root,
+        run_name=args.run_name,
+        max_videos=args.max_videos,
+        num_side_by_side=args.num_side_by_side,
+        fps=args.fps,
+        lpips_alexnet=args.lpips_alexnet,
+        lpips_random_backbone=args.lpips_random_backbone,
+        warmup_chunks=args.warmup_chunks,
+        vae_tiling=args.vae_tiling,
+        progress=not args.no_progress,
+        extra={"argv": list(argv)},
+    )
+
+
+# =============================================================================================================
+# 3. The run: settings, fingerprint, sharding, resume, gathering
+# =============================================================================================================
+@dataclass
+class EvalSettings:
+    """Resolved inputs of one evaluation (`settings_from_args` builds it from the flags of tools/eval_predictor.py)."""
+
+    teacher_source: TeacherSource
+    vae: Path
+    sample_table: Path
+    split: str
+    case_source: str  # "encoded" | "dataset"
+    case_root: Path  # encoded dir or dataset root
+    num_latents: int
+    checkpoints: list[Path]
+    schedule: Schedule
+    dtype: torch.dtype
+    vae_dtype: torch.dtype
+    output_root: Path
+    run_name: str | None = None
+    max_videos: int | None = None
+    num_side_by_side: int = 2
+    fps: float = 24.0
+    lpips_alexnet: Path | None = None
+    lpips_random_backbone: bool = False
+    warmup_chunks: int = 2
+    vae_tiling: bool = False
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def rollout_config_for(dtype: torch.dtype) -> RolloutConfig:
+    """bf16: the real pipeline (bf16 weights, bf16 autocast, bf16 running latents); fp32: exact."""
+    return RolloutConfig(state_dtype=dtype, autocast_dtype=None if dtype == torch.float32 else dtype)
+
+
+def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[PredictorCheckpoint], teacher_sha: str,
+                         scorer: LpipsScorer, device: torch.device) -> tuple[str, dict]:
+    """sha256 of everything that changes a per-video result, and that record itself."""
+    record = {
+        "result_version": RESULT_VERSION,
+        "teacher": {"folder": str(Path(settings.teacher_source.folder).resolve()),
+                    "action_ckpt": None if settings.teacher_source.action_ckpt is None
+                    else str(Path(settings.teacher_source.action_ckpt).resolve()),
+                    "config_sha256": teacher_sha},
+        "vae": str(Path(settings.vae).resolve()),
+        "sample_table": str(Path(settings.sample_table).resolve()),
+        "split": settings.split,
+        "case_source": settings.case_source,
+        "case_root": str(Path(settings.case_root).resolve()),
+        "num_latents": settings.num_latents,
+        "checkpoints": [{"path": str(ckpt.path), "label": ckpt.label, "sha256": sha256_file(ckpt.path)}
+                        for ckpt in checkpoints],
+        "schedule": settings.schedule.to_dict(),
+        "dtype": str(settings.dtype).removeprefix("torch."),
+        "vae_dtype": str(settings.vae_dtype).removeprefix("torch."),
+        "vae_tiling": settings.vae_tiling,
+        "device_type": device.type,
+        "lpips": {"metric_name": scorer.metric_name, "backbone_sha256": scorer.backbone_sha256,
+                  "backbone_source": scorer.backbone_source},
+    }
+    return sha256_json(record), record
+
+
+def check_or_write_eval_config(out_dir: Path, fingerprint: str, record: dict, settings: EvalSettings,
+                               env: DistEnv) -> None:
+    """A new run writes eval_config.json (rank 0); an existing one must have the same fingerprint, else every rank
+    raises (nothing in the directory is touched)."""
+    path = out_dir / EVAL_CONFIG_NAME
+    if env.is_main and not path.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"fingerprint": fingerprint, "settings": record, "run": {
+            "max_videos": settings.max_videos, "num_side_by_side": settings.num_side_by_side,
+            "fps": settings.fps, **settings.extra}})
+    barrier()
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if saved["fingerprint"] != fingerprint:
+        changed = sorted(key for key in record if saved["settings"].get(key) != record[key])
+        raise ValueError(f"{path}: this eval directory was made with other settings (differences in {changed}); "
+                         "use another --output_root / --run_name, or remove the directory")
+
+
+def select_items(dataset: TrajectoryTableDataset, max_videos: int | None) -> list[int]:
+    indices = list(range(len(dataset)))
+    return indices if max_videos is None else indices[:max_videos]
+
+
+def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
+    """Evaluate every selected video (sharded over ranks, finished ones skipped), then aggregate and report on
+    rank 0. Returns {"out_dir", "computed", "skipped", "aggregate" (rank 0), "written" (rank 0)}."""
+    device = env.device
+    # 1. Checkpoints (metadata), precision, output directory, LPIPS.
+    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
+    check_schedule_fits(checkpoints, settings.schedule)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split)
+    out_dir = Path(settings.output_root) / run_name
+    scorer = LpipsScorer.from_policy(settings.lpips_alexnet, random_backbone=settings.lpips_random_backbone,
+                                     device=device)
+    teacher = load_teacher(settings.teacher_source, device, settings.dtype)
+    fingerprint, record = settings_fingerprint(settings, checkpoints, teacher_config_sha256(teacher), scorer, device)
+    check_or_write_eval_config(out_dir, fingerprint, record, settings, env)
+
+    # 2. Videos: the selection, which are finished, this rank's share.
+    if settings.case_source == "encoded":
+        dataset = TrajectoryTableDataset(settings.sample_table, encoded_dir=settings.case_root,
+                                         num_latents=settings.num_latents)
+    else:
+        dataset = TrajectoryTableDataset(settings.sample_table, dataset_root=settings.case_root,
+                                         num_latents=settings.num_latents)
+    selected = select_items(dataset, settings.max_videos)
+    keys = {index: video_key(*dataset.keys()[index]) for index in selected}
+    side_by_side_keys = {keys[index] for index in selected[: settings.num_side_by_side]}
+    result_path = lambda key: out_dir / "videos" / f"{key}.json"  # noqa: E731
+    pending = [index for index in selected if not result_path(keys[index]).is_file()]
+    mine = pending[env.rank :: env.world_size]
+    log0(f"eval {run_name}: {len(selected)} videos of {settings.sample_table.name}, {len(selected) - len(pending)} "
+         f"already finished, {len(pending)} to run on {env.world_size} rank(s); schedule "
+         f"{settings.schedule.describe()}; LPIPS column '{scorer.metric_name}'")
+
+    # 3. This rank's videos.
+    computed = []
+    if mine:
+        methods: list[Method] = [ReferenceMethod(), VelocityReuse(), HiddenReuse(teacher)]
+        methods += [PredictorMethod(load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints]
+        runtime = EvalRuntime(
+            teacher=teacher, methods=methods, schedule=settings.schedule,
+            rollout_config=rollout_config_for(settings.dtype),
+            decoder=VaeDecoder.from_folder(settings.vae, device, settings.vae_dtype, settings.vae_tiling),
+            scorer=scorer, dataset=dataset, case_source=settings.case_source, device=device,
+            state_dtype=settings.dtype,
+        )
+        runtime.warm_up(dataset[mine[0]], settings.warmup_chunks)
+        for index in tqdm(mine, desc=f"eval rank {env.rank}", unit="video", disable=not settings.progress):
+            item = dataset[index]
+            result, frames = runtime.evaluate(item, rotation=selected.index(index))
+            result["fingerprint"] = fingerprint
+            if result["key"] in side_by_side_keys:
+                result["side_by_side"] = write_side_by_side(out_dir, result["key"], frames, runtime.methods,
+                                                            settings.fps)
+            result_path(result["key"]).parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(result_path(result["key"]), jsonable(result))
+            computed.append(result["key"])
+
+    # 4. Gather on rank 0 (results written by other ranks are read from the shared directory).
+    gathered = all_gather_objects(computed)
+    report = {"out_dir": out_dir, "computed": sorted(key for keys_ in gathered for key in keys_),
+              "skipped": len(selected) - len(pending)}
+    barrier()
+    if env.is_main:
+        results = [read_video_result(result_path(keys[index]), fingerprint) for index in selected]
+        method_names = list(results[0]["methods"])
+        aggregate = aggregate_results(results, method_names)
+        display_names = {name: name for name in method_names}
+        display_names.update({ckpt.method: f"predictor {ckpt.panel}" for ckpt in checkpoints})
+        legend = [f"{ckpt.panel.split()[0]}: {ckpt.run_name}, step {ckpt.step} ({ckpt.path})"
+                  for ckpt in checkpoints if ckpt.panel.startswith("#")]
+        header = {"run_name": run_name, "split": settings.split, "num_videos": len(results),
+                  "display_names": display_names, "legend": legend,
+                  "schedule": settings.schedule.describe(), "replace_steps": list(settings.schedule.replace_steps),
+                  "lpips": scorer.describe(), "checkpoints": {ckpt.method: str(ckpt.path) for ckpt in checkpoints},
+                  "dtype": str(settings.dtype).removeprefix("torch."), "device": str(device),
+                  "world_size": env.world_size,
+                  "speed_note": "speedups: reference time / method time (per video, warm-up excluded); FLOP bound "
+                                "= reference DiT FLOPs / method DiT FLOPs (text prefill, context prefills, steps; "
+                                "the VAE decode is not counted)"}
+        report["written"] = write_reports(out_dir, results, aggregate, method_names, header)
+        report["aggregate"] = aggregate
+        report["table"] = (out_dir / "table.md").read_text(encoding="utf-8")
+    barrier()
+    return report
+

@@ -1,0 +1,288 @@
+"""Running one video: timing, the timed AR rollout, VAE decoding and the per-video result record.
+
+Timings (CUDA synchronised around every timed call; perf_counter on the CPU; a warm-up rollout runs first and is
+not counted): text prefill, context prefill, Full step, Predictor / reuse step, VAE decode, the rollout, and the
+end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
+FLOP-count bound of `predictor_training.flops` (DiT work only: the VAE decode is the same for every method).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from predictor_training.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
+from predictor_training.eval.methods import (
+    REFERENCE,
+    Method,
+    PredictorMethod,
+    Schedule,
+    make_step_fn,
+    method_step_kind,
+)
+from predictor_training.flops import TeacherShape, rollout_flops, text_prefill_flops
+from predictor_training.precision import autocast, synchronize
+from predictor_training.teacher import TextKV, WorldPlayTransformer
+from predictor_training.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.video_metrics import (
+    LpipsScorer,
+    chunk_frame_ranges,
+    compute_video_metrics,
+    summarize_frame_range,
+)
+
+RESULT_FORMAT = "predictor_training.eval_video"
+RESULT_VERSION = 2
+
+
+# =============================================================================================================
+# 1. Timing
+# =============================================================================================================
+class Stopwatch:
+    """Wall-clock durations by name (CUDA synchronised before and after each measured block)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.durations: dict[str, list[float]] = defaultdict(list)
+
+    @contextlib.contextmanager
+    def measure(self, name: str):
+        synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        synchronize(self.device)
+        self.durations[name].append(time.perf_counter() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.durations[name].append(seconds)
+
+    def summary(self) -> dict[str, dict]:
+        """{name: {"count", "total_s", "mean_s", "min_s"}}."""
+        return {name: {"count": len(values), "total_s": float(sum(values)), "mean_s": float(np.mean(values)),
+                       "min_s": float(min(values))} for name, values in self.durations.items()}
+
+
+class TimedRollout(ARRollout):
+    """`ARRollout` that times every context prefill (chunks with context only) and records each chunk's n_ctx."""
+
+    def __init__(self, *args, stopwatch: Stopwatch, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stopwatch = stopwatch
+        self.context_frames: list[int] = []
+
+    def prefill_context(self, chunk_index: int, with_vec: bool = False) -> ChunkContext:
+        synchronize(self.device)
+        start = time.perf_counter()
+        context = super().prefill_context(chunk_index, with_vec)
+        synchronize(self.device)
+        if context.num_frames:
+            self.stopwatch.add("context_prefill", time.perf_counter() - start)
+        self.context_frames.append(context.num_frames)
+        return context
+
+
+def method_timings(stopwatch: Stopwatch, text_prefill_s: float | None) -> dict:
+    """Per-method timing record: per-call summaries plus rollout / decode / end-to-end seconds."""
+    summary = stopwatch.summary()
+    rollout_s = summary.pop("rollout")["total_s"]
+    decode_s = summary.pop("vae_decode")["total_s"]
+    text_s = 0.0 if text_prefill_s is None else text_prefill_s
+    return {
+        "text_prefill_s": text_prefill_s,
+        "rollout_s": rollout_s,
+        "vae_decode_s": decode_s,
+        "dit_s": text_s + rollout_s,
+        "end_to_end_s": text_s + rollout_s + decode_s,
+        "calls": summary,
+    }
+
+
+# =============================================================================================================
+# 2. VAE decoding
+# =============================================================================================================
+class VaeDecoder:
+    """Latents [1, C, T, H, W] -> uint8 frames [F, H*s, W*s, 3] with an `AutoencoderKLHunyuanVideo15`.
+
+    As the diffusers pipeline: decode(latents / scaling_factor), then (x / 2 + 0.5).clamp(0, 1), * 255, rounded.
+    """
+
+    def __init__(self, vae, device: torch.device):
+        self.vae = vae
+        self.device = device
+        self.scaling_factor = float(vae.config.scaling_factor)
+        self.temporal_compression = int(vae.config.temporal_compression_ratio)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, device: torch.device, dtype: torch.dtype, tiling: bool) -> "VaeDecoder":
+        """`folder`: the VAE folder itself (config.json of AutoencoderKLHunyuanVideo15) or a diffusers pipeline
+        folder with a `vae/` subfolder."""
+        from diffusers import AutoencoderKLHunyuanVideo15
+
+        folder = Path(folder)
+        if not (folder / "config.json").is_file() and (folder / "vae" / "config.json").is_file():
+            folder = folder / "vae"
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"--vae {folder}: no config.json (expected an AutoencoderKLHunyuanVideo15 folder)")
+        vae = AutoencoderKLHunyuanVideo15.from_pretrained(str(folder), torch_dtype=dtype)
+        if tiling:
+            vae.enable_tiling()
+        return cls(vae.to(device).eval().requires_grad_(False), device)
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        video = self.vae.decode(latents.to(self.device, self.vae.dtype) / self.scaling_factor, return_dict=False)[0]
+        frames = ((video[0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)  # [3, F, H, W]
+        return frames.permute(1, 2, 3, 0).contiguous().cpu()
+
+
+# =============================================================================================================
+# 3. One video
+# =============================================================================================================
+def video_key(case_id: str, action_id: int) -> str:
+    return f"{case_id}__a{action_id}"
+
+
+@dataclass
+class EvalRuntime:
+    """Everything loaded once per rank."""
+
+    teacher: WorldPlayTransformer
+    methods: list[Method]
+    schedule: Schedule
+    rollout_config: RolloutConfig
+    decoder: VaeDecoder
+    scorer: LpipsScorer
+    dataset: TrajectoryTableDataset
+    case_source: str  # "encoded" | "dataset"
+    device: torch.device
+    state_dtype: torch.dtype
+    chunk_latents: int = 4
+
+    def autocast(self):
+        """The Teacher's (and Predictor's) autocast of this eval (a null context without one)."""
+        return autocast(self.device, self.rollout_config.autocast_dtype)
+
+    # ---- inputs ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def text_kv(self, case: dict) -> tuple[TextKV, dict]:
+        """The case's text K/V and its text-prefill facts: {"seconds", "llm_tokens", "byt5_tokens", "vision_tokens"}
+        (seconds None when the K/V are read from the dataset)."""
+        dtype = self.teacher.dtype
+        if self.case_source == "dataset":
+            return TextKV.from_layer_stack(case["text_k"], case["text_v"], self.device, dtype), {"seconds": None}
+        floats = {name: case[name].to(self.device, dtype) for name in ("prompt_embeds", "byt5_text_states",
+                                                                       "vision_states")}
+        synchronize(self.device)
+        start = time.perf_counter()
+        with self.autocast():
+            text_kv = self.teacher.text_prefill(
+                floats["prompt_embeds"], case["prompt_mask"].to(self.device), floats["byt5_text_states"],
+                case["byt5_text_mask"].to(self.device), floats["vision_states"], mask_type="i2v",
+            )
+        synchronize(self.device)
+        facts = {"seconds": time.perf_counter() - start, "llm_tokens": int(case["prompt_embeds"].shape[1]),
+                 "byt5_tokens": int(case["byt5_text_states"].shape[1]),
+                 "vision_tokens": int(case["vision_states"].shape[1])}
+        return text_kv, facts
+
+    def rollout(self, method: Method, text_kv: TextKV, item: dict, case: dict, stopwatch: Stopwatch,
+                chunks: Sequence[int] | None = None) -> TimedRollout:
+        inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"], item["viewmats"], item["Ks"], item["action"],
+                                         state_dtype=self.state_dtype)
+        rollout = TimedRollout(self.teacher, text_kv, inputs, self.rollout_config, device=self.device,
+                               stopwatch=stopwatch)
+        step_fn = make_step_fn(method, self.schedule, stopwatch, self.autocast)
+        with stopwatch.measure("rollout"):
+            rollout.run(step_fn, chunks)
+        return rollout
+
+    # ---- warm-up -----------------------------------------------------------------------------------------------
+    def warm_up(self, item: dict, chunks: int) -> None:
+        """Run `chunks` chunks of every method and one VAE decode, untimed (kernels, allocator, autotuning)."""
+        if chunks <= 0:
+            return
+        case = self.dataset.load_case(item["case_id"])
+        text_kv, _ = self.text_kv(case)
+        num_chunks = item["viewmats"].shape[0] // self.chunk_latents
+        latents = None
+        for method in self.methods:
+            rollout = self.rollout(method, text_kv, item, case, Stopwatch(self.device), range(min(chunks, num_chunks)))
+            latents = rollout.latents
+        self.decoder.decode(latents)
+
+    # ---- the whole video -----------------------------------------------------------------------------------------
+    def evaluate(self, item: dict, rotation: int = 0) -> tuple[dict, dict[str, Tensor]]:
+        """Roll out, decode and score every method on one item. Returns (result dict, {method: frames}).
+
+        rotation: the methods run in the order methods[r:] + methods[:r], r = rotation mod #methods, so that on a
+        shared machine slow changes of load do not always hit the same method (the numbers do not depend on it).
+        """
+        # 1. Case, text K/V (timed), FLOP facts.
+        case = self.dataset.load_case(item["case_id"])
+        text_kv, text_facts = self.text_kv(case)
+        _, _, _, height, width = case["image_cond"].shape
+        shape = TeacherShape.from_config(self.teacher.config)
+        text_flops = 0
+        if text_facts["seconds"] is not None:
+            text_flops = text_prefill_flops(shape, text_facts["llm_tokens"], text_facts["byt5_tokens"],
+                                            text_facts["vision_tokens"], text_kv.num_tokens)
+        # 2. Rollouts and decodes.
+        frames: dict[str, Tensor] = {}
+        timings: dict[str, dict] = {}
+        flops: dict[str, dict] = {}
+        context_frames = None
+        shift = rotation % len(self.methods)
+        run_order = self.methods[shift:] + self.methods[:shift]
+        for method in run_order:
+            stopwatch = Stopwatch(self.device)
+            rollout = self.rollout(method, text_kv, item, case, stopwatch)
+            if context_frames is None:
+                context_frames = rollout.context_frames
+            elif rollout.context_frames != context_frames:
+                raise RuntimeError(f"{method.name} selected context sizes {rollout.context_frames}, "
+                                   f"{run_order[0].name} {context_frames}; the memory selection must not depend on "
+                                   "the method")
+            with stopwatch.measure("vae_decode"):
+                frames[method.name] = self.decoder.decode(rollout.latents)
+            timings[method.name] = method_timings(stopwatch, text_facts["seconds"])
+            predictor_config = method.ckpt.predictor_config if isinstance(method, PredictorMethod) else None
+            flops[method.name] = rollout_flops(
+                shape, height * width, text_kv.num_tokens, context_frames, method_step_kind(method, self.schedule),
+                num_steps=self.rollout_config.num_steps, chunk_frames=self.chunk_latents,
+                predictor_config=predictor_config, text_prefill=text_flops,
+            )
+        # 3. Metrics vs the reference, whole video and per chunk.
+        reference = frames[REFERENCE]
+        num_latents = item["viewmats"].shape[0]
+        ranges = chunk_frame_ranges(num_latents, self.chunk_latents, self.decoder.temporal_compression)
+        if ranges[-1][1] != reference.shape[0]:
+            raise RuntimeError(f"the VAE decoded {reference.shape[0]} frames from {num_latents} latents; expected "
+                               f"{ranges[-1][1]} (temporal compression {self.decoder.temporal_compression})")
+        methods_out = {}
+        for method in self.methods:
+            entry = {"timings": timings[method.name], "flops": flops[method.name]}
+            if method.name != REFERENCE:
+                metrics = compute_video_metrics(reference, frames[method.name], self.scorer, per_frame=True,
+                                                device=self.device)
+                per_frame = metrics.pop("per_frame")
+                entry.update(metrics=metrics, per_chunk=[summarize_frame_range(per_frame, a, b) for a, b in ranges],
+                             per_frame=per_frame)
+            methods_out[method.name] = entry
+        result = {
+            "format": RESULT_FORMAT, "version": RESULT_VERSION, "key": video_key(item["case_id"], item["action_id"]),
+            "case_id": item["case_id"], "action_id": int(item["action_id"]), "seed": int(item["seed"]),
+            "caption": item["caption"], "num_latents": num_latents, "num_frames": int(reference.shape[0]),
+            "frame_size": [int(reference.shape[1]), int(reference.shape[2])], "chunk_frame_ranges": ranges,
+            "context_frames_per_chunk": context_frames, "text_tokens": text_kv.num_tokens,
+            "lpips_metric": self.scorer.metric_name, "run_order": [method.name for method in run_order],
+            "methods": methods_out,
+        }
+        return result, frames
