@@ -10,8 +10,8 @@ Schedule convention (one place, used by every recipe):
   which is 1 at the end of warmup and exactly 0 at `step == max_steps` (the value left after the final update).
 * Delay (block warmup): the multiplier is exactly 0 for `step < delay_steps`; from then on the group follows the
   SAME global multiplier. Warmup counts from step 0, not from the end of the delay: with warmup 100 and block
-  warmup 100 (the offline recipe), the blocks jump from 0 to the post-warmup value at update 100, as in the user's
-  notes ("blocks LR is 0 for the first block_warmup_steps steps, then follows the same schedule").
+  warmup 100 (the offline recipe), the blocks jump from 0 to the post-warmup value at update 100: the blocks LR is
+  0 for the first block_warmup_steps steps, then follows the same schedule.
 """
 
 from __future__ import annotations
@@ -148,10 +148,6 @@ class TwoGroupLRSchedule:
             raise RuntimeError(f"TwoGroupLRSchedule: already at max_steps={self.max_steps}; cannot step further")
         self.step_count += 1
         self._apply()
-
-    def current_lrs(self) -> dict[str, float]:
-        """LR per group name for the next update."""
-        return {group["name"]: group["lr"] for group in self.optimizer.param_groups}
 
     def state_dict(self) -> dict:
         return {

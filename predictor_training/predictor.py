@@ -1,4 +1,4 @@
-"""The Predictor (SPEC §3): two trainable copies of Teacher double blocks that stand in for a Teacher denoising step.
+"""The Predictor (train.md § What is trained, and the loss): two trainable copies of Teacher double blocks that stand in for a Teacher denoising step.
 
 One Predictor call replaces one Full-DiT step `k` of a chunk. It sees the current noisy input `x_k`
 (`[B, 2C+1, T, H, W]`: latent | image condition | mask), the anchor hidden `h_{k-1}` (the hidden entering the
@@ -15,7 +15,7 @@ Inside the blocks the image queries attend to [text K/V of the block's source la
 layer (v4) ; own tokens] in the RoPE and ProPE branches, exactly like the Teacher's AR chunk step
 (`DoubleStreamBlock.image_forward`), with the chunk at temporal RoPE positions `rope_start..rope_start+T-1`.
 
-Variants (SPEC §3.2):
+Variants (train.md § The variants):
 * `v4`: context K/V of the source layers (offline: `context_from_prefeatures`, the frozen ORIGINAL source block's
   K/V path applied to the stored pre-features; online: the Teacher prefill's exact K/V,
   `context_kv.select(source_blocks)`), and the previous-chunk hidden as a third fusion stream.
@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP
 from predictor_training.teacher import (
     CameraProjection,
     ContextKV,
@@ -49,8 +50,6 @@ from predictor_training.teacher import (
 from predictor_training.teacher.layers import build_camera_projection, build_rope_table
 
 VARIANTS = ("v4", "disca")
-FUSION_GROUP = "fusion"
-BLOCKS_GROUP = "blocks"
 PREDICTOR_ARCH_VERSION = 1
 FUSION_NORM_EPS = 1e-6
 FROZEN_ATTR = "teacher_frozen"
@@ -280,11 +279,6 @@ class Predictor(nn.Module):
             FUSION_GROUP: list(self.fusion.parameters()) + list(self.residual_head.parameters()),
             BLOCKS_GROUP: list(self.blocks.parameters()),
         }
-
-    def inference_state_dict(self) -> dict[str, Tensor]:
-        """The trainable weights (detached, their own dtype); rebuild with `build_predictor_from_config(teacher,
-        predictor_config())` and `load_state_dict(..., strict=True)`."""
-        return {name: tensor.detach() for name, tensor in self.state_dict().items()}
 
     def predictor_config(self) -> dict:
         """Plain-data description that, with the Teacher, rebuilds this architecture."""

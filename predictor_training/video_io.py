@@ -36,11 +36,6 @@ def list_frame_files(folder: str | Path) -> list[Path]:
     return sorted(files, key=natural_key)
 
 
-def is_frame_folder(path: str | Path) -> bool:
-    path = Path(path)
-    return path.is_dir() and bool(list_frame_files(path))
-
-
 def ffmpeg_exe() -> str:
     """Path of imageio-ffmpeg's bundled ffmpeg; raises with advice when it is missing."""
     import imageio_ffmpeg

@@ -1,4 +1,4 @@
-"""Predictor (SPEC §3) and predictor_loss tests on the tiny Teacher preset with randomised zero-init layers."""
+"""Predictor (train.md § What is trained, and the loss) and predictor_loss tests on the tiny Teacher preset with randomised zero-init layers."""
 
 from __future__ import annotations
 
@@ -355,7 +355,7 @@ def test_bf16_autocast_with_fp32_master_and_bf16_teacher(teacher2):
         ref_hidden, ref_velocity = run_predictor(reference, case)
     teacher_bf16 = copy.deepcopy(teacher2).to(torch.bfloat16)
     predictor = build_predictor(teacher_bf16, "v4", source_blocks=(0, 1), gradient_checkpointing=True)
-    predictor.load_state_dict(reference.inference_state_dict(), strict=True)
+    predictor.load_state_dict(reference.state_dict(), strict=True)
     for group in predictor.trainable_parameter_groups().values():
         assert all(param.dtype == torch.float32 and param.requires_grad for param in group)
     assert predictor.teacher_frozen.img_in.proj.weight.dtype == torch.bfloat16
@@ -424,8 +424,7 @@ def test_weights_groups_config_roundtrip(teacher3):
     for name, param in predictor.named_parameters():
         assert (name in ignored) == (not param.requires_grad), name
     # 2. Inference weights: trainable only, no text stream, no Teacher keys.
-    weights = predictor.inference_state_dict()
-    assert weights.keys() == predictor.state_dict().keys()
+    weights = predictor.state_dict()
     assert all(key.split(".")[0] in ("fusion", "blocks", "residual_head") for key in weights)
     assert not any(".txt_" in key for key in weights)
     assert sum(t.numel() for t in weights.values()) == sum(p.numel() for g in groups.values() for p in g)

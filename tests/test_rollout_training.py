@@ -1,4 +1,4 @@
-"""Self-rollout F-P-P-P training: the 12 acceptance checks of the user's notes §8.11, one test each.
+"""Self-rollout F-P-P-P training: the recipe's 12 acceptance checks (train.md § 2), one test each.
 
 Tiny Teacher (3 double blocks, hidden 64), latent grid 2 x 3, 16 latents (= 4 chunks) unless a check needs the
 memory selection of the real 32 latents. The DDP checks (distinct keys, all-reduce count, 1-/2-step smoke and

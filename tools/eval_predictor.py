@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate Predictor checkpoints against the full Teacher: quality, speed and side-by-side videos (SPEC §7).
+"""Evaluate Predictor checkpoints against the full Teacher: quality, speed and side-by-side videos (train.md § 3).
 
 For each (case, action) of a split, the same seed is rolled out as the reference F-F-F-F, as velocity reuse and
 hidden reuse at the replaced steps, and with each --ckpt's Predictor at the replaced steps; the videos are decoded
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     method.add_argument("--replace_steps", type=str, default="1,2,3", help="denoising steps replaced in every "
                         "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
-                        "and the schedule applies to chunks 1.. (notes 8.11); schedule: chunk 0 follows it too "
+                        "and the schedule applies to chunks 1.. (train.md § What is compared); schedule: chunk 0 follows it too "
                         "(not possible for v4, which needs a previous chunk)")
     method.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="Teacher weights, "
                         "autocast and running latents (default: auto). auto = the checkpoints' training precision "

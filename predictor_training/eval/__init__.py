@@ -1,4 +1,4 @@
-"""Evaluation of Predictor checkpoints against the full Teacher (SPEC §7, user notes §7 and §8.11).
+"""Evaluation of Predictor checkpoints against the full Teacher (train.md § 3).
 
 For every (case, action) row of a split, the same seed (same noise, same memory points) is rolled out several ways
 with the Teacher's AR loop (`ar_rollout.ARRollout`, one step hook per method), decoded with the VAE, and compared
@@ -12,7 +12,7 @@ frame by frame with the reference:
                      v4 also gets this rollout's previous-chunk hidden of the same step and the exact context K/V of
                      its source layers from the Teacher's prefill of this chunk
 
-The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default, runs chunk 0 F-F-F-F (notes §8.11;
+The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default, runs chunk 0 F-F-F-F (train.md § What is compared;
 `chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
 exactly "the Predictor replaced by a copy".
 

@@ -49,7 +49,7 @@ class Schedule:
     """Which denoising steps of which chunks are replaced.
 
     replace_steps: steps k in 1..num_steps-1 (step 0 has no previous step to reuse or anchor on), ascending.
-    chunk0_full: chunk 0 stays F-F-F-F (notes §8.11) when True; otherwise chunk 0 follows the schedule too.
+    chunk0_full: chunk 0 stays F-F-F-F (train.md § What is compared) when True; otherwise chunk 0 follows the schedule too.
     """
 
     replace_steps: tuple[int, ...]

@@ -1,0 +1,90 @@
+"""Run names from the effective flags, presets, and argparse-style refusals of bad flags (no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train_predictor_disca
+import train_predictor_v4
+import train_predictor_v4_rollout
+from predictor_training.run_directory import format_lr, run_name, subset_tag
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("value, text", [
+    (1e-4, "1e-4"), (5e-4, "5e-4"), (1e-5, "1e-5"), (2.5e-5, "2.5e-5"), (0.001, "1e-3"), (3e-3, "3e-3"),
+    (0.1, "1e-1"), (1.0, "1e0"), (1.25e-4, "1.25e-4"),
+])
+def test_learning_rates_are_written_like_the_run_names(value, text):
+    assert format_lr(value) == text
+
+
+@pytest.fixture
+def dataset_root(tmp_path) -> Path:
+    """Enough of a dataset for the flag checks (they look for dataset_config.json)."""
+    (tmp_path / "dataset_config.json").write_text(json.dumps({}))
+    return tmp_path
+
+
+def test_run_name_of_the_recipe_defaults(dataset_root):
+    args = train_predictor_v4.parse_args(["--dataset_root", str(dataset_root)])
+    assert run_name(args, world_size=8, device_type="cuda") == (
+        "predictor_v4_prefeature_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_swanlab")
+    args = train_predictor_disca.parse_args(["--dataset_root", str(dataset_root), "--source_blocks", "0,53",
+                                             "--block_warmup_steps", "-1", "--tracker", "none"])
+    assert run_name(args, world_size=16, device_type="cuda") == (
+        "predictor_disca_blocks0-53_fp32master_16gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmupnone_notracker")
+
+
+def test_presets_replace_defaults_and_explicit_flags_still_win(dataset_root, tmp_path):
+    init = tmp_path / "init.safetensors"
+    init.write_bytes(b"")
+    common = ["--dataset_root", str(dataset_root), "--init_from", str(init)]
+    demo = train_predictor_v4_rollout.parse_args([*common, "--preset", "demo", "--max_steps", "6"])
+    assert (demo.source_blocks, demo.precision, demo.max_steps, demo.tracker) == ((1, 2), "fp32", 6, "none")
+    assert run_name(demo, world_size=2, device_type="cpu", subset=subset_tag(demo.subset_cases, demo.subset_seed)) == (
+        "predictor_v4_rollout_fppp_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps6_swarmup2_bwarmup2_notracker")
+    overfit = train_predictor_v4_rollout.parse_args([*common, "--preset", "overfit8"])
+    assert run_name(overfit, world_size=8, device_type="cuda",
+                    subset=subset_tag(overfit.subset_cases, overfit.subset_seed)) == (
+        "predictor_v4_rollout_fppp_blocks1-52_overfit8_seed20260721_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000"
+        "_swarmup8_bwarmup8_swanlab")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fusion_lr", "0"], "--fusion_lr=0.0: expected > 0"),
+    (["--scheduler_warmup_steps", "2000"], "--scheduler_warmup_steps=2000: expected in [0, max_steps=2000)"),
+    (["--velocity_weight", "0", "--hidden_weight", "0"], "nothing would be trained"),
+    (["--source_blocks", "3"], "expected two distinct indices"),
+])
+def test_bad_flags_exit_like_argparse(dataset_root, capsys, flags, message):
+    with pytest.raises(SystemExit) as refused:
+        train_predictor_v4.parse_args(["--dataset_root", str(dataset_root), *flags])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and message in err, err
+
+
+def test_bad_flag_on_the_command_line_has_no_traceback(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "train_predictor_v4.py"), "--dataset_root",
+                             str(tmp_path), "--max_steps", "0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "--max_steps=0: expected >= 1" in result.stderr, result.stderr
+
+
+def test_print_run_dir_names_the_run_without_training(dataset_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    flags = ["--dataset_root", str(dataset_root), "--output_root", str(tmp_path / "runs"), "--fusion_lr", "5e-4",
+             "--max_steps", "12", "--scheduler_warmup_steps", "2", "--block_warmup_steps", "2", "--backend", "gloo"]
+    assert train_predictor_v4.main([*flags, "--print_run_dir"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(tmp_path / "runs" / (
+        "predictor_v4_prefeature_blocks1-52_fp32master_8cpu_flr5e-4_blr1e-5_schedsteps12_swarmup2_bwarmup2_swanlab"))
+    assert "new run in" in err
+    assert not (tmp_path / "runs").exists()
