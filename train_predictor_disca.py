@@ -26,7 +26,14 @@ from torch.utils.data import DistributedSampler
 
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs, config_field, read_dataset_config
-from predictor_training.distributed import cleanup_distributed, init_distributed, log0, seed_everything, wrap_ddp
+from predictor_training.distributed import (
+    DistEnv,
+    cleanup_distributed,
+    init_distributed,
+    log0,
+    seed_everything,
+    wrap_ddp,
+)
 from predictor_training.flags import (
     add_data_args,
     add_loss_args,
@@ -85,6 +92,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
+    """disca's data -> (pairs, this rank's resumable batches, the dataset's context timestep).
+
+    Pairs without context or previous-chunk hidden (chunks 1-7, or 0-7 with --include_chunk0), from a plain
+    DistributedSampler; incomplete batches are dropped, so every rank sees the same number.
+    """
+    dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=False,
+                          with_prev_chunk_hidden=False, source_layers=tuple(args.source_blocks),
+                          verify=args.verify_dataset, include_chunk0=args.include_chunk0)
+    context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
+                                          args.dataset_root))
+    if len(dataset) < args.batch_size * env.world_size:
+        raise ValueError(f"{len(dataset)} pairs cannot fill one batch of {args.batch_size} on each of "
+                         f"{env.world_size} ranks; lower --batch_size")
+    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=args.batch_size, drop_last=True,
+                               num_workers=args.num_workers, pin_memory=env.device.type == "cuda", seed=args.seed)
+    return dataset, batches, context_timestep
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
@@ -102,20 +130,8 @@ def main(argv=None) -> int:
         seed_everything(args.seed, rank=env.rank)
         policy = precision_policy(args.precision, env.device)
 
-        # 2. Data: pairs without context or previous-chunk hidden, from a plain DistributedSampler; incomplete
-        #    batches are dropped, so every rank sees the same number.
-        dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=False,
-                              with_prev_chunk_hidden=False, source_layers=tuple(args.source_blocks),
-                              verify=args.verify_dataset, include_chunk0=args.include_chunk0)
-        context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
-                                              args.dataset_root))
-        if len(dataset) < args.batch_size * env.world_size:
-            raise ValueError(f"{len(dataset)} pairs cannot fill one batch of {args.batch_size} on each of "
-                             f"{env.world_size} ranks; lower --batch_size")
-        sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
-                                     seed=args.seed, drop_last=True)
-        batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=args.batch_size, drop_last=True,
-                                   num_workers=args.num_workers, pin_memory=env.device.type == "cuda", seed=args.seed)
+        # 2. Data (see build_data).
+        dataset, batches, context_timestep = build_data(args, env)
 
         # 3. Teacher -> Predictor. The Predictor shares the few frozen Teacher modules it runs; dropping our
         #    reference to the Teacher frees every other block.

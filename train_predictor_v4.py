@@ -26,7 +26,14 @@ import torch
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs, config_field, read_dataset_config
 from predictor_training.data.samplers import BucketBatchSampler
-from predictor_training.distributed import cleanup_distributed, init_distributed, log0, seed_everything, wrap_ddp
+from predictor_training.distributed import (
+    DistEnv,
+    cleanup_distributed,
+    init_distributed,
+    log0,
+    seed_everything,
+    wrap_ddp,
+)
 from predictor_training.flags import (
     add_data_args,
     add_loss_args,
@@ -82,6 +89,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
+    """v4's data -> (pairs, this rank's resumable batches, the dataset's context timestep).
+
+    Pairs with the context pre-features and the previous chunk's hidden (chunks 1-7), in batches of one context
+    length (BucketBatchSampler), the same number of batches on every rank.
+    """
+    dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=True,
+                          with_prev_chunk_hidden=True, source_layers=tuple(args.source_blocks),
+                          verify=args.verify_dataset)
+    context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
+                                          args.dataset_root))
+    sampler = BucketBatchSampler(dataset.n_ctx_list(), args.batch_size, num_replicas=env.world_size,
+                                 rank=env.rank, seed=args.seed, drop_last=True)
+    batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=None, num_workers=args.num_workers,
+                               pin_memory=env.device.type == "cuda", seed=args.seed)
+    return dataset, batches, context_timestep
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
@@ -99,17 +124,8 @@ def main(argv=None) -> int:
         seed_everything(args.seed, rank=env.rank)
         policy = precision_policy(args.precision, env.device)
 
-        # 2. Data: pairs with the context pre-features and the previous chunk's hidden (chunks 1-7), in batches of
-        #    one context length (BucketBatchSampler), the same number of batches on every rank.
-        dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=True,
-                              with_prev_chunk_hidden=True, source_layers=tuple(args.source_blocks),
-                              verify=args.verify_dataset)
-        context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
-                                              args.dataset_root))
-        sampler = BucketBatchSampler(dataset.n_ctx_list(), args.batch_size, num_replicas=env.world_size,
-                                     rank=env.rank, seed=args.seed, drop_last=True)
-        batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=None, num_workers=args.num_workers,
-                                   pin_memory=env.device.type == "cuda", seed=args.seed)
+        # 2. Data (see build_data).
+        dataset, batches, context_timestep = build_data(args, env)
 
         # 3. Teacher -> Predictor. The Predictor shares the few frozen Teacher modules it runs; dropping our
         #    reference to the Teacher frees every other block.

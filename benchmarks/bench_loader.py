@@ -26,16 +26,13 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-# Allow `python benchmarks/bench_loader.py` from the repository root without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from predictor_training.data.pair_dataset import (  # noqa: E402
+from predictor_training.data.pair_dataset import (
     PairDataset,
     collate_pairs,
     config_field,
     read_dataset_config,
 )
-from predictor_training.data.samplers import BucketBatchSampler  # noqa: E402
+from predictor_training.data.samplers import BucketBatchSampler
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,10 +73,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------------------------
 # Synthetic dataset
 # ---------------------------------------------------------------------------------------------------------------------
+def load_test_helpers():
+    """tests/helpers_dataset.py, loaded from its file (the tests folder is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "helpers_dataset.py"
+    spec = importlib.util.spec_from_file_location("helpers_dataset", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_synthetic_dataset(folder: Path, args: argparse.Namespace) -> Path:
-    """Write a dataset in the DATASET.md layout with the sizes of ``--teacher-preset`` (random tensors)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from helpers_dataset import SyntheticSpec, write_synthetic_dataset  # the test fixture writer, same layout
+    """Write a dataset in the data.md layout with the sizes of ``--teacher-preset`` (random tensors)."""
+    helpers = load_test_helpers()  # the test fixture writer, same layout
+    SyntheticSpec, write_synthetic_dataset = helpers.SyntheticSpec, helpers.write_synthetic_dataset
 
     from predictor_training.teacher.config import preset_config
 
@@ -190,7 +197,8 @@ def measure_train_step(batch: dict, args: argparse.Namespace, context_timestep: 
             context=context,
             prev_chunk_hidden=batch["prev_chunk_hidden"].float() if args.variant == "v4" else None,
         )
-        loss, _ = predictor_loss(pred_hidden, pred_velocity, batch["target_hidden"], batch["target_velocity"])
+        loss, _ = predictor_loss(pred_hidden, pred_velocity, batch["target_hidden"], batch["target_velocity"],
+                                 velocity_weight=1.0, hidden_weight=0.1)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -9,7 +9,7 @@ Two passes over the same configuration, each on freshly built components (Predic
 1. instrumented: the pair step written out phase by phase, with a device sync after each phase:
    data (next batch + copy to the device), forward (context projection, Predictor, FP32 loss), backward,
    optimizer (clip, AdamW, schedule, zero_grad);
-2. the real loop: `train_loop` with `offline_training.pair_step`, timed by the loop itself (`time/step_s` of
+2. the real loop: `train_loop` with `pair_step.pair_step`, timed by the loop itself (`time/step_s` of
    train_log.jsonl, which also covers the metric all-reduce, the finite checks and the logging).
 
 Reported: the median of each phase over the timed steps (after --warmup untimed steps), and the overhead ratio
@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,33 +30,23 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import train_predictor_disca  # noqa: E402
-import train_predictor_v4  # noqa: E402
-from predictor_training.checkpoint import RunState  # noqa: E402
-from predictor_training.data.pair_dataset import config_field, read_dataset_config  # noqa: E402
-from predictor_training.distributed import cleanup_distributed, init_distributed, seed_everything  # noqa: E402
-from predictor_training.logger import MetricsLogger  # noqa: E402
-from predictor_training.loop import train_loop  # noqa: E402
-from predictor_training.losses import predictor_loss  # noqa: E402
-from predictor_training.offline_training import (  # noqa: E402
-    build_pair_batches,
-    build_pair_dataset,
-    move_batch,
-    pair_step,
-    predict_pairs,
-)
-from predictor_training.predictor import build_predictor  # noqa: E402
-from predictor_training.training_setup import (  # noqa: E402
-    build_optimizer_and_schedule,
-    load_teacher,
-    precision_policy,
-)
+import train_predictor_disca
+import train_predictor_v4
+from predictor_training.checkpoint import RunState
+from predictor_training.distributed import cleanup_distributed, init_distributed, seed_everything
+from predictor_training.logger import MetricsLogger
+from predictor_training.loop import train_loop
+from predictor_training.losses import predictor_loss
+from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer
+from predictor_training.pair_step import move_batch, pair_step, predict_pairs
+from predictor_training.precision import precision_policy, synchronize
+from predictor_training.predictor import build_predictor
+from predictor_training.teacher.source import load_teacher, resolve_teacher_source
 
 PHASES = ("data", "forward", "backward", "optimizer")
 SCRIPTS = {"v4": train_predictor_v4, "disca": train_predictor_disca}
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -86,9 +75,9 @@ def training_args(bench: argparse.Namespace, dataset_root: Path, run_dir: Path) 
     argv = ["--dataset_root", str(dataset_root), "--output_dir", str(run_dir), "--source_blocks", bench.source_blocks,
             "--precision", bench.precision, "--batch_size", str(bench.batch_size), "--max_steps", str(total),
             "--scheduler_warmup_steps", "1", "--block_warmup_steps", "-1", "--ckpt_every", "-1", "--num_workers", "0",
-            "--no_progress", "--log_every", "1"]
+            "--tracker", "none", "--no_progress", "--log_every", "1"]
     if not bench.gradient_checkpointing:
-        argv.append("--no_gradient_checkpointing")
+        argv.append("--no-gradient_checkpointing")
     args = SCRIPTS[bench.variant].parse_args(argv)
     args.variant = bench.variant
     return args
@@ -105,21 +94,19 @@ class Components:
 
 
 def build_components(args: argparse.Namespace, env) -> Components:
+    """The entry script's own data (`build_data`), Teacher, Predictor, AdamW and schedule for these flags."""
     seed_everything(args.seed, rank=0)
-    dataset = build_pair_dataset(args, args.variant)
-    batches = build_pair_batches(dataset, args, env, args.variant)
-    teacher = load_teacher(args, env.device)
+    _, batches, context_timestep = SCRIPTS[args.variant].build_data(args, env)
+    policy = precision_policy(args.precision, env.device)
+    teacher = load_teacher(resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root), env.device,
+                           policy.frozen_dtype)
     predictor = build_predictor(teacher, args.variant, args.source_blocks, args.gradient_checkpointing)
-    optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
-    context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
-                                          args.dataset_root))
-    return Components(predictor, optimizer, lr_schedule, batches, precision_policy(args.precision, env.device),
-                      context_timestep)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    optimizer = build_optimizer(predictor.trainable_parameter_groups(),
+                                {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
+                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
+                                     block_warmup_steps=args.block_warmup_steps)
+    return Components(predictor, optimizer, lr_schedule, batches, policy, context_timestep)
 
 
 def instrumented_pass(args: argparse.Namespace, env, total_steps: int) -> dict[str, list[float]]:
@@ -135,7 +122,8 @@ def instrumented_pass(args: argparse.Namespace, env, total_steps: int) -> dict[s
         loaded = time.perf_counter()
         pred_hidden, pred_velocity = predict_pairs(batch, model=parts.predictor, predictor=parts.predictor,
                                                    policy=parts.policy, context_timestep=parts.context_timestep)
-        loss, _ = predictor_loss(pred_hidden, pred_velocity, batch["target_hidden"], batch["target_velocity"])
+        loss, _ = predictor_loss(pred_hidden, pred_velocity, batch["target_hidden"], batch["target_velocity"],
+                                 velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight)
         synchronize(device)
         forwarded = time.perf_counter()
         loss.backward()
@@ -159,7 +147,8 @@ def loop_pass(args: argparse.Namespace, env) -> list[float]:
     run_dir = Path(args.output_dir)
     step_fn = lambda batch, *, sync: pair_step(  # noqa: E731
         batch, sync=sync, model=parts.predictor, predictor=parts.predictor, policy=parts.policy,
-        context_timestep=parts.context_timestep)
+        context_timestep=parts.context_timestep, velocity_weight=args.velocity_weight,
+        hidden_weight=args.hidden_weight)
     with MetricsLogger(run_dir, env) as metrics_logger:
         train_loop(ddp_model=parts.predictor, raw_model=parts.predictor, optimizer=parts.optimizer,
                    lr_schedule=parts.lr_schedule, batches=parts.batches, step_fn=step_fn, run_dir=run_dir, env=env,

@@ -24,18 +24,13 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from predictor_training.flops import TeacherShape, predictor_step_flops, teacher_chunk_step_flops  # noqa: E402
-from predictor_training.predictor import build_predictor  # noqa: E402
-from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.flops import TeacherShape, predictor_step_flops, teacher_chunk_step_flops
+from predictor_training.predictor import build_predictor
+from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 
 TOLERANCE = 1.5
 

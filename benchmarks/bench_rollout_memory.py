@@ -3,7 +3,7 @@
     python benchmarks/bench_rollout_memory.py                       # tiny Teacher, 2 / 4 / 8 chunks, CPU
     python benchmarks/bench_rollout_memory.py --chunks 2 4 8 --grid 4x6 --repeats 3 --device cuda
 
-Each trained chunk runs its backward right after its forward (`rollout_utils.train_trajectory`), so the graph of a
+Each trained chunk runs its backward right after its forward (`self_rollout.train_trajectory`), so the graph of a
 chunk is freed before the next one starts: peak memory must stay (nearly) flat as the number of chunks grows.
 The context grows with the chunk index until the memory cap (20 frames, reached from chunk 5 on), so the per-chunk
 peak still rises a little up to ~6 chunks (a longer attention); the "max ctx" column shows it. For contrast the same
@@ -27,19 +27,16 @@ import statistics
 import sys
 import time
 import weakref
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from predictor_training.ar_rollout import RolloutInputs, make_initial_noise  # noqa: E402
-from predictor_training.camera import make_retrieval_points  # noqa: E402
-from predictor_training.predictor import build_predictor  # noqa: E402
-from predictor_training.rollout_utils import SelfRolloutTrajectory, train_trajectory  # noqa: E402
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.ar_rollout import RolloutInputs, make_initial_noise
+from predictor_training.camera import make_retrieval_points
+from predictor_training.predictor import build_predictor
+from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 
 class LiveTensorBytes(TorchDispatchMode):
@@ -150,7 +147,8 @@ def measure(mode: str, teacher, predictor, text_kv, inputs, optimizer, device) -
     """(peak bytes, seconds, largest context in frames) of one training step in `mode` ("per_chunk" |
     "single_backward")."""
     optimizer.zero_grad(set_to_none=True)
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, device=device)
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, device=device,
+                                       settings=SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1))
     context_frames = []
     prefill = trajectory.rollout.prefill_context
 

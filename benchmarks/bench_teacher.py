@@ -17,16 +17,11 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 
 
 @dataclass(frozen=True)

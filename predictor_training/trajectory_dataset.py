@@ -13,8 +13,9 @@ No stored teacher state is ever read: the rollout trainer generates every target
 tensors come from ``load_case(case_id)``, on demand, from one of two sources:
 
 * ``dataset_root``: the offline dataset's case file ``cases/{case_id}.safetensors`` (located through the manifest):
-  ``image_cond`` [1, C, 1, H, W], ``text_k`` / ``text_v`` [depth, heads, L_txt, d] (valid tokens only);
-* ``encoded_dir``: the encoder outputs ``{case_id}.pt`` (upstream trainer layout, DATASET.md): ``image_cond``,
+  ``image_cond`` [1, C, 1, H, W], ``text_k`` / ``text_v`` [depth, heads, L_txt, d] (valid tokens only), each tensor
+  checked against its manifest CRC-32 the first time a process loads it;
+* ``encoded_dir``: the encoder outputs ``{case_id}.pt`` (upstream trainer layout, data.md): ``image_cond``,
   ``prompt_embeds``, ``prompt_mask``, ``byt5_text_states``, ``byt5_text_mask``, ``vision_states`` (the trainer then
   runs the text prefill itself).
 """
@@ -33,6 +34,7 @@ from predictor_training.data.pair_dataset import (
     config_field,
     read_dataset_config,
     read_manifest,
+    tensor_checksums,
     verify_checksums,
 )
 from predictor_training.data.sample_table import SampleRow, read_sample_table
@@ -69,6 +71,9 @@ class TrajectoryTableDataset(Dataset):
         subset_cases: keep only these cases: an int n (seeded choice, e.g. 8 for overfit8) or a list of case ids.
         subset_seed: seed of the choice when ``subset_cases`` is an int.
         verify: with ``dataset_root``, check size and sha256 of the used case files against the manifest.
+
+    With ``dataset_root``, ``load_case`` checks every tensor against its manifest CRC-32 (once per tensor per
+    process); a manifest without per-tensor checksums (older builder) loads with one ``UncheckedTensorsWarning``.
     """
 
     def __init__(
@@ -110,6 +115,7 @@ class TrajectoryTableDataset(Dataset):
         self.case_ids = sorted({row.case_id for row in rows})
         self.dataset_root = None if dataset_root is None else Path(dataset_root)
         self.encoded_dir = None if encoded_dir is None else Path(encoded_dir)
+        self._checksums = None
         self.case_files = self._locate_dataset_cases(verify) if self.dataset_root else self._locate_encoded_cases()
 
         # 3. camera inputs, once per pose file
@@ -135,6 +141,7 @@ class TrajectoryTableDataset(Dataset):
         check_files_exist(self.dataset_root, used)
         if verify:
             verify_checksums(self.dataset_root, used)
+        self._checksums = tensor_checksums(self.dataset_root, used, verified=verify)
         return {entry.case_id: self.dataset_root / entry.file for entry in used}
 
     def _locate_encoded_cases(self) -> dict[str, Path]:
@@ -171,12 +178,13 @@ class TrajectoryTableDataset(Dataset):
     # ---- static case tensors ----------------------------------------------------------------------------------------
     def load_case(self, case_id: str) -> dict[str, torch.Tensor]:
         """The case's static tensors (CPU, stored dtype): ``CASE_TENSORS`` from the dataset, or ``ENCODED_TENSORS``
-        from the encoder outputs. KeyError naming the file and tensor when one is missing."""
+        from the encoder outputs. KeyError naming the file and tensor when one is missing; with ``dataset_root``,
+        ``shards.TensorChecksumError`` naming the file and tensor when a tensor disagrees with its manifest CRC-32."""
         if case_id not in self.case_files:
             raise KeyError(f"case_id {case_id!r} is not in this dataset")
         path = self.case_files[case_id]
         if self.dataset_root is not None:
-            return load_tensors(path, CASE_TENSORS)
+            return load_tensors(path, CASE_TENSORS, checksums=self._checksums)
         loaded = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a dict of tensors, got {type(loaded).__name__}")

@@ -1,4 +1,4 @@
-"""Write a synthetic conformance folder (format of the conformance README, sections 1-13 and "Full F-F-F-F
+"""Write a synthetic conformance folder (format of tests/data/conformance/README.md, sections 1-13 and "Full F-F-F-F
 trajectory") from OUR teacher, with sizes chosen by the caller.
 
 The reference tensors are produced by our own implementation (self-consistency): such a folder checks that the
@@ -36,6 +36,8 @@ from predictor_training.camera import (
     pose_to_input,
     select_aligned_memory_frames,
 )
+from predictor_training.conformance.calls import DECOMPRESSED_WEIGHTS_ENTRY
+from predictor_training.conformance.trajectory import recorded_chunk_tensors
 from predictor_training.scheduler import FlowMatchEulerScheduler
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
@@ -45,7 +47,6 @@ CONTEXT_TIMESTEP = 14.0
 CHUNK_LATENTS = 4
 NUM_STEPS, SHIFT = 4, 5.0
 MEMORY_FRAMES, TEMPORAL_CONTEXT = 20, 12
-DECOMPRESSED_WEIGHTS_ENTRY = "weights.safetensors (after xz -d)"
 
 
 @dataclass
@@ -86,7 +87,7 @@ class SyntheticSetSpec:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Model with every parameter random (README section 2), on the bf16 grid
+# 1. Model with every parameter random (tests/data/conformance/README.md section 2), on the bf16 grid
 # ---------------------------------------------------------------------------------------------------------------
 def build_random_teacher(config: dict, seed: int) -> WorldPlayTransformer:
     """Our teacher with all parameters random (no zero-initialised path), values on the bfloat16 grid."""
@@ -377,18 +378,10 @@ def _trajectory(model, text_kv, spec, pose, channels, height, width, num_latents
         "inputs.action": pose["pose.action"][None],
         "sched.sigmas": rollout.sigmas, "sched.timesteps": rollout.timesteps, "final.latents": rollout.latents,
     }
+    tensors.update(recorded_chunk_tensors(recorder))  # the production golden names
     chunks = []
     for chunk in recorder.chunks:
-        prefix, n = f"chunk{chunk.chunk_index}", len(chunk.ctx_indices)
-        if n:
-            tensors[f"{prefix}.ctx.indices"] = torch.tensor(chunk.ctx_indices, dtype=torch.int64)
-            tensors[f"{prefix}.ctx.hidden_states"] = chunk.ctx_input
-            tensors[f"{prefix}.ctx.vec"] = chunk.ctx_vec
-            for layer, value in chunk.prefeatures.items():
-                tensors[f"{prefix}.ctx.block{layer}_in"] = value
-        for step_index, step in enumerate(chunk.steps):
-            for name in ("latent_in", "timestep", "velocity", "final_hidden", "latent_out"):
-                tensors[f"{prefix}.step{step_index}.{name}"] = getattr(step, name)
+        n = len(chunk.ctx_indices)
         start = chunk.frame_start
         chunks.append({
             "chunk": chunk.chunk_index, "frames": list(range(start, start + CHUNK_LATENTS)),

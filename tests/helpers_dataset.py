@@ -1,9 +1,10 @@
-"""Synthetic predictor dataset in the DATASET.md layout, for reader tests (random tensors, tiny sizes).
+"""Synthetic predictor dataset in the data.md layout, for reader tests (random tensors, tiny sizes).
 
 ``write_synthetic_dataset(root, spec)`` writes ``dataset_config.json``, ``cases/{case_id}.safetensors``,
 ``trajectories/{case_id}__a{action_id}.safetensors`` and ``manifest.jsonl`` (through ``predictor_training.data.shards``,
-the builder's writer) and returns every tensor it wrote so tests can compare what the readers yield.
-Also writes a sample table (``samples/*.jsonl`` + ``samples/poses/*.json``) for the trajectory-table dataset.
+the builder's writer, so the manifest carries the per-tensor checksums) and returns every tensor it wrote so tests can
+compare what the readers yield. Also writes a sample table (``samples/*.jsonl`` + ``samples/poses/*.json``) for the
+trajectory-table dataset. ``damage_tensor`` and ``strip_tensor_checksums`` make a damaged file and an older manifest.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.data.shards import append_jsonl, make_manifest_entry, write_safetensors_atomic
+from predictor_training.data.shards import (
+    TENSOR_CHECKSUM_FIELD,
+    append_jsonl,
+    make_manifest_entry,
+    read_jsonl,
+    write_jsonl_atomic,
+    write_safetensors_atomic,
+)
 
 FRAMES_PER_CHUNK = 4
 
@@ -164,3 +172,30 @@ def write_synthetic_sample_tables(
         tables[split] = folder / f"{split}.jsonl"
         write_sample_table(tables[split], build_sample_rows(cases, actions))
     return tables
+
+
+def tensor_byte_range(path: str | Path, name: str) -> tuple[int, int]:
+    """[start, end) file offsets of tensor ``name``'s bytes in a safetensors file (from its header)."""
+    data = Path(path).read_bytes()
+    header_size = int.from_bytes(data[:8], "little")
+    begin, end = json.loads(data[8 : 8 + header_size])[name]["data_offsets"]
+    return 8 + header_size + begin, 8 + header_size + end
+
+
+def damage_tensor(path: str | Path, name: str, num_bytes: int = 256) -> tuple[int, int]:
+    """Overwrite ``num_bytes`` bytes (each one changed) from the start of tensor ``name``'s data, in place, as a
+    disk fault would: same size, header intact. Returns the damaged [start, end) file range."""
+    start, _ = tensor_byte_range(path, name)
+    data = bytearray(Path(path).read_bytes())
+    end = min(start + num_bytes, len(data))
+    for offset in range(start, end):
+        data[offset] ^= 0xA5
+    Path(path).write_bytes(bytes(data))
+    return start, end
+
+
+def strip_tensor_checksums(root: str | Path) -> None:
+    """Rewrite ``root/manifest.jsonl`` as a builder without per-tensor checksums wrote it."""
+    manifest = Path(root) / "manifest.jsonl"
+    entries = read_jsonl(manifest)
+    write_jsonl_atomic(manifest, [{k: v for k, v in e.items() if k != TENSOR_CHECKSUM_FIELD} for e in entries])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,12 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-
-import check_trajectory_conformance as trajectory_check  # noqa: E402
-
-from predictor_training.ar_rollout import (  # noqa: E402
+import predictor_training.conformance.trajectory as trajectory_check
+from predictor_training.ar_rollout import (
     ARRollout,
     RolloutConfig,
     RolloutInputs,
@@ -27,9 +23,10 @@ from predictor_training.ar_rollout import (  # noqa: E402
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.camera import make_retrieval_points  # noqa: E402
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.camera import make_retrieval_points
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 
 
@@ -39,7 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 # ---- set A --------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def set_a_run():
-    """One run of the tool's main() on set A: (exit status, printed lines, our tensors under the golden names)."""
+    """One run of the check on set A as the tool runs it (check_trajectory + print_report): (exit status the tool
+    returns, printed lines, our tensors under the golden names)."""
     captured = {}
     original = trajectory_check.our_trajectory
 
@@ -50,11 +48,11 @@ def set_a_run():
     trajectory_check.our_trajectory = spy
     stream = io.StringIO()
     try:
-        with contextlib.redirect_stdout(stream):
-            status = trajectory_check.main([str(SET_A), "--tier", "strict"])
+        report = trajectory_check.check_trajectory(SET_A, "strict")
+        trajectory_check.print_report(report, stream)
     finally:
         trajectory_check.our_trajectory = original
-    return status, stream.getvalue().splitlines(), captured["ours"]
+    return 0 if report.passed else 1, stream.getvalue().splitlines(), captured["ours"]
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +69,26 @@ def test_trajectory_tool_passes_set_a_at_strict_tier(set_a_run):
     assert lines[-1].startswith("PASS: ") and " 0 failed" in lines[-1]
 
 
+def test_trajectory_tool_command_line(tmp_path):
+    """tools/check_trajectory_conformance.py as a command: exit status 1 and the failing tensor on a damaged copy."""
+    folder = tmp_path / "set"
+    shutil.copytree(SET_A, folder)
+    golden = load_file(folder / "trajectory.safetensors")
+    golden["chunk1.step2.velocity"] = golden["chunk1.step2.velocity"] + 1e-3
+    save_file(golden, folder / "trajectory.safetensors")
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "check_trajectory_conformance.py"),
+                             str(folder), "--tier", "portable", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert lines[-1].startswith("FAIL: ") and any(line.startswith("FAILED chunk1.step2.velocity") for line in lines)
+
+
 def test_trajectory_comparison_flags_wrong_context_indices_and_small_errors(set_a_ours, capsys):
     golden = trajectory_check.GoldenTrajectory.load(SET_A)
     assert trajectory_check.compare_with_golden(golden, set_a_ours, "strict").passed
-    # chunk 6 with the second-best memory group (README F.6), one velocity 2.5x outside the strict budget
+    # chunk 6 with the second-best memory group (tests/data/conformance/README.md F.6), one velocity 2.5x outside the
+    # strict budget
     golden.tensors["chunk6.ctx.indices"] = torch.cat([torch.arange(4), torch.arange(8, 24)])
     velocity = golden.tensors["chunk3.step1.velocity"].clone()
     velocity[0, 0, 0, 0, 0] += 2.5 * 3e-6 * (1 + velocity[0, 0, 0, 0, 0].abs())
@@ -175,7 +189,7 @@ def test_hook_that_runs_the_teacher_reproduces_the_plain_rollout(tiny_teacher):
     hooked = ARRollout(tiny_teacher, text_kv, inputs, config).run(step_fn=full_step)
     assert torch.equal(hooked, plain.latents)
     assert seen == [(c, k, 4 * c, 4 * c) for c in range(3) for k in range(4)]
-    # loop identities (README F.3.7) on a different model and grid
+    # loop identities (tests/data/conformance/README.md F.3, item 7) on a different model and grid
     for chunk in recorder.chunks:
         for before, after in zip(chunk.steps, chunk.steps[1:]):
             assert torch.equal(before.latent_out, after.latent_in)

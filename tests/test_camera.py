@@ -70,7 +70,7 @@ def test_combined_pose_string_moves_and_turns_in_one_step():
     np.testing.assert_allclose(step_one[:3, :3], yaw_left, atol=1e-15)
     np.testing.assert_allclose(step_one[:3, 3], yaw_left @ [0, 0, 0.08], atol=1e-15)  # turn first, then move
     _, _, action = pose_to_input(pose, 4)
-    # README section 9 codes: forward = 1, right = 3 (translation); yaw left = 2, pitch up = 3 (rotation)
+    # tests/data/conformance/README.md section 9 codes: forward = 1, right = 3 (translation); yaw left = 2, pitch up = 3 (rotation)
     assert action.tolist() == [0, 1 * 9 + 2, 1 * 9 + 2, 3 * 9 + 3]
 
 
@@ -177,7 +177,10 @@ def test_retrieval_points_match_golden_without_touching_global_rng(golden, info)
     state = torch.get_rng_state()
     points = make_retrieval_points(info["retrieval"]["seed"])
     assert torch.equal(torch.get_rng_state(), state)
-    assert points.dtype == torch.float32 and torch.equal(points, golden["retr.points"])
+    assert points.dtype == torch.float32
+    # Bitwise equality holds only on a CPU whose float32 pow/acos/sin/cos round like the generator's; the
+    # conformance tolerance for the points (tests/data/conformance/README.md section 11) is 1e-6, about 2 ulps here.
+    torch.testing.assert_close(points, golden["retr.points"], atol=1e-6, rtol=0)
 
 
 def test_selected_frames_match_golden(golden):

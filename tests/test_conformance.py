@@ -1,25 +1,25 @@
-"""Conformance set A (a copy under tests/data) through tools/check_conformance.py, strict tier."""
+"""Conformance set A (a copy under tests/data) through predictor_training.conformance.calls (the logic of
+tools/check_conformance.py, whose command line is run once), strict tier."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from tools.check_conformance import (  # noqa: E402
+from predictor_training.conformance.calls import (
     build_model,
     compare_close,
     load_conformance_set,
-    main,
     run_conformance,
 )
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
+TOOL = REPO_ROOT / "tools" / "check_conformance.py"
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +75,18 @@ def test_compare_close_uses_atol_plus_rtol():
     assert not compare_close("x", torch.zeros(3), reference, 1e-5, 1e-5).passed
 
 
-def test_cli_prints_one_line_per_case_and_exit_codes(capsys):
-    assert main([str(SET_A), "--tier", "strict", "--cases", "chunk_first", "scheduler"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+def _run_tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_prints_one_line_per_case_and_exit_codes():
+    result = _run_tool(str(SET_A), "--tier", "strict", "--cases", "chunk_first", "scheduler")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
     assert any(line.startswith("chunk_first.velocity") and line.endswith("PASS") for line in lines)
     assert not any(line.startswith("chunk.velocity") for line in lines)
     assert lines[-1].startswith(f"{len(lines) - 1} cases, 0 failed")
     with pytest.raises(ValueError, match="unknown case"):
-        main([str(SET_A), "--cases", "no_such_group"])
+        run_conformance(SET_A, cases=["no_such_group"])
+    failed = _run_tool(str(SET_A), "--cases", "no_such_group")
+    assert failed.returncode == 1 and "ValueError: unknown case(s) ['no_such_group']" in failed.stderr

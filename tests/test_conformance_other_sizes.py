@@ -1,8 +1,9 @@
 """Both conformance tools on synthetic folders whose sizes differ from set A in every dimension.
 
 The folders are written by ``tests/conformance_writer.py`` from our own teacher (self-consistency), so what this
-checks is that nothing in ``tools/check_conformance.py``, ``tools/check_trajectory_conformance.py`` or the library
-depends on set A's sizes; and that a copy with one weight nudged by 1e-2 fails both tools.
+checks is that nothing in ``predictor_training.conformance`` (the logic of ``tools/check_conformance.py`` and
+``tools/check_trajectory_conformance.py``) or the rest of the library depends on set A's sizes; and that a copy with
+one weight nudged by 1e-2 fails both checks.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import lzma
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,17 +18,9 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from tests.conformance_writer import (  # noqa: E402
-    DECOMPRESSED_WEIGHTS_ENTRY,
-    SyntheticSetSpec,
-    _sha,
-    write_conformance_folder,
-)
-from tools.check_conformance import run_conformance  # noqa: E402
-from tools.check_trajectory_conformance import check_trajectory  # noqa: E402
+from predictor_training.conformance.calls import DECOMPRESSED_WEIGHTS_ENTRY, run_conformance
+from predictor_training.conformance.trajectory import check_trajectory
+from tests.conformance_writer import SyntheticSetSpec, _sha, write_conformance_folder
 
 # Set B: wide heads, shallow, 40 latents (10 chunks, the retrieval branch from chunk start 24 on), points not stored,
 # a non-contiguous 12-frame context, chunk frames 20..23 at timestep index 1.

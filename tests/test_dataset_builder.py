@@ -1,7 +1,9 @@
 """Dataset builder: shards/manifest, torchrun build, resume, teacher-equality, set A through the builder, bad input.
 
 Builds use a subset of the demo assets (3 cases, 5 trajectories of 12 latents, plus one 32-latent trajectory) and
-one CPU thread per process, so the whole file runs in well under a minute.
+one CPU thread per process, so the whole file runs in about a minute. In-process builds call
+``predictor_training.data.builder.run``; the command lines (``tools/build_predictor_dataset.py`` under torchrun and
+with ``--demo``, ``tools/make_demo_assets.py``) run as subprocesses.
 """
 
 from __future__ import annotations
@@ -18,32 +20,33 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-
-import build_predictor_dataset as builder  # noqa: E402
-import check_trajectory_conformance as trajectory_check  # noqa: E402
-import make_demo_assets  # noqa: E402
-
-from predictor_training.ar_rollout import RolloutConfig, RolloutInputs, make_initial_noise, record_rollout  # noqa: E402
-from predictor_training.camera import make_retrieval_points, pose_to_input, select_aligned_memory_frames  # noqa: E402
-from predictor_training.data.pair_dataset import PairDataset  # noqa: E402
-from predictor_training.data.encoders import EncodedCaseError, load_encoded_case  # noqa: E402
-from predictor_training.data.sample_table import SampleTableError  # noqa: E402
-from predictor_training.data.shards import (  # noqa: E402
+import predictor_training.conformance.trajectory as trajectory_check
+from predictor_training.ar_rollout import RolloutConfig, RolloutInputs, make_initial_noise, record_rollout
+from predictor_training.camera import make_retrieval_points, pose_to_input, select_aligned_memory_frames
+from predictor_training.data import builder
+from predictor_training.data.encoders import EncodedCaseError, load_encoded_case
+from predictor_training.data.pair_dataset import PairDataset
+from predictor_training.data.sample_table import SampleTableError
+from predictor_training.data.shards import (
+    TENSOR_CHECKSUM_FIELD,
     LazyShard,
     ShardVerificationError,
     append_jsonl,
+    file_tensor_crc32,
     load_tensors,
     read_jsonl,
+    tensor_crc32,
     verify_file,
     write_jsonl_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.teacher import TEACHER_PRESETS, TextKV, WorldPlayTransformer  # noqa: E402
+from predictor_training.teacher import TEACHER_PRESETS, TextKV, WorldPlayTransformer
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOOLS = REPO_ROOT / "tools"
 SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 SHORT_LATENTS = 12
+ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 # =============================================================================================================
@@ -56,6 +59,9 @@ def test_safetensors_writes_are_deterministic_and_verified(tmp_path):
     assert facts == again and (tmp_path / "x.safetensors").read_bytes() == (tmp_path / "y.safetensors").read_bytes()
     assert facts["sha256"] == hashlib.sha256((tmp_path / "x.safetensors").read_bytes()).hexdigest()
     assert facts["tensors"] == {"a": [[2, 3], "bfloat16"], "b": [[6], "int64"]}
+    # one CRC-32 per tensor, of its bytes in the file = of the tensor as loaded
+    assert facts[TENSOR_CHECKSUM_FIELD] == file_tensor_crc32(tmp_path / "x.safetensors")
+    assert facts[TENSOR_CHECKSUM_FIELD] == {name: tensor_crc32(tensor) for name, tensor in tensors.items()}
     assert not list(tmp_path.glob("*.tmp"))
     entry = {"file": "x.safetensors", **facts}
     verify_file(entry, tmp_path)
@@ -67,6 +73,7 @@ def test_safetensors_writes_are_deterministic_and_verified(tmp_path):
         ("bytes", {**entry, "bytes": entry["bytes"] + 1}, "field 'bytes'"),
         ("sha256", {**entry, "sha256": "0" * 64}, "field 'sha256'"),
         ("tensors", {**entry, "tensors": {"a": [[3, 2], "bfloat16"], "b": [[6], "int64"]}}, "field 'tensors'"),
+        ("tensor_crc32", {**entry, TENSOR_CHECKSUM_FIELD: {"a": "00000000"}}, "field 'tensor_crc32'"),
     ]:
         with pytest.raises(ShardVerificationError, match=message) as error:
             verify_file(broken, tmp_path)
@@ -97,7 +104,10 @@ def test_jsonl_append_rewrite_and_torn_tail(tmp_path):
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("demo") / "D"
-    make_demo_assets.main(["--out", str(root), "--num_train", "2", "--num_holdout25", "1", "--num_holdout50", "1"])
+    command = [sys.executable, str(TOOLS / "make_demo_assets.py"), "--out", str(root), "--num_train", "2",
+               "--num_holdout25", "1", "--num_holdout50", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root
 
 
@@ -133,6 +143,21 @@ def _subset_args(demo: Path, tables: str, out: Path, *extra: str) -> list[str]:
             "--num_latents", str(SHORT_LATENTS), "--dtype", "float32", "--device", "cpu", "--out", str(out), *extra]
 
 
+def _options(demo: Path, tables: str, out: Path, **changes) -> builder.BuildOptions:
+    """What the command line makes of ``--teacher D/teacher --samples TABLES --encoded D/encoded --dtype float32
+    --device cpu --out OUT`` (tables comma-separated), with ``changes`` applied."""
+    options = builder.BuildOptions(teacher=demo / "teacher", samples=tables.split(","), encoded=demo / "encoded",
+                                   out=out, dtype="float32", device="cpu")
+    for name, value in changes.items():
+        setattr(options, name, value)
+    return options
+
+
+def _subset_options(demo: Path, tables: str, out: Path, **changes) -> builder.BuildOptions:
+    """The build of ``_subset_args`` (12 latents)."""
+    return _options(demo, tables, out, num_latents=SHORT_LATENTS, **changes)
+
+
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int, int]]:
     """{relative path: (bytes, inode, mtime_ns)} of every file under root."""
     return {str(path.relative_to(root)): (path.read_bytes(), path.stat().st_ino, path.stat().st_mtime_ns)
@@ -143,9 +168,8 @@ def _snapshot(root: Path) -> dict[str, tuple[bytes, int, int]]:
 def torchrun_build(demo, subset, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "DS"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(REPO_ROOT / "tools" / "build_predictor_dataset.py"), *_subset_args(demo, subset[1], out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)
+               str(TOOLS / "build_predictor_dataset.py"), *_subset_args(demo, subset[1], out)]
+    result = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD_ENV, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result.stdout + result.stderr
 
@@ -161,6 +185,8 @@ def test_torchrun_build_writes_a_complete_verified_dataset(torchrun_build):
     assert kinds.count("case") == 3 and kinds.count("trajectory") == 5
     for entry in manifest:
         verify_file(entry, out)
+        assert entry[TENSOR_CHECKSUM_FIELD] == file_tensor_crc32(out / entry["file"])  # every tensor, every file
+        assert sorted(entry[TENSOR_CHECKSUM_FIELD]) == sorted(entry["tensors"])
     splits = [entry["split"] for entry in manifest if entry["kind"] == "trajectory"]
     assert sorted(splits) == ["holdout25"] + ["train"] * 4
     assert "[rank 0] trajectories built 3" in log and "[rank 1] trajectories built 2" in log
@@ -185,7 +211,7 @@ def test_torchrun_build_writes_a_complete_verified_dataset(torchrun_build):
 
 def test_interrupted_build_resumes_without_redoing_work_and_matches(demo, subset, torchrun_build, tmp_path, capsys):
     out = tmp_path / "DS"
-    assert builder.main(_subset_args(demo, subset[1], out, "--stop_after", "2")) == 0
+    assert builder.run(_subset_options(demo, subset[1], out, stop_after=2)) == 0
     assert not (out / "manifest.jsonl").exists()
     finished = {key: value for key, value in _snapshot(out).items() if key.startswith(("trajectories/", "cases/"))}
     assert sum(key.startswith("trajectories/") for key in finished) == 2
@@ -193,7 +219,7 @@ def test_interrupted_build_resumes_without_redoing_work_and_matches(demo, subset
         handle.write('{"kind": "traj')
     capsys.readouterr()
 
-    assert builder.main(_subset_args(demo, subset[1], out)) == 0
+    assert builder.run(_subset_options(demo, subset[1], out)) == 0
     log = capsys.readouterr().out
     assert "trajectories built 3, skipped 2; cases built 0, skipped 3" in log
     after = _snapshot(out)
@@ -210,7 +236,7 @@ def test_interrupted_build_resumes_without_redoing_work_and_matches(demo, subset
     data = bytearray(damaged.read_bytes())
     data[-1] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    assert builder.main(_subset_args(demo, subset[1], out)) == 0
+    assert builder.run(_subset_options(demo, subset[1], out)) == 0
     log = capsys.readouterr().out
     assert "rebuilding" in log and "field 'sha256'" in log and "trajectories built 1, skipped 4" in log
     assert damaged.read_bytes() == reference[str(damaged.relative_to(out))][0]
@@ -222,9 +248,7 @@ def test_bfloat16_build_follows_the_real_pipeline_precision(demo, subset, torchr
     assert config.state_dtype == torch.bfloat16 and config.autocast_dtype == torch.bfloat16
     assert builder.rollout_config((0, 3), torch.float32).autocast_dtype is None
     train_table = subset[1].split(",")[0]
-    args = _subset_args(demo, train_table, tmp_path / "bf16")
-    args[args.index("--dtype") + 1] = "bfloat16"
-    assert builder.main([*args, "--stop_after", "1"]) == 0
+    assert builder.run(_subset_options(demo, train_table, tmp_path / "bf16", dtype="bfloat16", stop_after=1)) == 0
     name = sorted((tmp_path / "bf16" / "trajectories").iterdir())[0].name
     bf16 = load_tensors(tmp_path / "bf16" / "trajectories" / name)
     fp32 = load_tensors(torchrun_build[0] / "trajectories" / name)
@@ -242,8 +266,7 @@ def full_build(demo, tmp_path_factory):
     row = [row for row in _demo_rows(demo, "train") if row["action_id"] == 2][0]
     table = _write_table(demo, folder, "train", [row], 32)
     out = folder / "DS"
-    assert builder.main(["--teacher", str(demo / "teacher"), "--samples", str(table), "--encoded",
-                         str(demo / "encoded"), "--dtype", "float32", "--device", "cpu", "--out", str(out)]) == 0
+    assert builder.run(_options(demo, str(table), out)) == 0
     return out, row, table
 
 
@@ -296,6 +319,24 @@ def test_stored_targets_equal_a_fresh_teacher_rollout(demo, full_build):
     assert [len(chunk.ctx_indices) for chunk in exact.chunks] == [0, 4, 8, 12, 16, 20, 20, 20]
 
 
+def test_resume_adds_per_tensor_checksums_to_an_older_manifest(demo, full_build, tmp_path, capsys):
+    """A dataset whose manifest predates per-tensor checksums: a rerun skips every file and adds the checksums."""
+    out, _, table = full_build
+    older = tmp_path / "DS"
+    shutil.copytree(out, older)
+    entries = read_jsonl(older / "manifest.jsonl")
+    write_jsonl_atomic(older / "manifest.jsonl", [
+        {key: value for key, value in entry.items() if key != TENSOR_CHECKSUM_FIELD} for entry in entries
+    ])
+    files = {key: value for key, value in _snapshot(older).items() if key.startswith(("cases/", "trajectories/"))}
+    capsys.readouterr()
+    assert builder.run(_options(demo, str(table), older)) == 0
+    assert "trajectories built 0, skipped 1; cases built 0, skipped 1" in capsys.readouterr().out
+    assert (older / "manifest.jsonl").read_bytes() == (out / "manifest.jsonl").read_bytes()
+    after = _snapshot(older)
+    assert all(after[key] == value for key, value in files.items())  # no shard rewritten
+
+
 def test_builder_rollout_reproduces_set_a_golden_trajectory():
     golden = trajectory_check.GoldenTrajectory.load(SET_A)
     config = builder.rollout_config(golden.prefeature_layers(), torch.float32)
@@ -305,8 +346,11 @@ def test_builder_rollout_reproduces_set_a_golden_trajectory():
 
 
 def test_dry_run_estimates(demo, full_build, tmp_path, capsys):
-    assert builder.main(["--demo", str(demo), "--out", str(tmp_path / "unused"), "--dry_run"]) == 0
-    out = capsys.readouterr().out
+    command = [sys.executable, str(TOOLS / "build_predictor_dataset.py"), "--demo", str(demo), "--out",
+               str(tmp_path / "unused"), "--dry_run"]
+    result = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
     assert "dry run: 16 trajectories, 4 cases" in out and not (tmp_path / "unused").exists()
     estimated = int(out.split("per trajectory ")[1].split("(")[1].split(" bytes")[0])
     manifest = read_jsonl(full_build[0] / "manifest.jsonl")
@@ -316,9 +360,9 @@ def test_dry_run_estimates(demo, full_build, tmp_path, capsys):
     real = tmp_path / "real_teacher"
     real.mkdir()
     (real / "config.json").write_text(json.dumps(TEACHER_PRESETS["worldplay_480p_i2v"]))
-    assert builder.main(["--teacher", str(real), "--samples", str(demo / "samples" / "train.jsonl"),
-                         "--out", str(tmp_path / "unused"), "--dry_run", "--assume_grid", "30x52",
-                         "--assume_text_tokens", "1000"]) == 0
+    options = builder.BuildOptions(teacher=real, samples=[str(demo / "samples" / "train.jsonl")], encoded=None,
+                                   out=tmp_path / "unused", dry_run=True, assume_grid=(30, 52), assume_text_tokens=1000)
+    assert builder.run(options) == 0
     out = capsys.readouterr().out
     per_trajectory = int(out.split("per trajectory ")[1].split("(")[1].split(" bytes")[0])
     tokens, hidden = 4 * 30 * 52, 2048
@@ -334,10 +378,9 @@ def test_dry_run_estimates(demo, full_build, tmp_path, capsys):
 def test_bad_inputs_name_file_and_field_and_leave_shards_untouched(demo, full_build, tmp_path):
     out, row, table = full_build
     before = _snapshot(out)
-    base = ["--teacher", str(demo / "teacher"), "--dtype", "float32", "--device", "cpu", "--out", str(out)]
 
     def run(samples, encoded):
-        return builder.main([*base, "--samples", str(samples), "--encoded", str(encoded)])
+        return builder.run(_options(demo, str(samples), out, encoded=encoded))
 
     # 1. pose file with the wrong number of latents
     short = _write_table(demo, tmp_path / "short", "train", [row], SHORT_LATENTS)
@@ -369,6 +412,6 @@ def test_bad_inputs_name_file_and_field_and_leave_shards_untouched(demo, full_bu
 
     # 5. other settings than the dataset in --out was built with
     with pytest.raises(builder.DatasetInputError, match="prefeature_layers"):
-        builder.main([*base, "--samples", str(table), "--encoded", str(demo / "encoded"), "--prefeature_layers", "0"])
+        builder.run(_options(demo, str(table), out, prefeature_layers=(0,)))
 
     assert _snapshot(out) == before

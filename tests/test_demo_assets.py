@@ -1,7 +1,9 @@
 """Demo assets: complete, byte-deterministic, loadable by the Teacher and the readers, and made of distinct scenes."""
 
-import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,11 @@ COUNTS = {"train": 2, "holdout25": 1, "holdout50": 1}
 ARGV = ["--num_train", "2", "--num_holdout25", "1", "--num_holdout50", "1", "--seed", "0"]
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("make_demo_assets", TOOL_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_tool(out: Path) -> subprocess.CompletedProcess:
+    """tools/make_demo_assets.py as a command (one CPU thread, so two runs compare byte for byte)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(TOOL_PATH), "--out", str(out), *ARGV], capture_output=True, text=True,
+                          env=env, timeout=600)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -30,7 +32,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
-    load_tool().main(["--out", str(root / "D"), *ARGV])
+    result = run_tool(root / "D")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root / "D"
 
 
@@ -90,11 +93,10 @@ def test_demo_assets_fit_together(demo):
 
 
 def test_demo_assets_are_deterministic_and_guarded(demo, tmp_path):
-    tool = load_tool()
-    tool.main(["--out", str(tmp_path / "again"), *ARGV])
+    assert run_tool(tmp_path / "again").returncode == 0
     assert file_bytes(tmp_path / "again") == file_bytes(demo)
-    with pytest.raises(SystemExit):
-        tool.main(["--out", str(tmp_path / "again"), *ARGV])  # exists, no --overwrite
+    refused = run_tool(tmp_path / "again")  # exists, no --overwrite
+    assert refused.returncode == 2 and "already exists; pass --overwrite" in refused.stderr
 
 
 def test_scenes_are_distinct_and_seeded():

@@ -1,8 +1,10 @@
 """Encoder stage: tiny encoders through diffusers' pipeline methods, `.pt` validation errors, encode_cases resume."""
 
-import importlib.util
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,11 @@ from predictor_training.data.encoders import (
     EncodeJob,
     check_tokenizer_matches_pipeline,
     encode_cases_to_folder,
+    jobs_from_cases,
     load_encoded_case,
     save_encoded_case,
 )
-from predictor_training.data.sample_table import SampleTableError
+from predictor_training.data.sample_table import read_cases
 from predictor_training.demo import (
     TinyEncoderSizes,
     build_tiny_encoder_pipeline,
@@ -36,11 +39,21 @@ GLYPH_CAPTION = 'A small red circle on the left over blue and white stripes. A s
 PLAIN_CAPTION = "A large green square in the centre in front of a grey to black gradient."
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("encode_cases", TOOL_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_tool(argv: list[str]) -> subprocess.CompletedProcess:
+    """tools/encode_cases.py as a command (one CPU thread, like the in-process tests)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(TOOL_PATH), *argv], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def tool_counts(result: subprocess.CompletedProcess) -> tuple[int, int, int]:
+    """(written, skipped, finished) from the tool's output of a successful single-rank run."""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("rank 0: wrote "))
+    written, skipped = (int(part.split()[-1]) for part in line.removesuffix(" existing").split(", "))
+    summary = next(line for line in result.stdout.splitlines() if "cases encoded in" in line)
+    finished = int(summary.split("encode_cases: ")[1].split("/")[0])
+    return written, skipped, finished
 
 
 def random_image(height: int, width: int, seed: int) -> Image.Image:
@@ -245,14 +258,12 @@ def write_cases(folder: Path, count: int) -> Path:
 
 
 def test_encode_cases_tool_writes_validates_and_skips_finished(tmp_path, encoders_folder):
-    tool = load_tool()
     cases = write_cases(tmp_path, 3)
     out = tmp_path / "encoded"
     argv = ["--encoders", str(encoders_folder), "--cases", str(cases), "--out", str(out), "--height", str(HEIGHT),
             "--width", str(WIDTH), "--device", "cpu", "--dtype", "float32"]
 
-    first = tool.main(argv)
-    assert (first["written"], first["skipped"], first["finished"]) == (3, 0, 3)
+    assert tool_counts(run_tool(argv)) == (3, 0, 3)
     files = sorted(out.glob("*.pt"))
     assert [path.stem for path in files] == ["demo000", "demo001", "demo002"]
     for path in files:
@@ -260,31 +271,31 @@ def test_encode_cases_tool_writes_validates_and_skips_finished(tmp_path, encoder
     stamps = {path.name: (path.read_bytes(), os.stat(path).st_mtime_ns) for path in files}
 
     # resume: nothing is re-encoded; a deleted output is made again with the same bytes
-    second = tool.main(argv)
-    assert (second["written"], second["skipped"]) == (0, 3)
-    assert {path.name: (path.read_bytes(), os.stat(path).st_mtime_ns) for path in files} == stamps
     files[1].unlink()
-    third = tool.main(argv)
-    assert (third["written"], third["skipped"]) == (1, 2)
+    assert tool_counts(run_tool(argv)) == (1, 2, 3)
+    assert {path.name: (path.read_bytes(), os.stat(path).st_mtime_ns) for path in files if path != files[1]} == {
+        name: stamp for name, stamp in stamps.items() if name != files[1].name
+    }
     assert files[1].read_bytes() == stamps[files[1].name][0]
 
     # other settings into the same folder: refused, naming the settings file and field
-    with pytest.raises(EncodedCaseError, match=r"encode_config.json: field 'vision_crop' is 'bucket'.*'target'"):
-        tool.main(argv + ["--vision_crop", "target"])
+    refused = run_tool(argv + ["--vision_crop", "target"])
+    assert refused.returncode == 1 and "EncodedCaseError" in refused.stderr
+    assert re.search(r"encode_config.json: field 'vision_crop' is 'bucket'.*'target'", refused.stderr)
 
 
-def test_missing_image_is_reported_before_anything_is_encoded(tmp_path, encoders_folder):
-    tool = load_tool()
+def test_missing_image_is_reported_before_anything_is_encoded(tmp_path, encoders_folder, encoder):
     cases = write_cases(tmp_path, 3)
     out = tmp_path / "encoded"
     argv = ["--encoders", str(encoders_folder), "--cases", str(cases), "--out", str(out), "--height", str(HEIGHT),
             "--width", str(WIDTH), "--device", "cpu", "--dtype", "float32"]
-    tool.main(argv)
+    encode_cases_to_folder(encoder, jobs_from_cases(read_cases(cases)), out, HEIGHT, WIDTH, show_progress=False)
     finished = {path.name: path.read_bytes() for path in out.glob("*.pt")}
     (tmp_path / "images" / "demo002.png").unlink()
     (out / "demo002.pt").unlink()
-    with pytest.raises(SampleTableError, match=r"cases.jsonl line 3: field 'source_image' points to .*demo002.png"):
-        tool.main(argv)
+    refused = run_tool(argv)
+    assert refused.returncode == 1 and "SampleTableError" in refused.stderr
+    assert re.search(r"cases.jsonl line 3: field 'source_image' points to .*demo002.png", refused.stderr)
     assert {path.name: path.read_bytes() for path in out.glob("*.pt")} == {
         name: data for name, data in finished.items() if name != "demo002.pt"
     }

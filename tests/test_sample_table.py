@@ -1,8 +1,10 @@
 """Sample table: standard action poses, rows and seeds, table I/O validation, splits, and the builder tool."""
 
-import importlib.util
 import json
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,11 +28,8 @@ from predictor_training.data.sample_table import (
 TOOL_PATH = Path(__file__).resolve().parents[1] / "tools" / "make_sample_table.py"
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("make_sample_table", TOOL_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL_PATH), *args], capture_output=True, text=True, timeout=120)
 
 
 def make_cases(folder: Path, count: int) -> list[Case]:
@@ -61,7 +60,7 @@ def rewrite_line(table: Path, line_index: int, edit) -> None:
 # ---- standard actions and rows --------------------------------------------------------------------------------
 def test_standard_action_poses_have_the_documented_motion(tmp_path):
     paths = write_standard_pose_files(tmp_path)
-    # README section 9 labels: forward 1, backward 2 (translation, x9); yaw right 1, yaw left 2 (rotation)
+    # tests/data/conformance/README.md section 9 labels: forward 1, backward 2 (translation, x9); yaw right 1, yaw left 2 (rotation)
     expected_label = {0: 1 * 9, 1: 2 * 9, 2: 1 * 9 + 2, 3: 1 * 9 + 1}
     assert sorted(paths) == sorted(STANDARD_ACTIONS)
     for action_id, path in paths.items():
@@ -189,11 +188,11 @@ def write_cases_file(folder: Path, count: int) -> Path:
 
 
 def test_tool_writes_poses_and_three_disjoint_tables(tmp_path):
-    tool = load_tool()
     cases_path = write_cases_file(tmp_path, 12)
     out = tmp_path / "table"
     sizes = ["--train-size", "6", "--holdout25-size", "2", "--holdout50-size", "3"]
-    paths = tool.main(["--cases", str(cases_path), "--out", str(out), *sizes])
+    assert run_tool("--cases", str(cases_path), "--out", str(out), *sizes).returncode == 0
+    paths = {name: out / f"{name}.jsonl" for name in ("train", "holdout25", "holdout50")}
     tables = {name: read_sample_table(path) for name, path in paths.items()}
     assert {name: len(rows) for name, rows in tables.items()} == {"train": 24, "holdout25": 8, "holdout50": 12}
     check_disjoint_splits(tables)
@@ -201,24 +200,25 @@ def test_tool_writes_poses_and_three_disjoint_tables(tmp_path):
     assert Path(tables["train"][0].source_image).is_absolute()
 
     before = {name: path.read_text() for name, path in paths.items()}
-    tool.main(["--cases", str(cases_path), "--out", str(out), *sizes])  # same inputs: same files
+    assert run_tool("--cases", str(cases_path), "--out", str(out), *sizes).returncode == 0  # same inputs: same files
     assert {name: path.read_text() for name, path in paths.items()} == before
-    with pytest.raises(SystemExit, match="--overwrite"):
-        tool.main(["--cases", str(cases_path), "--out", str(out), *sizes, "--split-seed", "5"])
+    refused = run_tool("--cases", str(cases_path), "--out", str(out), *sizes, "--split-seed", "5")
+    assert refused.returncode == 1 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
     assert {name: path.read_text() for name, path in paths.items()} == before
-    tool.main(["--cases", str(cases_path), "--out", str(out), *sizes, "--split-seed", "5", "--overwrite"])
+    assert run_tool("--cases", str(cases_path), "--out", str(out), *sizes, "--split-seed", "5",
+                    "--overwrite").returncode == 0
     assert paths["train"].read_text() != before["train"]
 
 
 def test_tool_rejects_bad_cases_before_writing(tmp_path):
-    tool = load_tool()
     cases_path = write_cases_file(tmp_path, 4)
     lines = cases_path.read_text().splitlines()
     lines[2] = json.dumps({"case_id": "c2", "source_image": "images/missing.png", "caption": "cap"})
     cases_path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "table"
-    with pytest.raises(SampleTableError, match="line 3: field 'source_image' points to .*missing.png"):
-        tool.main(["--cases", str(cases_path), "--out", str(out), "--train-size", "2"])
+    bad_case = run_tool("--cases", str(cases_path), "--out", str(out), "--train-size", "2")
+    assert bad_case.returncode == 1 and "Traceback" not in bad_case.stderr
+    assert re.search(r"line 3: field 'source_image' points to .*missing.png", bad_case.stderr), bad_case.stderr
     assert not out.exists()
-    with pytest.raises(SystemExit):
-        tool.main(["--cases", str(cases_path), "--out", str(out), "--actions", "0,9"])
+    bad_flag = run_tool("--cases", str(cases_path), "--out", str(out), "--actions", "0,9")
+    assert bad_flag.returncode == 2 and bad_flag.stderr.startswith("usage: ")

@@ -11,9 +11,9 @@ from safetensors.torch import save_file
 
 from predictor_training.teacher import (
     TEACHER_PRESETS,
-    CheckpointMismatchError,
     ContextKV,
     LayerContextKV,
+    StateDictMismatchError,
     TextKV,
     WorldPlayTransformer,
     preset_config,
@@ -199,7 +199,7 @@ def test_action_checkpoint_loads_strictly_and_reports_bad_keys(tmp_path):
     broken["img_in.proj.weight"] = torch.zeros(64, 5, 1, 1, 1)
     bad = tmp_path / "bad.safetensors"
     save_file(broken, bad)
-    with pytest.raises(CheckpointMismatchError) as caught:
+    with pytest.raises(StateDictMismatchError) as caught:
         WorldPlayTransformer.load_action_checkpoint(bad, target)
     message = str(caught.value)
     assert "double_blocks.1.img_attn_prope_proj.weight" in message and "missing" in message
@@ -217,7 +217,7 @@ def test_from_pretrained_rejects_missing_and_unexpected_keys(tmp_path):
     state.pop("final_layer.linear.bias")
     state["vector_in.weight"] = torch.zeros(3)
     save_file(state, tmp_path / "diffusion_pytorch_model.safetensors")
-    with pytest.raises(CheckpointMismatchError, match="final_layer.linear.bias") as caught:
+    with pytest.raises(StateDictMismatchError, match="final_layer.linear.bias") as caught:
         WorldPlayTransformer.from_pretrained(tmp_path)
     assert "vector_in.weight" in str(caught.value)
 

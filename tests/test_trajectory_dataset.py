@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -9,9 +12,17 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from predictor_training.camera import pose_to_input
+from predictor_training.data.pair_dataset import UncheckedTensorsWarning
 from predictor_training.data.sample_table import standard_pose_relpath
+from predictor_training.data.shards import TensorChecksumError
 from predictor_training.trajectory_dataset import ENCODED_TENSORS, TrajectoryTableDataset
-from tests.helpers_dataset import SyntheticSpec, write_synthetic_dataset, write_synthetic_sample_tables
+from tests.helpers_dataset import (
+    SyntheticSpec,
+    damage_tensor,
+    strip_tensor_checksums,
+    write_synthetic_dataset,
+    write_synthetic_sample_tables,
+)
 
 TRAIN_CASES = [f"c{i:03d}" for i in range(12)]
 HOLDOUT_CASES = ["h000", "h001"]
@@ -62,6 +73,28 @@ def test_load_case_reads_the_case_file_only(setup):
         assert torch.equal(tensor, written["cases/h001.safetensors"][name])
     with pytest.raises(KeyError, match="'nope'"):
         dataset.load_case("nope")
+
+
+def test_load_case_checks_every_tensor_against_the_manifest(setup, tmp_path):
+    root, written, tables = setup
+    copy = tmp_path / "dataset"
+    shutil.copytree(root / "dataset", copy)
+    victim = copy / "cases" / "c002.safetensors"
+    damage_tensor(victim, "text_v", 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a current manifest: no warning
+        dataset = TrajectoryTableDataset(tables["train"], dataset_root=copy)  # no verify: nothing hashed up front
+    assert torch.equal(dataset.load_case("c001")["text_v"], written["cases/c001.safetensors"]["text_v"])
+    pattern = rf"{re.escape(str(victim))}: tensor 'text_v': field 'tensor_crc32': expected [0-9a-f]{{8}}, found "
+    for _ in range(2):
+        with pytest.raises(TensorChecksumError, match=pattern):
+            dataset.load_case("c002")
+
+    strip_tensor_checksums(copy)  # as an older builder wrote it: loads, says so once, cannot check tensors
+    with pytest.warns(UncheckedTensorsWarning, match="no per-tensor checksums") as caught:
+        old = TrajectoryTableDataset(tables["train"], dataset_root=copy)
+    assert len(caught) == 1
+    assert sorted(old.load_case("c002")) == ["image_cond", "text_k", "text_v"]
 
 
 def test_ranks_read_different_keys(setup):

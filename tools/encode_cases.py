@@ -20,17 +20,12 @@ files are skipped, and `encode_config.json` in --out must match this run's setti
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from predictor_training.data.encoders import (  # noqa: E402
+from predictor_training.data.encoders import (
     VISION_CROPS,
     CaseEncoder,
     check_or_write_encode_config,
@@ -39,8 +34,8 @@ from predictor_training.data.encoders import (  # noqa: E402
     encoded_path,
     jobs_from_cases,
 )
-from predictor_training.data.sample_table import read_cases  # noqa: E402
-from predictor_training.distributed import barrier, cleanup_distributed, init_distributed, log0  # noqa: E402
+from predictor_training.data.sample_table import read_cases
+from predictor_training.distributed import barrier, cleanup_distributed, init_distributed, log0
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -24,17 +24,12 @@ import argparse
 import io
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from predictor_training.data.encoders import (  # noqa: E402
+from predictor_training.data.encoders import (
     CaseEncoder,
     check_or_write_encode_config,
     encode_cases_to_folder,
@@ -43,7 +38,7 @@ from predictor_training.data.encoders import (  # noqa: E402
     load_encoded_case,
     write_bytes_atomic,
 )
-from predictor_training.data.sample_table import (  # noqa: E402
+from predictor_training.data.sample_table import (
     STANDARD_ACTIONS,
     Case,
     build_sample_rows,
@@ -53,7 +48,7 @@ from predictor_training.data.sample_table import (  # noqa: E402
     write_sample_table,
     write_standard_pose_files,
 )
-from predictor_training.demo import (  # noqa: E402
+from predictor_training.demo import (
     DEMO_HEIGHT,
     DEMO_NUM_LATENTS,
     DEMO_TEACHER_PRESET,
@@ -62,7 +57,7 @@ from predictor_training.demo import (  # noqa: E402
     make_demo_scenes,
     save_tiny_encoders,
 )
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_  # noqa: E402
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 # Sub-seeds of --seed for each ingredient, so changing one never shifts another.
 _TEACHER_SEED, _TEACHER_ZERO_INIT_SEED, _ENCODER_SEED = 1000, 2000, 3000

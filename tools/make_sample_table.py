@@ -18,15 +18,12 @@ Everything is validated before anything is written; each file is written atomica
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-# Allow `python tools/make_sample_table.py` from the repository root without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from predictor_training.data.sample_table import (  # noqa: E402
+from predictor_training.data.sample_table import (
     DEFAULT_SPLIT_SIZES,
     STANDARD_ACTIONS,
+    SampleTableError,
     build_sample_rows,
     check_disjoint_splits,
     format_sample_table,
@@ -76,10 +73,13 @@ def main(argv=None) -> dict[str, Path]:
     sizes = {"train": args.train_size, "holdout25": args.holdout25_size, "holdout50": args.holdout50_size}
 
     # 1. validate and split the cases (nothing is written before this succeeds)
-    cases = read_cases(args.cases)
-    splits = split_cases(cases, sizes, seed=args.split_seed)
-    tables = {name: build_sample_rows(split, args.action_ids, args.seed_base) for name, split in splits.items()}
-    check_disjoint_splits(tables)
+    try:
+        cases = read_cases(args.cases)
+        splits = split_cases(cases, sizes, seed=args.split_seed)
+        tables = {name: build_sample_rows(split, args.action_ids, args.seed_base) for name, split in splits.items()}
+        check_disjoint_splits(tables)
+    except SampleTableError as error:
+        raise SystemExit(f"error: {error}") from None
     texts = {name: format_sample_table(rows) for name, rows in tables.items()}
 
     # 2. refuse to silently change an existing split

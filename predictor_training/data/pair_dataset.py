@@ -1,4 +1,4 @@
-"""Pair reader of the offline Predictor dataset (layout: DATASET.md, built by ``tools/build_predictor_dataset.py``).
+"""Pair reader of the offline Predictor dataset (layout: data.md, built by ``tools/build_predictor_dataset.py``).
 
 One item is one supervision pair ``(anchor step j -> target step k)`` of one chunk ``c`` of one trajectory
 ``(case_id, action_id)``. The Predictor sees the noisy input of step ``k`` and the Teacher's final hidden of step
@@ -26,12 +26,17 @@ mask 1, every other frame carries zeros.
 
 Files are opened lazily with ``safetensors.safe_open`` (memory-mapped) in the process that reads them, so a dataset
 object is safe to hand to DataLoader workers (fork or spawn): open handles never cross a process boundary.
+
+Every tensor is checked against its CRC-32 from the manifest (``tensor_crc32``) the first time a process reads it
+(``shards.TensorChecksums``); a damaged tensor raises ``shards.TensorChecksumError`` naming the file and the tensor.
+A manifest written before per-tensor checksums existed still loads, with one ``UncheckedTensorsWarning``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,12 +46,23 @@ import torch
 from safetensors import safe_open
 from torch.utils.data import Dataset
 
-from predictor_training.data.shards import MANIFEST_KINDS, read_jsonl, verify_file
+from predictor_training.data.shards import (
+    MANIFEST_KINDS,
+    TENSOR_CHECKSUM_FIELD,
+    TensorChecksums,
+    read_jsonl,
+    verify_file,
+)
 
 DEFAULT_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (1, 2), (2, 3))
 DATASET_CONFIG_NAME = "dataset_config.json"
 MANIFEST_NAME = "manifest.jsonl"
 MANIFEST_FIELDS = ("kind", "file", "case_id", "action_id", "split", "bytes", "sha256", "tensors")
+_HEX_DIGITS = set("0123456789abcdef")
+
+
+class UncheckedTensorsWarning(UserWarning):
+    """Dataset files whose manifest entries have no per-tensor checksums: their tensors are read unchecked."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -57,7 +73,8 @@ class ManifestEntry:
     """One line of ``manifest.jsonl``: a finished case or trajectory file.
 
     ``tensors`` maps a tensor name to ``(shape, dtype)`` as recorded by the builder, so shapes (for example the number
-    of context frames of a chunk) are known without reading any tensor.
+    of context frames of a chunk) are known without reading any tensor. ``tensor_crc32`` maps every tensor name to
+    its CRC-32 (None for a manifest written before per-tensor checksums).
     """
 
     kind: str
@@ -69,6 +86,7 @@ class ManifestEntry:
     sha256: str
     tensors: dict[str, tuple[tuple[int, ...], str]]
     record: dict = field(repr=False, compare=False)
+    tensor_crc32: dict[str, str] | None = field(default=None, repr=False)
 
     def shape(self, tensor_name: str) -> tuple[int, ...]:
         """Recorded shape of one tensor; KeyError naming the file and tensor when the builder did not record it."""
@@ -107,6 +125,19 @@ def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list)):
             raise ValueError(f"{where}: tensors[{name!r}] is {spec!r}, expected [shape list, dtype string]")
         tensors[name] = (tuple(int(size) for size in spec[0]), str(spec[1]))
+    checksums = record.get(TENSOR_CHECKSUM_FIELD)
+    if checksums is not None:
+        valid = isinstance(checksums, dict) and all(
+            isinstance(value, str) and len(value) == 8 and set(value) <= _HEX_DIGITS for value in checksums.values()
+        )
+        if not valid:
+            raise ValueError(f"{where}: field {TENSOR_CHECKSUM_FIELD!r} must map tensor names to 8 hex digits")
+        if sorted(checksums) != sorted(tensors):
+            raise ValueError(
+                f"{where}: field {TENSOR_CHECKSUM_FIELD!r} names {sorted(checksums)[:6]}, field 'tensors' names "
+                f"{sorted(tensors)[:6]}: they must list the same tensors"
+            )
+        checksums = dict(checksums)
     return ManifestEntry(
         kind=record["kind"],
         file=record["file"],
@@ -117,6 +148,7 @@ def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
         sha256=str(record["sha256"]),
         tensors=tensors,
         record=record,
+        tensor_crc32=checksums,
     )
 
 
@@ -151,6 +183,25 @@ def verify_checksums(root: str | Path, entries: Sequence[ManifestEntry]) -> None
         verify_file(entry.record, root, check_sha256=True)
 
 
+def tensor_checksums(root: str | Path, entries: Sequence[ManifestEntry], verified: bool = False) -> TensorChecksums:
+    """The per-tensor CRC-32 of ``entries`` keyed by file path (``root / entry.file``), for checking on read.
+
+    Entries without per-tensor checksums (a manifest written before they existed) are left out and reported in one
+    ``UncheckedTensorsWarning``, unless ``verified`` (their whole files were just checked with ``verify_checksums``).
+    """
+    unchecked = [entry.file for entry in entries if entry.tensor_crc32 is None]
+    if unchecked and not verified:
+        warnings.warn(
+            f"{Path(root) / MANIFEST_NAME}: {len(unchecked)} of {len(entries)} dataset files (e.g. {unchecked[0]}) "
+            f"have no per-tensor checksums ({TENSOR_CHECKSUM_FIELD}; manifest written by an older builder), so their "
+            "tensors are read unchecked. Rerun tools/build_predictor_dataset.py with the same arguments and --out to "
+            "add them, or check the whole files up front with verify=True (--verify_dataset).",
+            UncheckedTensorsWarning,
+            stacklevel=3,
+        )
+    return TensorChecksums({Path(root) / entry.file: entry.tensor_crc32 for entry in entries if entry.tensor_crc32})
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Lazily opened, per-process safetensors handles
 # ---------------------------------------------------------------------------------------------------------------------
@@ -158,12 +209,15 @@ class SafetensorsHandles:
     """A small LRU of open ``safe_open`` handles that belongs to one process.
 
     After a fork (DataLoader workers) the cache notices the new pid and starts empty; pickling (spawn) drops it.
+    With ``checksums``, the first read of every tensor in a process reads it whole and checks its CRC-32
+    (``shards.TensorChecksumError`` naming file and tensor on a mismatch); later reads are not checked again.
     """
 
-    def __init__(self, max_open: int = 32):
+    def __init__(self, max_open: int = 32, checksums: TensorChecksums | None = None):
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
         self.max_open = max_open
+        self.checksums = checksums
         self._owner_pid = os.getpid()
         self._handles: OrderedDict[str, tuple[object, frozenset[str]]] = OrderedDict()
 
@@ -194,18 +248,26 @@ class SafetensorsHandles:
 
     def read(self, path: str | Path, name: str) -> torch.Tensor:
         """One tensor (a copy out of the mapping); KeyError naming file and tensor when it is absent."""
-        return self._checked_entry(path, name).get_tensor(name)
+        tensor = self._checked_entry(path, name).get_tensor(name)
+        if self.checksums is not None:
+            self.checksums.check(path, name, tensor)
+        return tensor
 
     def read_rows(self, path: str | Path, name: str, rows: Sequence[int]) -> torch.Tensor:
-        """``tensor[rows]`` along the first axis, reading only those rows. -> [len(rows), ...]"""
-        view = self._checked_entry(path, name).get_slice(name)
+        """``tensor[rows]`` along the first axis, reading only those rows (the whole tensor on its first, checked
+        read). -> [len(rows), ...]"""
+        handle = self._checked_entry(path, name)
+        if self.checksums is not None and self.checksums.pending(path, name):
+            whole = self.checksums.check(path, name, handle.get_tensor(name))
+            return torch.cat([whole[row : row + 1] for row in rows], dim=0)
+        view = handle.get_slice(name)
         return torch.cat([view[row : row + 1] for row in rows], dim=0)
 
     def __getstate__(self):
-        return {"max_open": self.max_open}
+        return {"max_open": self.max_open, "checksums": self.checksums}
 
     def __setstate__(self, state):
-        self.__init__(state["max_open"])
+        self.__init__(state["max_open"], state.get("checksums"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -274,6 +336,8 @@ class PairDataset(Dataset):
         with_prev_chunk_hidden: add the final hidden of step k of chunk c-1.
         source_layers: the Predictor's two source blocks (a, b); selects text K/V (and pre-features) layers.
         verify: check size and sha256 of every file the split reads against the manifest first.
+        check_tensors: check every tensor against its manifest CRC-32 when this process first reads it (default;
+            ``False`` only to measure what the check costs, ``benchmarks/bench_tensor_checksums.py``).
         include_chunk0: None = include chunk 0 exactly when neither the context nor the previous chunk is used;
             False = leave it out anyway (the upstream disca recipe trained on chunks 1-7 only: 400 x 7 x 3 = 8400
             pairs); True is refused when the context or the previous chunk is used (chunk 0 has neither).
@@ -281,6 +345,7 @@ class PairDataset(Dataset):
         max_open_files: open handles kept per process.
 
     Chunk 0 is left out when the context or the previous chunk is needed (it has neither), or on request.
+    A manifest without per-tensor checksums (older builder) loads with one ``UncheckedTensorsWarning``.
     """
 
     def __init__(
@@ -296,6 +361,7 @@ class PairDataset(Dataset):
         include_chunk0: bool | None = None,
         float_dtype: torch.dtype | None = None,
         max_open_files: int = 32,
+        check_tensors: bool = True,
     ):
         self.root = Path(root)
         self.split = split
@@ -340,7 +406,8 @@ class PairDataset(Dataset):
             for anchor, target in self.pairs
         ]
         self._n_ctx = [n_ctx_from_manifest(self.trajectories[r.trajectory], r.chunk) for r in self.refs]
-        self._files = SafetensorsHandles(max_open_files)
+        checksums = tensor_checksums(self.root, used, verified=verify) if check_tensors else None
+        self._files = SafetensorsHandles(max_open_files, checksums)
 
     # ---- validation -------------------------------------------------------------------------------------------------
     def _chunk0_included(self, include_chunk0: bool | None) -> bool:

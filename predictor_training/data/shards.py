@@ -8,7 +8,13 @@ byte-identical files and the same sha256.
 The manifest is JSONL, one canonical JSON object per finished file (keys sorted, no spaces):
 
     {"action_id": 3, "bytes": 123, "case_id": "c0001", "file": "trajectories/c0001__a3.safetensors",
-     "kind": "trajectory", "sha256": "...", "split": "train", "tensors": {"name": [[shape...], "bfloat16"], ...}}
+     "kind": "trajectory", "sha256": "...", "split": "train", "tensor_crc32": {"name": "1a2b3c4d", ...},
+     "tensors": {"name": [[shape...], "bfloat16"], ...}}
+
+``tensor_crc32`` holds one CRC-32 per tensor, of the tensor's bytes in the file (its ``data_offsets`` range), so a
+reader can check every tensor when it loads it, without hashing the whole file (``TensorChecksums``,
+``check_tensor_crc32``). Manifests written before this field existed lack it; their tensors cannot be checked
+one by one (the whole-file ``sha256`` of ``verify_file`` still can).
 
 Appends (``append_jsonl``) are single ``write`` calls on a file opened with ``O_APPEND`` followed by ``fsync``; a
 process killed in the middle of one leaves at most a last line without its newline, which ``read_jsonl`` reports
@@ -23,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -33,6 +40,7 @@ from safetensors.torch import save as safetensors_save
 from predictor_training import atomic_io
 
 MANIFEST_KINDS = ("case", "trajectory")
+TENSOR_CHECKSUM_FIELD = "tensor_crc32"
 _HASH_BLOCK_BYTES = 1 << 22
 
 
@@ -40,18 +48,14 @@ class ShardVerificationError(RuntimeError):
     """A dataset file disagrees with its manifest entry (missing, wrong size/checksum/tensor list)."""
 
 
+class TensorChecksumError(ShardVerificationError):
+    """A tensor read from a dataset file disagrees with the per-tensor checksum of its manifest entry."""
+
+
 # ---- small helpers -----------------------------------------------------------------------------------------
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"`` (the spelling used in manifests and configs)."""
     return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """Inverse of ``dtype_name``; raises ValueError for anything that is not a torch dtype."""
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r}: expected a torch dtype such as 'bfloat16' or 'float32'")
-    return dtype
 
 
 def canonical_json(record: Any) -> str:
@@ -75,6 +79,124 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: handle.read(_HASH_BLOCK_BYTES), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def crc32_hex(data) -> str:
+    """CRC-32 (zlib) of a bytes-like object as 8 lowercase hex digits."""
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def tensor_crc32(tensor: torch.Tensor) -> str:
+    """CRC-32 of a tensor's bytes in C order: on a little-endian host (x86, ARM), the bytes safetensors stores."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return crc32_hex(flat.view(torch.uint8).numpy())
+
+
+def _safetensors_header(prefix: bytes, source: str) -> tuple[dict, int]:
+    """(header dict, byte offset of the data section) from the first bytes of a safetensors file."""
+    if len(prefix) < 8:
+        raise ShardVerificationError(f"{source}: not a safetensors file (shorter than its 8-byte header length)")
+    header_size = int.from_bytes(prefix[:8], "little")
+    if len(prefix) < 8 + header_size:
+        raise ShardVerificationError(f"{source}: not a safetensors file (header of {header_size} bytes is cut off)")
+    header = json.loads(bytes(prefix[8 : 8 + header_size]))
+    header.pop("__metadata__", None)
+    return header, 8 + header_size
+
+
+def safetensors_tensor_crc32(data: bytes) -> dict[str, str]:
+    """``{name: crc32}`` of serialised safetensors bytes: each tensor's ``data_offsets`` range, names sorted."""
+    header, start = _safetensors_header(data, "safetensors bytes")
+    view = memoryview(data)
+    checksums = {}
+    for name in sorted(header):
+        begin, end = header[name]["data_offsets"]
+        checksums[name] = crc32_hex(view[start + begin : start + end])
+    return checksums
+
+
+def file_tensor_crc32(path: str | os.PathLike) -> dict[str, str]:
+    """``safetensors_tensor_crc32`` of a file on disk, read in 4 MiB blocks (for entries written without it)."""
+    with open(path, "rb") as handle:
+        length = handle.read(8)
+        header, start = _safetensors_header(length + handle.read(int.from_bytes(length, "little")), str(path))
+        checksums = {}
+        for name in sorted(header):
+            begin, end = header[name]["data_offsets"]
+            handle.seek(start + begin)
+            value, remaining = 0, end - begin
+            while remaining > 0:
+                block = handle.read(min(remaining, _HASH_BLOCK_BYTES))
+                if not block:
+                    raise ShardVerificationError(f"{path}: tensor {name!r} ends past the end of the file")
+                value = zlib.crc32(block, value)
+                remaining -= len(block)
+            checksums[name] = f"{value & 0xFFFFFFFF:08x}"
+    return checksums
+
+
+def check_tensor_crc32(path: str | os.PathLike, name: str, tensor: torch.Tensor, expected: str) -> torch.Tensor:
+    """Return ``tensor`` when its CRC-32 is ``expected``; else TensorChecksumError naming file, tensor and both."""
+    found = tensor_crc32(tensor)
+    if found != expected:
+        raise TensorChecksumError(
+            f"{path}: tensor {name!r}: field '{TENSOR_CHECKSUM_FIELD}': expected {expected}, found {found} (the file "
+            "was damaged after it was written; rerun tools/build_predictor_dataset.py with the same arguments and "
+            "--out to rebuild it)"
+        )
+    return tensor
+
+
+class TensorChecksums:
+    """Expected per-tensor CRC-32 of dataset files; each (file, tensor) is checked once per process.
+
+    Args:
+        expected: ``{file path: {tensor name: crc32}}``. A file without an entry (a manifest written before
+            per-tensor checksums) is not checked.
+
+    ``check`` after a fork starts a fresh record of what this process verified; pickling (DataLoader workers under
+    spawn) keeps the expected values and drops that record.
+    """
+
+    def __init__(self, expected: Mapping[str | os.PathLike, Mapping[str, str]]):
+        self.expected = {str(path): dict(values) for path, values in expected.items()}
+        self._owner_pid = os.getpid()
+        self._verified: set[tuple[str, str]] = set()
+
+    def _verified_here(self) -> set[tuple[str, str]]:
+        if self._owner_pid != os.getpid():
+            self._owner_pid = os.getpid()
+            self._verified = set()
+        return self._verified
+
+    def pending(self, path: str | os.PathLike, name: str) -> bool:
+        """True when this process still has to check ``name`` of ``path`` (a checksum exists, not yet checked)."""
+        key = str(path)
+        return key in self.expected and (key, name) not in self._verified_here()
+
+    def check(self, path: str | os.PathLike, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Check ``tensor`` (the whole stored tensor ``name`` of ``path``) unless done already; returns it.
+
+        Raises:
+            TensorChecksumError naming the file, the tensor and the expected and found values; also when the
+            manifest lists checksums for the file but none for this tensor.
+        """
+        if not self.pending(path, name):
+            return tensor
+        values = self.expected[str(path)]
+        if name not in values:
+            raise TensorChecksumError(
+                f"{path}: tensor {name!r}: field '{TENSOR_CHECKSUM_FIELD}' of its manifest entry has no value for it"
+            )
+        check_tensor_crc32(path, name, tensor, values[name])
+        self._verified.add((str(path), name))
+        return tensor
+
+    def __getstate__(self):
+        return {"expected": self.expected}
+
+    def __setstate__(self, state):
+        self.__init__(state["expected"])
 
 
 def tensor_specs(tensors: Mapping[str, torch.Tensor]) -> dict[str, list]:
@@ -106,11 +228,13 @@ def write_safetensors_atomic(path: str | os.PathLike, tensors: Mapping[str, torc
     """Write ``tensors`` atomically to ``path``.
 
     Returns:
-        ``{"bytes": int, "sha256": str, "tensors": {name: [shape, dtype]}}`` - the file facts of a manifest entry.
+        ``{"bytes": int, "sha256": str, "tensor_crc32": {name: crc32}, "tensors": {name: [shape, dtype]}}`` - the
+        file facts of a manifest entry.
     """
     data = serialize_tensors(tensors)
     write_bytes_atomic(path, data)
-    return {"bytes": len(data), "sha256": sha256_bytes(data), "tensors": tensor_specs(tensors)}
+    return {"bytes": len(data), "sha256": sha256_bytes(data), TENSOR_CHECKSUM_FIELD: safetensors_tensor_crc32(data),
+            "tensors": tensor_specs(tensors)}
 
 
 def read_tensor_specs(path: str | os.PathLike) -> dict[str, list]:
@@ -135,15 +259,24 @@ def _safetensors_dtype_name(code: str) -> str:
     return _SAFETENSORS_DTYPES[code]
 
 
-def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None, device: str = "cpu") -> dict:
-    """Load ``names`` (default: all) from a safetensors file; a missing name raises KeyError naming the file."""
+def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None, device: str = "cpu",
+                 checksums: TensorChecksums | None = None) -> dict:
+    """Load ``names`` (default: all) from a safetensors file; a missing name raises KeyError naming the file.
+
+    With ``checksums`` every loaded tensor is checked against the manifest's per-tensor CRC-32 (once per process;
+    TensorChecksumError naming file and tensor on a mismatch).
+    """
     with safe_open(str(path), framework="pt", device=device) as handle:
         available = set(handle.keys())
         wanted = sorted(available) if names is None else list(names)
         missing = [name for name in wanted if name not in available]
         if missing:
             raise KeyError(f"{path}: missing tensor(s) {missing}")
-        return {name: handle.get_tensor(name) for name in wanted}
+        tensors = {name: handle.get_tensor(name) for name in wanted}
+    if checksums is not None:
+        for name, tensor in tensors.items():
+            checksums.check(path, name, tensor)
+    return tensors
 
 
 class LazyShard:
@@ -190,12 +323,16 @@ class LazyShard:
 def make_manifest_entry(
     kind: str, file: str, file_facts: Mapping[str, Any], case_id: str, action_id: int | None, split: str
 ) -> dict[str, Any]:
-    """A manifest record. ``file`` is relative to the dataset root (POSIX separators)."""
+    """A manifest record. ``file`` is relative to the dataset root (POSIX separators).
+
+    ``file_facts`` is what ``write_safetensors_atomic`` returns; its per-tensor checksums (``tensor_crc32``) are
+    copied when present.
+    """
     if kind not in MANIFEST_KINDS:
         raise ValueError(f"manifest kind must be one of {MANIFEST_KINDS}, got {kind!r}")
     if Path(file).is_absolute():
         raise ValueError(f"manifest file paths are relative to the dataset root, got absolute {file!r}")
-    return {
+    entry = {
         "kind": kind,
         "file": Path(file).as_posix(),
         "case_id": case_id,
@@ -205,6 +342,9 @@ def make_manifest_entry(
         "sha256": str(file_facts["sha256"]),
         "tensors": dict(file_facts["tensors"]),
     }
+    if TENSOR_CHECKSUM_FIELD in file_facts:
+        entry[TENSOR_CHECKSUM_FIELD] = dict(file_facts[TENSOR_CHECKSUM_FIELD])
+    return entry
 
 
 def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
@@ -256,9 +396,12 @@ def read_jsonl(path: str | os.PathLike, allow_torn_tail: bool = False) -> list[d
 def verify_file(entry: Mapping[str, Any], root: str | os.PathLike, check_sha256: bool = True) -> None:
     """Check that ``root / entry["file"]`` exists and matches the entry's bytes, sha256 and tensor list.
 
+    When the entry has per-tensor checksums (``tensor_crc32``), they must name exactly the listed tensors (their
+    values are checked when the tensors are read, and they are implied by a matching sha256).
+
     Raises:
-        ShardVerificationError naming the file and the field (``file``, ``bytes``, ``sha256``, ``tensors``) that
-        disagrees, with the expected and found values.
+        ShardVerificationError naming the file and the field (``file``, ``bytes``, ``sha256``, ``tensors``,
+        ``tensor_crc32``) that disagrees, with the expected and found values.
     """
     for field in ("file", "bytes", "sha256", "tensors"):
         if field not in entry:
@@ -283,5 +426,10 @@ def verify_file(entry: Mapping[str, Any], root: str | os.PathLike, check_sha256:
         details += [f"{name}: expected {expected[name]}, found {found[name]}" for name in changed[:5]]
         raise ShardVerificationError(
             f"{path}: field 'tensors' disagrees with the manifest: " + "; ".join(d for d in details if d)
+        )
+    if TENSOR_CHECKSUM_FIELD in entry and sorted(entry[TENSOR_CHECKSUM_FIELD]) != sorted(expected):
+        raise ShardVerificationError(
+            f"{path}: field '{TENSOR_CHECKSUM_FIELD}' names tensors {sorted(entry[TENSOR_CHECKSUM_FIELD])}, "
+            f"the file has {sorted(expected)}"
         )
 

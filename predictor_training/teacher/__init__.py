@@ -3,7 +3,7 @@
 from .cache import CameraProjection, ChunkOutput, ContextKV, LayerContextKV, RopeTable, TextKV
 from .config import TEACHER_PRESETS, preset_config
 from .loading import (
-    CheckpointMismatchError,
+    StateDictMismatchError,
     load_checkpoint_strict,
     load_state_dict_strict,
     randomize_zero_initialised_,
@@ -13,12 +13,12 @@ from .model import DoubleStreamBlock, WorldPlayTransformer
 
 __all__ = [
     "CameraProjection",
-    "CheckpointMismatchError",
     "ChunkOutput",
     "ContextKV",
     "DoubleStreamBlock",
     "LayerContextKV",
     "RopeTable",
+    "StateDictMismatchError",
     "TEACHER_PRESETS",
     "TextKV",
     "WorldPlayTransformer",

@@ -18,7 +18,7 @@ MAX_LISTED_KEYS = 20
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Strict loading
 # ---------------------------------------------------------------------------------------------------------------
-class CheckpointMismatchError(KeyError):
+class StateDictMismatchError(KeyError):
     """A state dict whose keys or shapes differ from the model's. Lists missing, unexpected and mismatched keys."""
 
     def __init__(self, source: str, missing: list[str], unexpected: list[str], mismatched: list[str], detail: str):
@@ -72,7 +72,7 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, Tensor], s
     checkpoint_shapes = {key: tuple(value.shape) for key, value in state_dict.items()}
     missing, unexpected, mismatched, report = mismatch_report(model_shapes, checkpoint_shapes, source)
     if report:
-        raise CheckpointMismatchError(source, missing, unexpected, mismatched, report)
+        raise StateDictMismatchError(source, missing, unexpected, mismatched, report)
     on_meta = any(parameter.is_meta for parameter in model.parameters())
     model.load_state_dict(state_dict, strict=True, assign=on_meta)
 
@@ -101,7 +101,7 @@ def load_checkpoint_strict(model: nn.Module, path: str | os.PathLike) -> None:
 
 
 def raise_on_loading_info(info: Mapping[str, list], source: str) -> None:
-    """Turn diffusers' `output_loading_info` into a CheckpointMismatchError when anything did not match."""
+    """Turn diffusers' `output_loading_info` into a StateDictMismatchError when anything did not match."""
     missing = sorted(info["missing_keys"])
     unexpected = sorted(info["unexpected_keys"])
     mismatched = sorted(str(item) for item in info["mismatched_keys"])
@@ -113,7 +113,7 @@ def raise_on_loading_info(info: Mapping[str, list], source: str) -> None:
     lines += _listing("unexpected keys", unexpected)
     lines += _listing("shape mismatches", mismatched)
     lines += _listing("errors", [str(error) for error in errors])
-    raise CheckpointMismatchError(source, missing, unexpected, mismatched, "\n".join(lines))
+    raise StateDictMismatchError(source, missing, unexpected, mismatched, "\n".join(lines))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,583 @@
+"""The Predictor dataset builder: plan, Teacher rollouts, shards, manifest, resume (layout and CLI: data.md).
+
+``tools/build_predictor_dataset.py`` is the command line around this module: it parses the flags into an
+``argparse.Namespace`` with the fields of ``BuildOptions`` and calls ``run``. Everything else lives here:
+
+* ``read_plan``: read and validate every input (sample tables, pose files, encoder outputs) before any work;
+* ``build_case_tensors`` / ``build_trajectory``: the text prefill of a case and the F-F-F-F rollout of one
+  sample-table row (``predictor_training.ar_rollout``), as the tensors stored in the shards;
+* ``dataset_config``, ``write_or_check_config``: what determines the stored tensors, and the resume guard;
+* ``known_entries``, ``finished_entry``, ``merge_manifest``: the manifest parts, what a resume skips, the merge;
+* ``estimate_trajectory_bytes``, ``estimate_case_bytes``, ``dry_run``: the size estimate;
+* ``build``: the distributed build itself (cases on rank 0, trajectory i on rank i % world_size).
+
+Every manifest entry carries a CRC-32 per tensor (``tensor_crc32``, ``data.shards``) that the readers check when
+they load a tensor. A resume over entries written before that field existed adds it (read from the verified file).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from predictor_training.ar_rollout import (
+    ARRollout,
+    RolloutConfig,
+    RolloutInputs,
+    TrajectoryRecorder,
+    record_rollout,
+)
+from predictor_training.camera import pose_to_input
+from predictor_training.data.encoders import load_encoded_case
+from predictor_training.data.sample_table import check_disjoint_splits, read_sample_table
+from predictor_training.data.shards import (
+    TENSOR_CHECKSUM_FIELD,
+    ShardVerificationError,
+    TensorChecksums,
+    append_jsonl,
+    canonical_json,
+    file_tensor_crc32,
+    load_tensors,
+    make_manifest_entry,
+    read_jsonl,
+    sha256_json,
+    verify_file,
+    write_bytes_atomic,
+    write_jsonl_atomic,
+    write_safetensors_atomic,
+)
+from predictor_training.distributed import barrier, cleanup_distributed, init_distributed
+from predictor_training.precision import autocast
+from predictor_training.scheduler import flow_match_sigmas, sigmas_to_timesteps
+from predictor_training.teacher import TextKV, WorldPlayTransformer
+from predictor_training.teacher.source import TeacherSource, load_teacher
+
+BUILDER_VERSION = "1"
+CONFIG_FILE = "dataset_config.json"
+MANIFEST_FILE = "manifest.jsonl"
+PARTS_DIR = "manifest_parts"
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class DatasetInputError(ValueError):
+    """Bad builder input; the message names the file and field and the expected value."""
+
+
+# =============================================================================================================
+# 1. Options
+# =============================================================================================================
+@dataclass
+class BuildOptions:
+    """What ``run`` needs: the fields of the command line's parsed arguments (flags and defaults: data.md).
+
+    teacher: Teacher folder (config.json + safetensors); action_ckpt: optional action checkpoint on top of it;
+    samples: sample tables (a row's split is its table's file stem); encoded: folder of encoder outputs
+    ``{case_id}.pt`` (None only for a dry run); out: dataset root to create or resume; num_latents: latents per
+    trajectory; prefeature_layers: stored context pre-feature blocks (None = ``default_prefeature_layers``);
+    dtype / storage_dtype: names in ``DTYPES``; device: "auto", "cuda" or "cpu"; dry_run with assume_grid (H, W) and
+    assume_text_tokens: print the size estimate only; stop_after: debug, stop each rank after that many trajectories.
+    """
+
+    teacher: Path
+    samples: list
+    encoded: Path | None
+    out: Path
+    action_ckpt: Path | None = None
+    num_latents: int = 32
+    prefeature_layers: tuple[int, ...] | None = None
+    dtype: str = "bfloat16"
+    storage_dtype: str = "bfloat16"
+    device: str = "auto"
+    dry_run: bool = False
+    assume_grid: tuple[int, int] | None = None
+    assume_text_tokens: int | None = None
+    stop_after: int | None = None
+
+
+# =============================================================================================================
+# 2. The plan: cases and trajectories, validated before any work
+# =============================================================================================================
+@dataclass(frozen=True)
+class CaseJob:
+    """One case file. text_tokens: kept text tokens (SigLIP + valid ByT5 + valid LLM), None if not read."""
+
+    case_id: str
+    split: str
+    encoded_path: Path | None
+    text_tokens: int | None = None
+
+    @property
+    def file(self) -> str:
+        return f"cases/{self.case_id}.safetensors"
+
+
+@dataclass(frozen=True)
+class TrajectoryJob:
+    """One trajectory file; index = position over all tables (decides the rank that builds it)."""
+
+    index: int
+    case_id: str
+    action_id: int
+    split: str
+    seed: int
+    pose_path: Path
+
+    @property
+    def file(self) -> str:
+        return f"trajectories/{self.case_id}__a{self.action_id}.safetensors"
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """cases in first-appearance order, trajectories in table order, grid = latent (H, W) or None if not read."""
+
+    cases: list[CaseJob]
+    trajectories: list[TrajectoryJob]
+    tables: list[Path]
+    grid: tuple[int, int] | None
+
+
+def read_plan(tables, encoded_dir: Path | None, num_latents: int, teacher_config: dict,
+              read_encoded: bool = True) -> BuildPlan:
+    """Read and validate every input before any work; the split of a row is its table's file stem.
+
+    Raises (naming file and field): a sample-table problem (missing image or pose file, bad field, duplicate row;
+    ``read_sample_table``), a pose file whose latent count is not ``num_latents``, a missing or malformed encoder
+    output (``load_encoded_case`` against the Teacher config), cases with different latent grids, two tables with
+    the same stem, a case in two splits. With ``read_encoded=False`` (dry run) missing encoder outputs are allowed.
+    """
+    paths = [Path(table).resolve() for table in tables]
+    stems = [path.stem for path in paths]
+    if len(set(stems)) != len(stems):
+        raise DatasetInputError(f"sample tables {list(map(str, paths))} have repeated file stems (= split names)")
+    rows_by_split = {path.stem: read_sample_table(path) for path in paths}
+    check_disjoint_splits(rows_by_split)
+
+    cases: dict[str, CaseJob] = {}
+    trajectories: list[TrajectoryJob] = []
+    checked_poses: set[Path] = set()
+    grid = None
+    for path in paths:
+        split = path.stem
+        for row in rows_by_split[split]:
+            pose_path = row.pose_path(path.parent).resolve()
+            if pose_path not in checked_poses:
+                _check_pose_latents(pose_path, num_latents, path)
+                checked_poses.add(pose_path)
+            if row.case_id not in cases:
+                encoded_path = None if encoded_dir is None else (Path(encoded_dir) / f"{row.case_id}.pt").resolve()
+                text_tokens = None
+                if encoded_path is not None and (read_encoded or encoded_path.is_file()):
+                    if not encoded_path.is_file():
+                        raise DatasetInputError(
+                            f"sample table {path}: case_id '{row.case_id}': encoder output {encoded_path} does not "
+                            "exist (expected one {case_id}.pt per case in --encoded)"
+                        )
+                    encoded = load_encoded_case(encoded_path, teacher_config, grid)
+                    grid = tuple(encoded["image_cond"].shape[3:])
+                    text_tokens = (encoded["vision_states"].shape[1] + int(encoded["byt5_text_mask"].sum())
+                                   + int(encoded["prompt_mask"].sum()))
+                cases[row.case_id] = CaseJob(row.case_id, split, encoded_path, text_tokens)
+            trajectories.append(
+                TrajectoryJob(len(trajectories), row.case_id, row.action_id, split, row.seed, pose_path)
+            )
+    return BuildPlan(cases=list(cases.values()), trajectories=trajectories, tables=paths, grid=grid)
+
+
+def _check_pose_latents(pose_path: Path, num_latents: int, table: Path) -> None:
+    try:
+        pose_to_input(pose_path, num_latents)
+    except ValueError as error:  # camera.PoseError names the file and the key count
+        raise DatasetInputError(
+            f"{error} (field 'pose' of sample table {table}; --num_latents {num_latents})"
+        ) from None
+
+
+def default_prefeature_layers(depth: int) -> tuple[int, ...]:
+    """Inputs of the source blocks of both Predictor variants: (1, depth-2) and (0, depth-1) -> {0, 1, 52, 53} for
+    the 54-block Teacher; for tiny Teachers the same rule, clipped to valid blocks (depth 3 -> 0, 1, 2)."""
+    return tuple(sorted({layer for layer in (0, 1, depth - 2, depth - 1) if 0 <= layer < depth}))
+
+
+# =============================================================================================================
+# 3. Teacher, encoder outputs, case tensors
+# =============================================================================================================
+@torch.no_grad()
+def build_case_tensors(teacher, encoded: dict, device, dtype: torch.dtype, storage_dtype: torch.dtype) -> dict:
+    """Text prefill -> text_k, text_v [depth, heads, L_txt, d] and image_cond [1, C, 1, H, W] (storage dtype)."""
+    float_inputs = {name: encoded[name].to(device=device, dtype=dtype)
+                    for name in ("prompt_embeds", "byt5_text_states", "vision_states")}
+    with autocast(device, dtype):
+        text_kv = teacher.text_prefill(
+            float_inputs["prompt_embeds"], encoded["prompt_mask"].to(device),
+            float_inputs["byt5_text_states"], encoded["byt5_text_mask"].to(device),
+            float_inputs["vision_states"], mask_type="i2v",
+        )
+    return {
+        "image_cond": encoded["image_cond"].to(storage_dtype),
+        "text_k": torch.cat(text_kv.k, dim=0).to("cpu", storage_dtype),
+        "text_v": torch.cat(text_kv.v, dim=0).to("cpu", storage_dtype),
+    }
+
+
+# =============================================================================================================
+# 4. One trajectory
+# =============================================================================================================
+def rollout_config(prefeature_layers, dtype: torch.dtype) -> RolloutConfig:
+    """The builder's loop settings: the distilled 4-step schedule; bf16 = the real pipeline's casts (section "F.4
+    Precision of the real pipeline" of tests/data/conformance/README.md)."""
+    return RolloutConfig(
+        state_dtype=dtype,
+        autocast_dtype=None if dtype == torch.float32 else dtype,
+        prefeature_layers=tuple(prefeature_layers),
+    )
+
+
+def rollout_inputs_for_job(job: TrajectoryJob, image_cond: torch.Tensor, num_latents: int, device, state_dtype):
+    """Noise, memory points and camera inputs of a trajectory, all derived from the sample-table row (its seed:
+    `RolloutInputs.from_seed`, the same as the trainer and the eval)."""
+    viewmats, Ks, action = pose_to_input(job.pose_path, num_latents)
+    return RolloutInputs.from_seed(job.seed, image_cond, viewmats, Ks, action, state_dtype=state_dtype, device=device)
+
+
+def trajectory_tensors(recorder: TrajectoryRecorder, inputs: RolloutInputs, rollout: ARRollout, seed: int) -> dict:
+    """The stored tensors of one trajectory (names and shapes: data.md); the batch axis is dropped."""
+    tensors = {
+        "viewmats": inputs.viewmats.to(torch.float32),
+        "Ks": inputs.Ks.to(torch.float32),
+        "action": inputs.action.to(torch.int64),
+        "timesteps": rollout.timesteps.to(torch.float32),
+        "sigmas": rollout.sigmas.to(torch.float32),
+        "seed": torch.tensor([seed], dtype=torch.int64),
+    }
+    for chunk in recorder.chunks:
+        prefix = f"chunk{chunk.chunk_index}"
+        if chunk.ctx_indices:
+            tensors[f"{prefix}.ctx_indices"] = torch.tensor(chunk.ctx_indices, dtype=torch.int64)
+            for layer, feature in chunk.prefeatures.items():
+                tensors[f"{prefix}.ctx_prefeature.layer{layer}"] = feature[0]
+        for step_index, step in enumerate(chunk.steps):
+            tensors[f"{prefix}.step{step_index}.latent_in"] = step.latent_in[0]
+            tensors[f"{prefix}.step{step_index}.final_hidden"] = step.final_hidden[0]
+            tensors[f"{prefix}.step{step_index}.velocity"] = step.velocity[0]
+        tensors[f"{prefix}.final_latent"] = chunk.final_latent[0]
+    return tensors
+
+
+def build_trajectory(teacher, job: TrajectoryJob, case_tensors: dict, args, device, dtype, storage_dtype) -> dict:
+    """Run the F-F-F-F rollout of one sample-table row and return its tensors (storage dtype)."""
+    text_kv = TextKV.from_layer_stack(case_tensors["text_k"], case_tensors["text_v"], device, dtype)
+    image_cond = case_tensors["image_cond"].to(device=device, dtype=dtype)
+    inputs = rollout_inputs_for_job(job, image_cond, args.num_latents, device, dtype)
+    config = rollout_config(args.prefeature_layers, dtype)
+    rollout, recorder = record_rollout(teacher, text_kv, inputs, config, device, record_dtype=storage_dtype)
+    return trajectory_tensors(recorder, inputs, rollout, job.seed)
+
+
+# =============================================================================================================
+# 5. Dataset config, manifest parts, resume
+# =============================================================================================================
+def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int, int, int]) -> dict:
+    """Everything that determines the stored tensors (no timestamps, so a rebuild writes the same bytes)."""
+    rollout = rollout_config(args.prefeature_layers, DTYPES[args.dtype])
+    sigmas = flow_match_sigmas(rollout.num_steps, rollout.shift)
+    teacher_files = sorted(
+        {"name": path.name, "bytes": path.stat().st_size} for path in Path(args.teacher).glob("*.safetensors*")
+    ) if Path(args.teacher).is_dir() else []
+    return {
+        "builder_version": BUILDER_VERSION,
+        "teacher": {
+            "folder": str(Path(args.teacher).resolve()),
+            "config_sha256": sha256_json(teacher_config),
+            "weight_files": sorted(teacher_files, key=lambda item: item["name"]),
+            "action_ckpt": None if args.action_ckpt is None else str(Path(args.action_ckpt).resolve()),
+            "depth": teacher_config["mm_double_blocks_depth"],
+            "hidden": teacher_config["hidden_size"],
+            "heads": teacher_config["heads_num"],
+        },
+        "sample_tables": [str(path) for path in plan.tables],
+        "splits": sorted({job.split for job in plan.trajectories}),
+        "num_cases": len(plan.cases),
+        "num_trajectories": len(plan.trajectories),
+        "grid": {"C": grid[0], "H": grid[1], "W": grid[2]},
+        "num_latents": args.num_latents,
+        "chunk_latents": rollout.chunk_latents,
+        "num_chunks": args.num_latents // rollout.chunk_latents,
+        "num_steps": rollout.num_steps,
+        "shift": rollout.shift,
+        "timesteps": sigmas_to_timesteps(sigmas).tolist(),
+        "sigmas": sigmas.tolist(),
+        "context_timestep": rollout.context_timestep,
+        "memory": {"memory_frames": rollout.memory_frames, "temporal_context_size": rollout.temporal_context_size,
+                   "pred_latent_size": rollout.chunk_latents, "points_seed": "row seed",
+                   "num_points": 50000},
+        "noise": "make_initial_noise(row seed): CPU torch.Generator, float32 randn, cast to the compute dtype",
+        "prefeature_layers": list(args.prefeature_layers),
+        "compute_dtype": args.dtype,
+        "storage_dtype": args.storage_dtype,
+    }
+
+
+
+
+def write_or_check_config(root: Path, config: dict) -> None:
+    """Write ``dataset_config.json``, or check that an existing one (resume) describes the same build."""
+    path = root / CONFIG_FILE
+    if path.is_file():
+        existing = json.loads(path.read_text())
+        differing = sorted(key for key in set(existing) | set(config) if existing.get(key) != config.get(key))
+        if differing:
+            details = "; ".join(f"{key}: existing {existing.get(key)!r}, requested {config.get(key)!r}"
+                                for key in differing[:4])
+            raise DatasetInputError(
+                f"{path}: the dataset in --out was built with other settings ({details}); use a new --out"
+            )
+        return
+    write_bytes_atomic(path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def known_entries(root: Path) -> dict[str, list[dict]]:
+    """All manifest entries from ``manifest.jsonl`` and the part files, grouped by file (in reading order)."""
+    entries: dict[str, list[dict]] = {}
+    sources = [root / MANIFEST_FILE] if (root / MANIFEST_FILE).is_file() else []
+    sources += sorted((root / PARTS_DIR).glob("*.jsonl")) if (root / PARTS_DIR).is_dir() else []
+    for source in sources:
+        torn_ok = source.parent.name == PARTS_DIR  # a killed append can leave a torn last line in a part file
+        for entry in read_jsonl(source, allow_torn_tail=torn_ok):
+            entries.setdefault(entry["file"], []).append(entry)
+    return entries
+
+
+def drop_torn_tail(part_file: Path) -> None:
+    """Rewrite this rank's part file without a torn last line (left by a kill), so new appends stay parseable."""
+    if part_file.is_file() and not part_file.read_bytes().endswith(b"\n") and part_file.stat().st_size:
+        write_jsonl_atomic(part_file, read_jsonl(part_file, allow_torn_tail=True))
+
+
+def finished_entry(root: Path, file: str, candidates: list[dict]) -> tuple[dict | None, str]:
+    """The known entry that the file on disk matches, or (None, reason) when the file must be (re)built."""
+    if not (root / file).is_file():
+        return None, "missing"
+    reasons = []
+    for entry in reversed(candidates):  # the newest entry first
+        try:
+            verify_file(entry, root)
+            return entry, "verified"
+        except ShardVerificationError as error:
+            reasons.append(str(error))
+    return None, reasons[0] if reasons else "no manifest entry"
+
+
+def merge_manifest(root: Path, plan: BuildPlan) -> list[dict]:
+    """Rank 0, after every rank finished: one verified entry per planned file, sorted by file name."""
+    entries = known_entries(root)
+    merged = []
+    planned = [(job.file, "case") for job in plan.cases] + [(job.file, "trajectory") for job in plan.trajectories]
+    for file, kind in sorted(planned):
+        candidates = entries.get(file, [])
+        distinct = {canonical_json(entry): entry for entry in candidates}
+        if not distinct:
+            raise RuntimeError(f"{root / file}: no manifest entry after the build ({kind} was not finished)")
+        if len(distinct) == 1:
+            entry = next(iter(distinct.values()))
+            verify_file(entry, root, check_sha256=False)  # size + tensor list; the sha was checked when written
+        else:
+            entry, reason = finished_entry(root, file, list(distinct.values()))
+            if entry is None:
+                raise ShardVerificationError(f"{root / file}: matches none of its manifest entries: {reason}")
+        merged.append(entry)
+    return merged
+
+
+# =============================================================================================================
+# 6. Size estimate (dry run)
+# =============================================================================================================
+def context_sizes(num_latents: int, chunk_latents: int, memory_frames: int) -> list[int]:
+    """Context frames per chunk: all previous latents up to ``memory_frames``, then ``memory_frames``."""
+    return [min(chunk * chunk_latents, memory_frames) for chunk in range(num_latents // chunk_latents)]
+
+
+def estimate_trajectory_bytes(channels, height, width, hidden, num_latents, prefeature_layers, storage_bytes=2,
+                              chunk_latents=4, num_steps=4, memory_frames=20) -> int:
+    """Tensor bytes of one trajectory file (plus about 120 header bytes per tensor)."""
+    tokens_per_frame = height * width
+    latent = channels * chunk_latents * tokens_per_frame * storage_bytes
+    hidden_states = chunk_latents * tokens_per_frame * hidden * storage_bytes
+    total = num_latents * (16 + 9) * 4 + num_latents * 8 + num_steps * 4 + (num_steps + 1) * 4 + 8
+    tensors = 6
+    for n_ctx in context_sizes(num_latents, chunk_latents, memory_frames):
+        total += num_steps * (2 * latent + hidden_states) + latent
+        tensors += 3 * num_steps + 1
+        if n_ctx:
+            total += n_ctx * 8 + len(prefeature_layers) * n_ctx * tokens_per_frame * hidden * storage_bytes
+            tensors += 1 + len(prefeature_layers)
+    return total + 120 * tensors
+
+
+def estimate_case_bytes(channels, height, width, depth, hidden, text_tokens, storage_bytes=2) -> int:
+    return 2 * depth * text_tokens * hidden * storage_bytes + channels * height * width * storage_bytes + 400
+
+
+def dry_run(args, plan: BuildPlan, teacher_config: dict) -> None:
+    """Print the trajectory count and the estimated dataset size (GiB) for the configured Teacher and grid."""
+    channels, depth, hidden = (teacher_config[key] for key in ("in_channels", "mm_double_blocks_depth",
+                                                                  "hidden_size"))
+    storage_bytes = torch.tensor([], dtype=DTYPES[args.storage_dtype]).element_size()
+    grid = plan.grid if plan.grid is not None else args.assume_grid
+    missing = [job.case_id for job in plan.cases if job.text_tokens is None]
+    if grid is None or (missing and args.assume_text_tokens is None):
+        raise DatasetInputError(
+            f"--dry_run: no encoder output for {len(missing)} case(s) (e.g. {missing[:1]}); give --assume_grid HxW "
+            "and --assume_text_tokens N to estimate without them"
+        )
+    height, width = grid
+    text_tokens = [job.text_tokens if job.text_tokens is not None else args.assume_text_tokens for job in plan.cases]
+    per_trajectory = estimate_trajectory_bytes(channels, height, width, hidden, args.num_latents,
+                                               args.prefeature_layers, storage_bytes)
+    case_bytes = sum(estimate_case_bytes(channels, height, width, depth, hidden, tokens, storage_bytes)
+                     for tokens in text_tokens)
+    total = per_trajectory * len(plan.trajectories) + case_bytes
+    gib = 1024 ** 3
+    print(f"dry run: {len(plan.trajectories)} trajectories, {len(plan.cases)} cases; grid C={channels} H={height} "
+          f"W={width}, {args.num_latents} latents, depth {depth}, hidden {hidden}, prefeature layers "
+          f"{list(args.prefeature_layers)}, storage {args.storage_dtype}")
+    print(f"dry run: per trajectory {per_trajectory / gib:.3f} GiB ({per_trajectory} bytes); cases "
+          f"{case_bytes / gib:.3f} GiB ({case_bytes} bytes); total {total / gib:.2f} GiB ({total} bytes)")
+
+
+def read_teacher_config(teacher_dir: Path) -> dict:
+    """The Teacher's full constructor arguments from ``config.json`` (no weights loaded)."""
+    path = Path(teacher_dir) / "config.json"
+    if not path.is_file():
+        raise DatasetInputError(f"--teacher {teacher_dir}: no config.json")
+    try:
+        return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text()), source=str(path))
+    except ValueError as error:
+        raise DatasetInputError(str(error)) from error
+
+
+# =============================================================================================================
+# 7. Run and build
+# =============================================================================================================
+def run(args) -> int:
+    """Plan, then either print the dry-run estimate or build (``torchrun``-aware); returns the exit status.
+
+    ``args``: a ``BuildOptions`` or the command line's ``argparse.Namespace`` with the same fields.
+    ``args.prefeature_layers`` None is replaced by ``default_prefeature_layers`` of the Teacher's depth.
+    """
+    teacher_config = read_teacher_config(args.teacher)
+    depth = teacher_config["mm_double_blocks_depth"]
+    if args.prefeature_layers is None:
+        args.prefeature_layers = default_prefeature_layers(depth)
+    bad_layers = [layer for layer in args.prefeature_layers if not 0 <= layer < depth]
+    if bad_layers:
+        raise DatasetInputError(f"--prefeature_layers {bad_layers}: the Teacher has double blocks 0..{depth - 1}")
+    plan = read_plan(args.samples, args.encoded, args.num_latents, teacher_config, read_encoded=not args.dry_run)
+    if args.dry_run:
+        dry_run(args, plan, teacher_config)
+        return 0
+
+    env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[args.device])
+    try:
+        return build(args, plan, teacher_config, env)
+    finally:
+        cleanup_distributed()
+
+
+def add_missing_checksums(root: Path, entry: dict, part_file: Path) -> None:
+    """A skipped file whose (verified) entry predates per-tensor checksums: append the entry with them added."""
+    if TENSOR_CHECKSUM_FIELD not in entry:
+        append_jsonl(part_file, {**entry, TENSOR_CHECKSUM_FIELD: file_tensor_crc32(root / entry["file"])})
+
+
+def case_checksums(root: Path) -> TensorChecksums:
+    """Per-tensor checksums of the case files from the newest manifest entry of each (read after the case build)."""
+    expected = {}
+    for file, entries in known_entries(root).items():
+        if file.startswith("cases/") and TENSOR_CHECKSUM_FIELD in entries[-1]:
+            expected[root / file] = entries[-1][TENSOR_CHECKSUM_FIELD]
+    return TensorChecksums(expected)
+
+
+def build(args, plan: BuildPlan, teacher_config: dict, env) -> int:
+    """Build (or resume) the dataset in ``args.out`` on this rank of ``env`` (``distributed.init_distributed``)."""
+    root = args.out
+    device, dtype, storage_dtype = env.device, DTYPES[args.dtype], DTYPES[args.storage_dtype]
+    part_file = root / PARTS_DIR / f"rank{env.rank}.jsonl"
+    log = (lambda message: print(f"[build_predictor_dataset] {message}", flush=True)) if env.is_main else (
+        lambda message: None)
+
+    # 1. Teacher, grid (from the first case's encoder output), dataset config.
+    started = time.time()
+    teacher = load_teacher(TeacherSource(Path(args.teacher), args.action_ckpt, "--teacher", None), device, dtype)
+    grid = (teacher.config.in_channels, *plan.grid)
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        write_or_check_config(root, dataset_config(args, plan, teacher_config, grid))
+    log(f"{len(plan.cases)} cases, {len(plan.trajectories)} trajectories, world size {env.world_size}, "
+        f"device {device}, compute {args.dtype}, storage {args.storage_dtype}, grid {grid}, "
+        f"prefeature layers {list(args.prefeature_layers)}")
+    barrier()
+    entries = known_entries(root)
+    barrier()  # nobody appends to a part file before every rank has read them
+    drop_torn_tail(part_file)
+
+    # 2. Case files (rank 0), then every rank reads them.
+    counts = {"cases_built": 0, "cases_skipped": 0, "built": 0, "skipped": 0}
+    if env.is_main:
+        for job in tqdm(plan.cases, desc="cases", disable=not env.is_main):
+            entry, reason = finished_entry(root, job.file, entries.get(job.file, []))
+            if entry is not None:
+                counts["cases_skipped"] += 1
+                add_missing_checksums(root, entry, part_file)
+                continue
+            encoded = load_encoded_case(job.encoded_path, teacher_config, plan.grid)
+            facts = write_safetensors_atomic(root / job.file, build_case_tensors(
+                teacher, encoded, device, dtype, storage_dtype))
+            append_jsonl(part_file, make_manifest_entry("case", job.file, facts, job.case_id, None, job.split))
+            counts["cases_built"] += 1
+    barrier()
+    cases = case_checksums(root)  # every case tensor a trajectory reads is checked against its manifest CRC-32
+
+    # 3. Trajectories of this rank.
+    mine = [job for job in plan.trajectories if job.index % env.world_size == env.rank]
+    for job in tqdm(mine, desc=f"trajectories (rank 0 of {env.world_size})", disable=not env.is_main):
+        entry, reason = finished_entry(root, job.file, entries.get(job.file, []))
+        if entry is not None:
+            counts["skipped"] += 1
+            add_missing_checksums(root, entry, part_file)
+            continue
+        if reason != "missing":
+            print(f"[rank {env.rank}] rebuilding {job.file}: {reason}", flush=True)
+        case_tensors = load_tensors(root / f"cases/{job.case_id}.safetensors", checksums=cases)
+        tensors = build_trajectory(teacher, job, case_tensors, args, device, dtype, storage_dtype)
+        facts = write_safetensors_atomic(root / job.file, tensors)
+        append_jsonl(part_file, make_manifest_entry("trajectory", job.file, facts, job.case_id, job.action_id,
+                                                    job.split))
+        counts["built"] += 1
+        if args.stop_after is not None and counts["built"] >= args.stop_after:
+            break
+    print(f"[rank {env.rank}] trajectories built {counts['built']}, skipped {counts['skipped']}; "
+          f"cases built {counts['cases_built']}, skipped {counts['cases_skipped']}", flush=True)
+    if args.stop_after is not None:
+        print(f"[rank {env.rank}] --stop_after {args.stop_after}: stopping without a manifest (rerun to resume)",
+              flush=True)
+        return 0
+
+    # 4. Manifest (rank 0, after every rank finished).
+    barrier()
+    if env.is_main:
+        merged = merge_manifest(root, plan)
+        write_jsonl_atomic(root / MANIFEST_FILE, merged)
+        if (root / PARTS_DIR).is_dir():  # every part entry is in the manifest now
+            for part in sorted((root / PARTS_DIR).glob("*.jsonl")):
+                part.unlink()
+            (root / PARTS_DIR).rmdir()
+        log(f"manifest: {len(merged)} files; done in {time.time() - started:.1f} s")
+    barrier()
+    return 0
