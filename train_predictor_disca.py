@@ -25,7 +25,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
-from predictor_training.data.pair_dataset import PairDataset, collate_pairs, config_field, read_dataset_config
+from predictor_training.data.dataset_config import config_field, read_dataset_config
+from predictor_training.data.pair_dataset import PairDataset, collate_pairs
 from predictor_training.distributed import (
     DistEnv,
     cleanup_distributed,

@@ -24,7 +24,8 @@ from functools import partial
 import torch
 
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
-from predictor_training.data.pair_dataset import PairDataset, collate_pairs, config_field, read_dataset_config
+from predictor_training.data.dataset_config import config_field, read_dataset_config
+from predictor_training.data.pair_dataset import PairDataset, collate_pairs
 from predictor_training.data.samplers import BucketBatchSampler
 from predictor_training.distributed import (
     DistEnv,

@@ -34,7 +34,7 @@ from torch.utils.data import DistributedSampler
 
 from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
-from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME, config_field, read_dataset_config
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
 from predictor_training.distributed import (
     DistEnv,
     all_gather_objects,

@@ -29,9 +29,8 @@ from tqdm import tqdm
 from predictor_training.data.pair_dataset import (
     PairDataset,
     collate_pairs,
-    config_field,
-    read_dataset_config,
 )
+from predictor_training.data.dataset_config import config_field, read_dataset_config
 from predictor_training.data.samplers import BucketBatchSampler
 
 

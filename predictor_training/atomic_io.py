@@ -10,6 +10,7 @@ whatever the writer gave its temp file (safetensors' `save_file`, for one, creat
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -56,3 +57,9 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
 def write_text_atomic(path: str | os.PathLike, text: str, *, newline: str | None = None) -> Path:
     """UTF-8 `text` to `path`, atomically (the folder must exist); `newline` as for `open` ("" writes it as is)."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline=newline))
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> Path:
+    """`json.dump(obj, indent=2)` to `path`, atomically (raises on values JSON cannot hold, NaN included)."""
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return write_text_atomic(path, text)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.logger import SWANLAB_MODES, TRACKERS
 from predictor_training.precision import PRECISIONS
 

@@ -24,13 +24,6 @@ _SECRET_KEY_MARKERS = ("api_key", "apikey", "token", "secret", "password")
 REDACTED = "<redacted>"
 
 
-# ------------------------------------------------------------------------------------------------ atomic writes
-def write_json_atomic(path: str | os.PathLike, obj) -> Path:
-    """`json.dump(obj, indent=2)` to `path`, atomically (raises on values JSON cannot hold)."""
-    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    return write_text_atomic(path, text)
-
-
 # ------------------------------------------------------------------------------------------------ secrets
 def _looks_secret(key: str) -> bool:
     lowered = key.lower()

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from predictor_training.checkpoint import TRAINING_STATE_NAME, read_training_summary
-from predictor_training.logger import redact_secrets, write_json_atomic
+from predictor_training.atomic_io import write_json_atomic
+from predictor_training.logger import redact_secrets
 
 TRAIN_CONFIG_NAME = "train_config.json"
 

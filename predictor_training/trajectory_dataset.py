@@ -29,10 +29,9 @@ import torch
 from torch.utils.data import Dataset
 
 from predictor_training.camera import pose_to_input
+from predictor_training.data.dataset_config import config_field, read_dataset_config
 from predictor_training.data.pair_dataset import (
     check_files_exist,
-    config_field,
-    read_dataset_config,
     read_manifest,
     tensor_checksums,
     verify_checksums,

@@ -30,7 +30,8 @@ from predictor_training.distributed import (
     seed_everything,
     wrap_ddp,
 )
-from predictor_training.logger import MetricsLogger, write_json_atomic
+from predictor_training.atomic_io import write_json_atomic
+from predictor_training.logger import MetricsLogger
 from predictor_training.loop import ResumableBatches, train_loop
 from predictor_training.optim import TwoGroupLRSchedule, build_optimizer
 

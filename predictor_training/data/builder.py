@@ -33,6 +33,7 @@ from predictor_training.ar_rollout import (
     record_rollout,
 )
 from predictor_training.camera import pose_to_input
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.encoders import load_encoded_case
 from predictor_training.data.sample_table import check_disjoint_splits, read_sample_table
 from predictor_training.data.shards import (
@@ -58,7 +59,6 @@ from predictor_training.teacher import TextKV, WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource, load_teacher
 
 BUILDER_VERSION = "1"
-CONFIG_FILE = "dataset_config.json"
 MANIFEST_FILE = "manifest.jsonl"
 PARTS_DIR = "manifest_parts"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -327,7 +327,7 @@ def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int,
 
 def write_or_check_config(root: Path, config: dict) -> None:
     """Write ``dataset_config.json``, or check that an existing one (resume) describes the same build."""
-    path = root / CONFIG_FILE
+    path = root / DATASET_CONFIG_NAME
     if path.is_file():
         existing = json.loads(path.read_text())
         differing = sorted(key for key in set(existing) | set(config) if existing.get(key) != config.get(key))

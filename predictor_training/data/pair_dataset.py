@@ -34,7 +34,6 @@ A manifest written before per-tensor checksums existed still loads, with one ``U
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections import OrderedDict
@@ -46,6 +45,7 @@ import torch
 from safetensors import safe_open
 from torch.utils.data import Dataset
 
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
 from predictor_training.data.shards import (
     MANIFEST_KINDS,
     TENSOR_CHECKSUM_FIELD,
@@ -55,7 +55,6 @@ from predictor_training.data.shards import (
 )
 
 DEFAULT_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (1, 2), (2, 3))
-DATASET_CONFIG_NAME = "dataset_config.json"
 MANIFEST_NAME = "manifest.jsonl"
 MANIFEST_FIELDS = ("kind", "file", "case_id", "action_id", "split", "bytes", "sha256", "tensors")
 _HEX_DIGITS = set("0123456789abcdef")
@@ -150,22 +149,6 @@ def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
         record=record,
         tensor_crc32=checksums,
     )
-
-
-def read_dataset_config(root: str | Path) -> dict:
-    """``root/dataset_config.json`` as a dict (FileNotFoundError naming the path when absent)."""
-    path = Path(root) / DATASET_CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset config not found: {path}")
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def config_field(config: dict, name: str, root: str | Path):
-    """One required field of the dataset config; KeyError naming the file and field when absent."""
-    if name not in config:
-        raise KeyError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field {name!r}")
-    return config[name]
 
 
 def check_files_exist(root: str | Path, entries: Sequence[ManifestEntry]) -> None:

@@ -25,7 +25,7 @@ from predictor_training.atomic_io import atomic_write, write_text_atomic
 from predictor_training.eval.methods import REFERENCE, Method
 from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION
 from predictor_training.flops import flop_speedup_bound
-from predictor_training.logger import write_json_atomic
+from predictor_training.atomic_io import write_json_atomic
 from predictor_training.video_io import side_by_side, write_video
 from predictor_training.video_metrics import LPIPS_METRIC_NAME, aggregate_videos, jsonable
 

@@ -39,7 +39,7 @@ from predictor_training.eval.methods import (
 )
 from predictor_training.eval.reports import aggregate_results, read_video_result, write_reports, write_side_by_side
 from predictor_training.eval.runtime import RESULT_VERSION, EvalRuntime, VaeDecoder, video_key
-from predictor_training.logger import write_json_atomic
+from predictor_training.atomic_io import write_json_atomic
 from predictor_training.predictor import Predictor, build_predictor_from_config
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import (

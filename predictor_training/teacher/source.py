@@ -8,13 +8,12 @@ loaded Teacher's config hash must equal the recorded one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from predictor_training.data.pair_dataset import DATASET_CONFIG_NAME
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, dataset_teacher_record
 from predictor_training.data.shards import sha256_json
 from predictor_training.teacher.model import WorldPlayTransformer
 
@@ -31,28 +30,13 @@ class TeacherSource:
     expected_config_sha256: str | None
 
 
-def read_dataset_teacher(dataset_root: Path) -> dict:
-    """The `teacher` record of `dataset_root/dataset_config.json` (folder, config_sha256, action_ckpt, ...)."""
-    path = Path(dataset_root) / DATASET_CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no dataset config (build the dataset with tools/build_predictor_dataset.py)")
-    config = json.loads(path.read_text(encoding="utf-8"))
-    if "teacher" not in config:
-        raise KeyError(f"{path}: missing field 'teacher' (folder, config_sha256, action_ckpt)")
-    teacher = config["teacher"]
-    for field in ("folder", "config_sha256", "action_ckpt"):
-        if field not in teacher:
-            raise KeyError(f"{path}: missing field 'teacher.{field}'")
-    return teacher
-
-
 def resolve_teacher_source(
     teacher: Path | None, action_ckpt: Path | None, dataset_root: Path | None
 ) -> TeacherSource:
     """--teacher given: that folder (+ --action_ckpt if given). Else the dataset's recorded folder and action
     checkpoint (an explicit --action_ckpt replaces the recorded one). With a dataset, its config hash is kept so
     `load_teacher` refuses a Teacher of another architecture than the one that made the data."""
-    record = None if dataset_root is None else read_dataset_teacher(dataset_root)
+    record = None if dataset_root is None else dataset_teacher_record(dataset_root)
     expected_sha = None if record is None else record["config_sha256"]
     if teacher is not None:
         return TeacherSource(Path(teacher), action_ckpt, "--teacher", expected_sha)

@@ -1,0 +1,39 @@
+"""`dataset_config.json`: what a dataset root records about how it was built (read here, written by the builder).
+
+Fields the readers use: `num_latents`, `num_chunks`, `num_steps`, `chunk_latents`, `shift`, `context_timestep`,
+`memory`, `prefeature_layers`, `sample_tables` and `teacher` (folder, config_sha256, action_ckpt); data.md lists them
+all. Every missing field is an error naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DATASET_CONFIG_NAME = "dataset_config.json"
+
+
+def read_dataset_config(root: str | Path) -> dict:
+    """``root/dataset_config.json`` as a dict (FileNotFoundError naming the path when absent)."""
+    path = Path(root) / DATASET_CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset config not found: {path} (build the dataset with "
+                                "tools/build_predictor_dataset.py)")
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def config_field(config: dict, name: str, root: str | Path):
+    """One required field of the dataset config; KeyError naming the file and field when absent."""
+    if name not in config:
+        raise KeyError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field {name!r}")
+    return config[name]
+
+
+def dataset_teacher_record(root: str | Path) -> dict:
+    """The `teacher` record of the dataset config: folder, config_sha256, action_ckpt (each required)."""
+    teacher = config_field(read_dataset_config(root), "teacher", root)
+    for field in ("folder", "config_sha256", "action_ckpt"):
+        if field not in teacher:
+            raise KeyError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field 'teacher.{field}'")
+    return teacher
