@@ -72,7 +72,7 @@ from predictor_training.run_directory import (
 from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.teacher import TextKV
 from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
-from predictor_training.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 
 VARIANT = "v4"
 RECIPE = "rollout_fppp"

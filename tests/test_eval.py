@@ -53,7 +53,7 @@ from predictor_training.flops import (
 from predictor_training.predictor import build_predictor
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
-from predictor_training.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOL = REPO_ROOT / "tools" / "eval_predictor.py"

@@ -319,7 +319,7 @@ def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, t
 # 4. The Teacher label is computed on the detached student latent (no stored F-F-F-F state is read)
 # ---------------------------------------------------------------------------------------------------------------
 def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv, monkeypatch, tmp_path):
-    from predictor_training.trajectory_dataset import TrajectoryTableDataset
+    from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
     from tests.helpers_dataset import SyntheticSpec, write_synthetic_dataset
 
     # A dataset with case files only (no trajectories/): the rollout gets everything else from the sample table.
@@ -621,7 +621,7 @@ def ddp_checks(root: Path) -> None:
     import train_predictor_v4_rollout as trainer
     from predictor_training.checkpoint import CheckpointMismatchError, load_model_weights
     from predictor_training.distributed import all_gather_objects, init_distributed, wrap_ddp
-    from predictor_training.trajectory_dataset import TrajectoryTableDataset
+    from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 
     torch.set_num_threads(1)
     env = init_distributed("gloo")

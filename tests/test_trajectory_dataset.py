@@ -15,7 +15,7 @@ from predictor_training.camera import pose_to_input
 from predictor_training.data.pair_dataset import UncheckedTensorsWarning
 from predictor_training.data.sample_table import standard_pose_relpath
 from predictor_training.data.shards import TensorChecksumError
-from predictor_training.trajectory_dataset import ENCODED_TENSORS, TrajectoryTableDataset
+from predictor_training.data.trajectory_dataset import ENCODED_TENSORS, TrajectoryTableDataset
 from tests.helpers_dataset import (
     SyntheticSpec,
     damage_tensor,

@@ -48,7 +48,7 @@ from predictor_training.teacher.source import (
     resolve_teacher_source,
     teacher_config_sha256,
 )
-from predictor_training.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.video_metrics import LpipsScorer, jsonable
 
 EVAL_CONFIG_NAME = "eval_config.json"

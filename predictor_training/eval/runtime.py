@@ -31,7 +31,7 @@ from predictor_training.eval.methods import (
 from predictor_training.flops import TeacherShape, rollout_flops, text_prefill_flops
 from predictor_training.precision import autocast, synchronize
 from predictor_training.teacher import TextKV, WorldPlayTransformer
-from predictor_training.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.video_metrics import (
     LpipsScorer,
     chunk_frame_ranges,
