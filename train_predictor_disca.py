@@ -47,9 +47,9 @@ from predictor_training.flags import (
     format_pairs,
     parse_with_preset,
 )
-from predictor_training.logger import MetricsLogger, log_summary
+from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
 from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer, format_group_params
+from predictor_training.optim import build_optimizer_and_schedule
 from predictor_training.pair_step import pair_step
 from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
@@ -146,11 +146,7 @@ def main(argv=None) -> int:
         seed_everything(args.seed, rank=env.rank)
 
         # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule.
-        optimizer = build_optimizer(predictor.trainable_parameter_groups(),
-                                    {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
-                                    betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-        lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps,
-                                         max_steps=args.max_steps, block_warmup_steps=args.block_warmup_steps)
+        optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
 
         # 5. Resume (--resume, or the run directory's own unfinished run): model, optimizer, schedule, data position.
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
@@ -172,19 +168,13 @@ def main(argv=None) -> int:
         if env.is_main:
             write_train_config(start.run_dir, config)
         log_summary(f"offline Predictor training ({VARIANT})", {
-            "run dir": str(start.run_dir),
-            "model": f"{VARIANT}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}; "
-                     f"trainable {format_group_params(optimizer)}",
-            "precision": policy.describe(),
+            **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
+                                  first_step=run_state.global_step + 1, stop_step=start.stop_step),
+            "model": f"{VARIANT}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}",
             "data": f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
                     f"{len(dataset)} pairs; {batches.batches_per_epoch()} micro-batches per rank per epoch",
             "batch": f"{args.batch_size} per rank x {env.world_size} ranks x {args.grad_accum} accumulation = "
                      f"{global_batch} global",
-            "steps": f"{run_state.global_step + 1}..{start.stop_step} of a {args.max_steps}-step schedule",
-            "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup "
-                        f"{args.scheduler_warmup_steps}, block warmup {args.block_warmup_steps}, cosine to 0",
-            "loss": f"{args.velocity_weight:g} mse_v + {args.hidden_weight:g} mse_h",
-            "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
         })
 
         # 7. Train: DDP wrapper, the pair step, the shared loop.

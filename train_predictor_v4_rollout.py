@@ -34,7 +34,12 @@ from torch.utils.data import DistributedSampler
 
 from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
-from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
+from predictor_training.data.dataset_config import (
+    DATASET_CONFIG_NAME,
+    config_field,
+    read_dataset_config,
+    recorded_sample_table,
+)
 from predictor_training.distributed import (
     DistEnv,
     all_gather_objects,
@@ -56,9 +61,9 @@ from predictor_training.flags import (
     parse_subset_cases,
     parse_with_preset,
 )
-from predictor_training.logger import MetricsLogger, log_summary
+from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
 from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer, format_group_params
+from predictor_training.optim import build_optimizer_and_schedule
 from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
 from predictor_training.run_directory import (
@@ -136,21 +141,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if isinstance(args.subset_cases, int) and args.subset_cases < 1:
         parser.error(f"--subset_cases={args.subset_cases}: expected >= 1")
     return args
-
-
-def resolve_sample_table(args: argparse.Namespace, dataset_config: dict) -> Path:
-    """--sample_table, else the dataset's recorded table named `<split>.jsonl`."""
-    if args.sample_table is not None:
-        return args.sample_table
-    where = Path(args.dataset_root) / DATASET_CONFIG_NAME
-    recorded = [Path(path) for path in config_field(dataset_config, "sample_tables", args.dataset_root)]
-    matching = [path for path in recorded if path.stem == args.split]
-    if len(matching) != 1:
-        raise ValueError(f"{where}: sample_tables {[str(p) for p in recorded]} hold {len(matching)} table(s) named "
-                         f"{args.split}.jsonl; pass --sample_table")
-    if not matching[0].is_file():
-        raise FileNotFoundError(f"{where}: recorded sample table {matching[0]} does not exist; pass --sample_table")
-    return matching[0]
 
 
 def first_item(items: list[dict]) -> dict:
@@ -248,7 +238,7 @@ def main(argv=None) -> int:
 
         # 2. Data: one whole trajectory (case, action) per rank per micro-batch; ranks never share one.
         dataset_config = read_dataset_config(args.dataset_root)
-        sample_table = resolve_sample_table(args, dataset_config)
+        sample_table = args.sample_table or recorded_sample_table(args.dataset_root, args.split)
         dataset = TrajectoryTableDataset(
             sample_table, dataset_root=args.dataset_root,
             num_latents=int(config_field(dataset_config, "num_latents", args.dataset_root)),
@@ -273,11 +263,7 @@ def main(argv=None) -> int:
                                            expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
 
         # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
-        optimizer = build_optimizer(predictor.trainable_parameter_groups(),
-                                    {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
-                                    betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-        lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps,
-                                         max_steps=args.max_steps, block_warmup_steps=args.block_warmup_steps)
+        optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
 
         # 5. Resume (--resume, or the run directory's own unfinished run): model, optimizer, schedule, data position.
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE)
@@ -300,22 +286,16 @@ def main(argv=None) -> int:
         if env.is_main:
             write_train_config(start.run_dir, config)
         log_summary("self-rollout F-P-P-P Predictor training (v4)", {
-            "run dir": str(start.run_dir),
+            **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
+                                  first_step=run_state.global_step + 1, stop_step=start.stop_step),
             "init": f"{start.resume_path} (training state)" if start.resume_path else
                     f"{args.init_from} (model only; fresh optimizer)",
             "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
-                     f"{args.gradient_checkpointing}; trainable {format_group_params(optimizer)}",
-            "precision": policy.describe(),
+                     f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. F-P-P-P",
             "data": f"{sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
                     f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
                     f"{batches.batches_per_epoch()} per rank per epoch",
             "batch": f"1 trajectory per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
-            "steps": f"{run_state.global_step + 1}..{start.stop_step} of a {args.max_steps}-step schedule",
-            "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup "
-                        f"{args.scheduler_warmup_steps}, block warmup {args.block_warmup_steps}, cosine to 0",
-            "loss": f"chunk 0 F-F-F-F (no grad), chunks 1.. F-P-P-P; {args.velocity_weight:g} mse_v + "
-                    f"{args.hidden_weight:g} mse_h per Predictor step",
-            "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
         })
 
         # 7. Train: DDP wrapper, the trajectory step, the shared loop.

@@ -155,3 +155,20 @@ def log_summary(title: str, rows: dict[str, str]) -> None:
     log0(f"==== {title} ====")
     for label, text in rows.items():
         log0(f"  {label.ljust(width)}  {text}")
+
+
+def recipe_summary_rows(args, *, run_dir, precision: str, optimizer, first_step: int, stop_step: int) -> dict[str, str]:
+    """The summary rows every Predictor recipe prints (run dir, trainable parameters, precision, steps, schedule,
+    loss, checkpoints); a recipe adds its own (model, data, batch)."""
+    counts = {group["name"]: sum(p.numel() for p in group["params"]) for group in optimizer.param_groups}
+    return {
+        "run dir": str(run_dir),
+        "trainable": " | ".join(f"{name} {count:,}" for name, count in counts.items())
+                     + f" | total {sum(counts.values()):,}",
+        "precision": precision,
+        "steps": f"{first_step}..{stop_step} of a {args.max_steps}-step schedule",
+        "schedule": f"lr fusion {args.fusion_lr:g}, blocks {args.blocks_lr:g}; warmup {args.scheduler_warmup_steps}, "
+                    f"block warmup {args.block_warmup_steps}, cosine to 0",
+        "loss": f"{args.velocity_weight:g} mse_v + {args.hidden_weight:g} mse_h",
+        "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
+    }

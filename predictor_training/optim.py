@@ -73,12 +73,6 @@ def count_group_params(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     return {group["name"]: sum(p.numel() for p in group["params"]) for group in optimizer.param_groups}
 
 
-def format_group_params(optimizer: torch.optim.Optimizer) -> str:
-    """"fusion 1,234 | blocks 5,678 | total 6,912" for the run summary."""
-    counts = count_group_params(optimizer)
-    return " | ".join(f"{name} {count:,}" for name, count in counts.items()) + f" | total {sum(counts.values()):,}"
-
-
 def lr_multiplier(step: int, *, warmup_steps: int, max_steps: int, delay_steps: int = 0) -> float:
     """Multiplier of the peak LR for the update with 0-based index `step` (see the module docstring)."""
     if not 0 <= warmup_steps < max_steps:
@@ -172,3 +166,15 @@ class TwoGroupLRSchedule:
                 )
         self.step_count = int(state["step_count"])
         self._apply()
+
+
+def build_optimizer_and_schedule(predictor, args) -> tuple[torch.optim.AdamW, TwoGroupLRSchedule]:
+    """The Predictor recipes' optimizer and schedule from their flags: AdamW over the two groups of
+    `predictor.trainable_parameter_groups()` (--fusion_lr, --blocks_lr, --adam_beta1/2, --weight_decay) and the
+    warmup + cosine schedule (--scheduler_warmup_steps, --max_steps, --block_warmup_steps)."""
+    optimizer = build_optimizer(predictor.trainable_parameter_groups(),
+                                {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
+                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
+                                     block_warmup_steps=args.block_warmup_steps)
+    return optimizer, lr_schedule

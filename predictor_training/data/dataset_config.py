@@ -37,3 +37,16 @@ def dataset_teacher_record(root: str | Path) -> dict:
         if field not in teacher:
             raise KeyError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field 'teacher.{field}'")
     return teacher
+
+
+def recorded_sample_table(root: str | Path, split: str) -> Path:
+    """The sample table of `split` the dataset was built from (the one named `<split>.jsonl` in `sample_tables`)."""
+    where = Path(root) / DATASET_CONFIG_NAME
+    recorded = [Path(path) for path in config_field(read_dataset_config(root), "sample_tables", root)]
+    matching = [path for path in recorded if path.stem == split]
+    if len(matching) != 1:
+        raise ValueError(f"{where}: sample_tables {[str(p) for p in recorded]} hold {len(matching)} table(s) named "
+                         f"{split}.jsonl; pass --sample_table")
+    if not matching[0].is_file():
+        raise FileNotFoundError(f"{where}: recorded sample table {matching[0]} does not exist; pass --sample_table")
+    return matching[0]
