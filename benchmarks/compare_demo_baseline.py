@@ -12,7 +12,7 @@ same way on the same CPU, then compare:
     python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
 
 Every logged number except wall-clock times and memory must be equal (==, not approximately); eval metrics must
-be equal too, timings are skipped. Exit code 1 on any difference, with one line per difference.
+be equal too (timings, and the absolute checkpoint paths in the header, are skipped). Exit code 1 on any difference, with one line per difference.
 """
 
 from __future__ import annotations
@@ -24,14 +24,19 @@ import sys
 from pathlib import Path
 
 BASELINE = Path(__file__).resolve().parent / "baselines" / "demo_369ddf5"
-# Run-directory prefixes of the three demo runs -> their baseline log.
+# The three demo run directories (2 CPU ranks) -> their baseline log.
 RUNS = {
-    "predictor_v4_prefeature_demo_blocks1-2_fp32_": "offline_v4.train_log.jsonl",
-    "predictor_disca_demo_blocks1-2_fp32_": "offline_disca.train_log.jsonl",
-    "predictor_v4_rollout_fppp_demo_blocks1-2_fp32_": "rollout_fppp.train_log.jsonl",
+    "predictor_v4_prefeature_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
+        "offline_v4.train_log.jsonl",
+    "predictor_disca_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
+        "offline_disca.train_log.jsonl",
+    "predictor_v4_rollout_fppp_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps8_swarmup2_bwarmup2_notracker":
+        "rollout_fppp.train_log.jsonl",
 }
+EVAL_NAME = (f"{list(RUNS)[2]}_ckptstep8__{list(RUNS)[0]}_ckptstep240_fppp_holdout25")
 SKIPPED_PREFIXES = ("time/", "memory/")
-SKIPPED_EVAL_KEYS = {"timings", "speedup"}
+# Wall-clock figures, and the header entries that hold the checkpoints' absolute paths (where the demo ran).
+SKIPPED_EVAL_KEYS = {"timings", "speedup", "checkpoints", "legend"}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -75,11 +80,10 @@ def compare_tree(baseline, current, where: str) -> list[str]:
     return [] if same_number(baseline, current) else [f"{where}: baseline {baseline!r} now {current!r}"]
 
 
-def find_one(root: Path, prefix: str, what: str) -> Path:
-    matches = sorted(path for path in root.glob(f"{prefix}*") if path.is_dir())
-    if len(matches) != 1:
-        raise SystemExit(f"error: expected one {what} directory {root}/{prefix}*, found {len(matches)}")
-    return matches[0]
+def require_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise SystemExit(f"error: {path} does not exist; run the demo commands of this script's docstring first")
+    return path
 
 
 def main(argv=None) -> int:
@@ -92,13 +96,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     problems = []
-    for prefix, log_name in RUNS.items():
-        run_dir = find_one(args.checkpoints, prefix, "demo run")
+    for name, log_name in RUNS.items():
+        run_dir = require_dir(args.checkpoints / name)
         current = read_jsonl(run_dir / "train_log.jsonl")
         found = compare_logs(read_jsonl(args.baseline / log_name), current, run_dir.name)
         problems.extend(found)
         print(f"{run_dir.name}: {len(current)} records, {'identical' if not found else f'{len(found)} differences'}")
-    eval_dir = find_one(args.eval, "predictor_v4_rollout_fppp_demo", "demo eval")
+    eval_dir = require_dir(args.eval / EVAL_NAME)
     baseline_eval = json.loads((args.baseline / "eval_holdout25.aggregate.json").read_text())
     current_eval = json.loads((eval_dir / "aggregate.json").read_text())
     found = compare_tree(baseline_eval, current_eval, "aggregate")
