@@ -27,6 +27,7 @@ os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import argparse
 import sys
+from pathlib import Path
 
 from predictor_training.conformance.calls import CATEGORIES, TIERS, run_conformance
 
@@ -40,7 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tolerance tier of the model tensors: portable (1e-5) or strict (3e-6, float32 CPU)")
     parser.add_argument("--cases", nargs="+", default=None,
                         help=f"run only these categories {list(CATEGORIES)} or groups (e.g. txt_holes chunk_first)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not Path(args.folder).is_dir():
+        parser.error(f"folder {str(args.folder)!r}: no such directory")
+    return args
 
 
 def main(argv=None) -> int:

@@ -40,7 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tests/data/conformance/README.md): strict (3e-6, float32 on CPU) or portable (1e-5, any "
                         "float32 backend)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not Path(args.folder).is_dir():
+        parser.error(f"folder {str(args.folder)!r}: no such directory")
+    return args
 
 
 def main(argv=None) -> int:
