@@ -15,8 +15,6 @@ that is removed at the end.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from predictor_training.data.pair_dataset import (
 )
 from predictor_training.data.dataset_config import config_field, read_dataset_config
 from predictor_training.data.samplers import BucketBatchSampler
+from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,20 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------------------------
 # Synthetic dataset
 # ---------------------------------------------------------------------------------------------------------------------
-def load_test_helpers():
-    """tests/helpers_dataset.py, loaded from its file (the tests folder is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "helpers_dataset.py"
-    spec = importlib.util.spec_from_file_location("helpers_dataset", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def build_synthetic_dataset(folder: Path, args: argparse.Namespace) -> Path:
     """Write a dataset in the data.md layout with the sizes of ``--teacher-preset`` (random tensors)."""
-    helpers = load_test_helpers()  # the test fixture writer, same layout
-    SyntheticSpec, write_synthetic_dataset = helpers.SyntheticSpec, helpers.write_synthetic_dataset
 
     from predictor_training.teacher.config import preset_config
 
@@ -161,10 +148,6 @@ def measure_loader(dataset: PairDataset, args: argparse.Namespace, workers: int)
     return LoaderFigures(workers, args.batches / elapsed, timed_items / elapsed, timed_bytes / elapsed / 2**20)
 
 
-def predictor_module_available() -> bool:
-    return importlib.util.find_spec("predictor_training.predictor") is not None
-
-
 def measure_train_step(batch: dict, args: argparse.Namespace, context_timestep: float) -> float:
     """Optimizer steps per second of a fresh Predictor on ``batch``: forward (fp32, CPU), loss, backward, AdamW."""
     from predictor_training.losses import predictor_loss
@@ -222,14 +205,12 @@ def run(root: Path, args: argparse.Namespace) -> None:
 
     if args.no_step:
         step_rate, step_text = None, "not measured (--no-step)"
-    elif predictor_module_available():
+    else:
         sample = next(iter(make_loader(dataset, args, workers=0)[0]))
         context_timestep = float(config_field(read_dataset_config(root), "context_timestep", root))
         step_rate = measure_train_step(sample, args, context_timestep)
         step_text = (f"{step_rate:.2f} steps/s (Predictor {args.variant} on the {args.teacher_preset} Teacher, "
                      f"forward+backward+AdamW, batch {args.batch_size}, CPU fp32)")
-    else:
-        step_rate, step_text = None, "unavailable (predictor_training.predictor is not importable)"
 
     print(f"{'workers':>8} {'batches/s':>10} {'items/s':>9} {'MiB/s':>8} {'loader/step':>12}")
     for figure in figures:

@@ -3,7 +3,7 @@
     python benchmarks/bench_tensor_checksums.py                    # tiny synthetic dataset in a temporary folder
     python benchmarks/bench_tensor_checksums.py --hidden 1024 --height 8 --width 12 --repeats 7
 
-Builds a tiny dataset in the data.md layout (``tests/helpers_dataset.py``, the writer the reader tests use, so the
+Builds a tiny dataset in the data.md layout (``predictor_training/data/synthetic.py``, the writer the reader tests use, so the
 manifest carries a CRC-32 per tensor), warms the page cache with one untimed pass, then times full passes over every
 v4 pair item in alternating order. A pass is what the offline trainer's loader does without workers: the items of
 ``BucketBatchSampler`` batches (``--batch-size``) through ``PairDataset.__getitem__`` and ``collate_pairs``, so every
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 import zlib
@@ -35,6 +33,7 @@ import torch
 
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs
 from predictor_training.data.samplers import BucketBatchSampler
+from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 from predictor_training.data.shards import load_tensors
 
 SOURCE_LAYERS = (0, 2)
@@ -57,26 +56,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def load_test_helpers():
-    """tests/helpers_dataset.py, loaded from its file (the tests folder is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "helpers_dataset.py"
-    spec = importlib.util.spec_from_file_location("helpers_dataset", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def build_dataset(folder: Path, args: argparse.Namespace) -> Path:
-    helpers = load_test_helpers()
     heads = 4 if args.hidden % 4 == 0 else 1
-    spec = helpers.SyntheticSpec(
+    spec = SyntheticSpec(
         cases={f"c{index:03d}": "train" for index in range(args.cases)},
         actions=tuple(range(args.actions)), num_chunks=args.num_chunks, height=args.height, width=args.width,
         hidden=args.hidden, heads=heads, head_dim=args.hidden // heads, prefeature_layers=SOURCE_LAYERS,
         max_context=20, seed=args.seed,
     )
-    helpers.write_synthetic_dataset(folder, spec)
+    write_synthetic_dataset(folder, spec)
     return folder
 
 

@@ -16,7 +16,7 @@ import predictor_training.data.pair_dataset as pair_dataset_module
 from predictor_training.data.pair_dataset import PairDataset, UncheckedTensorsWarning, collate_pairs
 from predictor_training.data.samplers import BucketBatchSampler
 from predictor_training.data.shards import ShardVerificationError, TensorChecksumError
-from tests.helpers_dataset import (
+from predictor_training.data.synthetic import (
     FRAMES_PER_CHUNK,
     SyntheticSpec,
     damage_tensor,

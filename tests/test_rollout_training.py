@@ -181,7 +181,7 @@ def write_rollout_setup(root: Path, num_latents: int, case_ids, actions) -> dict
     predictor_step safetensors to start from. Returns their paths."""
     from predictor_training.checkpoint import save_inference_weights
     from predictor_training.teacher.source import teacher_config_sha256
-    from tests.helpers_dataset import SyntheticSpec, write_synthetic_dataset
+    from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 
     teacher = make_teacher()
     teacher.save_pretrained(str(root / "teacher"))
@@ -320,7 +320,7 @@ def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, t
 # ---------------------------------------------------------------------------------------------------------------
 def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv, monkeypatch, tmp_path):
     from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-    from tests.helpers_dataset import SyntheticSpec, write_synthetic_dataset
+    from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 
     # A dataset with case files only (no trajectories/): the rollout gets everything else from the sample table.
     spec = SyntheticSpec(cases={"c000": "train"}, num_chunks=4, height=HEIGHT, width=WIDTH,

@@ -16,7 +16,7 @@ from predictor_training.data.pair_dataset import UncheckedTensorsWarning
 from predictor_training.data.sample_table import standard_pose_relpath
 from predictor_training.data.shards import TensorChecksumError
 from predictor_training.data.trajectory_dataset import ENCODED_TENSORS, TrajectoryTableDataset
-from tests.helpers_dataset import (
+from predictor_training.data.synthetic import (
     SyntheticSpec,
     damage_tensor,
     strip_tensor_checksums,

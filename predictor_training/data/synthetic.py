@@ -1,4 +1,5 @@
-"""Synthetic predictor dataset in the data.md layout, for reader tests (random tensors, tiny sizes).
+"""Synthetic predictor dataset in the data.md layout (random tensors, tiny sizes): what the reader tests and the
+loader benchmarks read.
 
 ``write_synthetic_dataset(root, spec)`` writes ``dataset_config.json``, ``cases/{case_id}.safetensors``,
 ``trajectories/{case_id}__a{action_id}.safetensors`` and ``manifest.jsonl`` (through ``predictor_training.data.shards``,
