@@ -34,7 +34,6 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP
@@ -52,7 +51,6 @@ from predictor_training.teacher.layers import build_camera_projection, build_rop
 VARIANTS = ("v4", "disca")
 PREDICTOR_ARCH_VERSION = 1
 FUSION_NORM_EPS = 1e-6
-FROZEN_ATTR = "teacher_frozen"
 # Stream order of the fusion input; a checkpoint records it so that a rebuild cannot silently reorder the weights.
 FUSION_STREAMS = {"v4": ("image", "anchor", "prev_chunk"), "disca": ("image", "anchor")}
 HEAD_LAYOUT = "layernorm-linear-gelu_tanh-linear(zero)"
@@ -73,32 +71,31 @@ def _check_shape(name: str, tensor: Tensor, expected: tuple, layout: str) -> Non
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Frozen Teacher parts
 # ---------------------------------------------------------------------------------------------------------------
-class FrozenTeacherParts(nn.Module):
+class FrozenTeacherParts:
     """The Teacher sub-modules the Predictor runs but never trains: `img_in`, `time_in`, `action_in`,
     `final_layer`, and (v4) the ORIGINAL source blocks used as the context projector.
 
     They are the Teacher's own module objects (shared, not copied: no memory cost, and always identical to the
-    Teacher), with `requires_grad=False`. Being registered here, they follow `Predictor.to(device)`; note that
-    this moves (or casts) the Teacher's own modules too. Their forwards are NOT under `no_grad` (except the
-    context projector), so gradients reach the Predictor's inputs. The methods mirror the Teacher's
-    batch-general building blocks (`WorldPlayTransformer.embed_image`, `frame_vec`, `camera_projection`,
-    `rope_table`, `final_projection`, `unpatchify`).
+    Teacher), with `requires_grad=False`. This is a plain object, not an `nn.Module`, so the Predictor does not
+    register them: they are not in its `state_dict`, its `parameters()` or DDP's buckets, and `Predictor.to()`
+    leaves them (and the Teacher) where they are. Their forwards are NOT under `no_grad` (except the context
+    projector), so gradients reach the Predictor's inputs. The methods mirror the Teacher's batch-general building
+    blocks (`WorldPlayTransformer.embed_image`, `frame_vec`, `camera_projection`, `rope_table`,
+    `final_projection`, `unpatchify`).
     """
 
     def __init__(self, teacher: WorldPlayTransformer, context_source_blocks: Sequence[int] | None):
-        super().__init__()
         self.img_in = teacher.img_in
         self.time_in = teacher.time_in
         self.action_in = teacher.action_in
         self.final_layer = teacher.final_layer
         self.context_blocks = (
-            None
-            if context_source_blocks is None
-            else nn.ModuleList([teacher.double_blocks[index] for index in context_source_blocks])
+            None if context_source_blocks is None else [teacher.double_blocks[index] for index in context_source_blocks]
         )
         self.rope_dim_list = list(teacher.rope_dim_list)
         self.rope_theta = float(teacher.rope_theta)
-        self.requires_grad_(False)
+        for module in (self.img_in, self.time_in, self.action_in, self.final_layer, *(self.context_blocks or [])):
+            module.requires_grad_(False)
 
     @property
     def device(self) -> torch.device:
@@ -264,13 +261,8 @@ class Predictor(nn.Module):
         self.fusion = ImageFusion(self.hidden_size, FUSION_STREAMS[variant]).float()
         self.blocks = nn.ModuleList([copy_image_stream(teacher.double_blocks[index]) for index in source_blocks])
         self.residual_head = ResidualHead(self.hidden_size).float()
-        # 3. Frozen parts, shared with the Teacher; kept out of state_dict and out of DDP.
-        setattr(self, FROZEN_ATTR, FrozenTeacherParts(teacher, source_blocks if variant == "v4" else None))
-        self.register_state_dict_post_hook(_drop_frozen_keys)
-        self.register_load_state_dict_post_hook(_allow_missing_frozen_keys)
-        frozen_names = [f"{FROZEN_ATTR}.{name}" for name, _ in self.teacher_frozen.named_parameters()]
-        frozen_names += [f"{FROZEN_ATTR}.{name}" for name, _ in self.teacher_frozen.named_buffers()]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, frozen_names)
+        # 3. Frozen parts, shared with the Teacher and not registered: out of state_dict, parameters() and DDP.
+        self.teacher_frozen = FrozenTeacherParts(teacher, source_blocks if variant == "v4" else None)
 
     # ---- parameters, weights, config ------------------------------------------------------------------------
     def trainable_parameter_groups(self) -> dict[str, list[nn.Parameter]]:
@@ -498,21 +490,7 @@ class Predictor(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. state_dict hooks: the frozen Teacher parts are not Predictor weights
-# ---------------------------------------------------------------------------------------------------------------
-def _drop_frozen_keys(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
-    frozen_prefix = f"{prefix}{FROZEN_ATTR}."
-    for key in [key for key in state_dict if key.startswith(frozen_prefix)]:
-        del state_dict[key]
-
-
-def _allow_missing_frozen_keys(module: nn.Module, incompatible_keys) -> None:
-    marker = f".{FROZEN_ATTR}."
-    incompatible_keys.missing_keys[:] = [key for key in incompatible_keys.missing_keys if marker not in f".{key}"]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 5. Builders
+# 4. Builders
 # ---------------------------------------------------------------------------------------------------------------
 def build_predictor(
     teacher: WorldPlayTransformer,

@@ -420,9 +420,9 @@ def test_weights_groups_config_roundtrip(teacher3):
     assert predictor.teacher_frozen.img_in is teacher3.img_in
     assert predictor.teacher_frozen.context_blocks[0] is teacher3.double_blocks[2]
     assert predictor.blocks[0] is not teacher3.double_blocks[2]
-    ignored = set(predictor._ddp_params_and_buffers_to_ignore)
-    for name, param in predictor.named_parameters():
-        assert (name in ignored) == (not param.requires_grad), name
+    # The frozen Teacher parts are not registered: every parameter the Predictor (and so DDP) sees is trained.
+    assert set(grouped) == {id(p) for p in predictor.parameters()}
+    assert not any(param.requires_grad for param in teacher3.img_in.parameters())
     # 2. Inference weights: trainable only, no text stream, no Teacher keys.
     weights = predictor.state_dict()
     assert all(key.split(".")[0] in ("fusion", "blocks", "residual_head") for key in weights)
