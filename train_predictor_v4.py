@@ -64,7 +64,7 @@ from predictor_training.teacher.source import describe_teacher, load_teacher, re
 
 VARIANT = "v4"
 
-# The CPU demo: the demo dataset's tiny Teacher has 3 blocks; a short fp32 run without tracker or workers.
+# The CPU demo: blocks 1,2 of the demo dataset's 4-block Teacher; a short fp32 run without tracker or workers.
 PRESETS = {
     "demo": ["--experiment", "predictor_v4_prefeature_demo", "--source_blocks", "1,2", "--precision", "fp32",
              "--max_steps", "240", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",

@@ -40,6 +40,7 @@ from predictor_training.data.dataset_config import (
     read_dataset_config,
     recorded_sample_table,
 )
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.distributed import (
     DistEnv,
     all_gather_objects,
@@ -77,7 +78,6 @@ from predictor_training.run_directory import (
 from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.teacher import TextKV
 from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
-from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 
 VARIANT = "v4"
 RECIPE = "rollout_fppp"
@@ -87,7 +87,7 @@ _DEMO = ["--source_blocks", "1,2", "--precision", "fp32", "--max_steps", "8", "-
 _OVERFIT8 = ["--subset_cases", "8", "--subset_seed", "20260721", "--scheduler_warmup_steps", "8",
              "--block_warmup_steps", "8"]
 PRESETS = {
-    # The CPU demo: the demo dataset's tiny Teacher has 3 blocks; a short fp32 run without tracker or workers.
+    # The CPU demo: blocks 1,2 of the demo dataset's 4-block Teacher; a short fp32 run without tracker or workers.
     "demo": ["--experiment", "predictor_v4_rollout_fppp_demo", *_DEMO],
     # overfit8 (train.md § overfit8): 8 fixed cases x their actions, warmup and block freeze of 8 steps.
     "overfit8": _OVERFIT8,

@@ -113,6 +113,8 @@ def add_predictor_args(parser: argparse.ArgumentParser, *, source_blocks: str, g
     group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
                        default=gradient_checkpointing,
                        help="non-reentrant activation checkpointing of the two Predictor blocks (default %(default)s)")
+    group.add_argument("--no_gradient_checkpointing", dest="gradient_checkpointing", action="store_false",
+                       help=argparse.SUPPRESS)  # the spelling of earlier versions
 
 
 def add_optimization_args(
