@@ -53,6 +53,7 @@ from predictor_training.optim import build_optimizer_and_schedule
 from predictor_training.pair_step import pair_step
 from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
+from predictor_training.roles import Role
 from predictor_training.run_directory import (
     environment_summary,
     plan_run,
@@ -142,12 +143,14 @@ def main(argv=None) -> int:
         # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule.
         optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
 
-        # 5. Resume (--resume, or the run directory's own unfinished run): model, optimizer, schedule, data position.
+        # 5. The one trained role: the DDP-wrapped Predictor with its optimizer and schedule. Resume (--resume, or
+        #    the run directory's own unfinished run) restores it and the data position.
+        model = wrap_ddp(predictor, env)
+        role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
         run_state = RunState()
         if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, model=predictor, optimizer=optimizer,
-                                            lr_schedule=lr_schedule, expect=meta)
+            run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
             batches.load_state_dict(run_state.data)
 
         # 6. Config and summary.
@@ -171,8 +174,7 @@ def main(argv=None) -> int:
                      f"{global_batch} global",
         })
 
-        # 7. Train: DDP wrapper, the pair step, the shared loop.
-        model = wrap_ddp(predictor, env)
+        # 7. Train: the pair step and the shared loop.
         step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy,
                           context_timestep=context_timestep, velocity_weight=args.velocity_weight,
                           hidden_weight=args.hidden_weight)
@@ -180,9 +182,8 @@ def main(argv=None) -> int:
                            experiment=args.experiment_name or start.run_name, config=config,
                            swanlab_mode=args.swanlab_mode) as metrics_logger:
             train_loop(
-                ddp_model=model, raw_model=predictor, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
-                step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
-                stop_at_step=start.stop_step, grad_accum=args.grad_accum, grad_clip=args.grad_clip,
+                roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
+                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
                 ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
                 metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
             )

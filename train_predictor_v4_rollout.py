@@ -67,6 +67,7 @@ from predictor_training.loop import ResumableBatches, train_loop
 from predictor_training.optim import build_optimizer_and_schedule
 from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
+from predictor_training.roles import Role
 from predictor_training.run_directory import (
     environment_summary,
     plan_run,
@@ -195,7 +196,9 @@ class RolloutStep:
         self.env = env
         self.step_keys: list = []
 
-    def __call__(self, item: dict, *, sync: bool) -> dict[str, float]:
+    def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
+        if due != {"predictor"}:
+            raise ValueError(f"RolloutStep trains the role 'predictor' every step; the loop says {sorted(due)}")
         # 1. Distinct trajectories across ranks (and micro-batches) of this optimizer step.
         self.step_keys.extend(map(tuple, all_gather_objects(list(item["key"]))))
         if len(set(self.step_keys)) != len(self.step_keys):
@@ -265,12 +268,14 @@ def main(argv=None) -> int:
         # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
         optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
 
-        # 5. Resume (--resume, or the run directory's own unfinished run): model, optimizer, schedule, data position.
+        # 5. The one trained role: the DDP-wrapped Predictor with its optimizer and schedule. Resume (--resume, or
+        #    the run directory's own unfinished run) restores it and the data position.
+        model = wrap_ddp(predictor, env)
+        role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE)
         run_state = RunState()
         if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, model=predictor, optimizer=optimizer,
-                                            lr_schedule=lr_schedule, expect=meta)
+            run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
             batches.load_state_dict(run_state.data)
 
         # 6. Config and summary.
@@ -298,8 +303,7 @@ def main(argv=None) -> int:
             "batch": f"1 trajectory per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
         })
 
-        # 7. Train: DDP wrapper, the trajectory step, the shared loop.
-        model = wrap_ddp(predictor, env)
+        # 7. Train: the trajectory step and the shared loop.
         settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                        predictor_autocast_dtype=policy.autocast_dtype)
         step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
@@ -308,9 +312,8 @@ def main(argv=None) -> int:
                            experiment=args.experiment_name or start.run_name, config=config,
                            swanlab_mode=args.swanlab_mode) as metrics_logger:
             train_loop(
-                ddp_model=model, raw_model=predictor, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
-                step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
-                stop_at_step=start.stop_step, grad_accum=args.grad_accum, grad_clip=args.grad_clip,
+                roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
+                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
                 ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
                 metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
                 extra_step_check=check_latent_grads,

@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSched
 from predictor_training.pair_step import move_batch, pair_step, predict_pairs
 from predictor_training.precision import precision_policy, synchronize
 from predictor_training.predictor import build_predictor
+from predictor_training.roles import Role
 from predictor_training.teacher.source import load_teacher, resolve_teacher_source
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -145,15 +147,14 @@ def loop_pass(args: argparse.Namespace, env) -> list[float]:
     """`time/step_s` of every step of a real `train_loop` run."""
     parts = build_components(args, env)
     run_dir = Path(args.output_dir)
-    step_fn = lambda batch, *, sync: pair_step(  # noqa: E731
-        batch, sync=sync, model=parts.predictor, predictor=parts.predictor, policy=parts.policy,
-        context_timestep=parts.context_timestep, velocity_weight=args.velocity_weight,
-        hidden_weight=args.hidden_weight)
+    step_fn = partial(pair_step, model=parts.predictor, predictor=parts.predictor, policy=parts.policy,
+                      context_timestep=parts.context_timestep, velocity_weight=args.velocity_weight,
+                      hidden_weight=args.hidden_weight)
+    role = Role("predictor", parts.predictor, parts.optimizer, parts.lr_schedule, grad_clip=args.grad_clip)
     with MetricsLogger(run_dir, env) as metrics_logger:
-        train_loop(ddp_model=parts.predictor, raw_model=parts.predictor, optimizer=parts.optimizer,
-                   lr_schedule=parts.lr_schedule, batches=parts.batches, step_fn=step_fn, run_dir=run_dir, env=env,
-                   run_state=RunState(), max_steps=args.max_steps, grad_accum=1, grad_clip=args.grad_clip,
-                   ckpt_every=-1, keep_last=1, log_every=1, metrics_logger=metrics_logger, config={},
+        train_loop(roles=[role], batches=parts.batches, step_fn=step_fn, run_dir=run_dir, env=env,
+                   run_state=RunState(), max_steps=args.max_steps, grad_accum=1, ckpt_every=-1, keep_last=1,
+                   log_every=1, metrics_logger=metrics_logger, config={},
                    meta={"variant": args.variant, "source_blocks": list(args.source_blocks),
                          "precision": args.precision}, progress=False)
     records = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]

@@ -17,6 +17,7 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import safetensors
@@ -31,10 +32,9 @@ from .logger import redact_secrets
 
 TRAINING_STATE_NAME = "training_latest.pt"
 TRAINING_STATE_FORMAT = "predictor_training.training_state"
-TRAINING_STATE_VERSION = 1
+TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
 INFERENCE_FORMAT = "predictor_training.inference_weights"
 REQUIRED_META_KEYS = ("variant", "source_blocks", "precision")
-_INFERENCE_NAME_PATTERN = re.compile(r"^predictor_step_(\d{5,})\.safetensors$")
 
 
 class NonFiniteError(RuntimeError):
@@ -53,9 +53,9 @@ def checkpoint_meta(variant: str, source_blocks, precision: str, **extra) -> dic
             **extra}
 
 
-def inference_weights_name(step: int) -> str:
-    """`predictor_step_00300.safetensors` for step 300."""
-    return f"predictor_step_{step:05d}.safetensors"
+def inference_weights_name(step: int, role: str = "predictor") -> str:
+    """`predictor_step_00300.safetensors` for step 300 of the role "predictor" (`<role>_step_XXXXX.safetensors`)."""
+    return f"{role}_step_{step:05d}.safetensors"
 
 
 @dataclass
@@ -203,25 +203,26 @@ def _require_file(path: Path, what: str) -> None:
 def save_training_state(
     path: str | os.PathLike,
     *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_schedule,
+    roles: Sequence,
     run_state: RunState,
     config: dict,
     meta: dict,
 ) -> None:
-    """Write `training_latest.pt` atomically from rank 0. A collective: call it on EVERY rank (it gathers each
-    rank's RNG state, and ends with a barrier).
+    """Write `training_latest.pt` atomically from rank 0: every role's model (its unwrapped module), optimizer, LR
+    schedule, update count and EMA, plus the run state, every rank's RNG, config and meta. A collective: call it on
+    EVERY rank (it gathers each rank's RNG state, and ends with a barrier).
 
-    meta: {"variant": ..., "source_blocks": [...], "precision": "fp32master" | ...}; `config` is stored with
-    secrets redacted. Raises NonFiniteError (writing nothing) if the model holds NaN/Inf.
+    roles: `predictor_training.roles.Role` objects. meta: {"variant": ..., "source_blocks": [...], "precision":
+    ...}; `config` is stored with secrets redacted. Raises NonFiniteError (writing nothing) if a model holds NaN/Inf.
     """
     # 1. Validate on every rank so that all ranks raise together.
-    raw_model = unwrap_model(model)
     meta = _check_meta(meta)
-    _check_fp32_master(raw_model, meta)
-    device_state = raw_model.state_dict()
-    check_finite_tensors(device_state, f"save_training_state({path})")
+    model_states = {}
+    for role in roles:
+        raw_model = unwrap_model(role.raw_module)
+        _check_fp32_master(raw_model, meta)
+        model_states[role.name] = raw_model.state_dict()
+        check_finite_tensors(model_states[role.name], f"save_training_state({path}) role {role.name!r}")
     # 2. Every rank's RNG, so each rank resumes its own noise stream.
     rng_by_rank = all_gather_objects(capture_rng_state())
     # 3. Rank 0 writes.
@@ -229,9 +230,16 @@ def save_training_state(
         payload = {
             "format": TRAINING_STATE_FORMAT,
             "format_version": TRAINING_STATE_VERSION,
-            "model": {name: tensor.detach().cpu() for name, tensor in device_state.items()},
-            "optimizer": optimizer.state_dict(),
-            "lr_schedule": lr_schedule.state_dict(),
+            "roles": {
+                role.name: {
+                    "model": {name: tensor.detach().cpu() for name, tensor in model_states[role.name].items()},
+                    "optimizer": role.optimizer.state_dict(),
+                    "lr_schedule": role.lr_schedule.state_dict(),
+                    "updates": role.updates,
+                    "ema": None if role.ema is None else role.ema.state_dict(),
+                }
+                for role in roles
+            },
             "run_state": _json_plain(run_state.to_dict(), "run_state"),
             "rng_by_rank": rng_by_rank,
             "world_size": len(rng_by_rank),
@@ -249,17 +257,37 @@ def save_training_state(
 
 
 def read_training_state(path: str | os.PathLike) -> dict:
-    """The raw checkpoint dict (CPU tensors), after checking that the file exists and has our format."""
+    """The checkpoint dict (CPU tensors) in the current layout, after checking that the file exists and has our
+    format. A version-1 state (one Predictor: top-level model / optimizer / lr_schedule) comes back as one role
+    named "predictor" whose update count is the global step."""
     path = Path(path)
     _require_file(path, "training state")
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
         raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
-    if payload["format_version"] != TRAINING_STATE_VERSION:
-        raise ValueError(
-            f"{path}: format_version {payload['format_version']}, this code reads version {TRAINING_STATE_VERSION}"
-        )
+    version = payload["format_version"]
+    if version == 1:
+        payload["roles"] = {"predictor": {
+            "model": payload.pop("model"), "optimizer": payload.pop("optimizer"),
+            "lr_schedule": payload.pop("lr_schedule"), "updates": int(payload["run_state"]["global_step"]),
+            "ema": None,
+        }}
+        payload["format_version"] = TRAINING_STATE_VERSION
+    elif version != TRAINING_STATE_VERSION:
+        raise ValueError(f"{path}: format_version {version}, this code reads versions 1 and {TRAINING_STATE_VERSION}")
     return payload
+
+
+def role_state(payload: dict, role: str | None, path: str | os.PathLike) -> dict:
+    """One role's entry of a training state; `role=None` takes the only role (an error if there are several)."""
+    names = sorted(payload["roles"])
+    if role is None:
+        if len(names) != 1:
+            raise CheckpointMismatchError(f"{path} holds roles {names}; name the one to read")
+        role = names[0]
+    if role not in payload["roles"]:
+        raise CheckpointMismatchError(f"{path} has no role {role!r}; it holds {names}")
+    return payload["roles"][role]
 
 
 def read_training_summary(path: str | os.PathLike) -> dict:
@@ -277,29 +305,26 @@ def check_fp32_training_state(payload: dict, path: Path) -> None:
     `optimizer.load_state_dict` would silently cast other moments to the parameters' dtype: refuse a state (e.g.
     an old BF16 one) that holds anything else."""
     problems = []
-    for index, state in payload["optimizer"]["state"].items():
-        for name, value in state.items():
-            is_moment = torch.is_tensor(value) and value.is_floating_point() and value.numel() > 1
-            if is_moment and value.dtype != torch.float32:
-                problems.append(f"optimizer state {index}.{name} is {value.dtype}")
+    for role, entry in payload["roles"].items():
+        for index, state in entry["optimizer"]["state"].items():
+            for name, value in state.items():
+                is_moment = torch.is_tensor(value) and value.is_floating_point() and value.numel() > 1
+                if is_moment and value.dtype != torch.float32:
+                    problems.append(f"role {role} optimizer state {index}.{name} is {value.dtype}")
     if problems:
         raise CheckpointMismatchError(f"{path}: not an FP32-master training state ({len(problems)} problems, e.g. "
                                       f"{problems[:3]}); refusing to resume it")
 
 
-def load_training_state(
-    path: str | os.PathLike,
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_schedule,
-    expect: dict,
-) -> RunState:
-    """Restore model (strict), optimizer, LR schedule and this rank's RNG from `path`; returns the RunState.
+def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dict) -> RunState:
+    """Restore every role (model strict, optimizer, LR schedule, update count, EMA) and this rank's RNG from
+    `path`; returns the RunState.
 
-    expect: meta values this run requires, e.g. {"variant": "v4", "source_blocks": [1, 52], "precision":
-    "fp32master"}; any difference raises CheckpointMismatchError showing saved and requested values. A missing
-    file raises FileNotFoundError. Call it last before `train_loop` so nothing draws random numbers in between.
+    roles: this run's `Role`s; the checkpoint must hold exactly these names (a version-1 single-Predictor state
+    loads into a run with one role). expect: meta values this run requires, e.g. {"variant": "v4", "source_blocks":
+    [1, 52], "precision": "fp32master"}; any difference raises CheckpointMismatchError showing saved and requested
+    values. A missing file raises FileNotFoundError. Call it last before `train_loop` so nothing draws random
+    numbers in between.
     """
     path = Path(path)
     payload = read_training_state(path)
@@ -312,11 +337,26 @@ def load_training_state(
             f"{path} does not match this run: world_size: saved {payload['world_size']}, requested {world_size} "
             "(the data position and per-rank RNG streams depend on it)"
         )
-    _compare_optimizer_groups(payload["optimizer"], optimizer, path)
-    # 2. Model, optimizer, schedule.
-    unwrap_model(model).load_state_dict(payload["model"], strict=True)
-    optimizer.load_state_dict(payload["optimizer"])
-    lr_schedule.load_state_dict(payload["lr_schedule"])
+    saved_names = sorted(payload["roles"])
+    if len(roles) == 1 and saved_names == ["predictor"] and roles[0].name != "predictor":
+        payload["roles"] = {roles[0].name: payload["roles"]["predictor"]}  # a version-1 state into one role
+    elif saved_names != sorted(role.name for role in roles):
+        raise CheckpointMismatchError(f"{path} holds roles {saved_names}, this run trains "
+                                      f"{sorted(role.name for role in roles)}")
+    for role in roles:
+        _compare_optimizer_groups(payload["roles"][role.name]["optimizer"], role.optimizer, path)
+        if (payload["roles"][role.name]["ema"] is None) != (role.ema is None):
+            raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved {'without' if role.ema else 'with'} "
+                                          "an EMA; this run has the opposite")
+    # 2. Models, optimizers, schedules, EMAs.
+    for role in roles:
+        entry = payload["roles"][role.name]
+        unwrap_model(role.raw_module).load_state_dict(entry["model"], strict=True)
+        role.optimizer.load_state_dict(entry["optimizer"])
+        role.lr_schedule.load_state_dict(entry["lr_schedule"])
+        role.updates = int(entry["updates"])
+        if role.ema is not None:
+            role.ema.load_state_dict(entry["ema"])
     # 3. RNG last.
     restore_rng_state(payload["rng_by_rank"][current_rank()])
     return RunState.from_dict(payload["run_state"])
@@ -378,8 +418,11 @@ def read_inference_config(path: str | os.PathLike) -> dict:
     return json.loads(_read_inference_header(path)["config"])
 
 
-def load_model_weights(path: str | os.PathLike, model: nn.Module, expect: dict | None = None) -> dict:
-    """Initialise `model` (strict) from a `training_latest.pt` (model part only) or an inference `.safetensors`.
+def load_model_weights(
+    path: str | os.PathLike, model: nn.Module, expect: dict | None = None, role: str | None = None
+) -> dict:
+    """Initialise `model` (strict) from a `training_latest.pt` (one role's model only; `role=None` = its only role)
+    or an inference `.safetensors`.
 
     Values are cast to the model's own dtypes (BF16 file -> FP32 master params). Returns the file's meta; with
     `expect`, a mismatch (e.g. source_blocks) raises CheckpointMismatchError. Optimizer/schedule are not touched.
@@ -390,7 +433,7 @@ def load_model_weights(path: str | os.PathLike, model: nn.Module, expect: dict |
         state = safetensors.torch.load_file(str(path), device="cpu")
     elif path.suffix == ".pt":
         payload = read_training_state(path)
-        meta, state = payload["meta"], payload["model"]
+        meta, state = payload["meta"], role_state(payload, role, path)["model"]
     else:
         raise ValueError(f"load_model_weights: {path} must end in .pt (training state) or .safetensors")
     if expect:
@@ -399,8 +442,8 @@ def load_model_weights(path: str | os.PathLike, model: nn.Module, expect: dict |
     return meta
 
 
-def prune_checkpoints(run_dir: str | os.PathLike, keep: int = 20) -> list[Path]:
-    """Delete all but the newest `keep` `predictor_step_XXXXX.safetensors` in `run_dir` (-1 keeps all).
+def prune_checkpoints(run_dir: str | os.PathLike, keep: int = 20, role: str = "predictor") -> list[Path]:
+    """Delete all but the newest `keep` `<role>_step_XXXXX.safetensors` in `run_dir` (-1 keeps all).
 
     Returns the deleted paths. Other files are never touched.
     """
@@ -410,7 +453,7 @@ def prune_checkpoints(run_dir: str | os.PathLike, keep: int = 20) -> list[Path]:
         raise ValueError(f"prune_checkpoints: keep={keep}; expected >= 1, or -1 to keep all")
     by_step = []
     for path in Path(run_dir).iterdir():
-        match = _INFERENCE_NAME_PATTERN.match(path.name)
+        match = re.match(rf"^{re.escape(role)}_step_(\d{{5,}})\.safetensors$", path.name)
         if match:
             by_step.append((int(match.group(1)), path))
     by_step.sort()

@@ -1,21 +1,27 @@
-"""The one training loop every recipe uses (offline v4/disca pairs, on-policy rollout) and its resumable data.
+"""The one training loop every recipe uses (offline v4/disca pairs, on-policy rollout, the fvtools methods) and its
+resumable data.
 
-A recipe supplies `step_fn(micro_batch, *, sync) -> dict[str, float]` that runs forward AND backward itself
-(several backwards are fine, e.g. one per rollout chunk) and returns detached python floats, including the total
-under "loss". The loop owns everything else:
+The loop steps one or more trainable roles (`predictor_training.roles.Role`: module, optimizer, LR schedule,
+cadence `every`, clip, gradient sync, optional EMA). A recipe supplies `step_fn(micro_batch, *, sync, due) ->
+dict[str, float]` that runs forward AND backward itself for the roles in `due` (several backwards are fine, e.g. one
+per rollout chunk) and returns detached python floats, including the total under "loss". The loop owns the rest:
 
-    for each optimizer step:
-        zero_grad(set_to_none)                      # 1
-        grad_accum x: next micro-batch, step_fn     # 2 (sync=True only on the last micro-batch)
-        grads /= grad_accum; metrics: mean over micro-batches, then over ranks
-        clip_grad_norm_                             # 3
+    for each step s:
+        due = roles with s % every == 0
+        zero_grad(set_to_none) of every role                          # 1
+        grad_accum x: next micro-batch, step_fn(..., due)              # 2 (sync=True only on the last micro-batch)
+        refuse gradients on a role that is not due (naming it)
+        due roles: grads /= grad_accum (all-reduced for grad_sync="all_reduce"); metrics: mean over micro-batches,
+        then over ranks; clip_grad_norm_ per role                    # 3
         refuse NaN/Inf (NonFiniteError, nothing stepped or written), extra_step_check
-        optimizer.step(); lr_schedule.step()        # 4
+        due roles: optimizer.step(); lr_schedule.step(); EMA update   # 4
         log one record; checkpoint on the interval and on the last step   # 5
 
-`step_fn` must wrap the forward and backward of non-final micro-batches in
-`maybe_no_sync(ddp_model, enabled=not sync)`, so DDP all-reduces once per optimizer step. It backpropagates
-its micro-batch loss unscaled: the loop divides the accumulated gradients by `grad_accum`.
+`step_fn` must wrap the forward and backward of non-final micro-batches of a DDP role in
+`maybe_no_sync(role.module, enabled=not sync)`, so DDP all-reduces once per step. It backpropagates its micro-batch
+loss unscaled: the loop divides the accumulated gradients by `grad_accum`. With one role the log keeps the
+single-model keys (`grad_norm`, `lr/<group>`); with several it writes `grad_norm/<role>`, `lr/<role>/<group>` and
+`updates/<role>`.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import math
 import resource
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +51,7 @@ from .checkpoint import (
 )
 from .distributed import DistEnv, all_gather_objects, log0
 from .precision import synchronize
+from .roles import Role
 from .logger import MetricsLogger
 
 __all__ = ["ResumableBatches", "train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
@@ -222,39 +229,48 @@ def _mean_metrics(per_micro: list[dict[str, float]], env: DistEnv, step: int) ->
     return {key: float(value) for key, value in zip(keys, values.tolist())}
 
 
-def _trainable_params(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
-    return [param for group in optimizer.param_groups for param in group["params"]]
-
-
-def _grad_norm_and_clip(params: list[nn.Parameter], grad_clip: float, step: int) -> float:
+def _grad_norm_and_clip(params: list[nn.Parameter], grad_clip: float, step: int, role: str) -> float:
     grads = [param.grad for param in params if param.grad is not None]
     if not grads:
-        raise RuntimeError(f"step {step}: no trainable parameter has a gradient; did step_fn call backward()?")
+        raise RuntimeError(f"step {step}: role {role!r} is due but no parameter has a gradient; did step_fn call "
+                           "backward() for it?")
     if grad_clip == -1:
         return float(torch.nn.utils.get_total_norm(grads))
     return float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
 
 
-def _validate_loop_args(*, ddp_model, raw_model, optimizer, lr_schedule, batches, run_state, max_steps, stop_step,
-                        grad_accum) -> None:
+def _validate_loop_args(*, roles, batches, run_state, max_steps, stop_step, grad_accum) -> None:
     """Wiring checks (the flag values themselves are checked when the recipe parses its flags)."""
-    if ddp_model is not raw_model and not (isinstance(ddp_model, DistributedDataParallel) and ddp_model.module is raw_model):
-        raise ValueError("train_loop: ddp_model must be raw_model or a DistributedDataParallel wrapping raw_model")
-    model_param_ids = {id(param) for param in raw_model.parameters()}
-    if any(id(param) not in model_param_ids for param in _trainable_params(optimizer)):
-        raise ValueError("train_loop: the optimizer holds parameters that are not in raw_model")
+    if not roles:
+        raise ValueError("train_loop: no roles to train")
     if not run_state.global_step <= stop_step <= max_steps:
         raise ValueError(f"train_loop: stop_at_step={stop_step}; expected in [{run_state.global_step}, "
                          f"max_steps={max_steps}]")
     if grad_accum < 1:
         raise ValueError(f"train_loop: grad_accum={grad_accum}; expected >= 1")
-    if lr_schedule.max_steps != max_steps:
-        raise ValueError(f"train_loop: lr_schedule.max_steps={lr_schedule.max_steps} but max_steps={max_steps}")
-    if lr_schedule.step_count != run_state.global_step:
-        raise ValueError(
-            f"train_loop: lr_schedule is at step {lr_schedule.step_count} but run_state.global_step="
-            f"{run_state.global_step}; load both from the same checkpoint"
-        )
+    names = [role.name for role in roles]
+    if len(set(names)) != len(names):
+        raise ValueError(f"train_loop: role names {names} are not distinct")
+    for role in roles:
+        module = role.module
+        if module is not role.raw_module and not (
+                isinstance(module, DistributedDataParallel) and module.module is role.raw_module):
+            raise ValueError(f"train_loop: role {role.name!r}: module must be raw_module or a DistributedDataParallel "
+                             "wrapping raw_module")
+        model_param_ids = {id(param) for param in role.raw_module.parameters()}
+        if any(id(param) not in model_param_ids for param in role.parameters):
+            raise ValueError(f"train_loop: role {role.name!r}: the optimizer holds parameters that are not in its "
+                             "module")
+        expected_updates = role.updates_in(max_steps)
+        if role.lr_schedule.max_steps != expected_updates:
+            raise ValueError(f"train_loop: role {role.name!r} updates every {role.every} steps, so its schedule must "
+                             f"last {expected_updates} updates, not {role.lr_schedule.max_steps}")
+        done = role.updates_in(run_state.global_step)
+        if role.lr_schedule.step_count != done or role.updates != done:
+            raise ValueError(
+                f"train_loop: role {role.name!r} is at update {role.updates} (schedule {role.lr_schedule.step_count}) "
+                f"but step {run_state.global_step} implies {done}; load both from the same checkpoint"
+            )
     if run_state.global_step > 0 and batches.state_dict() != run_state.data:
         raise ValueError(
             f"train_loop: batches are at {batches.state_dict()} but run_state.data={run_state.data}; "
@@ -265,10 +281,7 @@ def _validate_loop_args(*, ddp_model, raw_model, optimizer, lr_schedule, batches
 # ------------------------------------------------------------------------------------------------ the loop
 def train_loop(
     *,
-    ddp_model: nn.Module,
-    raw_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_schedule,
+    roles: Sequence[Role],
     batches: ResumableBatches,
     step_fn: Callable[..., dict[str, float]],
     run_dir: str | Path,
@@ -276,7 +289,6 @@ def train_loop(
     run_state: RunState,
     max_steps: int,
     grad_accum: int,
-    grad_clip: float = 1.0,
     ckpt_every: int = 100,
     keep_last: int = 20,
     log_every: int = 1,
@@ -287,23 +299,21 @@ def train_loop(
     extra_step_check: Callable[[int, dict[str, float]], None] | None = None,
     stop_at_step: int | None = None,
 ) -> RunState:
-    """Run optimizer steps `run_state.global_step + 1 .. stop_at_step (default max_steps)`; returns the final RunState.
+    """Run loop steps `run_state.global_step + 1 .. stop_at_step (default max_steps)`; returns the final RunState.
 
-    max_steps: the schedule's length (cosine reaches 0 there). stop_at_step: end this run earlier (e.g. stop a
-    2000-step schedule at 600), with a checkpoint at that step. grad_clip=-1: measure the norm, no clipping.
-    ckpt_every: `predictor_step_XXXXX.safetensors` (inference weights, `meta` + step in its metadata) and
-    `training_latest.pt` every N steps and always at the last step; -1 = last step only. keep_last: how many
-    safetensors to keep (-1 all). extra_step_check(step, metrics): called before the optimizer step; raise to
-    refuse the step (e.g. distinct trajectory keys across ranks) - on every rank alike, so no rank is left
-    waiting in a collective. Every rank must call this function.
+    max_steps: the run's length in loop steps (each role's schedule lasts its own `role.updates_in(max_steps)`
+    updates). stop_at_step: end this run earlier (e.g. stop a 2000-step schedule at 600), with a checkpoint at that
+    step. ckpt_every: `<role>_step_XXXXX.safetensors` per role (inference weights, `meta` + step in its metadata)
+    and `training_latest.pt` (every role) every N steps and always at the last step; -1 = last step only.
+    keep_last: how many safetensors to keep per role (-1 all). extra_step_check(step, metrics): called before the
+    optimizer steps; raise to refuse the step - on every rank alike, so no rank is left waiting in a collective.
+    Every rank must call this function.
     """
     run_dir = Path(run_dir)
     stop_step = max_steps if stop_at_step is None else stop_at_step
-    _validate_loop_args(
-        ddp_model=ddp_model, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule, batches=batches,
-        run_state=run_state, max_steps=max_steps, stop_step=stop_step, grad_accum=grad_accum,
-    )
-    params = _trainable_params(optimizer)
+    _validate_loop_args(roles=roles, batches=batches, run_state=run_state, max_steps=max_steps, stop_step=stop_step,
+                        grad_accum=grad_accum)
+    single = len(roles) == 1
     start_step = run_state.global_step
     discarded = metrics_logger.discard_after(start_step)
     # Unequal epoch lengths would leave one rank waiting in an all-reduce forever.
@@ -320,8 +330,11 @@ def train_loop(
     try:
         for step in range(start_step + 1, stop_step + 1):
             step_start = time.perf_counter()
+            due = [role for role in roles if role.is_due(step)]
+            due_names = frozenset(role.name for role in due)
             # 1. Fresh gradients.
-            optimizer.zero_grad(set_to_none=True)
+            for role in roles:
+                role.zero_grad()
             # 2. Accumulate micro-batches; only the last one all-reduces.
             data_time = 0.0
             per_micro = []
@@ -329,29 +342,43 @@ def train_loop(
                 data_start = time.perf_counter()
                 micro_batch = next(batches)
                 data_time += time.perf_counter() - data_start
-                per_micro.append(_check_step_metrics(step_fn(micro_batch, sync=micro == grad_accum - 1), step))
+                metrics = step_fn(micro_batch, sync=micro == grad_accum - 1, due=due_names)
+                per_micro.append(_check_step_metrics(metrics, step))
                 run_state.micro_step += 1
-            if grad_accum > 1:
-                for param in params:
-                    if param.grad is not None:
-                        param.grad.div_(grad_accum)
+            for role in roles:
+                if role.name not in due_names and role.parameters_with_grad():
+                    raise RuntimeError(
+                        f"step {step}: role {role.name!r} is not due (every {role.every}) but holds gradients, e.g. "
+                        f"{role.parameters_with_grad()[:3]}; detach its outputs or turn its requires_grad off "
+                        "where it is not being trained"
+                    )
+            for role in due:
+                if grad_accum > 1:
+                    for param in role.parameters:
+                        if param.grad is not None:
+                            param.grad.div_(grad_accum)
+                if role.grad_sync == "all_reduce":
+                    role.all_reduce_grads()
             metrics = _mean_metrics(per_micro, env, step)
             # 3. Clip, then refuse anything non-finite before touching the weights.
-            grad_norm = _grad_norm_and_clip(params, grad_clip, step)
+            grad_norms = {role.name: _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
+                          for role in due}
             bad_terms = [key for key, value in metrics.items() if not math.isfinite(value)]
-            if not math.isfinite(grad_norm):
-                bad_terms.append("grad_norm")
+            bad_terms += ["grad_norm" if single else f"grad_norm/{name}" for name, norm in grad_norms.items()
+                          if not math.isfinite(norm)]
             if bad_terms:
                 raise NonFiniteError(
-                    f"step {step}: non-finite {bad_terms} (metrics {metrics}, grad_norm {grad_norm}); "
-                    "the optimizer was not stepped and no checkpoint was written"
+                    f"step {step}: non-finite {bad_terms} (metrics {metrics}, grad norms {grad_norms}); "
+                    "no optimizer was stepped and no checkpoint was written"
                 )
             if extra_step_check is not None:
                 extra_step_check(step, metrics)
-            # 4. Update with the LRs of this step.
-            lrs = {f"lr/{group['name']}": group["lr"] for group in optimizer.param_groups}
-            optimizer.step()
-            lr_schedule.step()
+            # 4. Update the due roles with the LRs of this step.
+            lrs = {}
+            for role in due:
+                prefix = "lr" if single else f"lr/{role.name}"
+                lrs.update({f"{prefix}/{group['name']}": group["lr"] for group in role.optimizer.param_groups})
+                role.step()
             run_state.global_step = step
             run_state.data = batches.state_dict()
             run_state.epoch = batches.epoch
@@ -360,32 +387,39 @@ def train_loop(
             # 5. Log, checkpoint.
             if step % log_every == 0 or step == stop_step:
                 memory_key, memory_gib = peak_memory_gib(env.device)
-                record = {**metrics, "grad_norm": grad_norm, **lrs, "epoch": run_state.epoch,
-                          "time/step_s": step_time, "time/data_s": data_time, memory_key: memory_gib}
+                if single:
+                    norms = {"grad_norm": grad_norms[roles[0].name]} if grad_norms else {}
+                else:
+                    norms = {f"grad_norm/{name}": norm for name, norm in grad_norms.items()}
+                    norms.update({f"updates/{role.name}": float(role.updates) for role in roles})
+                record = {**metrics, **norms, **lrs, "epoch": run_state.epoch, "time/step_s": step_time,
+                          "time/data_s": data_time, memory_key: memory_gib}
                 metrics_logger.log(step, record)
                 if env.is_main:
+                    norm_text = " ".join(f"{key} {value:.4g}" for key, value in norms.items())
                     lr_text = " ".join(f"{key} {value:.3e}" for key, value in lrs.items())
                     terms = " ".join(f"{key} {value:.6g}" for key, value in metrics.items())
-                    bar.write(f"step {step}/{stop_step} | {terms} | grad_norm {grad_norm:.4g} | {lr_text} | "
+                    bar.write(f"step {step}/{stop_step} | {terms} | {norm_text} | {lr_text} | "
                               f"step {step_time:.3f}s data {data_time:.3f}s | {memory_key} {memory_gib:.2f}")
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.4g}")
             if (ckpt_every != -1 and step % ckpt_every == 0) or step == stop_step:
-                _write_checkpoints(run_dir, step, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule,
-                                   run_state=run_state, config=config, meta=meta, env=env, keep_last=keep_last)
+                _write_checkpoints(run_dir, step, roles=roles, run_state=run_state, config=config, meta=meta, env=env,
+                                   keep_last=keep_last)
     finally:
         bar.close()
     return run_state
 
 
-def _write_checkpoints(run_dir: Path, step: int, *, raw_model, optimizer, lr_schedule, run_state, config, meta, env,
-                       keep_last: int) -> None:
+def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, meta, env, keep_last: int) -> None:
     # The training state goes first: it is a collective and checks finiteness identically on every rank.
-    save_training_state(run_dir / TRAINING_STATE_NAME, model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule,
-                        run_state=run_state, config=config, meta=meta)
+    save_training_state(run_dir / TRAINING_STATE_NAME, roles=roles, run_state=run_state, config=config, meta=meta)
     if env.is_main:
-        inference_path = run_dir / inference_weights_name(step)
-        save_inference_weights(inference_path, raw_model, metadata={**meta, "step": step}, config=config)
-        pruned = prune_checkpoints(run_dir, keep=keep_last)
-        log0(f"checkpoint step {step}: {TRAINING_STATE_NAME}, {inference_path.name}"
-             + (f" (pruned {len(pruned)})" if pruned else ""))
+        written = []
+        for role in roles:
+            inference_path = run_dir / inference_weights_name(step, role.name)
+            save_inference_weights(inference_path, role.raw_module, metadata={**meta, "role": role.name,
+                                                                              "step": step}, config=config)
+            pruned = prune_checkpoints(run_dir, keep=keep_last, role=role.name)
+            written.append(inference_path.name + (f" (pruned {len(pruned)})" if pruned else ""))
+        log0(f"checkpoint step {step}: {TRAINING_STATE_NAME}, {', '.join(written)}")

@@ -67,6 +67,7 @@ def pair_step(
     batch: dict,
     *,
     sync: bool,
+    due: frozenset[str],
     model: nn.Module,
     predictor: Predictor,
     policy: PrecisionPolicy,
@@ -75,9 +76,12 @@ def pair_step(
     hidden_weight: float,
 ) -> dict[str, float]:
     """One micro-batch: forward, FP32 loss, backward (all-reduce only when `sync`). Returns detached floats
-    {"loss", "hidden_mse", "velocity_mse"} for `train_loop`.
+    {"loss", "hidden_mse", "velocity_mse"} for `train_loop`. `due` is the loop's set of roles due at this step:
+    the offline recipes have one role, "predictor", due every step.
 
     Bind everything but the batch with `functools.partial` to get the loop's `step_fn(batch, *, sync)`."""
+    if due != {"predictor"}:
+        raise ValueError(f"pair_step trains the role 'predictor' every step; the loop says {sorted(due)} are due")
     batch = move_batch(batch, policy.device)
     with maybe_no_sync(model, enabled=not sync):
         pred_hidden, pred_velocity = predict_pairs(

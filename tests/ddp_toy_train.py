@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
+from predictor_training.roles import Role
 from predictor_training.checkpoint import RunState, load_training_state
 from predictor_training.distributed import (
     all_gather_objects,
@@ -77,7 +78,7 @@ def collate(items: list[dict]) -> dict:
     }
 
 
-def toy_step(batch: dict, *, sync: bool, ddp_model: nn.Module, seen_indices: list,
+def toy_step(batch: dict, *, sync: bool, due: frozenset, ddp_model: nn.Module, seen_indices: list,
              device: torch.device) -> dict[str, float]:
     """Forward + backward of one micro-batch; DDP all-reduces only when `sync`."""
     seen_indices.extend(batch["index"].tolist())
@@ -142,10 +143,10 @@ def train_once(args: argparse.Namespace, env, run_dir: str, stop_at_step: int | 
                                  seed=args.seed, drop_last=True)
     batches = ResumableBatches(sampler, dataset, collate, batch_size=args.batch_size, seed=args.seed)
     # 3. Resume last, so nothing draws random numbers between the RNG restore and the first step.
+    role = Role("predictor", raw_model, optimizer, lr_schedule, module=ddp_model)
     run_state = RunState()
     if resume:
-        run_state = load_training_state(resume, model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule,
-                                        expect=meta)
+        run_state = load_training_state(resume, roles=[role], expect=meta)
         batches.load_state_dict(run_state.data)
     if env.is_main:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -153,8 +154,7 @@ def train_once(args: argparse.Namespace, env, run_dir: str, stop_at_step: int | 
     seen_indices: list[int] = []
     with MetricsLogger(run_dir, env, tracker="none") as metrics_logger:
         return train_loop(
-            ddp_model=ddp_model, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule,
-            batches=batches, step_fn=partial(toy_step, ddp_model=ddp_model, seen_indices=seen_indices, device=env.device),
+            roles=[role], batches=batches, step_fn=partial(toy_step, ddp_model=ddp_model, seen_indices=seen_indices, device=env.device),
             run_dir=run_dir, env=env, run_state=run_state, max_steps=args.max_steps,
             grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=20, metrics_logger=metrics_logger,
             config=config, meta=meta, progress=False,

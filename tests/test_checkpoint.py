@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from predictor_training import checkpoint as ckpt
+from predictor_training.roles import Role
 from predictor_training.checkpoint import (
     CheckpointMismatchError,
     NonFiniteError,
@@ -67,7 +68,7 @@ def train_steps(model, optimizer, schedule, steps=2):
 
 
 def save(path, model, optimizer, schedule, step, meta=META, config=None):
-    save_training_state(path, model=model, optimizer=optimizer, lr_schedule=schedule,
+    save_training_state(path, roles=[Role("predictor", model, optimizer, schedule)],
                         run_state=RunState(global_step=step, micro_step=2 * step, epoch=1, data={"epoch": 1, "position": 3, "seed": 0}),
                         config=config or {"lr": 1e-4}, meta=meta)
 
@@ -85,7 +86,7 @@ def test_round_trip_restores_model_optimizer_schedule_run_state_and_rng(tmp_path
 
     draw_random()  # move every RNG away from the saved point
     other_model, other_optimizer, other_schedule = build(seed=1)
-    run_state = load_training_state(path, model=other_model, optimizer=other_optimizer, lr_schedule=other_schedule,
+    run_state = load_training_state(path, roles=[Role("predictor", other_model, other_optimizer, other_schedule)],
                                     expect=META)
     assert draw_random() == expected_draws
     assert run_state == RunState(global_step=2, micro_step=4, epoch=1, data={"epoch": 1, "position": 3, "seed": 0})
@@ -97,14 +98,14 @@ def test_round_trip_restores_model_optimizer_schedule_run_state_and_rng(tmp_path
     train_steps(other_model, other_optimizer, other_schedule, steps=1)
     torch.manual_seed(5)
     model2, optimizer2, schedule2 = build(seed=2)
-    load_training_state(path, model=model2, optimizer=optimizer2, lr_schedule=schedule2, expect={})
+    load_training_state(path, roles=[Role("predictor", model2, optimizer2, schedule2)], expect={})
     torch.manual_seed(5)
     train_steps(model2, optimizer2, schedule2, steps=1)
     for a, b in zip(other_model.parameters(), model2.parameters()):
         assert torch.equal(a, b)
     payload = read_training_state(path)
     assert payload["meta"] == META and payload["world_size"] == 1
-    assert all(t.dtype == torch.float32 for n, t in payload["model"].items() if not n.startswith("final"))
+    assert all(t.dtype == torch.float32 for n, t in payload["roles"]["predictor"]["model"].items() if not n.startswith("final"))
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_refuses_mismatched_meta_and_shows_both_values(tmp_path, key, requested)
     path = tmp_path / "training_latest.pt"
     save(path, model, optimizer, schedule, step=1)
     with pytest.raises(CheckpointMismatchError) as error:
-        load_training_state(path, model=model, optimizer=optimizer, lr_schedule=schedule,
+        load_training_state(path, roles=[Role("predictor", model, optimizer, schedule)],
                             expect={**META, key: requested})
     message = str(error.value)
     assert key in message and f"saved {META[key]!r}" in message and f"requested {requested!r}" in message
@@ -132,7 +133,7 @@ def test_refuses_other_world_size(tmp_path):
     payload["world_size"] = 8
     torch.save(payload, path)
     with pytest.raises(CheckpointMismatchError, match="world_size: saved 8, requested 1"):
-        load_training_state(path, model=model, optimizer=optimizer, lr_schedule=schedule, expect=META)
+        load_training_state(path, roles=[Role("predictor", model, optimizer, schedule)], expect=META)
 
 
 def test_refuses_other_learning_rates(tmp_path):
@@ -146,7 +147,7 @@ def test_refuses_other_learning_rates(tmp_path):
     )
     other_schedule = TwoGroupLRSchedule(other_optimizer, warmup_steps=2, max_steps=10, block_warmup_steps=1)
     with pytest.raises(CheckpointMismatchError, match="group 1 initial_lr: saved 0.001, requested 0.005"):
-        load_training_state(path, model=other_model, optimizer=other_optimizer, lr_schedule=other_schedule,
+        load_training_state(path, roles=[Role("predictor", other_model, other_optimizer, other_schedule)],
                             expect=META)
 
 
@@ -154,7 +155,7 @@ def test_missing_resume_file_is_an_error(tmp_path):
     model, optimizer, schedule = build()
     missing = tmp_path / "nope" / "training_latest.pt"
     with pytest.raises(FileNotFoundError, match="nope/training_latest.pt"):
-        load_training_state(missing, model=model, optimizer=optimizer, lr_schedule=schedule, expect=META)
+        load_training_state(missing, roles=[Role("predictor", model, optimizer, schedule)], expect=META)
     with pytest.raises(FileNotFoundError):
         load_model_weights(tmp_path / "predictor_step_00100.safetensors", model)
 
@@ -221,7 +222,7 @@ def test_training_state_survives_sigkill_during_write(tmp_path):
     tmp_file = path.with_name(path.name + ".tmp")
     assert tmp_file.stat().st_size == 4096  # the kill really interrupted a write
     model, optimizer, schedule = build(seed=3)
-    run_state = load_training_state(path, model=model, optimizer=optimizer, lr_schedule=schedule, expect=META)
+    run_state = load_training_state(path, roles=[Role("predictor", model, optimizer, schedule)], expect=META)
     assert run_state.global_step == 1 and schedule.step_count == 1
     # the next save replaces the leftover temp file
     save(path, model, optimizer, schedule, step=1)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
+from predictor_training.roles import Role
 from predictor_training.checkpoint import NonFiniteError, RunState, read_training_state, save_training_state
 from predictor_training.distributed import DistEnv
 from predictor_training.logger import MetricsLogger, resolve_swanlab_mode
@@ -181,19 +182,19 @@ def setup_loop(tmp_path, max_steps, batch_size=2):
     return model, optimizer, schedule, data, batches
 
 
-def regression_step(batch, *, sync, model, scale=1.0):
+def regression_step(batch, *, sync, due=frozenset({"predictor"}), model, scale=1.0):
     x, y = batch
     loss = F.mse_loss(model(x), y)
     (loss * scale).backward()
     return {"loss": loss.item()}
 
 
-def run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, max_steps, **kwargs):
+def run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, max_steps, grad_clip=1.0, updates=0, **kwargs):
+    role = Role("predictor", model, optimizer, schedule, grad_clip=grad_clip, updates=updates)
     with MetricsLogger(tmp_path, SINGLE) as logger:
-        return train_loop(ddp_model=model, raw_model=model, optimizer=optimizer, lr_schedule=schedule, batches=batches,
-                          step_fn=step_fn, run_dir=tmp_path, env=SINGLE, run_state=kwargs.pop("run_state", RunState()),
-                          max_steps=max_steps, metrics_logger=logger, config={"test": True}, meta=META,
-                          progress=False, **kwargs)
+        return train_loop(roles=[role], batches=batches, step_fn=step_fn, run_dir=tmp_path, env=SINGLE,
+                          run_state=kwargs.pop("run_state", RunState()), max_steps=max_steps, metrics_logger=logger,
+                          config={"test": True}, meta=META, progress=False, **kwargs)
 
 
 def test_grad_accum_averages_micro_batch_gradients(tmp_path):
@@ -222,7 +223,7 @@ def test_non_finite_step_is_refused_and_the_last_checkpoint_is_kept(tmp_path, fa
     model, optimizer, schedule, _, batches = setup_loop(tmp_path, max_steps=4)
     calls = {"n": 0}
 
-    def step_fn(batch, *, sync):
+    def step_fn(batch, *, sync, due):
         calls["n"] += 1
         if calls["n"] < 3:
             return regression_step(batch, sync=sync, model=model)
@@ -237,25 +238,25 @@ def test_non_finite_step_is_refused_and_the_last_checkpoint_is_kept(tmp_path, fa
     assert saved["run_state"]["global_step"] == 2
     assert sorted(p.name for p in tmp_path.glob("predictor_step_*")) == ["predictor_step_00002.safetensors"]
     for name, param in model.named_parameters():  # step 3 never reached the optimizer
-        assert torch.equal(param, saved["model"][name]), name
+        assert torch.equal(param, saved["roles"]["predictor"]["model"][name]), name
     assert [r["step"] for r in read_log(tmp_path)] == [1, 2]
 
 
 def test_loop_refuses_inconsistent_wiring(tmp_path):
     model, optimizer, schedule, _, batches = setup_loop(tmp_path, max_steps=4)
     step_fn = partial(regression_step, model=model)
-    with pytest.raises(ValueError, match="ddp_model"):
+    with pytest.raises(ValueError, match="module must be raw_module"):
         with MetricsLogger(tmp_path, SINGLE) as logger:
-            train_loop(ddp_model=TwoLayer(), raw_model=model, optimizer=optimizer, lr_schedule=schedule,
+            train_loop(roles=[Role("predictor", model, optimizer, schedule, module=TwoLayer())],
                        batches=batches, step_fn=step_fn, run_dir=tmp_path, env=SINGLE, run_state=RunState(),
                        max_steps=4, grad_accum=1, metrics_logger=logger, config={}, meta=META)
-    with pytest.raises(ValueError, match="lr_schedule is at step 0"):
+    with pytest.raises(ValueError, match="is at update 0 .* step 2 implies 2"):
         run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=1,
                  run_state=RunState(global_step=2, data=batches.state_dict()))
     for _ in range(2):
         schedule.step()
     with pytest.raises(ValueError, match="batches.load_state_dict"):
-        run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=1,
+        run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=1, updates=2,
                  run_state=RunState(global_step=2, data={"epoch": 0, "position": 2, "seed": 0}))
     with pytest.raises(ValueError, match="grad_accum=0"):
         run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=0)
@@ -292,7 +293,7 @@ def test_swanlab_api_key_never_reaches_a_file(tmp_path, monkeypatch):
         for step in range(1, 4):
             logger.log(step, {"loss": 1.0 / step})
     model, optimizer, schedule, _, _ = setup_loop(tmp_path, max_steps=2)
-    save_training_state(run_dir / "training_latest.pt", model=model, optimizer=optimizer, lr_schedule=schedule,
+    save_training_state(run_dir / "training_latest.pt", roles=[Role("predictor", model, optimizer, schedule)],
                         run_state=RunState(), config=config, meta=META)
 
     files = [path for path in run_dir.rglob("*") if path.is_file()]
@@ -333,4 +334,4 @@ def test_ddp_two_ranks_resume_matches_uninterrupted(tmp_path):
     full_state = read_training_state(full / "training_latest.pt")
     cut_state = read_training_state(cut / "training_latest.pt")
     assert full_state["run_state"] == cut_state["run_state"]
-    assert all(torch.equal(full_state["model"][k], cut_state["model"][k]) for k in full_state["model"])
+    assert all(torch.equal(full_state["roles"]["predictor"]["model"][k], cut_state["roles"]["predictor"]["model"][k]) for k in full_state["roles"]["predictor"]["model"])

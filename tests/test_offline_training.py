@@ -165,12 +165,12 @@ def test_entry_script_writes_a_complete_run_dir(tiny_dataset, tmp_path, script, 
     state = read_training_state(run_dir / "training_latest.pt")
     assert state["meta"] == {"variant": variant, "source_blocks": [0, 1], "precision": "fp32"}
     assert state["run_state"]["global_step"] == 3
-    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values())
+    assert all(tensor.dtype == torch.float32 for tensor in state["roles"]["predictor"]["model"].values())
     with safetensors.safe_open(str(run_dir / "predictor_step_00003.safetensors"), framework="pt") as handle:
-        assert sorted(handle.keys()) == sorted(state["model"])
+        assert sorted(handle.keys()) == sorted(state["roles"]["predictor"]["model"])
         assert {handle.get_tensor(key).dtype for key in handle.keys()} == {torch.bfloat16}
     stream_count = {"v4": 3, "disca": 2}[variant]  # image, anchor (+ previous chunk)
-    assert state["model"]["fusion.proj.weight"].shape[1] == stream_count * 64
+    assert state["roles"]["predictor"]["model"]["fusion.proj.weight"].shape[1] == stream_count * 64
 
 
 def test_disca_include_chunk0_adds_the_first_chunk(tiny_dataset, tmp_path):
@@ -195,8 +195,9 @@ def test_fp32master_keeps_fp32_weights_and_adam_moments(tiny_dataset, tmp_path):
     train_predictor_v4.main(train_args(tiny_dataset, run_dir, "--precision", "fp32master", steps=2))
     state = read_training_state(run_dir / "training_latest.pt")
     assert state["meta"]["precision"] == "fp32master"
-    assert {tensor.dtype for tensor in state["model"].values()} == {torch.float32}
-    moments = [entry[name] for entry in state["optimizer"]["state"].values() for name in ("exp_avg", "exp_avg_sq")]
+    assert {tensor.dtype for tensor in state["roles"]["predictor"]["model"].values()} == {torch.float32}
+    optimizer_state = state["roles"]["predictor"]["optimizer"]["state"]
+    moments = [entry[name] for entry in optimizer_state.values() for name in ("exp_avg", "exp_avg_sq")]
     assert moments and {tensor.dtype for tensor in moments} == {torch.float32}
     assert all(record["loss"] > 0 for record in read_log(run_dir))
 
@@ -263,7 +264,8 @@ def test_two_rank_gloo_resume_matches_uninterrupted_run(tiny_dataset, tmp_path):
     resumed_state = read_training_state(tmp_path / "cut" / "training_latest.pt")
     assert full_state["world_size"] == 2
     assert full_state["run_state"] == resumed_state["run_state"]
-    assert all(torch.equal(full_state["model"][key], resumed_state["model"][key]) for key in full_state["model"])
+    full_model, resumed_model = full_state["roles"]["predictor"]["model"], resumed_state["roles"]["predictor"]["model"]
+    assert all(torch.equal(full_model[key], resumed_model[key]) for key in full_model)
 
 
 def free_port() -> int:

@@ -556,11 +556,12 @@ def test_11a_ddp_smoke_one_and_two_steps_and_resume(ddp_report):
     # the 4 trajectories make 2 steps per epoch on 2 ranks: the data position is saved with the step
     assert states["full"]["run_state"]["data"]["position"] == 2
     assert states["full"]["run_state"] == states["cut"]["run_state"]
-    for name, tensor in states["full"]["model"].items():
+    for name, tensor in states["full"]["roles"]["predictor"]["model"].items():
         assert tensor.dtype == torch.float32
-        assert torch.equal(tensor, states["cut"]["model"][name]), name
-    smoke_model = states["smoke"]["model"]
-    assert not all(torch.equal(tensor, smoke_model[name]) for name, tensor in states["full"]["model"].items())
+        assert torch.equal(tensor, states["cut"]["roles"]["predictor"]["model"][name]), name
+    smoke_model = states["smoke"]["roles"]["predictor"]["model"]
+    full_model = states["full"]["roles"]["predictor"]["model"]
+    assert not all(torch.equal(tensor, smoke_model[name]) for name, tensor in full_model.items())
     full_step2, cut_step2 = read_log(full)[1], read_log(cut)[1]
     for key in ("loss", "step1/loss", "step2/loss", "step3/loss", "grad_norm", "latent_grad_l1_min"):
         assert full_step2[key] == cut_step2[key], key
@@ -601,9 +602,10 @@ def test_resume_refuses_a_bf16_master_state(tmp_path):
     from predictor_training.checkpoint import check_fp32_training_state
 
     def state(dtype):
-        return {"model": {"fusion.proj.weight": torch.zeros(2, 2)},
-                "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2, 2, dtype=dtype),
-                                            "exp_avg_sq": torch.zeros(2, 2, dtype=dtype)}}, "param_groups": []}}
+        return {"roles": {"predictor": {
+            "model": {"fusion.proj.weight": torch.zeros(2, 2)},
+            "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2, 2, dtype=dtype),
+                                        "exp_avg_sq": torch.zeros(2, 2, dtype=dtype)}}, "param_groups": []}}}}
 
     check_fp32_training_state(state(torch.float32), tmp_path / "fp32.pt")
     with pytest.raises(ValueError, match="exp_avg is torch.bfloat16"):
@@ -639,7 +641,7 @@ def ddp_checks(root: Path) -> None:
     step = trainer.RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None,
                               env=env)
     try:
-        step(shared_item, sync=True)
+        step(shared_item, sync=True, due=frozenset({"predictor"}))
         refused = False
     except trainer.DuplicateTrajectoryError:
         refused = True
@@ -711,7 +713,7 @@ def ddp_checks(root: Path) -> None:
         refusals["other_source_blocks"] = True
     if env.is_main:
         payload = torch.load(root / "cut_resumed" / "training_latest.pt", weights_only=True)
-        for state in payload["optimizer"]["state"].values():
+        for state in payload["roles"]["predictor"]["optimizer"]["state"].values():
             state["exp_avg"] = state["exp_avg"].bfloat16()
         torch.save(payload, root / "bf16_master.pt")
     dist.barrier()
