@@ -45,7 +45,7 @@ from predictor_training.flags import (
     add_tracker_args,
     check_args,
     format_pairs,
-    parse_with_preset,
+    parse_recipe_args,
 )
 from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
 from predictor_training.loop import ResumableBatches, train_loop
@@ -89,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument_group("disca").add_argument(
         "--include_chunk0", action="store_true",
         help="also train on chunk 0 (the user's recipe used chunks 1-7: 400 trajectories x 7 x 3 = 8400 pairs)")
-    args = parse_with_preset(parser, argv, PRESETS)
+    args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args)
     return args
 

@@ -45,7 +45,7 @@ from predictor_training.flags import (
     add_tracker_args,
     check_args,
     format_pairs,
-    parse_with_preset,
+    parse_recipe_args,
 )
 from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
 from predictor_training.loop import ResumableBatches, train_loop
@@ -86,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_args(parser, experiment="predictor_v4_prefeature", precision="fp32master", ckpt_every=100, keep_last=20,
                  log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
-    args = parse_with_preset(parser, argv, PRESETS)
+    args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args)
     return args
 

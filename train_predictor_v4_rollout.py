@@ -60,7 +60,7 @@ from predictor_training.flags import (
     add_tracker_args,
     check_args,
     parse_subset_cases,
-    parse_with_preset,
+    parse_recipe_args,
 )
 from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
 from predictor_training.loop import ResumableBatches, train_loop
@@ -123,7 +123,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_args(parser, experiment="predictor_v4_rollout_fppp", precision="fp32master", ckpt_every=100,
                  keep_last=20, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
-    args = parse_with_preset(parser, argv, PRESETS)
+    args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args)
     # Rules only this recipe has.
     if args.resume is None and args.init_from is None:

@@ -5,16 +5,19 @@ entry script's `parse_args()` is the one place where its defaults are written (a
 
     parser = argparse.ArgumentParser(...)
     add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, ...)
-    args = parse_with_preset(parser, argv, presets={"demo": {...}})
+    args = parse_recipe_args(parser, argv, presets={"demo": [...]})   # + --preset, --config FILE.yaml
     check_args(parser, args)           # cross-flag rules -> parser.error: usage line + message, exit 2
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 from typing import Sequence
+
+import yaml
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.logger import SWANLAB_MODES, TRACKERS
@@ -229,21 +232,65 @@ def add_tracker_args(parser: argparse.ArgumentParser, *, tracker: str, project: 
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Presets
 # ---------------------------------------------------------------------------------------------------------------
-def parse_with_preset(
+def parse_recipe_args(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, presets: dict[str, list[str]]
 ) -> argparse.Namespace:
-    """Parse `argv` after adding `--preset NAME`. A preset is a list of command-line tokens placed before `argv`,
-    so it replaces the recipe defaults of the flags it names while flags given explicitly still win (argparse keeps
-    the last value), and a preset naming an unknown flag fails like a typo on the command line."""
+    """Parse `argv` after adding `--preset NAME` and `--config FILE.yaml`, with this precedence: the recipe's
+    defaults < the preset < the config file < the command line.
+
+    A preset is a list of command-line tokens. A config file maps flag names to values; it is turned into tokens
+    too (`config_tokens`), so every value goes through the flag's own type and checks (`fusion_lr: 1e-4` is a float
+    even though YAML reads it as a string) and an unknown or misspelled key is an error with a suggestion. Both are
+    placed before `argv`, and argparse keeps the last value of a flag, so explicit flags always win.
+    """
     listing = "; ".join(f"{name}: {' '.join(tokens)}" for name, tokens in presets.items())
     parser.add_argument("--preset", choices=sorted(presets), default=None,
                         help=f"start from other defaults for some flags ({listing})")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="YAML file of flag values ({flag_name: value}); unknown keys are errors; flags on the "
+                             "command line win over it, it wins over --preset")
     argv = list(sys.argv[1:] if argv is None else argv)
     chooser = argparse.ArgumentParser(add_help=False)
     chooser.add_argument("--preset", choices=sorted(presets), default=None)
+    chooser.add_argument("--config", type=Path, default=None)
     chosen, _ = chooser.parse_known_args(argv)
     tokens = [] if chosen.preset is None else list(presets[chosen.preset])
+    if chosen.config is not None:
+        tokens += config_tokens(parser, chosen.config)
     return parser.parse_args(tokens + argv)
+
+
+def config_tokens(parser: argparse.ArgumentParser, path: Path) -> list[str]:
+    """The command-line tokens of a YAML config file of flag values (`parser.error` on a bad file or key)."""
+    if not path.is_file():
+        parser.error(f"--config {str(path)!r}: no such file")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as error:
+        parser.error(f"--config {path}: not valid YAML ({error})")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a mapping of flag names to values, got {type(values).__name__}")
+    # argparse has no public listing of its options; `_actions` is the documented-in-practice way to read them.
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    tokens = []
+    for key, value in values.items():
+        if key in ("config", "help") or key not in actions:
+            close = difflib.get_close_matches(str(key), actions, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            parser.error(f"--config {path}: unknown flag {key!r}{hint}")
+        action, flag = actions[key], actions[key].option_strings[0]
+        if action.nargs == 0:  # store_true / store_false / BooleanOptionalAction
+            if not isinstance(value, bool):
+                parser.error(f"--config {path}: {key}={value!r}; expected true or false")
+            if isinstance(action, argparse.BooleanOptionalAction):
+                tokens.append(flag if value else f"--no-{flag.removeprefix('--')}")
+            elif value != action.default:
+                tokens.append(flag)
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(item) for item in value)
+        tokens += [flag, str(value)]
+    return tokens
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ TRAIN_CONFIG_NAME = "train_config.json"
 RUN_CONTROL_FLAGS = frozenset({
     "resume", "stop_at_step", "output_dir", "output_root", "print_run_dir", "no_progress", "num_workers",
     "verify_dataset", "backend", "ckpt_every", "keep_last", "log_every", "swanlab_mode", "experiment_name",
-    "preset",
+    "preset", "config",
 })
 
 

@@ -88,3 +88,22 @@ def test_print_run_dir_names_the_run_without_training(dataset_root, tmp_path, ca
         "predictor_v4_prefeature_blocks1-52_fp32master_8cpu_flr5e-4_blr1e-5_schedsteps12_swarmup2_bwarmup2_swanlab"))
     assert "new run in" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_config_file_values_go_through_the_flags_types_and_unknown_keys_are_errors(dataset_root, tmp_path, capsys):
+    config = tmp_path / "recipe.yaml"
+    config.write_text("fusion_lr: 5e-4\nsource_blocks: [0, 53]\ngradient_checkpointing: false\nmax_steps: 300\n")
+    args = train_predictor_v4.parse_args(["--dataset_root", str(dataset_root), "--config", str(config),
+                                          "--max_steps", "400"])
+    assert args.fusion_lr == 5e-4 and isinstance(args.fusion_lr, float)  # YAML reads 5e-4 as a string
+    assert args.source_blocks == (0, 53) and args.gradient_checkpointing is False
+    assert args.max_steps == 400  # the command line wins over the file
+    config.write_text("fusion_lrr: 1e-3\n")
+    with pytest.raises(SystemExit) as refused:
+        train_predictor_v4.parse_args(["--dataset_root", str(dataset_root), "--config", str(config)])
+    assert refused.value.code == 2
+    assert "unknown flag 'fusion_lrr'; did you mean 'fusion_lr'?" in capsys.readouterr().err
+    config.write_text("verify_dataset: 1\n")
+    with pytest.raises(SystemExit):
+        train_predictor_v4.parse_args(["--dataset_root", str(dataset_root), "--config", str(config)])
+    assert "verify_dataset=1; expected true or false" in capsys.readouterr().err
