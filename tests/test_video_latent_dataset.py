@@ -87,13 +87,13 @@ def torchrun_build(demo, tmp_path_factory):
 def test_one_rank_and_two_ranks_write_byte_identical_datasets(single_build, torchrun_build):
     out, log = torchrun_build
     assert "[rank 0] clips built 3, skipped 0" in log and "[rank 1] clips built 2, skipped 0" in log
-    assert (out / vl.MANIFEST_NAME).read_bytes() == (single_build / vl.MANIFEST_NAME).read_bytes()
+    assert (out / vl.MANIFEST_FILE).read_bytes() == (single_build / vl.MANIFEST_FILE).read_bytes()
     assert (out / vl.CONFIG_NAME).read_bytes() == (single_build / vl.CONFIG_NAME).read_bytes()
     assert {path: data for path, (data, _, _) in _snapshot(out).items()} == {
         path: data for path, (data, _, _) in _snapshot(single_build).items()}
     assert not (out / vl.PARTS_DIR).exists()
 
-    manifest = read_jsonl(out / vl.MANIFEST_NAME)
+    manifest = read_jsonl(out / vl.MANIFEST_FILE)
     assert [entry["file"] for entry in manifest] == [f"clips/clip{i:03d}.safetensors" for i in range(NUM_CLIPS)]
     assert [entry["split"] for entry in manifest] == ["train"] * 3 + ["holdout"] * 2
     for entry in manifest:
@@ -130,7 +130,7 @@ def test_interrupted_build_resumes_and_skips_finished_clips(demo, single_build, 
     out = tmp_path / "VDS"
     assert vl.run(_options(demo, out, stop_after=2)) == 0
     assert "clips built 2, skipped 0" in capsys.readouterr().out
-    assert not (out / vl.MANIFEST_NAME).exists()
+    assert not (out / vl.MANIFEST_FILE).exists()
     assert sorted(path.name for path in (out / "clips").iterdir()) == ["clip000.safetensors", "clip001.safetensors"]
     finished = {name: value for name, value in _snapshot(out).items() if name.startswith("clips/")}
     # what a kill leaves: a torn last manifest line, a half-written temp file
@@ -143,7 +143,7 @@ def test_interrupted_build_resumes_and_skips_finished_clips(demo, single_build, 
     after = _snapshot(out)
     for name, value in finished.items():
         assert after[name] == value, f"{name} was rewritten"  # same bytes, inode and mtime: skipped
-    assert (out / vl.MANIFEST_NAME).read_bytes() == (single_build / vl.MANIFEST_NAME).read_bytes()
+    assert (out / vl.MANIFEST_FILE).read_bytes() == (single_build / vl.MANIFEST_FILE).read_bytes()
     assert not list(out.rglob("*.tmp")) and not (out / vl.PARTS_DIR).exists()
 
     # a finished dataset: everything is skipped
@@ -227,7 +227,7 @@ def test_bad_inputs_fail_with_a_clear_message_before_anything_is_written(demo, t
         vl.run(_options(demo, out, clips=[table], demo=None))
     assert sorted(path.name for path in (out / "clips").iterdir()) == ["clip000.safetensors"]
     assert [entry["clip_id"] for entry in read_jsonl(out / vl.PARTS_DIR / "rank0.jsonl")] == ["clip000"]
-    assert not (out / vl.MANIFEST_NAME).exists()
+    assert not (out / vl.MANIFEST_FILE).exists()
 
 
 def test_command_line_refuses_a_frame_count_that_is_not_4k_plus_1(tmp_path):

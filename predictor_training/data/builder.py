@@ -373,6 +373,16 @@ def finished_entry(root: Path, file: str, candidates: list[dict]) -> tuple[dict 
     return None, reasons[0] if reasons else "no manifest entry"
 
 
+def write_merged_manifest(root: Path, merged: list[dict]) -> None:
+    """Write `manifest.jsonl` (atomically), then remove the ranks' part files, whose entries it now holds. The
+    completion marker of a build: a manifest without `manifest_parts/` beside it."""
+    write_jsonl_atomic(root / MANIFEST_FILE, merged)
+    if (root / PARTS_DIR).is_dir():
+        for part in sorted((root / PARTS_DIR).glob("*.jsonl")):
+            part.unlink()
+        (root / PARTS_DIR).rmdir()
+
+
 def merge_manifest(root: Path, plan: BuildPlan) -> list[dict]:
     """Rank 0, after every rank finished: one verified entry per planned file, sorted by file name."""
     entries = known_entries(root)
@@ -573,11 +583,7 @@ def build(args, plan: BuildPlan, teacher_config: dict, env) -> int:
     barrier()
     if env.is_main:
         merged = merge_manifest(root, plan)
-        write_jsonl_atomic(root / MANIFEST_FILE, merged)
-        if (root / PARTS_DIR).is_dir():  # every part entry is in the manifest now
-            for part in sorted((root / PARTS_DIR).glob("*.jsonl")):
-                part.unlink()
-            (root / PARTS_DIR).rmdir()
+        write_merged_manifest(root, merged)
         log(f"manifest: {len(merged)} files; done in {time.time() - started:.1f} s")
     barrier()
     return 0

@@ -60,7 +60,14 @@ from torch.utils.data import Dataset, Sampler
 from tqdm import tqdm
 
 from predictor_training.camera import PoseError, pose_string_to_json, pose_to_input
-from predictor_training.data.builder import drop_torn_tail, finished_entry, known_entries
+from predictor_training.data.builder import (
+    MANIFEST_FILE,
+    PARTS_DIR,
+    drop_torn_tail,
+    finished_entry,
+    known_entries,
+    write_merged_manifest,
+)
 from predictor_training.data.encoders import CaseEncoder, validate_encoded_case
 from predictor_training.data.pair_dataset import SafetensorsHandles, check_files_exist, verify_checksums
 from predictor_training.data.samplers import epoch_generator
@@ -75,7 +82,6 @@ from predictor_training.data.shards import (
     sha256_json,
     verify_file,
     write_bytes_atomic,
-    write_jsonl_atomic,
     write_safetensors_atomic,
 )
 from predictor_training.distributed import all_gather_objects, barrier, cleanup_distributed, init_distributed
@@ -83,8 +89,7 @@ from predictor_training.video_io import VIDEO_SUFFIXES, list_frame_files, read_v
 
 BUILDER_VERSION = "1"
 CONFIG_NAME = "video_dataset_config.json"
-MANIFEST_NAME = "manifest.jsonl"  # the same names as the trajectory builder (builder.known_entries reads them)
-PARTS_DIR = "manifest_parts"
+
 CLIPS_DIR = "clips"
 MANIFEST_KIND = "clip"
 CHUNK_LATENTS = 4  # latent frames per AR chunk of WorldPlay
@@ -753,11 +758,7 @@ def build(options, plan: ClipPlan, env) -> int:
     barrier()
     if env.is_main:
         merged = merge_clip_manifest(root, plan)
-        write_jsonl_atomic(root / MANIFEST_NAME, merged)
-        if (root / PARTS_DIR).is_dir():  # every part entry is in the manifest now
-            for part in sorted((root / PARTS_DIR).glob("*.jsonl")):
-                part.unlink()
-            (root / PARTS_DIR).rmdir()
+        write_merged_manifest(root, merged)
         for leftover in sorted((root / CLIPS_DIR).glob("*.tmp")):
             leftover.unlink()
         log(f"manifest: {len(merged)} clips; done in {time.time() - started:.1f} s")
@@ -785,7 +786,7 @@ class ClipEntry:
 
 def read_clip_manifest(root: str | Path) -> list[ClipEntry]:
     """Parse ``root/manifest.jsonl``; ValueError naming the line and field for a malformed entry."""
-    path = Path(root) / MANIFEST_NAME
+    path = Path(root) / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"video dataset manifest not found: {path} (build it with "
                                 "tools/build_video_latent_dataset.py)")
@@ -865,7 +866,7 @@ class VideoLatentDataset(Dataset):
         entries = read_clip_manifest(self.root)
         self.clips = sorted((entry for entry in entries if entry.split == split), key=lambda entry: entry.clip_id)
         if not self.clips:
-            raise ValueError(f"{self.root / MANIFEST_NAME}: no clip of split {split!r}; splits present: "
+            raise ValueError(f"{self.root / MANIFEST_FILE}: no clip of split {split!r}; splits present: "
                              f"{sorted({entry.split for entry in entries})}")
         check_files_exist(self.root, self.clips)
         if verify:
@@ -875,7 +876,7 @@ class VideoLatentDataset(Dataset):
         for entry in self.clips:
             absent = [name for name in CLIP_TENSORS if name not in entry.tensors]
             if absent:
-                raise ValueError(f"{self.root / MANIFEST_NAME}: entry of {entry.file!r} lacks tensor(s) {absent}")
+                raise ValueError(f"{self.root / MANIFEST_FILE}: entry of {entry.file!r} lacks tensor(s) {absent}")
             if entry.tensors["latents"][0] != expected:
                 raise ValueError(f"{self.root / entry.file}: tensor 'latents' has shape {entry.tensors['latents'][0]}, "
                                  f"{CONFIG_NAME} field 'latent_shape' says {list(expected)}")
