@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from .cache import CameraProjection, ChunkOutput, ContextKV, LayerContextKV, RopeTable, TextKV
 from .config import preset_config
@@ -233,7 +234,7 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
     """
 
     config_name = "config.json"
-    _supports_gradient_checkpointing = False
+    _supports_gradient_checkpointing = True
     _no_split_modules = ["DoubleStreamBlock"]
 
     @register_to_config
@@ -293,6 +294,11 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         )
         self.final_layer = FinalLayer(hidden_size, self.out_channels)
         self.reset_upstream_initialisation_()
+        # Activation checkpointing of the double blocks in `chunk_step` (off by default; see
+        # `set_gradient_checkpointing`). `checkpoint_context_fn` is torch's `context_fn`: adapters.py sets it so that
+        # the recomputation runs with the LoRA adapter that was active in the forward.
+        self.gradient_checkpointing = False
+        self.checkpoint_context_fn = noop_context_fn
 
     # ---- construction helpers -----------------------------------------------------------------------------
     @classmethod
@@ -336,6 +342,23 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
             nn.init.xavier_uniform_(self.img_in.proj.weight[:, :latent_channels])
             for tensor in zero_initialised_tensors(self):
                 tensor.zero_()
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Non-reentrant `torch.utils.checkpoint` around each double block of `chunk_step` while grad is enabled.
+
+        Forward outputs are bit-identical with it on or off; the blocks' activations are recomputed in backward.
+        """
+        self.gradient_checkpointing = bool(enabled)
+
+    def enable_gradient_checkpointing(self, gradient_checkpointing_func=None) -> None:
+        """diffusers' spelling of `set_gradient_checkpointing(True)`; only torch's non-reentrant checkpoint."""
+        if gradient_checkpointing_func is not None:
+            raise ValueError("WorldPlayTransformer checkpoints its blocks with torch's non-reentrant checkpoint only; "
+                             "a custom gradient_checkpointing_func is not supported")
+        self.set_gradient_checkpointing(True)
+
+    def disable_gradient_checkpointing(self) -> None:
+        self.set_gradient_checkpointing(False)
 
     # ---- building blocks (batch-general) --------------------------------------------------------------------
     @property
@@ -553,10 +576,15 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         rope = self.rope_table(frames, height, width, start=rope_start)
         if trace is not None:
             trace["img_tokens_in"] = x
+        checkpointed = self.gradient_checkpointing and torch.is_grad_enabled()
         for index, block in enumerate(self.double_blocks):
             text_k, text_v = text_kv.layer(index)
             context = None if context_kv is None else context_kv.layer(index)
-            x = block.image_forward(x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context)
+            args = (x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context)
+            if checkpointed:
+                x = checkpoint(block.image_forward, *args, use_reentrant=False, context_fn=self.checkpoint_context_fn)
+            else:
+                x = block.image_forward(*args)
             if trace is not None and index < self.num_layers - 1:
                 trace[f"layer{index}.img_out"] = x
         velocity = self.unpatchify(self.final_projection(x, vec, tokens_per_frame), frames, height, width)

@@ -1,0 +1,164 @@
+"""FSDP2 full-parameter training (predictor_training/fsdp.py).
+
+1. In-process (no process group): `is_fsdp`, the refusal to shard without one, and the full-state-dict helpers on a
+   plain Teacher (name-keyed optimizer state, plain integer-id optimizer state accepted, checks).
+2. Two gloo ranks under torchrun (tests/fsdp_worker.py): a tiny Teacher trained for 4 AdamW steps (2 micro-batches
+   each, the first without gradient reduce-scatter) through `chunk_step`, against 2 steps, save, a new launch that
+   builds the model on the meta device, loads (rank 0 broadcasts) and resumes to step 4: losses, grad norms,
+   weights and optimizer state are bitwise equal. The 2-rank checkpoint is also loaded at world size 1. Along the
+   way: `clip_grad_norm_` on DTensor gradients, activation checkpointing under FSDP, resharding after a no-grad
+   forward.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from predictor_training.distributed import DistEnv
+from predictor_training.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
+from predictor_training.teacher import StateDictMismatchError
+from tests.fsdp_worker import CUT_AT, STEPS, build_model, make_batch, micro_batch_loss
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. In-process
+# ---------------------------------------------------------------------------------------------------------------
+def trained_plain_model(seed: int = 0):
+    """A plain tiny Teacher and its AdamW after one step through chunk_step (text-stream weights get no grads)."""
+    model = build_model(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    micro_batch_loss(model, make_batch(model, 1, 0, 0)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return model, optimizer
+
+
+def test_plain_model_is_not_fsdp_and_sharding_needs_a_process_group(one_thread):
+    model = build_model(0)
+    assert not is_fsdp(model)
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None, is_main=True)
+    with pytest.raises(RuntimeError, match="FSDP needs a process group"):
+        shard_model(model, env)
+    with gradient_sync(model, enabled=False):  # a plain module: nothing to switch
+        pass
+
+
+def test_full_state_dicts_of_a_plain_model_load_back_in_both_optimizer_formats(one_thread):
+    model, optimizer = trained_plain_model(0)
+    model_state, optimizer_state = full_state_dicts(model, optimizer)
+    assert list(model_state) == list(model.state_dict())
+    names = [name for name, _ in model.named_parameters()]
+    assert optimizer_state["param_groups"][0]["params"] == names
+    with_state = sorted(optimizer_state["state"])
+    assert "double_blocks.0.img_attn_q.weight" in with_state and "txt_in.input_embedder.weight" not in with_state
+
+    for saved in (optimizer_state, optimizer.state_dict()):  # name-keyed, and torch's integer ids
+        other = build_model(7)
+        other_optimizer = torch.optim.AdamW(other.parameters(), lr=5e-4)
+        load_full_state_dicts(other, other_optimizer, model_state, saved)
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+        reference = optimizer.state_dict()
+        loaded = other_optimizer.state_dict()
+        assert loaded["param_groups"] == reference["param_groups"]  # lr back to the saved 1e-3, betas a tuple
+        assert sorted(loaded["state"]) == sorted(reference["state"])  # no state made up for unused weights
+        assert all(torch.equal(loaded["state"][i][key], value)
+                   for i, state in reference["state"].items() for key, value in state.items())
+
+    fresh = build_model(3)
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    _, empty = full_state_dicts(fresh, fresh_optimizer)
+    assert empty["state"] == {} and empty["param_groups"][0]["params"] == names
+    assert not fresh_optimizer.state  # DCP would have taken a zero-gradient step to create state
+
+
+def test_loading_refuses_mismatched_keys_shapes_and_parameter_groups(one_thread):
+    model, optimizer = trained_plain_model(0)
+    model_state, optimizer_state = full_state_dicts(model, optimizer)
+    target = build_model(1)
+    target_optimizer = torch.optim.AdamW(target.parameters(), lr=1e-3)
+    broken = dict(model_state)
+    broken["final_layer.linear.weight"] = torch.zeros(3, 3)
+    broken.pop("img_in.proj.bias")
+    with pytest.raises(StateDictMismatchError, match=r"(?s)img_in.proj.bias.*final_layer.linear.weight"):
+        load_full_state_dicts(target, target_optimizer, broken, optimizer_state)
+
+    blocks_only = torch.optim.AdamW(target.double_blocks.parameters(), lr=1e-3)
+    with pytest.raises(StateDictMismatchError, match=r"0 not saved \[\], \d+ not in this optimizer \['action_in"):
+        load_full_state_dicts(target, blocks_only, model_state, optimizer_state)
+    with pytest.raises(StateDictMismatchError, match="parameter groups"):
+        load_full_state_dicts(target, blocks_only, model_state, optimizer.state_dict())
+    foreign = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    with pytest.raises(ValueError, match="build the optimizer after shard_model"):
+        full_state_dicts(target, foreign)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Two gloo ranks
+# ---------------------------------------------------------------------------------------------------------------
+def launch(phase: str, out: Path, nproc: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               str(WORKER), phase, str(out)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{phase}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_same_state(first: dict, second: dict) -> None:
+    """Model and optimizer states of two `save_training_state` files are bitwise equal."""
+    assert list(first["model"]) == list(second["model"])
+    assert all(torch.equal(first["model"][key], second["model"][key]) for key in first["model"])
+    first_state, second_state = first["optimizer"]["state"], second["optimizer"]["state"]
+    assert sorted(first_state) == sorted(second_state)
+    assert all(torch.equal(first_state[name][key], second_state[name][key])
+               for name in first_state for key in first_state[name])
+    assert first["optimizer"]["param_groups"] == second["optimizer"]["param_groups"]
+
+
+def test_two_rank_gloo_fsdp_resume_matches_uninterrupted_run(tmp_path):
+    launch("fresh", tmp_path, nproc=2)
+    launch("resume", tmp_path, nproc=2)
+    launch("reload", tmp_path, nproc=1)
+    fresh, resumed, reloaded = load(tmp_path / "fresh.pt"), load(tmp_path / "resume.pt"), load(tmp_path / "reload.pt")
+
+    # 1. 4 steps == 2 steps + save + new launch + resume to 4: every loss and grad norm, then weights and AdamW.
+    for rank in range(2):
+        full, cut_then_resumed = fresh["full"][rank], fresh["cut"][rank] + resumed["resumed"][rank]
+        assert [record["step"] for record in cut_then_resumed] == list(range(1, STEPS + 1))
+        assert full == cut_then_resumed
+    assert fresh["full"][0][-1]["losses"] != fresh["full"][1][-1]["losses"]  # the ranks saw different data
+    assert len({record["grad_norm"] for record in fresh["full"][0]}) == STEPS
+    full_final, resumed_final = load(tmp_path / "full_final.pt"), load(tmp_path / "resumed_final.pt")
+    assert_same_state(full_final, resumed_final)
+    saved = load(tmp_path / "training_latest.pt")
+    assert (saved["step"], saved["world_size"]) == (CUT_AT, 2)
+    assert not all(torch.equal(saved["model"][key], full_final["model"][key]) for key in saved["model"])
+    assert "txt_in.input_embedder.weight" not in saved["optimizer"]["state"]  # never had a gradient
+
+    # 2. The 2-rank checkpoint at world size 1: read back unchanged, and rank 0's next losses are the 2-rank run's.
+    assert reloaded["world_size"] == 1
+    assert_same_state(saved, load(tmp_path / "reloaded.pt"))
+    assert reloaded["records"][0][0]["losses"] == fresh["full"][0][CUT_AT]["losses"]
+
+    # 3. clip_grad_norm_ on DTensor grads is the global norm and scales the full gradients.
+    clip = fresh["checks"]["clip"]
+    assert clip["norm_type"] == "DTensor"
+    assert clip["norm"] == pytest.approx(clip["reference"], rel=1e-6) and clip["norm"] > 0.5  # 0.5: max norm
+    assert clip["max_clip_error"] < 1e-7
+
+    # 4. Activation checkpointing under FSDP: bitwise the same loss and gradients. 5. No-grad forwards reshard.
+    assert fresh["checks"]["sharded_after_no_grad_forward"] is True
+    assert fresh["checks"]["checkpointing"] == {"loss_equal": True, "same_keys": True, "grads_equal": True,
+                                                "num_grads": 50}
