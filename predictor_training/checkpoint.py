@@ -354,7 +354,6 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
         unwrap_model(role.raw_module).load_state_dict(entry["model"], strict=True)
         role.optimizer.load_state_dict(entry["optimizer"])
         role.lr_schedule.load_state_dict(entry["lr_schedule"])
-        role.updates = int(entry["updates"])
         if role.ema is not None:
             role.ema.load_state_dict(entry["ema"])
     # 3. RNG last.

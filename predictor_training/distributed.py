@@ -53,7 +53,8 @@ class DistEnv:
         return self.backend is not None
 
 
-def _resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str) -> str:
+    """"auto" -> nccl with CUDA, gloo without; an explicit choice is checked (nccl needs CUDA)."""
     if backend not in _BACKENDS:
         raise ValueError(f"init_distributed: backend={backend!r}; expected one of {_BACKENDS}")
     if backend == "auto":
@@ -80,7 +81,7 @@ def init_distributed(backend: str = "auto") -> DistEnv:
     Under torchrun (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set) this calls
     `dist.init_process_group`; as plain python it creates nothing and returns world size 1.
     """
-    resolved = _resolve_backend(backend)
+    resolved = resolve_backend(backend)
     use_cuda = resolved == "nccl"
     if not _launched_by_torchrun():
         device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")

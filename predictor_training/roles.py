@@ -15,7 +15,7 @@ Gradient sync (`grad_sync`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -80,7 +80,7 @@ class Role:
     lr_schedule: this role's (the schedule's `max_steps` must equal `updates_in(max_steps)` of the loop).
     every: update cadence in loop steps. grad_clip: global-norm clip of this role's gradients, -1 = measure only.
     grad_sync: "ddp" | "all_reduce" | "none" (module docstring). ema: optional EMA of raw_module.
-    updates: optimizer steps taken (restored on resume).
+    `updates` (optimizer steps taken) is the schedule's own count, so the two cannot disagree.
     """
 
     name: str
@@ -92,7 +92,6 @@ class Role:
     grad_clip: float = 1.0
     grad_sync: str = "ddp"
     ema: EMA | None = None
-    updates: int = field(default=0)
 
     def __post_init__(self):
         if self.module is None:
@@ -107,6 +106,11 @@ class Role:
     def is_due(self, step: int) -> bool:
         """Whether loop step `step` (1-based) updates this role."""
         return step % self.every == 0
+
+    @property
+    def updates(self) -> int:
+        """Optimizer steps this role has taken: its LR schedule advances exactly once per update."""
+        return self.lr_schedule.step_count
 
     def updates_in(self, steps: int) -> int:
         """How many updates this role takes in loop steps 1..steps."""
@@ -137,9 +141,8 @@ class Role:
                 param.grad.div_(world)
 
     def step(self) -> None:
-        """Optimizer step, schedule step, update count and EMA - in that order."""
+        """Optimizer step, schedule step (the update count) and EMA - in that order."""
         self.optimizer.step()
         self.lr_schedule.step()
-        self.updates += 1
         if self.ema is not None:
             self.ema.update(self.raw_module)

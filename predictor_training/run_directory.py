@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from predictor_training.checkpoint import TRAINING_STATE_NAME, read_training_summary
+from predictor_training.distributed import resolve_backend
 from predictor_training.atomic_io import write_json_atomic
 from predictor_training.logger import redact_secrets
 
@@ -87,8 +88,7 @@ def launch_world(backend: str) -> tuple[int, str]:
     from torchrun (or the launcher's dry run), else 1; "cuda" when a GPU is visible, unless --backend gloo (which
     trains on the CPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    on_gpu = torch.cuda.is_available() and backend != "gloo"
-    return world_size, "cuda" if on_gpu else "cpu"
+    return world_size, "cuda" if resolve_backend(backend) == "nccl" else "cpu"  # init_distributed's own rule
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -189,8 +189,8 @@ def regression_step(batch, *, sync, due=frozenset({"predictor"}), model, scale=1
     return {"loss": loss.item()}
 
 
-def run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, max_steps, grad_clip=1.0, updates=0, **kwargs):
-    role = Role("predictor", model, optimizer, schedule, grad_clip=grad_clip, updates=updates)
+def run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, max_steps, grad_clip=1.0, **kwargs):
+    role = Role("predictor", model, optimizer, schedule, grad_clip=grad_clip)
     with MetricsLogger(tmp_path, SINGLE) as logger:
         return train_loop(roles=[role], batches=batches, step_fn=step_fn, run_dir=tmp_path, env=SINGLE,
                           run_state=kwargs.pop("run_state", RunState()), max_steps=max_steps, metrics_logger=logger,
@@ -256,7 +256,7 @@ def test_loop_refuses_inconsistent_wiring(tmp_path):
     for _ in range(2):
         schedule.step()
     with pytest.raises(ValueError, match="batches.load_state_dict"):
-        run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=1, updates=2,
+        run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=1,
                  run_state=RunState(global_step=2, data={"epoch": 0, "position": 2, "seed": 0}))
     with pytest.raises(ValueError, match="grad_accum=0"):
         run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, 4, grad_accum=0)
