@@ -30,7 +30,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import DistributedSampler
 
 from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
@@ -63,7 +62,7 @@ from predictor_training.flags import (
     parse_recipe_args,
 )
 from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
-from predictor_training.loop import ResumableBatches, train_loop
+from predictor_training.loop import one_item_per_rank_batches, train_loop
 from predictor_training.optim import build_optimizer_and_schedule
 from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
@@ -142,25 +141,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if isinstance(args.subset_cases, int) and args.subset_cases < 1:
         parser.error(f"--subset_cases={args.subset_cases}: expected >= 1")
     return args
-
-
-def first_item(items: list[dict]) -> dict:
-    """Collate of one trajectory per micro-batch: the item itself."""
-    if len(items) != 1:
-        raise ValueError(f"expected one trajectory per micro-batch, got {len(items)}")
-    return items[0]
-
-
-def build_trajectory_batches(dataset: TrajectoryTableDataset, env: DistEnv, *, seed: int,
-                             num_workers: int) -> ResumableBatches:
-    """One trajectory per rank per micro-batch from a DistributedSampler (shuffled, drop_last), so ranks never
-    share one and every rank has the same number per epoch."""
-    if len(dataset) < env.world_size:
-        raise ValueError(f"{len(dataset)} trajectories cannot give one to each of {env.world_size} ranks")
-    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed,
-                                 drop_last=True)
-    return ResumableBatches(sampler, dataset, first_item, batch_size=1, drop_last=True, num_workers=num_workers,
-                            seed=seed)
 
 
 class DuplicateTrajectoryError(RuntimeError):
@@ -247,7 +227,7 @@ def main(argv=None) -> int:
             num_latents=int(config_field(dataset_config, "num_latents", args.dataset_root)),
             subset_cases=args.subset_cases, subset_seed=args.subset_seed, verify=args.verify_dataset,
         )
-        batches = build_trajectory_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
+        batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
         # The AR loop of the dataset; running latents and Teacher autocast follow --precision.
         rollout_config = RolloutConfig.from_dataset_config(
             dataset_config, str(Path(args.dataset_root) / DATASET_CONFIG_NAME),

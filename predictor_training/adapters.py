@@ -229,6 +229,23 @@ def named_lora_parameters(teacher: nn.Module, name: str) -> dict[str, nn.Paramet
     return named
 
 
+class AdapterWeights(nn.Module):
+    """Adapter `name`'s parameters as a module of their own: the same Parameter objects (not copies), registered
+    under their `named_lora_parameters` keys with "/" for "." (a module attribute cannot hold a dot). A training
+    role holds this as its module, so checkpoints save, load and count exactly the adapter, never the frozen base.
+    Not callable: the adapter runs inside the Teacher (`adapter(teacher, name)`)."""
+
+    def __init__(self, teacher: nn.Module, name: str):
+        super().__init__()
+        self.adapter_name = name
+        for key, parameter in named_lora_parameters(teacher, name).items():
+            self.register_parameter(key.replace(".", "/"), parameter)
+
+    def forward(self, *args, **kwargs):
+        raise TypeError(f"AdapterWeights({self.adapter_name!r}) only holds the adapter's weights; run the Teacher "
+                        f"with `adapter(teacher, {self.adapter_name!r})`")
+
+
 def lora_parameters(teacher: nn.Module, name: str) -> list[nn.Parameter]:
     """Exactly adapter `name`'s parameters (lora_A, lora_B of each targeted linear), e.g. for its optimizer."""
     return list(named_lora_parameters(teacher, name).values())

@@ -434,9 +434,14 @@ class ARRollout:
         own = set(range(start, start + self.config.chunk_latents))
         return sorted(int(index) for index in selected if int(index) not in own)
 
-    @torch.no_grad()
-    def prefill_context(self, chunk_index: int, with_vec: bool = False) -> ChunkContext:
-        """Select the context and run the Teacher's context prefill on the current running latents."""
+    def prefill_context(
+        self, chunk_index: int, with_vec: bool = False, *, grad: bool = False, text_kv: TextKV | None = None
+    ) -> ChunkContext:
+        """Select the context and run the Teacher's context prefill on the current running latents.
+
+        Without gradients by default (the AR loop). A trainer whose model learns from its context (diffusion
+        forcing, KD) passes ``grad=True``, and ``text_kv`` when its text K/V are recomputed under grad per chunk.
+        """
         indices = self.select_context(chunk_index)
         if not indices:
             return ChunkContext(indices=[])
@@ -445,9 +450,9 @@ class ARRollout:
         model_input = self.model_input(indices)
         action, viewmats, Ks = self.frame_inputs(indices)
         timestep = torch.full((len(indices),), self.config.context_timestep, dtype=torch.float32, device=self.device)
-        with self.autocast():
+        with torch.set_grad_enabled(grad), self.autocast():
             kv, prefeatures = self.teacher.context_prefill(
-                model_input, timestep, action, viewmats, Ks, self.text_kv,
+                model_input, timestep, action, viewmats, Ks, self.text_kv if text_kv is None else text_kv,
                 prefeature_layers=tuple(self.config.prefeature_layers),
             )
             vec = self.teacher.frame_vec(timestep, action)[0] if with_vec else None

@@ -7,6 +7,9 @@
 * `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata.
 * Every write is atomic (temp file in the same folder, fsync, `os.replace`), and nothing non-finite is ever
   written, so the last good checkpoint survives a crash, a SIGKILL or a NaN.
+* A role whose module is FSDP2-sharded (`predictor_training.fsdp`) is saved as its full, unsharded state (gathered
+  with `full_state_dicts`; the same model keys and shapes as a plain module, the optimizer state keyed by parameter
+  name) and loaded back into the shards with `load_full_state_dicts`.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from torch import nn
 from .distributed import all_gather_objects, barrier, current_rank, unwrap_model
 from .atomic_io import atomic_write
 from .logger import redact_secrets
+from .roles import module_is_fsdp
 
 TRAINING_STATE_NAME = "training_latest.pt"
 TRAINING_STATE_FORMAT = "predictor_training.training_state"
 TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
 INFERENCE_FORMAT = "predictor_training.inference_weights"
-REQUIRED_META_KEYS = ("variant", "source_blocks", "precision")
+REQUIRED_META_KEYS = ("precision",)  # a Predictor recipe adds variant and source_blocks (`checkpoint_meta`)
 
 
 class NonFiniteError(RuntimeError):
@@ -143,6 +147,7 @@ def _check_meta(meta: dict) -> dict:
 
 
 def _check_fp32_master(model: nn.Module, meta: dict) -> None:
+    """Trainable parameters must be FP32 (an FSDP2 shard's dtype is its DTensor's: the sharded master weights)."""
     if meta["precision"] != "fp32master":
         return
     wrong = [f"{name} ({p.dtype})" for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
@@ -150,13 +155,20 @@ def _check_fp32_master(model: nn.Module, meta: dict) -> None:
         raise ValueError(f"precision 'fp32master' but trainable parameters are not float32: {wrong[:5]}")
 
 
+def _non_finite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating tensors holding NaN/Inf; a DTensor is checked on this rank's shard only."""
+    bad = []
+    for name, tensor in tensors.items():
+        if hasattr(tensor, "to_local"):  # DTensor (FSDP2 shard)
+            tensor = tensor.to_local()
+        if torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all()):
+            bad.append(name)
+    return bad
+
+
 def check_finite_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
     """Raise NonFiniteError naming the first few non-finite floating tensors of `tensors`."""
-    bad = [
-        name
-        for name, tensor in tensors.items()
-        if torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all())
-    ]
+    bad = _non_finite_names(tensors)
     if bad:
         raise NonFiniteError(f"{what}: non-finite values in {len(bad)} tensors, e.g. {bad[:5]}; nothing was written")
 
@@ -176,7 +188,9 @@ _OPTIMIZER_GROUP_KEYS = ("name", "initial_lr", "betas", "weight_decay")
 
 
 def _compare_optimizer_groups(saved_state: dict, optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """`optimizer.load_state_dict` would silently replace this run's LRs/betas with the saved ones: refuse."""
+    """`optimizer.load_state_dict` (and `load_full_state_dicts`) would silently replace this run's LRs/betas with the
+    saved ones: refuse. Only the groups' hyper-parameters are compared, so integer-id and name-keyed (FSDP) states
+    alike."""
     saved_groups, current_groups = saved_state["param_groups"], optimizer.param_groups
     if len(saved_groups) != len(current_groups):
         raise CheckpointMismatchError(
@@ -194,6 +208,11 @@ def _compare_optimizer_groups(saved_state: dict, optimizer: torch.optim.Optimize
         raise CheckpointMismatchError(f"{path} does not match this run's optimizer: " + "; ".join(problems))
 
 
+def _name_keyed(optimizer_state: dict) -> bool:
+    """Whether an optimizer state dict names its parameters (`fsdp.full_state_dicts`) instead of numbering them."""
+    return any(isinstance(param, str) for group in optimizer_state["param_groups"] for param in group["params"])
+
+
 def _require_file(path: Path, what: str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"{what}: {path} does not exist; refusing to start from scratch instead")
@@ -207,33 +226,61 @@ def save_training_state(
     run_state: RunState,
     config: dict,
     meta: dict,
-) -> None:
+) -> dict[str, dict[str, torch.Tensor]]:
     """Write `training_latest.pt` atomically from rank 0: every role's model (its unwrapped module), optimizer, LR
     schedule, update count and EMA, plus the run state, every rank's RNG, config and meta. A collective: call it on
-    EVERY rank (it gathers each rank's RNG state, and ends with a barrier).
+    EVERY rank (it gathers each rank's RNG state and the full state of FSDP-sharded roles, and ends with a barrier).
 
     roles: `predictor_training.roles.Role` objects. meta: {"variant": ..., "source_blocks": [...], "precision":
-    ...}; `config` is stored with secrets redacted. Raises NonFiniteError (writing nothing) if a model holds NaN/Inf.
+    ...}; `config` is stored with secrets redacted. Raises NonFiniteError (writing nothing) if a model holds NaN/Inf,
+    on every rank together (an FSDP role's shards are checked on each rank, and the verdict is shared).
+
+    An FSDP-sharded role (`Role.is_fsdp`) is stored as its full state: `fsdp.full_state_dicts` gathers the model
+    (plain `state_dict()` keys, full shapes) and the optimizer (keyed by parameter name) to rank 0. Returns those
+    gathered model states, {role name: full model state}, on rank 0 (e.g. for the role's inference weights, so
+    nothing is gathered twice); {} on the other ranks and for a run without FSDP roles.
     """
     # 1. Validate on every rank so that all ranks raise together.
     meta = _check_meta(meta)
     model_states = {}
+    sharded_problems = []
     for role in roles:
         raw_model = unwrap_model(role.raw_module)
         _check_fp32_master(raw_model, meta)
+        if module_is_fsdp(raw_model):
+            # Each rank holds other shards: collect, then decide together below (a raise on one rank only would
+            # leave the others waiting in the gather).
+            bad = _non_finite_names(raw_model.state_dict())
+            if bad:
+                sharded_problems.append(f"role {role.name!r} rank {current_rank()}: {len(bad)} tensors, e.g. {bad[:5]}")
+            continue
         model_states[role.name] = raw_model.state_dict()
         check_finite_tensors(model_states[role.name], f"save_training_state({path}) role {role.name!r}")
+    fsdp_roles = [role for role in roles if module_is_fsdp(unwrap_model(role.raw_module))]
+    optimizer_states = {}
+    if fsdp_roles:
+        sharded_problems = [problem for problems in all_gather_objects(sharded_problems) for problem in problems]
+        if sharded_problems:
+            raise NonFiniteError(f"save_training_state({path}): non-finite values in FSDP shards: "
+                                 f"{'; '.join(sharded_problems)}; nothing was written")
+        from .fsdp import full_state_dicts  # imports the Teacher: only where a role is sharded
+
+        for role in fsdp_roles:  # collectives, in the roles' order on every rank
+            model_states[role.name], optimizer_states[role.name] = full_state_dicts(role.raw_module, role.optimizer)
     # 2. Every rank's RNG, so each rank resumes its own noise stream.
     rng_by_rank = all_gather_objects(capture_rng_state())
     # 3. Rank 0 writes.
+    full_states = {}
     if current_rank() == 0:
+        full_states = {role.name: model_states[role.name] for role in fsdp_roles}
         payload = {
             "format": TRAINING_STATE_FORMAT,
             "format_version": TRAINING_STATE_VERSION,
             "roles": {
                 role.name: {
                     "model": {name: tensor.detach().cpu() for name, tensor in model_states[role.name].items()},
-                    "optimizer": role.optimizer.state_dict(),
+                    "optimizer": (optimizer_states[role.name] if role.name in optimizer_states
+                                  else role.optimizer.state_dict()),
                     "lr_schedule": role.lr_schedule.state_dict(),
                     "updates": role.updates,
                     "ema": None if role.ema is None else role.ema.state_dict(),
@@ -254,6 +301,7 @@ def save_training_state(
 
         atomic_write(path, write)
     barrier()
+    return full_states
 
 
 def read_training_state(path: str | os.PathLike) -> dict:
@@ -325,6 +373,10 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
     [1, 52], "precision": "fp32master"}; any difference raises CheckpointMismatchError showing saved and requested
     values. A missing file raises FileNotFoundError. Call it last before `train_loop` so nothing draws random
     numbers in between.
+
+    A collective where a role is FSDP-sharded: every rank reads the file and loads the saved full state into its
+    shards (`fsdp.load_full_state_dicts`; a name-keyed or a plain integer-id optimizer state). A name-keyed state
+    (saved from an FSDP role) does not load into an unsharded role.
     """
     path = Path(path)
     payload = read_training_state(path)
@@ -348,11 +400,22 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
         if (payload["roles"][role.name]["ema"] is None) != (role.ema is None):
             raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved {'without' if role.ema else 'with'} "
                                           "an EMA; this run has the opposite")
-    # 2. Models, optimizers, schedules, EMAs.
+        if _name_keyed(payload["roles"][role.name]["optimizer"]) and not module_is_fsdp(
+                unwrap_model(role.raw_module)):
+            raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved FSDP-sharded (optimizer state keyed "
+                                          "by parameter name); shard this role with fsdp.shard_model to resume it")
+    # 2. Models, optimizers, schedules, EMAs (FSDP roles: collectives, in the roles' order on every rank).
     for role in roles:
         entry = payload["roles"][role.name]
-        unwrap_model(role.raw_module).load_state_dict(entry["model"], strict=True)
-        role.optimizer.load_state_dict(entry["optimizer"])
+        raw_model = unwrap_model(role.raw_module)
+        if module_is_fsdp(raw_model):
+            from .fsdp import load_full_state_dicts  # imports the Teacher: only where a role is sharded
+
+            load_full_state_dicts(raw_model, role.optimizer, entry["model"], entry["optimizer"],
+                                  broadcast_from_rank0=False)
+        else:
+            raw_model.load_state_dict(entry["model"], strict=True)
+            role.optimizer.load_state_dict(entry["optimizer"])
         role.lr_schedule.load_state_dict(entry["lr_schedule"])
         if role.ema is not None:
             role.ema.load_state_dict(entry["ema"])
@@ -371,12 +434,16 @@ def save_inference_weights(
 ) -> Path:
     """Write a safetensors file atomically: floating tensors cast to `dtype`, others unchanged.
 
-    A module contributes its whole (unwrapped) `state_dict()`; pass a dict to choose a subset. `metadata`
-    (e.g. meta + step) and `config` (the run config, secrets redacted, so eval can rebuild the model) are
-    stored as JSON strings in the file header. Non-finite weights raise NonFiniteError and write nothing.
-    Call on one rank only.
+    A module contributes its whole (unwrapped) `state_dict()`; pass a dict to choose a subset. An FSDP-sharded
+    module is refused (its state dict holds this rank's shards): pass its full state (`fsdp.full_state_dicts`, or
+    what `save_training_state` returns). `metadata` (e.g. meta + step) and `config` (the run config, secrets
+    redacted, so eval can rebuild the model) are stored as JSON strings in the file header. Non-finite weights raise
+    NonFiniteError and write nothing. Call on one rank only.
     """
     if isinstance(model_state_or_module, nn.Module):
+        if module_is_fsdp(unwrap_model(model_state_or_module)):
+            raise ValueError(f"save_inference_weights({path}): the module is FSDP-sharded; pass its full state dict "
+                             "(fsdp.full_state_dicts) instead")
         state = unwrap_model(model_state_or_module).state_dict()
     else:
         state = model_state_or_module

@@ -20,6 +20,7 @@ from typing import Sequence
 import yaml
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
+from predictor_training.flow_matching import SIGMA_SAMPLERS
 from predictor_training.logger import SWANLAB_MODES, TRACKERS
 from predictor_training.precision import PRECISIONS
 
@@ -163,6 +164,100 @@ def add_optimization_args(
                        help="global gradient-norm clip; -1 = measure only (default %(default)g)")
 
 
+def add_method_model_args(
+    parser: argparse.ArgumentParser,
+    *,
+    train: str,
+    init_weights: str,
+    lora_rank: int,
+    lora_alpha: float,
+    gradient_checkpointing: bool,
+    context_grad: bool,
+) -> None:
+    """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt, --train, --init_weights,
+    --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--teacher", type=Path, default=None,
+                       help="Teacher transformer folder (config.json + safetensors), required to train: the base of a "
+                            "LoRA, the start of a full run with --init_weights teacher, or only the config with "
+                            "--init_weights scratch")
+    group.add_argument("--action_ckpt", type=Path, default=None,
+                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (default: none)")
+    group.add_argument("--train", choices=("lora", "full"), default=train,
+                       help="lora: a LoRA adapter on the frozen Teacher's image-stream linears; full: every parameter "
+                            "(FSDP2-sharded under torchrun) (default %(default)s)")
+    group.add_argument("--init_weights", choices=("teacher", "scratch"), default=init_weights,
+                       help="--train full starts from the Teacher's weights or from a fresh seeded initialisation of "
+                            "its config (default %(default)s; a LoRA always sits on the Teacher)")
+    group.add_argument("--lora_rank", type=int, default=lora_rank, help="LoRA rank (default %(default)s)")
+    group.add_argument("--lora_alpha", type=float, default=lora_alpha,
+                       help="LoRA alpha; the update is scaled by alpha / rank (default %(default)g)")
+    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
+                       default=gradient_checkpointing,
+                       help="non-reentrant activation checkpointing of the model's double blocks in the chunk step "
+                            "(default %(default)s)")
+    group.add_argument("--context_grad", action=argparse.BooleanOptionalAction, default=context_grad,
+                       help="back-propagate through the context prefill too, so the model learns to encode its "
+                            "context (default %(default)s)")
+
+
+def add_sigma_args(
+    parser: argparse.ArgumentParser,
+    *,
+    sampler: str,
+    sigma_min: float,
+    sigma_max: float,
+    shift: float,
+    logit_mean: float,
+    logit_std: float,
+) -> None:
+    """How training noise levels are drawn (`flow_matching.sample_sigmas`): always inside the bounds, never clamped."""
+    group = parser.add_argument_group("noise levels")
+    group.add_argument("--sigma_sampler", choices=SIGMA_SAMPLERS, default=sampler,
+                       help="uniform; logit_normal (sigmoid of a normal, redrawn outside the bounds); shifted (a "
+                            "uniform u mapped by the schedule shift, more high noise for shift > 1) (default "
+                            "%(default)s)")
+    group.add_argument("--sigma_min", type=float, default=sigma_min, help="lowest noise level (default %(default)g)")
+    group.add_argument("--sigma_max", type=float, default=sigma_max, help="highest noise level (default %(default)g)")
+    group.add_argument("--sigma_shift", type=float, default=shift,
+                       help="shift of --sigma_sampler shifted (default %(default)g, the 4-step schedule's)")
+    group.add_argument("--logit_mean", type=float, default=logit_mean,
+                       help="mean of --sigma_sampler logit_normal (default %(default)g)")
+    group.add_argument("--logit_std", type=float, default=logit_std,
+                       help="std of --sigma_sampler logit_normal (default %(default)g)")
+
+
+def add_method_optimization_args(
+    parser: argparse.ArgumentParser,
+    *,
+    lr: float,
+    max_steps: int,
+    warmup_steps: int,
+    grad_accum: int,
+    weight_decay: float,
+    adam_beta1: float,
+    adam_beta2: float,
+    grad_clip: float,
+) -> None:
+    """One learning rate with warmup + cosine, AdamW, clipping and accumulation (generic methods)."""
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--lr", type=float, default=lr, help="peak learning rate (default %(default)g)")
+    group.add_argument("--max_steps", type=int, default=max_steps,
+                       help="optimizer steps of the schedule: the cosine reaches 0 here (default %(default)s)")
+    group.add_argument("--stop_at_step", type=int, default=-1,
+                       help="end this run at this optimizer step (checkpoint written), keeping the max_steps schedule; "
+                            "-1 = run to max_steps")
+    group.add_argument("--warmup_steps", type=int, default=warmup_steps,
+                       help="linear warmup steps before the cosine decay (default %(default)s)")
+    group.add_argument("--grad_accum", type=int, default=grad_accum,
+                       help="micro-batches (clips) accumulated per optimizer step on each rank (default %(default)s)")
+    group.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay (default %(default)g)")
+    group.add_argument("--adam_beta1", type=float, default=adam_beta1, help="AdamW beta1 (default %(default)g)")
+    group.add_argument("--adam_beta2", type=float, default=adam_beta2, help="AdamW beta2 (default %(default)g)")
+    group.add_argument("--grad_clip", type=float, default=grad_clip,
+                       help="global gradient-norm clip; -1 = measure only (default %(default)g)")
+
+
 def add_loss_args(parser: argparse.ArgumentParser, *, velocity_weight: float, hidden_weight: float) -> None:
     """--velocity_weight, --hidden_weight: loss = velocity_weight * mse_v + hidden_weight * mse_h (FP32)."""
     group = parser.add_argument_group("loss")
@@ -199,10 +294,11 @@ def add_run_args(
                             "RNG); a missing file is an error. Without it, a run directory that already holds an "
                             "unfinished run with the same settings is continued")
     group.add_argument("--ckpt_every", type=int, default=ckpt_every,
-                       help="write predictor_step_XXXXX.safetensors + training_latest.pt every N optimizer steps "
-                            "(and always at the last step); -1 = last step only (default %(default)s)")
+                       help="write <role>_step_XXXXX.safetensors (predictor_step_... in the Predictor recipes) + "
+                            "training_latest.pt every N optimizer steps (and always at the last step); -1 = last step "
+                            "only (default %(default)s)")
     group.add_argument("--keep_last", type=int, default=keep_last,
-                       help="predictor_step_*.safetensors files kept (oldest pruned); -1 = keep all "
+                       help="<role>_step_*.safetensors files kept per role (oldest pruned); -1 = keep all "
                             "(default %(default)s)")
     group.add_argument("--log_every", type=int, default=log_every,
                        help="write a train_log.jsonl record every N steps (default %(default)s)")
@@ -296,49 +392,58 @@ def config_tokens(parser: argparse.ArgumentParser, path: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Cross-flag rules
 # ---------------------------------------------------------------------------------------------------------------
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, dataset_config_name: str = DATASET_CONFIG_NAME
+) -> None:
     """Rules spanning the groups above; every problem names the flag, its value and what was expected, and goes
-    through `parser.error` (usage line + message, exit 2). Flags a recipe does not have are skipped by name."""
+    through `parser.error` (usage line + message, exit 2). Flags a recipe does not have are skipped by name.
+    `dataset_config_name`: the file that marks a built dataset in --dataset_root (the Teacher-trajectory
+    dataset's by default)."""
     problems = []
     present = vars(args)
 
-    def need(flag: str, ok: bool, expected: str) -> None:
-        if not ok:
+    def need(flag: str, ok, expected: str) -> None:
+        """`ok(value)` must hold for --flag, when the recipe has it."""
+        if flag in present and not ok(present[flag]):
             problems.append(f"--{flag}={present[flag]!r}: expected {expected}")
 
-    need("fusion_lr", args.fusion_lr > 0, "> 0")
-    need("blocks_lr", args.blocks_lr > 0, "> 0")
-    need("max_steps", args.max_steps >= 1, ">= 1")
-    need("scheduler_warmup_steps", 0 <= args.scheduler_warmup_steps < args.max_steps,
-         f"in [0, max_steps={args.max_steps})")
-    need("block_warmup_steps", args.block_warmup_steps == -1 or 0 <= args.block_warmup_steps < args.max_steps,
-         f"-1 or in [0, max_steps={args.max_steps})")
-    need("stop_at_step", args.stop_at_step == -1 or 1 <= args.stop_at_step <= args.max_steps,
-         f"-1 or in [1, max_steps={args.max_steps}]")
-    if "batch_size" in present:
-        need("batch_size", args.batch_size >= 1, ">= 1")
-    need("grad_accum", args.grad_accum >= 1, ">= 1")
-    need("weight_decay", args.weight_decay >= 0, ">= 0")
-    need("adam_beta1", 0 <= args.adam_beta1 < 1, "in [0, 1)")
-    need("adam_beta2", 0 <= args.adam_beta2 < 1, "in [0, 1)")
-    need("grad_clip", args.grad_clip == -1 or args.grad_clip > 0, "> 0, or -1 for no clipping")
-    need("velocity_weight", args.velocity_weight >= 0, ">= 0")
-    need("hidden_weight", args.hidden_weight >= 0, ">= 0")
-    if args.velocity_weight == 0 and args.hidden_weight == 0:
+    max_steps = present.get("max_steps")
+    positive = (lambda value: value > 0)
+    need("fusion_lr", positive, "> 0")
+    need("blocks_lr", positive, "> 0")
+    need("lr", positive, "> 0")
+    need("max_steps", lambda value: value >= 1, ">= 1")
+    for flag in ("scheduler_warmup_steps", "warmup_steps"):
+        need(flag, lambda value: 0 <= value < max_steps, f"in [0, max_steps={max_steps})")
+    need("block_warmup_steps", lambda value: value == -1 or 0 <= value < max_steps,
+         f"-1 or in [0, max_steps={max_steps})")
+    need("stop_at_step", lambda value: value == -1 or 1 <= value <= max_steps, f"-1 or in [1, max_steps={max_steps}]")
+    need("batch_size", lambda value: value >= 1, ">= 1")
+    need("grad_accum", lambda value: value >= 1, ">= 1")
+    need("weight_decay", lambda value: value >= 0, ">= 0")
+    need("adam_beta1", lambda value: 0 <= value < 1, "in [0, 1)")
+    need("adam_beta2", lambda value: 0 <= value < 1, "in [0, 1)")
+    need("grad_clip", lambda value: value == -1 or value > 0, "> 0, or -1 for no clipping")
+    need("velocity_weight", lambda value: value >= 0, ">= 0")
+    need("hidden_weight", lambda value: value >= 0, ">= 0")
+    if present.get("velocity_weight") == 0 and present.get("hidden_weight") == 0:
         problems.append("--velocity_weight=0 and --hidden_weight=0: nothing would be trained")
-    need("ckpt_every", args.ckpt_every == -1 or args.ckpt_every >= 1, ">= 1, or -1 for the last step only")
-    need("keep_last", args.keep_last == -1 or args.keep_last >= 1, ">= 1, or -1 to keep all")
-    need("log_every", args.log_every >= 1, ">= 1")
-    need("seed", args.seed >= 0, ">= 0")
-    need("num_workers", args.num_workers >= 0, ">= 0")
-    if args.resume is not None and not args.resume.is_file():
-        problems.append(f"--resume={str(args.resume)!r}: no such file (refusing to start from scratch instead)")
-    if not (args.dataset_root / DATASET_CONFIG_NAME).is_file():
-        problems.append(f"--dataset_root={str(args.dataset_root)!r}: no {DATASET_CONFIG_NAME} there "
-                        "(build it with tools/build_predictor_dataset.py)")
-    if args.action_ckpt is not None and not args.action_ckpt.is_file():
-        problems.append(f"--action_ckpt={str(args.action_ckpt)!r}: no such file")
-    if args.teacher is not None and not (args.teacher / "config.json").is_file():
-        problems.append(f"--teacher={str(args.teacher)!r}: no config.json in that folder")
+    need("ckpt_every", lambda value: value == -1 or value >= 1, ">= 1, or -1 for the last step only")
+    need("keep_last", lambda value: value == -1 or value >= 1, ">= 1, or -1 to keep all")
+    need("log_every", lambda value: value >= 1, ">= 1")
+    need("seed", lambda value: value >= 0, ">= 0")
+    need("num_workers", lambda value: value >= 0, ">= 0")
+    need("resume", lambda value: value is None or value.is_file(),
+         "an existing training_latest.pt (refusing to start from scratch instead)")
+    need("dataset_root", lambda value: (value / dataset_config_name).is_file(),
+         f"a dataset folder with {dataset_config_name}")
+    need("action_ckpt", lambda value: value is None or value.is_file(), "an existing file")
+    need("teacher", lambda value: value is None or (value / "config.json").is_file(), "a folder with config.json")
+    need("lora_rank", lambda value: value >= 1, ">= 1")
+    need("lora_alpha", positive, "> 0")
+    need("sigma_shift", positive, "> 0")
+    need("logit_std", positive, "> 0")
+    if "sigma_min" in present and not 0 <= args.sigma_min < args.sigma_max <= 1:
+        problems.append(f"--sigma_min={args.sigma_min!r} --sigma_max={args.sigma_max!r}: expected 0 <= min < max <= 1")
     if problems:
         parser.error("; ".join(problems))

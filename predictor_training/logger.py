@@ -172,3 +172,18 @@ def recipe_summary_rows(args, *, run_dir, precision: str, optimizer, first_step:
         "loss": f"{args.velocity_weight:g} mse_v + {args.hidden_weight:g} mse_h",
         "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
     }
+
+
+def method_summary_rows(args, *, run_dir, precision: str, trained: str, first_step: int,
+                        stop_step: int) -> dict[str, str]:
+    """The summary rows every generic method (fvtools/) prints; `trained` describes the model
+    (`MethodModel.describe()`); a method adds its own (data, batch, loss)."""
+    return {
+        "run dir": str(run_dir),
+        "trainable": trained,
+        "precision": precision,
+        "steps": f"{first_step}..{stop_step} of a {args.max_steps}-step schedule",
+        "schedule": f"lr {args.lr:g}, warmup {args.warmup_steps}, cosine to 0; AdamW betas ({args.adam_beta1:g}, "
+                    f"{args.adam_beta2:g}), weight decay {args.weight_decay:g}, clip {args.grad_clip:g}",
+        "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
+    }

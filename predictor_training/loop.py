@@ -32,12 +32,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 from tqdm.auto import tqdm
 
 from .checkpoint import (
@@ -51,18 +50,14 @@ from .checkpoint import (
 )
 from .distributed import DistEnv, all_gather_objects, log0
 from .precision import synchronize
+from .random_streams import stream_seed
 from .roles import Role
 from .logger import MetricsLogger
 
-__all__ = ["ResumableBatches", "train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
+__all__ = ["ResumableBatches", "one_item_per_rank_batches", "train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
 
 
 # ------------------------------------------------------------------------------------------------ data
-def _mixed_seed(*values: int) -> int:
-    """A well-mixed 63-bit seed from several integers (seed, epoch, position)."""
-    return int(np.random.SeedSequence(list(values)).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
-
-
 def _prepare_sampler_epoch(sampler, epoch: int, seed: int) -> None:
     """Make `sampler`'s order for `epoch` a pure function of (seed, epoch)."""
     if hasattr(sampler, "set_epoch"):
@@ -72,7 +67,7 @@ def _prepare_sampler_epoch(sampler, epoch: int, seed: int) -> None:
     elif isinstance(sampler, RandomSampler):
         if sampler.generator is None:
             raise ValueError("ResumableBatches: a RandomSampler needs an explicit generator= so its order can be replayed")
-        sampler.generator.manual_seed(_mixed_seed(seed, epoch))
+        sampler.generator.manual_seed(stream_seed(seed, epoch))
     elif not isinstance(sampler, SequentialSampler):
         raise TypeError(
             f"ResumableBatches: cannot replay the order of {type(sampler).__name__}; use a sampler with set_epoch(), "
@@ -152,7 +147,7 @@ class ResumableBatches:
     # -- iteration ----------------------------------------------------------------------------------
     def _open_epoch(self) -> None:
         remaining = self.epoch_batches(self.epoch)[self.position :]
-        generator = torch.Generator().manual_seed(_mixed_seed(self.seed, self.epoch, self.position))
+        generator = torch.Generator().manual_seed(stream_seed(self.seed, self.epoch, self.position))
         loader = DataLoader(
             self.dataset,
             batch_sampler=remaining,
@@ -198,6 +193,24 @@ class ResumableBatches:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def first_item(items: list[dict]) -> dict:
+    """Collate of one item per micro-batch (a whole trajectory or clip): the item itself."""
+    if len(items) != 1:
+        raise ValueError(f"expected one item per micro-batch, got {len(items)}")
+    return items[0]
+
+
+def one_item_per_rank_batches(dataset, env: DistEnv, *, seed: int, num_workers: int) -> ResumableBatches:
+    """One dataset item per rank per micro-batch from a DistributedSampler (shuffled, drop_last), so ranks never
+    share one and every rank has the same number per epoch."""
+    if len(dataset) < env.world_size:
+        raise ValueError(f"{len(dataset)} items cannot give one to each of {env.world_size} ranks")
+    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed,
+                                 drop_last=True)
+    return ResumableBatches(sampler, dataset, first_item, batch_size=1, drop_last=True, num_workers=num_workers,
+                            seed=seed)
+
+
 def peak_memory_gib(device: torch.device) -> tuple[str, float]:
     """("memory/cuda_max_allocated_gib", torch.cuda.max_memory_allocated) on CUDA, else
     ("memory/cpu_peak_rss_gib", the process's peak resident set size from getrusage)."""
@@ -253,7 +266,15 @@ def _validate_loop_args(*, roles, batches, run_state, max_steps, stop_step, grad
         raise ValueError(f"train_loop: role names {names} are not distinct")
     for role in roles:
         module = role.module
-        if module is not role.raw_module and not (
+        if role.is_fsdp:
+            # FSDP reduce-scatters the gradients in backward: no DDP wrapper, no second sync by the loop.
+            if module is not role.raw_module:
+                raise ValueError(f"train_loop: role {role.name!r}: raw_module is FSDP-sharded, so module must be "
+                                 "raw_module itself (no DistributedDataParallel wrapper)")
+            if role.grad_sync != "none":
+                raise ValueError(f"train_loop: role {role.name!r}: raw_module is FSDP-sharded, which reduce-scatters "
+                                 f"the gradients in backward; grad_sync must be 'none', not {role.grad_sync!r}")
+        elif module is not role.raw_module and not (
                 isinstance(module, DistributedDataParallel) and module.module is role.raw_module):
             raise ValueError(f"train_loop: role {role.name!r}: module must be raw_module or a DistributedDataParallel "
                              "wrapping raw_module")
@@ -412,14 +433,18 @@ def train_loop(
 
 
 def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, meta, env, keep_last: int) -> None:
-    # The training state goes first: it is a collective and checks finiteness identically on every rank.
-    save_training_state(run_dir / TRAINING_STATE_NAME, roles=roles, run_state=run_state, config=config, meta=meta)
+    # The training state goes first: it is a collective and checks finiteness on every rank together. On rank 0 it
+    # returns the full model state it gathered for each FSDP-sharded role; that role's inference weights are written
+    # from it (not from the shards, and without gathering a second time).
+    full_states = save_training_state(run_dir / TRAINING_STATE_NAME, roles=roles, run_state=run_state, config=config,
+                                      meta=meta)
     if env.is_main:
         written = []
         for role in roles:
             inference_path = run_dir / inference_weights_name(step, role.name)
-            save_inference_weights(inference_path, role.raw_module, metadata={**meta, "role": role.name,
-                                                                              "step": step}, config=config)
+            weights = full_states[role.name] if role.is_fsdp else role.raw_module
+            save_inference_weights(inference_path, weights, metadata={**meta, "role": role.name, "step": step},
+                                   config=config)
             pruned = prune_checkpoints(run_dir, keep=keep_last, role=role.name)
             written.append(inference_path.name + (f" (pruned {len(pruned)})" if pruned else ""))
         log0(f"checkpoint step {step}: {TRAINING_STATE_NAME}, {', '.join(written)}")

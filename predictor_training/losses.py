@@ -3,7 +3,6 @@ hidden. The weights are the recipes' --velocity_weight / --hidden_weight flags."
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -98,12 +98,61 @@ def block_delay_steps(block_warmup_steps: int | None) -> int:
     return block_warmup_steps
 
 
-class TwoGroupLRSchedule:
-    """Sets `lr = initial_lr * lr_multiplier(step)` on the "fusion" (no delay) and "blocks" (delay) groups.
+class WarmupCosineSchedule:
+    """Sets `lr = initial_lr * lr_multiplier(step)` on every param group (a group may be held at 0 for its first
+    `delays[group name]` updates).
 
     `self.step_count` counts completed optimizer updates; construction applies the LR for update 0 and each
     `step()` (called right after `optimizer.step()`) applies the LR for the next update.
     """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, warmup_steps: int, max_steps: int,
+                 delays: dict[str, int] | None = None):
+        self.optimizer = optimizer
+        self.warmup_steps = warmup_steps
+        self.max_steps = max_steps
+        self.delays = dict(delays or {})
+        self.step_count = 0
+        for delay in [0, *self.delays.values()]:
+            lr_multiplier(0, warmup_steps=warmup_steps, max_steps=max_steps, delay_steps=delay)
+        self._apply()
+
+    def multiplier(self, group_name: str, step: int) -> float:
+        return lr_multiplier(step, warmup_steps=self.warmup_steps, max_steps=self.max_steps,
+                             delay_steps=self.delays.get(group_name, 0))
+
+    def _apply(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.multiplier(group.get("name"), self.step_count)
+
+    def step(self) -> None:
+        if self.step_count >= self.max_steps:
+            raise RuntimeError(f"{type(self).__name__}: already at max_steps={self.max_steps}; cannot step further")
+        self.step_count += 1
+        self._apply()
+
+    def settings(self) -> dict:
+        """What a resumed run must share with the saved one."""
+        return {"warmup_steps": self.warmup_steps, "max_steps": self.max_steps}
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count, **self.settings()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the step; refuses a checkpoint whose schedule settings differ from this run's."""
+        for key, current in self.settings().items():
+            saved = state[key]
+            if saved != current:
+                raise ValueError(
+                    f"{type(self).__name__}.load_state_dict: saved {key}={saved!r} but this run uses {key}={current!r}"
+                )
+        self.step_count = int(state["step_count"])
+        self._apply()
+
+
+class TwoGroupLRSchedule(WarmupCosineSchedule):
+    """The Predictor recipes' schedule: the "fusion" group from update 0, the "blocks" group held at 0 for
+    `block_warmup_steps` updates (module docstring)."""
 
     def __init__(
         self,
@@ -119,53 +168,12 @@ class TwoGroupLRSchedule:
                 f"TwoGroupLRSchedule: optimizer groups are named {names}; expected exactly "
                 f"{[FUSION_GROUP, BLOCKS_GROUP]} (use build_optimizer)"
             )
-        self.optimizer = optimizer
-        self.warmup_steps = warmup_steps
-        self.max_steps = max_steps
         self.block_warmup_steps = block_warmup_steps
-        self.delays = {FUSION_GROUP: 0, BLOCKS_GROUP: block_delay_steps(block_warmup_steps)}
-        self.step_count = 0
-        lr_multiplier(0, warmup_steps=warmup_steps, max_steps=max_steps, delay_steps=self.delays[BLOCKS_GROUP])
-        self._apply()
+        super().__init__(optimizer, warmup_steps=warmup_steps, max_steps=max_steps,
+                         delays={FUSION_GROUP: 0, BLOCKS_GROUP: block_delay_steps(block_warmup_steps)})
 
-    def multiplier(self, group_name: str, step: int) -> float:
-        return lr_multiplier(
-            step, warmup_steps=self.warmup_steps, max_steps=self.max_steps, delay_steps=self.delays[group_name]
-        )
-
-    def _apply(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * self.multiplier(group["name"], self.step_count)
-
-    def step(self) -> None:
-        if self.step_count >= self.max_steps:
-            raise RuntimeError(f"TwoGroupLRSchedule: already at max_steps={self.max_steps}; cannot step further")
-        self.step_count += 1
-        self._apply()
-
-    def state_dict(self) -> dict:
-        return {
-            "step_count": self.step_count,
-            "warmup_steps": self.warmup_steps,
-            "max_steps": self.max_steps,
-            "block_delay_steps": self.delays[BLOCKS_GROUP],
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the step; refuses a checkpoint whose schedule settings differ from this run's."""
-        current_settings = {
-            "warmup_steps": self.warmup_steps,
-            "max_steps": self.max_steps,
-            "block_delay_steps": self.delays[BLOCKS_GROUP],
-        }
-        for key, current in current_settings.items():
-            saved = state[key]
-            if saved != current:
-                raise ValueError(
-                    f"TwoGroupLRSchedule.load_state_dict: saved {key}={saved!r} but this run uses {key}={current!r}"
-                )
-        self.step_count = int(state["step_count"])
-        self._apply()
+    def settings(self) -> dict:
+        return {**super().settings(), "block_delay_steps": self.delays[BLOCKS_GROUP]}
 
 
 def build_optimizer_and_schedule(predictor, args) -> tuple[torch.optim.AdamW, TwoGroupLRSchedule]:

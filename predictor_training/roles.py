@@ -11,10 +11,19 @@ Gradient sync (`grad_sync`):
 * "all_reduce": the loop averages the role's gradients over ranks after the micro-batches (e.g. LoRA adapters on a
   shared frozen base that is not DDP-wrapped).
 * "none": the gradients are already synchronised (FSDP reduce-scatters them in backward) or the run is one process.
+
+FSDP2-sharded roles (`predictor_training.fsdp.shard_model`): raw_module is the sharded model and module is that
+same model (no DDP wrapper), grad_sync is "none" (`train_loop` refuses "ddp" and "all_reduce" for it), the optimizer
+is built after sharding, and the step function covers non-final micro-batches with
+`fsdp.gradient_sync(role.module, enabled=sync)` instead of `maybe_no_sync`. Checkpoints gather its full state
+(`fsdp.full_state_dicts`, once per checkpoint, reused for its inference weights) and a resume loads it back into
+the shards (`fsdp.load_full_state_dicts`). An FSDP role cannot have an EMA (the shadow would be sharded DTensors
+that neither the checkpoint nor `copy_to` handles): `Role` refuses one.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +31,13 @@ import torch.distributed as dist
 from torch import nn
 
 GRAD_SYNCS = ("ddp", "all_reduce", "none")
+
+
+def module_is_fsdp(module: nn.Module) -> bool:
+    """`predictor_training.fsdp.is_fsdp` without importing that module (it imports the Teacher): a module can only
+    have been passed to FSDP2's `fully_shard` once torch's fsdp package is loaded."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
 class EMA:
@@ -79,7 +95,8 @@ class Role:
     saved (unwrapped); module: what the step function calls (the DDP wrapper, or raw_module itself). optimizer /
     lr_schedule: this role's (the schedule's `max_steps` must equal `updates_in(max_steps)` of the loop).
     every: update cadence in loop steps. grad_clip: global-norm clip of this role's gradients, -1 = measure only.
-    grad_sync: "ddp" | "all_reduce" | "none" (module docstring). ema: optional EMA of raw_module.
+    grad_sync: "ddp" | "all_reduce" | "none" (module docstring). ema: optional EMA of raw_module (not for an
+    FSDP-sharded raw_module: refused).
     `updates` (optimizer steps taken) is the schedule's own count, so the two cannot disagree.
     """
 
@@ -102,6 +119,14 @@ class Role:
             raise ValueError(f"role {self.name!r}: grad_clip={self.grad_clip}; expected > 0, or -1 to measure only")
         if self.grad_sync not in GRAD_SYNCS:
             raise ValueError(f"role {self.name!r}: grad_sync={self.grad_sync!r}; expected one of {GRAD_SYNCS}")
+        if self.ema is not None and self.is_fsdp:
+            raise ValueError(f"role {self.name!r}: an EMA of an FSDP-sharded module is not supported (its shadow "
+                             "would be sharded DTensors that the checkpoint cannot save); drop ema for this role")
+
+    @property
+    def is_fsdp(self) -> bool:
+        """Whether raw_module is FSDP2-sharded (its parameters are DTensor shards)."""
+        return module_is_fsdp(self.raw_module)
 
     def is_due(self, step: int) -> bool:
         """Whether loop step `step` (1-based) updates this role."""

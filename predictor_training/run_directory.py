@@ -78,6 +78,18 @@ def run_name(args: argparse.Namespace, *, world_size: int, device_type: str, sub
     return "_".join(parts)
 
 
+def method_run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
+    """The run directory's name of a generic method (fvtools/) from its effective flags: what trains (a LoRA of
+    rank r, or all parameters from the Teacher or from scratch), precision, world, LR, schedule length and warmup."""
+    model = f"lora{args.lora_rank}" if args.train == "lora" else f"full-{args.init_weights}"
+    tracker = "notracker" if args.tracker == "none" else args.tracker
+    parts = [
+        args.experiment, model, *([subset] if subset else []), args.precision, device_tag(world_size, device_type),
+        f"lr{format_lr(args.lr)}", f"steps{args.max_steps}", f"warmup{args.warmup_steps}", tracker,
+    ]
+    return "_".join(parts)
+
+
 def run_dir_for(args: argparse.Namespace, name: str) -> Path:
     """--output_dir when given, else <--output_root>/<name>."""
     return Path(args.output_dir) if args.output_dir is not None else Path(args.output_root) / name
@@ -153,12 +165,13 @@ def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str) -> RunSta
     return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step)
 
 
-def plan_run(args: argparse.Namespace, *, subset: str = "") -> RunStart:
-    """The first thing every recipe's `main()` does after parsing: name the run from its flags (`run_name` with
-    the world it will train in), find its directory, and decide fresh / resume / continue / finished. A directory
-    holding a run with other settings ends the process with one line on stderr and exit code 2 (like a bad flag)."""
+def plan_run(args: argparse.Namespace, *, subset: str = "", naming=run_name) -> RunStart:
+    """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
+    Predictor recipes' `run_name` or the methods' `method_run_name`, with the world it will train in), find its
+    directory, and decide fresh / resume / continue / finished. A directory holding a run with other settings ends
+    the process with one line on stderr and exit code 2 (like a bad flag)."""
     world_size, device_type = launch_world(args.backend)
-    name = run_name(args, world_size=world_size, device_type=device_type, subset=subset)
+    name = naming(args, world_size=world_size, device_type=device_type, subset=subset)
     try:
         return plan_run_start(args, run_dir_for(args, name), name)
     except RunConflictError as error:

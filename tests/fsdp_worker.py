@@ -3,13 +3,20 @@
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py fresh  OUT   # full run, cut run (+ checks)
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py resume OUT   # resume the cut run to the end
     torchrun --standalone --nproc_per_node 1 tests/fsdp_worker.py reload OUT   # the 2-rank checkpoint on 1 rank
+    torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py loop   OUT   # an FSDP role in the shared train_loop
 
-The loop (written here on purpose; the shared `train_loop` is being generalised elsewhere): per step, GRAD_ACCUM
+The phases fresh/resume/reload use a loop written here (the FSDP helpers on their own): per step, GRAD_ACCUM
 micro-batches, each a no-grad text and context prefill then a flow-matching loss through `chunk_step`
 (x_sigma = (1 - sigma) x0 + sigma noise, target velocity noise - x0, one sigma per chunk), backward without a
 gradient reduce-scatter except on the last micro-batch, `clip_grad_norm_` over the DTensor gradients, AdamW. Every
 random number comes from a generator seeded by (step, micro-batch, rank), so a resume needs no RNG state.
 Rank 0 writes what the test compares into OUT as torch files.
+
+The phase loop trains the same model as one FSDP role ("teacher", grad_sync "none") through the shared
+`predictor_training.loop.train_loop` and its checkpoints: LOOP_STEPS steps uninterrupted (OUT/full), and stopped at
+LOOP_CUT then resumed with `load_training_state` into a model of another init (OUT/cut); plus the refusals (an FSDP
+role with grad_sync "ddp" / "all_reduce" or an EMA, a NaN in one rank's shard, inference weights from the shards, an
+FSDP checkpoint into an unsharded role), recorded in OUT/loop.pt.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,8 +32,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from predictor_training.checkpoint import RunState, load_training_state, save_inference_weights
+from predictor_training.checkpoint import save_training_state as save_loop_training_state
 from predictor_training.distributed import cleanup_distributed, init_distributed
 from predictor_training.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
+from predictor_training.logger import MetricsLogger
+from predictor_training.loop import ResumableBatches, train_loop
+from predictor_training.optim import TwoGroupLRSchedule, build_optimizer
+from predictor_training.roles import EMA, Role
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 STEPS = 4
@@ -35,6 +49,11 @@ MAX_GRAD_NORM = 0.5
 LR = 1e-3
 FRAMES, CONTEXT_FRAMES, HEIGHT, WIDTH = 2, 2, 2, 3
 TEXT_LEN, BYT5_LEN, VISION_LEN = 4, 3, 2
+LOOP_STEPS = 4
+LOOP_CUT = 2
+LOOP_ROLE = "teacher"
+LOOP_META = {"variant": "tiny_teacher", "source_blocks": [0, 1], "precision": "fp32master"}
+LOOP_ITEMS = 8  # 4 micro-batches per rank and epoch: the 4 x GRAD_ACCUM steps cross an epoch boundary
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -132,8 +151,8 @@ def sharded(seed: int, env, device: str = "cpu"):
     return model, torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
 
 
-def gathered(records: list[dict]) -> list[list[dict]]:
-    """Every rank's records, rank order."""
+def gathered(records):
+    """Every rank's records (any picklable value), rank order."""
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, records)
     return out
@@ -234,10 +253,108 @@ def reload(out: Path, env) -> None:
         torch.save({"world_size": env.world_size, "records": records}, out / "reload.pt")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# 5. An FSDP role in the shared train_loop
+# ---------------------------------------------------------------------------------------------------------------
+class StepItems(torch.utils.data.Dataset):
+    """Item i is the seed index of a micro-batch (`make_batch(model, i, 0, rank)`)."""
+
+    def __len__(self):
+        return LOOP_ITEMS
+
+    def __getitem__(self, index):
+        return index
+
+
+def only_item(items: list[int]) -> int:
+    return items[0]
+
+
+def fsdp_role(seed: int, env, *, grad_sync: str = "none", ema: bool = False, shard: bool = True) -> Role:
+    """The tiny model sharded (or not), AdamW in the recipes' two named groups, the warmup + cosine schedule."""
+    model = build_model(seed)
+    if shard:
+        model = shard_model(model, env)
+    blocks = list(model.double_blocks.parameters())
+    block_ids = {id(param) for param in blocks}
+    optimizer = build_optimizer({"fusion": [p for p in model.parameters() if id(p) not in block_ids], "blocks": blocks},
+                                {"fusion": LR, "blocks": LR / 2}, betas=(0.9, 0.95), weight_decay=0.01)
+    schedule = TwoGroupLRSchedule(optimizer, warmup_steps=1, max_steps=LOOP_STEPS, block_warmup_steps=None)
+    return Role(LOOP_ROLE, model, optimizer, schedule, grad_clip=MAX_GRAD_NORM, grad_sync=grad_sync,
+                ema=EMA(model, decay=0.9) if ema else None)
+
+
+def loop_step(item: int, *, sync: bool, due, role: Role, env) -> dict[str, float]:
+    """One micro-batch: no reduce-scatter except on the last one of the step (`sync`)."""
+    assert due == {LOOP_ROLE}
+    with gradient_sync(role.module, enabled=sync):
+        loss = micro_batch_loss(role.module, make_batch(role.module, item, 0, env.rank))
+        loss.backward()
+    return {"loss": loss.item()}
+
+
+def run_loop(run_dir: Path, env, *, seed: int = 0, stop_at_step: int | None = None, resume: Path | None = None,
+             role: Role | None = None) -> Role:
+    role = role or fsdp_role(seed, env)
+    sampler = torch.utils.data.DistributedSampler(StepItems(), num_replicas=env.world_size, rank=env.rank,
+                                                  shuffle=True, seed=3, drop_last=True)
+    batches = ResumableBatches(sampler, StepItems(), only_item, batch_size=1, seed=3)
+    run_state = RunState()
+    if resume is not None:
+        run_state = load_training_state(resume, roles=[role], expect=LOOP_META)
+        batches.load_state_dict(run_state.data)
+    with MetricsLogger(run_dir, env) as logger:
+        train_loop(roles=[role], batches=batches, step_fn=partial(loop_step, role=role, env=env), run_dir=run_dir,
+                   env=env, run_state=run_state, max_steps=LOOP_STEPS, stop_at_step=stop_at_step,
+                   grad_accum=GRAD_ACCUM, ckpt_every=-1, keep_last=-1, metrics_logger=logger,
+                   config={"model": "tiny"}, meta=LOOP_META, progress=False)
+    return role
+
+
+def error_text(function) -> str | None:
+    """`type: message` of what `function()` raises (None if it returns)."""
+    try:
+        function()
+    except Exception as error:  # noqa: BLE001 - the test compares the type and the message
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def loop(out: Path, env) -> None:
+    # 1. Uninterrupted; stopped at LOOP_CUT, then resumed into a model of another init.
+    run_loop(out / "full", env)
+    run_loop(out / "cut", env, stop_at_step=LOOP_CUT)
+    resumed = run_loop(out / "cut", env, seed=99, resume=out / "cut" / "training_latest.pt")
+    checks = {}
+    # 2. Refusals. The loop validates before any collective, so every rank raises alike.
+    for grad_sync in ("ddp", "all_reduce"):
+        checks[f"grad_sync_{grad_sync}"] = error_text(
+            lambda: run_loop(out / f"refused_{grad_sync}", env, role=fsdp_role(1, env, grad_sync=grad_sync)))
+    checks["ema"] = error_text(lambda: fsdp_role(1, env, ema=True))
+    checks["inference_from_shards"] = error_text(
+        lambda: save_inference_weights(out / "shards.safetensors", resumed.raw_module))
+    checks["fsdp_state_into_plain_role"] = error_text(lambda: load_training_state(
+        out / "full" / "training_latest.pt", roles=[fsdp_role(2, env, shard=False)], expect=LOOP_META))
+    # 3. A NaN in rank 1's shard only: every rank refuses the checkpoint together (none waits in the gather).
+    nan_role = fsdp_role(1, env)
+    nan_name = None
+    if env.rank == 1:
+        with torch.no_grad():
+            nan_name, parameter = next((name, param) for name, param in nan_role.raw_module.named_parameters()
+                                       if param.to_local().numel() > 0)
+            parameter.to_local().view(-1)[0] = float("nan")
+    checks["nan_in_one_shard"] = gathered(error_text(lambda: save_loop_training_state(
+        out / "nan" / "training_latest.pt", roles=[nan_role], run_state=RunState(), config={}, meta=LOOP_META)))
+    checks["nan_name"] = gathered(nan_name)[1]
+    checks["nan_written"] = (out / "nan" / "training_latest.pt").exists()
+    if env.is_main:
+        torch.save(checks, out / "loop.pt")
+
+
 def main(phase: str, out: str) -> None:
     env = init_distributed("gloo")
     try:
-        {"fresh": fresh, "resume": resume, "reload": reload}[phase](Path(out), env)
+        {"fresh": fresh, "resume": resume, "reload": reload, "loop": loop}[phase](Path(out), env)
         # Free the sharded models (FSDP state holds reference cycles) and line the ranks up while the process group
         # is alive: gloo work still referenced at interpreter shutdown can abort the process (SIGABRT,
         # "terminate called without an active exception") after everything was written.

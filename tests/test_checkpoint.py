@@ -162,8 +162,8 @@ def test_missing_resume_file_is_an_error(tmp_path):
 
 def test_save_requires_meta_and_fp32_master(tmp_path):
     model, optimizer, schedule = build()
-    with pytest.raises(ValueError, match="missing \\['source_blocks'\\]"):
-        save(tmp_path / "a.pt", model, optimizer, schedule, 1, meta={"variant": "v4", "precision": "fp32master"})
+    with pytest.raises(ValueError, match="missing \\['precision'\\]"):
+        save(tmp_path / "a.pt", model, optimizer, schedule, 1, meta={"variant": "v4", "source_blocks": [1, 2]})
     model.blocks.to(torch.bfloat16)
     with pytest.raises(ValueError, match="fp32master"):
         save(tmp_path / "a.pt", model, optimizer, schedule, 1)

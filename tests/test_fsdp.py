@@ -8,22 +8,40 @@
    weights and optimizer state are bitwise equal. The 2-rank checkpoint is also loaded at world size 1. Along the
    way: `clip_grad_norm_` on DTensor gradients, activation checkpointing under FSDP, resharding after a no-grad
    forward.
+3. Two gloo ranks, an FSDP role in the shared `train_loop` (tests/fsdp_worker.py `loop`): 4 steps uninterrupted
+   against stopped at step 2 and resumed with `load_training_state` (into a model of another init): the same logged
+   losses, grad norms and LRs, bitwise the same final weights and (name-keyed) optimizer state, and inference
+   safetensors of full shapes written from the gathered state. Refused, on every rank alike: grad_sync "ddp" /
+   "all_reduce" and an EMA on an FSDP role, a NaN in one rank's shard only (no rank left waiting), inference weights
+   from the shards, and the FSDP checkpoint into an unsharded role.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
+from predictor_training.checkpoint import read_training_state
 from predictor_training.distributed import DistEnv
 from predictor_training.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
 from predictor_training.teacher import StateDictMismatchError
-from tests.fsdp_worker import CUT_AT, STEPS, build_model, make_batch, micro_batch_loss
+from tests.fsdp_worker import (
+    CUT_AT,
+    LOOP_CUT,
+    LOOP_ROLE,
+    LOOP_STEPS,
+    STEPS,
+    build_model,
+    make_batch,
+    micro_batch_loss,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("fsdp_worker.py")
@@ -162,3 +180,72 @@ def test_two_rank_gloo_fsdp_resume_matches_uninterrupted_run(tmp_path):
     assert fresh["checks"]["sharded_after_no_grad_forward"] is True
     assert fresh["checks"]["checkpointing"] == {"loss_equal": True, "same_keys": True, "grads_equal": True,
                                                 "num_grads": 50}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. An FSDP role in the shared train_loop, two gloo ranks
+# ---------------------------------------------------------------------------------------------------------------
+def read_log(run_dir: Path) -> list[dict]:
+    """The loop's records without the timing / memory keys."""
+    records = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    return [{key: value for key, value in record.items() if not key.startswith(("time/", "memory/"))}
+            for record in records]
+
+
+def test_fsdp_role_in_train_loop_resumes_bit_exact_and_writes_full_inference_weights(tmp_path):
+    launch("loop", tmp_path, nproc=2)
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+
+    # 1. Stopped at LOOP_CUT + resumed == uninterrupted: every logged value, then weights and AdamW bit for bit.
+    full_log, cut_log = read_log(full_dir), read_log(cut_dir)
+    assert [record["step"] for record in full_log] == list(range(1, LOOP_STEPS + 1))
+    assert full_log == cut_log
+    assert len({record["loss"] for record in full_log}) == LOOP_STEPS and all("grad_norm" in r for r in full_log)
+    full, resumed = read_training_state(full_dir / "training_latest.pt"), read_training_state(
+        cut_dir / "training_latest.pt")
+    assert full["world_size"] == 2 and full["run_state"] == resumed["run_state"]
+    assert full["run_state"]["global_step"] == LOOP_STEPS
+    full_role, resumed_role = full["roles"][LOOP_ROLE], resumed["roles"][LOOP_ROLE]
+    assert (full_role["updates"], full_role["ema"]) == (LOOP_STEPS, None)
+    assert full_role["lr_schedule"] == resumed_role["lr_schedule"]
+    assert_same_state(full_role, resumed_role)
+    optimizer_state = full_role["optimizer"]
+    assert [group["name"] for group in optimizer_state["param_groups"]] == ["fusion", "blocks"]
+    assert "double_blocks.0.img_attn_q.weight" in optimizer_state["state"]  # name-keyed (fsdp.full_state_dicts)
+
+    # 2. The saved model is the full, plain state dict (not this rank's shards), and it trained.
+    initial = build_model(0).state_dict()
+    model_state = full_role["model"]
+    assert list(model_state) == list(initial)
+    assert all(model_state[key].shape == initial[key].shape and model_state[key].dtype == torch.float32
+               for key in initial)
+    assert not torch.equal(model_state["double_blocks.0.img_attn_q.weight"],
+                           initial["double_blocks.0.img_attn_q.weight"])
+
+    # 3. Inference weights: full shapes, BF16 of the gathered state; the resumed run's equal the uninterrupted's.
+    assert sorted(path.name for path in cut_dir.glob("*.safetensors")) == [
+        f"{LOOP_ROLE}_step_{LOOP_CUT:05d}.safetensors", f"{LOOP_ROLE}_step_{LOOP_STEPS:05d}.safetensors"]
+    name = f"{LOOP_ROLE}_step_{LOOP_STEPS:05d}.safetensors"
+    weights = safetensors.torch.load_file(str(full_dir / name))
+    assert sorted(weights) == sorted(initial)
+    assert all(weights[key].shape == initial[key].shape for key in initial)
+    assert all(torch.equal(weights[key], model_state[key].to(torch.bfloat16)) for key in initial)
+    resumed_weights = safetensors.torch.load_file(str(cut_dir / name))
+    assert all(torch.equal(weights[key], resumed_weights[key]) for key in initial)
+
+    # 4. Refusals, raised on both ranks (a rank that went on would have hung the launch).
+    checks = load(tmp_path / "loop.pt")
+    for grad_sync in ("ddp", "all_reduce"):
+        assert checks[f"grad_sync_{grad_sync}"] == (
+            f"ValueError: train_loop: role '{LOOP_ROLE}': raw_module is FSDP-sharded, which reduce-scatters the "
+            f"gradients in backward; grad_sync must be 'none', not '{grad_sync}'")
+    assert checks["ema"].startswith(f"ValueError: role '{LOOP_ROLE}': an EMA of an FSDP-sharded module")
+    assert checks["inference_from_shards"].startswith("ValueError: save_inference_weights(")
+    assert "FSDP-sharded" in checks["inference_from_shards"]
+    assert checks["fsdp_state_into_plain_role"].startswith("CheckpointMismatchError: ")
+    assert "was saved FSDP-sharded" in checks["fsdp_state_into_plain_role"]
+    nan_errors = checks["nan_in_one_shard"]
+    assert len(nan_errors) == 2 and nan_errors[0] == nan_errors[1]
+    assert nan_errors[0].startswith("NonFiniteError: ")
+    assert f"role '{LOOP_ROLE}' rank 1: 1 tensors, e.g. ['{checks['nan_name']}']" in nan_errors[0]
+    assert checks["nan_written"] is False

@@ -25,6 +25,7 @@ from predictor_training.ar_rollout import (
     make_initial_noise,
 )
 from predictor_training.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.loop import one_item_per_rank_batches
 from predictor_training.predictor import build_predictor
 from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.scheduler import (
@@ -633,7 +634,7 @@ def ddp_checks(root: Path) -> None:
 
     # 1. Keys: the table, one epoch of each rank's sampler, and the step check refusing a shared key.
     dataset = TrajectoryTableDataset(paths["table"], dataset_root=paths["dataset"], num_latents=16)
-    batches = trainer.build_trajectory_batches(dataset, env, seed=0, num_workers=0)
+    batches = one_item_per_rank_batches(dataset, env, seed=0, num_workers=0)
     epoch_keys = [list(next(batches)["key"]) for _ in range(batches.batches_per_epoch())]
     report["dataset_keys"] = [list(key) for key in dataset.keys()]
     report["sampler_epoch_keys"] = {str(rank): keys for rank, keys in enumerate(all_gather_objects(epoch_keys))}

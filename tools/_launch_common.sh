@@ -24,6 +24,13 @@ FLAG_VARIABLES=(
   INIT_FROM SAMPLE_TABLE SUBSET_CASES SUBSET_SEED
 )
 
+# The generic methods' launchers (launch_fvtools_*.sh) use this list instead: their scripts' flag names.
+METHOD_FLAG_VARIABLES=(
+  DATASET_ROOT CACHE_ROOT TEACHER ACTION_CKPT TRAIN INIT_WEIGHTS LORA_RANK LORA_ALPHA PRECISION LR MAX_STEPS
+  STOP_AT_STEP WARMUP_STEPS GRAD_ACCUM CHUNKS_PER_CLIP CKPT_EVERY KEEP_LAST LOG_EVERY SEED NUM_WORKERS TRACKER
+  SWANLAB_PROJECT SWANLAB_MODE EXPERIMENT OUTPUT_ROOT
+)
+
 count_gpus() {
   "${PYTHON}" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 }
@@ -67,15 +74,30 @@ split_positional() {
 # Completion markers are what the tools write last: make_demo_assets.py moves its finished folder (with
 # demo_config.json) into place in one rename; build_predictor_dataset.py writes manifest.jsonl after every rank
 # finished and then removes manifest_parts/. A half-built dataset is resumed by rerunning the builder.
-ensure_demo_dataset() {
+ensure_demo_assets() {
   if [[ ! -f "${DEMO_ROOT}/assets/demo_config.json" ]]; then
     echo "[launch] making demo assets in ${DEMO_ROOT}/assets"
     "${PYTHON}" "${REPO_ROOT}/tools/make_demo_assets.py" --out "${DEMO_ROOT}/assets"
   fi
+}
+
+ensure_demo_dataset() {
+  ensure_demo_assets
   if [[ ! -f "${DEMO_ROOT}/dataset/manifest.jsonl" || -d "${DEMO_ROOT}/dataset/manifest_parts" ]]; then
     echo "[launch] building the demo dataset in ${DEMO_ROOT}/dataset"
     "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node 2 \
       "${REPO_ROOT}/tools/build_predictor_dataset.py" --demo "${DEMO_ROOT}/assets" --out "${DEMO_ROOT}/dataset"
+  fi
+}
+
+# ensure_demo_video_latents: the demo assets, then the demo video-latent dataset (procedural clips encoded with the
+# demo's tiny encoders) in ${DEMO_ROOT}/video_latents, finished when manifest.jsonl stands without manifest_parts/.
+ensure_demo_video_latents() {
+  ensure_demo_assets
+  if [[ ! -f "${DEMO_ROOT}/video_latents/manifest.jsonl" || -d "${DEMO_ROOT}/video_latents/manifest_parts" ]]; then
+    echo "[launch] building the demo video-latent dataset in ${DEMO_ROOT}/video_latents"
+    "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      "${REPO_ROOT}/tools/build_video_latent_dataset.py" --demo "${DEMO_ROOT}/assets" --out "${DEMO_ROOT}/video_latents"
   fi
 }
 

@@ -25,7 +25,8 @@ appends one line per finished clip to ``manifest_parts/rank{r}.jsonl``, and rank
 resume: a clip whose file matches a known entry (size, sha256, tensor list) made from the same inputs is skipped.
 A folder built with other settings is refused, listing the differing fields.
 
-This file is the command line; the builder is ``predictor_training.data.video_latents`` (``run``).
+This file is the command line; the builder is ``predictor_training.data.video_latent_build`` (``run``), the
+demo inputs ``predictor_training.data.video_latent_demo``, the reader ``predictor_training.data.video_latents``.
 """
 
 from __future__ import annotations
@@ -35,15 +36,13 @@ import sys
 from pathlib import Path
 
 from predictor_training.data.encoders import VISION_CROPS
-from predictor_training.data.video_latents import (
+from predictor_training.data.video_latent_build import ENCODER_DTYPES, STORAGE_DTYPES, run
+from predictor_training.data.video_latent_demo import (
     DEMO_ENCODERS_DIR,
     DEMO_HEIGHT,
     DEMO_NUM_FRAMES,
     DEMO_WIDTH,
-    ENCODER_DTYPES,
-    STORAGE_DTYPES,
     demo_tables,
-    run,
 )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -383,16 +384,17 @@ def write_merged_manifest(root: Path, merged: list[dict]) -> None:
         (root / PARTS_DIR).rmdir()
 
 
-def merge_manifest(root: Path, plan: BuildPlan) -> list[dict]:
-    """Rank 0, after every rank finished: one verified entry per planned file, sorted by file name."""
+def merge_manifest_entries(root: Path, files: Sequence[str], accepts=None) -> list[dict]:
+    """Rank 0, after every rank finished: one verified entry per planned file, sorted by file name (so the manifest
+    does not depend on the world size). `accepts(entry)` drops entries made from other inputs. Raises naming the
+    file when one has no matching entry."""
     entries = known_entries(root)
     merged = []
-    planned = [(job.file, "case") for job in plan.cases] + [(job.file, "trajectory") for job in plan.trajectories]
-    for file, kind in sorted(planned):
-        candidates = entries.get(file, [])
+    for file in sorted(files):
+        candidates = [entry for entry in entries.get(file, []) if accepts is None or accepts(entry)]
         distinct = {canonical_json(entry): entry for entry in candidates}
         if not distinct:
-            raise RuntimeError(f"{root / file}: no manifest entry after the build ({kind} was not finished)")
+            raise RuntimeError(f"{root / file}: no manifest entry after the build (it was not finished)")
         if len(distinct) == 1:
             entry = next(iter(distinct.values()))
             verify_file(entry, root, check_sha256=False)  # size + tensor list; the sha was checked when written
@@ -402,6 +404,11 @@ def merge_manifest(root: Path, plan: BuildPlan) -> list[dict]:
                 raise ShardVerificationError(f"{root / file}: matches none of its manifest entries: {reason}")
         merged.append(entry)
     return merged
+
+
+def merge_manifest(root: Path, plan: BuildPlan) -> list[dict]:
+    """The Teacher-trajectory dataset's manifest: every case and trajectory file of the plan."""
+    return merge_manifest_entries(root, [job.file for job in plan.cases] + [job.file for job in plan.trajectories])
 
 
 # =============================================================================================================

@@ -1,0 +1,259 @@
+"""Diffusion-forcing SFT of the AR world model: flow matching with one noise level per chunk (train.md § 4.1).
+
+Per micro-batch every rank takes one clip (video latents, or a Teacher F-F-F-F sample) and trains
+`--chunks_per_clip` of its chunks, each at its own noise level sigma drawn from `--sigma_sampler` inside
+[--sigma_min, --sigma_max]. Chunk c is noised, `x = (1 - sigma) x0 + sigma n`, and the model predicts the velocity
+`n - x0` given the clip's clean history as context, built exactly as in the AR loop (memory selection on the clip's
+cameras, context prefill at timestep 14, compacted RoPE; `predictor_training/teacher_forcing.py`), with the clip's
+camera/action and text conditioning. Loss: the FP32 mean squared error, averaged over the trained chunks, with one
+backward per chunk (only the last chunk's backward of the last micro-batch reduces gradients across ranks).
+
+What trains (`--train`): a LoRA on the Teacher (the real model: `--train lora`), or every parameter of a model of
+the Teacher's architecture, from the Teacher's weights or from scratch (`--train full --init_weights scratch`, FSDP2
+under torchrun). Data (`--data`): a video-latent dataset (`tools/build_video_latent_dataset.py`), or a Teacher-
+trajectory dataset (`tools/build_predictor_dataset.py`) whose final latents are the data - this is how a "real
+score" adapter for DMD is trained, since the distilled 4-step Teacher is no score model below sigma = 0.625.
+
+    python fvtools/train_df_sft.py --teacher /models/worldplay/transformer --dataset_root /data/video_latents
+    python fvtools/train_df_sft.py --dry_run worldplay_480p_i2v      # parameter counts at real size, no memory
+    bash tools/launch_fvtools_df_sft.sh                              # 8 GPUs; without GPU and data: the CPU demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from predictor_training.ar_rollout import RolloutConfig
+from predictor_training.checkpoint import RunState, load_training_state
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
+from predictor_training.data.teacher_samples import TeacherSampleDataset
+from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
+from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.distributed import DistEnv, cleanup_distributed, init_distributed, log0, seed_everything
+from predictor_training.flags import (
+    add_method_model_args,
+    add_method_optimization_args,
+    add_run_args,
+    add_sigma_args,
+    add_tracker_args,
+    check_args,
+    parse_recipe_args,
+)
+from predictor_training.flow_matching import add_noise, sample_sigmas, velocity_target
+from predictor_training.fsdp import gradient_sync
+from predictor_training.logger import MetricsLogger, log_summary, method_summary_rows
+from predictor_training.loop import one_item_per_rank_batches, train_loop
+from predictor_training.method_model import MethodModel, build_method_model, dry_run_report, export_method_model
+from predictor_training.precision import precision_policy
+from predictor_training.random_streams import stream_generator, stream_seed
+from predictor_training.run_directory import (
+    environment_summary,
+    method_run_name,
+    plan_run,
+    report_run_start,
+    run_config,
+    write_train_config,
+)
+from predictor_training.teacher.source import TeacherSource, describe_teacher
+from predictor_training.teacher_forcing import TeacherForcedClip
+
+METHOD = "df_sft"
+ROLE = "student"
+DATA_KINDS = {"video_latents": VIDEO_CONFIG_NAME, "teacher_samples": DATASET_CONFIG_NAME}
+
+PRESETS = {
+    # The CPU demo: a 4-block, width-64 model of the demo Teacher's config trained from scratch on the demo
+    # video latents (4 train clips of 8 latents), FP32, no tracker.
+    "demo": ["--experiment", "df_sft_demo", "--train", "full", "--init_weights", "scratch", "--precision", "fp32",
+             "--lr", "1e-3", "--max_steps", "300", "--warmup_steps", "20", "--chunks_per_clip", "2",
+             "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
+             "--num_workers", "0"],
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The df_sft recipe: every default below is the recipe (train.md § 4.1)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset_root", type=Path, default=None,
+                      help="dataset root: a video-latent dataset (video_dataset_config.json) or, with --data "
+                           "teacher_samples, a Teacher-trajectory dataset (dataset_config.json); required to train")
+    data.add_argument("--data", choices=sorted(DATA_KINDS), default="video_latents",
+                      help="video_latents: VAE latents of real videos; teacher_samples: the Teacher's own F-F-F-F "
+                           "final latents (a real-score adapter; needs --train lora) (default %(default)s)")
+    data.add_argument("--split", type=str, default="train", help="manifest split to train on (default %(default)s)")
+    data.add_argument("--chunks_per_clip", type=int, default=4,
+                      help="chunks of each clip trained per micro-batch, drawn without replacement, each at its own "
+                           "noise level (default %(default)s; the clip's chunk count caps it)")
+    data.add_argument("--num_workers", type=int, default=2,
+                      help="DataLoader worker processes per rank, 0 = main process (default %(default)s)")
+    data.add_argument("--verify_dataset", action="store_true",
+                      help="check size and sha256 of every dataset file before training (each tensor's checksum is "
+                           "checked when it is read in any case)")
+    add_sigma_args(parser, sampler="uniform", sigma_min=0.0, sigma_max=1.0, shift=5.0, logit_mean=0.0, logit_std=1.0)
+    add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
+                          gradient_checkpointing=True, context_grad=True)
+    add_method_optimization_args(parser, lr=1e-4, max_steps=2000, warmup_steps=100, grad_accum=1, weight_decay=0.01,
+                                 adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
+    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
+    add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
+    parser.add_argument("--dry_run", type=str, default=None, metavar="CONFIG",
+                        help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
+                             "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
+                             "meta device, and exit")
+    args = parse_recipe_args(parser, argv, PRESETS)
+    if args.dry_run is not None:
+        return args
+    missing = [f"--{flag}" for flag in ("teacher", "dataset_root") if getattr(args, flag) is None]
+    if missing:
+        parser.error(f"{' and '.join(missing)} missing (or pass --dry_run CONFIG)")
+    check_args(parser, args, dataset_config_name=DATA_KINDS[args.data])
+    # Rules only this recipe has.
+    if args.chunks_per_clip < 1:
+        parser.error(f"--chunks_per_clip={args.chunks_per_clip}: expected >= 1")
+    if args.data == "teacher_samples" and args.train == "full":
+        parser.error("--data teacher_samples with --train full: the samples carry the Teacher's text K/V, which a "
+                     "model whose text stream trains cannot use; train a LoRA, or use a video-latent dataset")
+    return args
+
+
+def build_data(args, env: DistEnv):
+    """The clips of --split and one clip per rank per micro-batch (shuffled, resumable)."""
+    if args.data == "video_latents":
+        dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
+    else:
+        dataset = TeacherSampleDataset(args.dataset_root, args.split, verify=args.verify_dataset)
+    return dataset, one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
+
+
+class DiffusionForcingStep:
+    """`step_fn` of the loop: one clip per call, its chosen chunks each noised at its own sigma, one backward each.
+
+    Every draw (which chunks, their sigmas, the noise, the memory-retrieval points) comes from a generator seeded
+    with (seed, micro-step, rank): a resumed run draws what the uninterrupted run drew, and ranks differ.
+    """
+
+    def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, args, env: DistEnv,
+                 run_state: RunState):
+        self.method_model = method_model
+        self.rollout_config = rollout_config
+        self.args = args
+        self.env = env
+        self.run_state = run_state
+
+    def draw(self, num_chunks: int, generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
+        """(chunk indices, ascending; their noise levels [k])."""
+        count = min(self.args.chunks_per_clip, num_chunks)
+        chunks = sorted(torch.randperm(num_chunks, generator=generator)[:count].tolist())
+        sigmas = sample_sigmas(self.args.sigma_sampler, count, generator, sigma_min=self.args.sigma_min,
+                               sigma_max=self.args.sigma_max, shift=self.args.sigma_shift,
+                               logit_mean=self.args.logit_mean, logit_std=self.args.logit_std)
+        return chunks, sigmas
+
+    def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
+        if due != {ROLE}:
+            raise ValueError(f"df_sft trains the role {ROLE!r} every step; the loop says {sorted(due)}")
+        counters = (self.args.seed, self.run_state.micro_step, self.env.rank)
+        generator = stream_generator(*counters)
+        model = self.method_model.model
+        clip = TeacherForcedClip(
+            model, item["latents"][None], item, self.rollout_config, self.env.device,
+            memory_seed=stream_seed(*counters, 1), text_grad=self.method_model.trains_text_stream,
+            context_grad=self.args.context_grad,
+        )
+        chunks, sigmas = self.draw(clip.num_chunks, generator)
+        losses = []
+        for position, (chunk_index, sigma) in enumerate(zip(chunks, sigmas.tolist())):
+            x0 = clip.chunk_latents(chunk_index)
+            noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+            sigma_frames = torch.full((x0.shape[2],), sigma, dtype=torch.float32)
+            noisy = add_noise(x0, noise, sigma_frames[None].to(x0.device))
+            last = position == len(chunks) - 1
+            with gradient_sync(model, enabled=sync and last):
+                velocity = clip.predict_velocity(chunk_index, noisy, sigma_frames)
+                loss = torch.mean((velocity - velocity_target(x0, noise)) ** 2)
+                (loss / len(chunks)).backward()
+            losses.append(loss.item())
+        return {"loss": sum(losses) / len(losses), "sigma/mean": float(sigmas.mean()),
+                "sigma/spread": float(sigmas.max() - sigmas.min()), "chunks": float(len(chunks))}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run is not None:
+        print(dry_run_report(args.dry_run, {ROLE: args.train}, lora_rank=args.lora_rank))
+        return 0
+    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    start = plan_run(args, naming=method_run_name)
+    if args.print_run_dir:
+        return report_run_start(start)
+    if start.kind == "finished":
+        log0(start.describe())
+        return 0
+    env = init_distributed(args.backend)
+    try:
+        if env.is_main:
+            start.run_dir.mkdir(parents=True, exist_ok=True)
+        log0(start.describe())
+        seed_everything(args.seed, rank=env.rank)
+        policy = precision_policy(args.precision, env.device)
+
+        # 2. Data: one clip per rank per micro-batch.
+        dataset, batches = build_data(args, env)
+        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+
+        # 3. The trained model (LoRA on the Teacher, or every parameter) with its optimizer and schedule.
+        source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
+        method_model = build_method_model(source, args, env, policy, role_name=ROLE)
+        log0(describe_teacher(source, method_model.model))
+        meta = {"method": METHOD, "train": args.train, "precision": args.precision,
+                "lora_rank": args.lora_rank if args.train == "lora" else None}
+        run_state = RunState()
+        if start.resume_path is not None:
+            run_state = load_training_state(start.resume_path, roles=[method_model.role], expect=meta)
+            batches.load_state_dict(run_state.data)
+
+        # 4. Config and summary.
+        config = run_config(
+            args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
+            backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
+            num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
+            environment=environment_summary(),
+        )
+        if env.is_main:
+            write_train_config(start.run_dir, config)
+        log_summary("diffusion-forcing SFT", {
+            **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                                  trained=method_model.describe(), first_step=run_state.global_step + 1,
+                                  stop_step=start.stop_step),
+            "data": f"{args.dataset_root} ({args.data}, split {args.split}): {len(dataset)} clips of "
+                    f"{dataset.num_latents} latents; {args.chunks_per_clip} chunks per clip, sigma "
+                    f"{args.sigma_sampler} in [{args.sigma_min}, {args.sigma_max}]",
+            "batch": f"1 clip per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+        })
+
+        # 5. Train, then export the result (a LoRA file or a Teacher folder).
+        step_fn = DiffusionForcingStep(method_model, rollout_config, args, env, run_state)
+        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                           experiment=args.experiment_name or start.run_name, config=config,
+                           swanlab_mode=args.swanlab_mode) as metrics_logger:
+            run_state = train_loop(
+                roles=[method_model.role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
+                run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
+                grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
+                log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
+                progress=not args.no_progress,
+            )
+        exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
+        log0(f"exported the trained {args.train} model: {exported}")
+        return 0
+    finally:
+        cleanup_distributed()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Causal knowledge distillation: a few-step AR student from a many-step teacher's ODE states (train.md § 4.2).
+
+The cache (`tools/build_ode_cache.py`) holds, per sample, the many-step teacher's AR rollout: every chunk's latents
+at the noise levels of the student's schedule and its final latents. Per micro-batch every rank takes one sample
+and trains `--chunks_per_clip` of its chunks. For chunk c it draws one of the student's `--student_steps` noise
+levels sigma_k (default the real distilled schedule: 4 steps at shift 5, sigma = 1, .9375, .8333, .625), feeds the
+teacher's state x at sigma_k, and regresses the student's clean estimate `x - sigma_k v` onto the teacher's final
+latents of the chunk: loss `0.5 mse` (FP32). The student's context is its own prefill of the teacher's earlier
+final latents, built exactly as in the AR loop (`predictor_training/teacher_forcing.py`). One backward per chunk.
+
+The student is a LoRA on the teacher (`--train lora`) or every parameter of a model of its architecture
+(`--train full`, from the teacher's weights by default). Before and after training, the student's own
+`--student_steps`-step AR rollout is compared with the teacher's final latents on `--eval_split` (same seed, same
+noise): `kd_eval.json` in the run directory, and the summary line, say how much closer it came.
+
+    torchrun --nproc_per_node 8 fvtools/train_kd.py --teacher RUN/model --cache_root /data/ode_cache
+    bash tools/launch_fvtools_kd.sh                # 8 GPUs; without GPU and data: the CPU demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.atomic_io import write_json_atomic
+from predictor_training.checkpoint import RunState, load_training_state
+from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
+from predictor_training.distributed import DistEnv, cleanup_distributed, init_distributed, log0, seed_everything
+from predictor_training.flags import (
+    add_method_model_args,
+    add_method_optimization_args,
+    add_run_args,
+    add_tracker_args,
+    check_args,
+    parse_recipe_args,
+)
+from predictor_training.flow_matching import x0_from_velocity
+from predictor_training.fsdp import gradient_sync
+from predictor_training.logger import MetricsLogger, log_summary, method_summary_rows
+from predictor_training.loop import one_item_per_rank_batches, train_loop
+from predictor_training.method_model import MethodModel, build_method_model, dry_run_report, export_method_model
+from predictor_training.precision import precision_policy
+from predictor_training.random_streams import stream_generator, stream_seed
+from predictor_training.run_directory import (
+    environment_summary,
+    method_run_name,
+    plan_run,
+    report_run_start,
+    run_config,
+    write_train_config,
+)
+from predictor_training.scheduler import flow_match_sigmas
+from predictor_training.teacher.source import TeacherSource, describe_teacher
+from predictor_training.teacher_forcing import TeacherForcedClip, clip_text_kv
+
+METHOD = "kd"
+ROLE = "student"
+EVAL_NAME = "kd_eval.json"
+
+PRESETS = {
+    # The CPU demo: every parameter of the df_sft demo model, distilled from its own 32-step rollouts (the demo
+    # cache) to 4 steps; FP32, no tracker.
+    "demo": ["--experiment", "kd_demo", "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
+             "--lr", "3e-4", "--max_steps", "200", "--warmup_steps", "10", "--chunks_per_clip", "2",
+             "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
+             "--num_workers", "0"],
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The kd recipe: every default below is the recipe (train.md § 4.2)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--cache_root", type=Path, default=None,
+                      help="finished ODE-state cache (tools/build_ode_cache.py); required to train")
+    data.add_argument("--split", type=str, default="train", help="cache split to train on (default %(default)s)")
+    data.add_argument("--eval_split", type=str, default="holdout",
+                      help="cache split on which the student's own rollout is compared with the teacher before and "
+                           "after training (default %(default)s)")
+    data.add_argument("--eval_samples", type=int, default=4,
+                      help="samples of --eval_split compared (default %(default)s)")
+    data.add_argument("--chunks_per_clip", type=int, default=4,
+                      help="chunks of each sample trained per micro-batch, each at one of the student's noise levels "
+                           "(default %(default)s; the sample's chunk count caps it)")
+    data.add_argument("--num_workers", type=int, default=2,
+                      help="DataLoader worker processes per rank, 0 = main process (default %(default)s)")
+    data.add_argument("--verify_dataset", action="store_true",
+                      help="check size and sha256 of every cache file before training")
+    student = parser.add_argument_group("student schedule")
+    student.add_argument("--student_steps", type=int, default=4,
+                         help="the student's denoising steps per chunk (default %(default)s)")
+    student.add_argument("--student_shift", type=float, default=5.0,
+                         help="the student's schedule shift (default %(default)g); its noise levels must be among "
+                              "the cache's stored ones")
+    add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
+                          gradient_checkpointing=True, context_grad=True)
+    add_method_optimization_args(parser, lr=1e-4, max_steps=2000, warmup_steps=100, grad_accum=1, weight_decay=0.01,
+                                 adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
+    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
+    add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
+    parser.add_argument("--dry_run", type=str, default=None, metavar="CONFIG",
+                        help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
+                             "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
+                             "meta device, and exit")
+    args = parse_recipe_args(parser, argv, PRESETS)
+    if args.dry_run is not None:
+        return args
+    missing = [f"--{flag}" for flag in ("teacher", "cache_root") if getattr(args, flag) is None]
+    if missing:
+        parser.error(f"{' and '.join(missing)} missing (or pass --dry_run CONFIG)")
+    check_args(parser, args)
+    # Rules only this recipe has.
+    if not (args.cache_root / CACHE_CONFIG_NAME).is_file():
+        parser.error(f"--cache_root={str(args.cache_root)!r}: no {CACHE_CONFIG_NAME} there (build the cache with "
+                     "tools/build_ode_cache.py)")
+    for flag in ("chunks_per_clip", "student_steps", "eval_samples"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag}={getattr(args, flag)}: expected >= 1")
+    stored = json.loads((args.cache_root / CACHE_CONFIG_NAME).read_text(encoding="utf-8"))["stored_sigmas"]
+    try:
+        student_state_indices(args.student_steps, args.student_shift, stored)
+    except ValueError as error:
+        parser.error(f"--student_steps={args.student_steps} --student_shift={args.student_shift:g}: {error}")
+    return args
+
+
+def student_state_indices(steps: int, shift: float, stored_sigmas) -> list[int]:
+    """For each of the student's noise levels, the index of the cache state at that level (ValueError naming the
+    missing levels when the cache was built on another grid)."""
+    indices, missing = [], []
+    for sigma in flow_match_sigmas(steps, shift)[:-1].tolist():
+        matches = [index for index, stored in enumerate(stored_sigmas) if abs(stored - sigma) < 1e-5]
+        if matches:
+            indices.append(matches[0])
+        else:
+            missing.append(round(sigma, 5))
+    if missing:
+        raise ValueError(f"noise levels {missing} are not among the cache's stored sigmas "
+                         f"{[round(value, 5) for value in stored_sigmas]}; rebuild the cache with --store_grid "
+                         f"{steps} --shift {shift:g}")
+    return indices
+
+
+class CausalKDStep:
+    """`step_fn` of the loop: one cached sample per call; per chosen chunk, one student noise level, one backward.
+
+    Draws (chunks, their noise levels, memory-retrieval points) come from (seed, micro-step, rank)."""
+
+    def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, state_indices: list[int], args,
+                 env: DistEnv, run_state: RunState):
+        self.method_model = method_model
+        self.rollout_config = rollout_config
+        self.state_indices = state_indices
+        self.args = args
+        self.env = env
+        self.run_state = run_state
+
+    def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
+        if due != {ROLE}:
+            raise ValueError(f"kd trains the role {ROLE!r} every step; the loop says {sorted(due)}")
+        counters = (self.args.seed, self.run_state.micro_step, self.env.rank)
+        generator = stream_generator(*counters)
+        model = self.method_model.model
+        clip = TeacherForcedClip(
+            model, item["final"][None], item, self.rollout_config, self.env.device,
+            memory_seed=stream_seed(*counters, 1), text_grad=self.method_model.trains_text_stream,
+            context_grad=self.args.context_grad,
+        )
+        count = min(self.args.chunks_per_clip, clip.num_chunks)
+        chunks = sorted(torch.randperm(clip.num_chunks, generator=generator)[:count].tolist())
+        levels = torch.randint(0, len(self.state_indices), (count,), generator=generator).tolist()
+        losses, sigmas = [], []
+        for position, (chunk_index, level) in enumerate(zip(chunks, levels)):
+            state = self.state_indices[level]
+            frames = clip.rollout.chunk_frames(chunk_index)
+            noisy = item["states"][state][None, :, frames].float().to(self.env.device)
+            sigma = float(item["sigmas"][state])
+            sigma_frames = torch.full((noisy.shape[2],), sigma, dtype=torch.float32)
+            target = clip.chunk_latents(chunk_index)
+            with gradient_sync(model, enabled=sync and position == count - 1):
+                velocity = clip.predict_velocity(chunk_index, noisy, sigma_frames)
+                estimate = x0_from_velocity(noisy, velocity, sigma_frames[None].to(noisy.device))
+                loss = 0.5 * torch.mean((estimate - target) ** 2)
+                (loss / count).backward()
+            losses.append(loss.item())
+            sigmas.append(sigma)
+        return {"loss": sum(losses) / count, "sigma/mean": sum(sigmas) / count, "chunks": float(count)}
+
+
+@torch.no_grad()
+def few_step_distance(model, dataset: OdeCacheDataset, count: int, *, steps: int, shift: float,
+                      device: torch.device, autocast_dtype) -> dict:
+    """The student's own `steps`-step AR rollout from each sample's seed (the teacher's noise and memory points)
+    against the teacher's final latents: mean squared error overall and per chunk, over the first `count` samples.
+    Every rank runs the same samples (a sharded model's forwards are collective)."""
+    config = RolloutConfig(num_steps=steps, shift=shift, state_dtype=torch.float32, autocast_dtype=autocast_dtype)
+    per_chunk = []
+    for index in range(min(count, len(dataset))):
+        item = dataset[index]
+        text_kv = clip_text_kv(model, item, device, autocast_dtype, grad=False)
+        inputs = RolloutInputs.from_seed(item["seed"], item["image_cond"].float(), item["viewmats"].double(),
+                                         item["Ks"].double(), item["action"], device=device)
+        latents = ARRollout(model, text_kv, inputs, config, device=device).run()[0].float().cpu()
+        error = ((latents - item["final"].float()) ** 2).mean(dim=(0, 2, 3))  # [T]
+        per_chunk.append(error.reshape(-1, config.chunk_latents).mean(dim=1))
+    per_chunk = torch.stack(per_chunk).mean(dim=0)
+    return {"mse": float(per_chunk.mean()), "mse_per_chunk": [round(float(value), 6) for value in per_chunk],
+            "samples": min(count, len(dataset)), "steps": steps, "shift": shift}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run is not None:
+        print(dry_run_report(args.dry_run, {ROLE: args.train, "teacher": "frozen"}, lora_rank=args.lora_rank))
+        return 0
+    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    start = plan_run(args, naming=method_run_name)
+    if args.print_run_dir:
+        return report_run_start(start)
+    if start.kind == "finished":
+        log0(start.describe())
+        return 0
+    env = init_distributed(args.backend)
+    try:
+        if env.is_main:
+            start.run_dir.mkdir(parents=True, exist_ok=True)
+        log0(start.describe())
+        seed_everything(args.seed, rank=env.rank)
+        policy = precision_policy(args.precision, env.device)
+
+        # 2. Data: one cached sample per rank per micro-batch; the evaluation split.
+        dataset = OdeCacheDataset(args.cache_root, args.split, verify=args.verify_dataset)
+        eval_dataset = OdeCacheDataset(args.cache_root, args.eval_split)
+        batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
+        state_indices = student_state_indices(args.student_steps, args.student_shift, dataset.stored_sigmas)
+        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+
+        # 3. The student (LoRA on the teacher, or every parameter) with its optimizer and schedule.
+        source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
+        method_model = build_method_model(source, args, env, policy, role_name=ROLE)
+        log0(describe_teacher(source, method_model.model))
+        meta = {"method": METHOD, "train": args.train, "precision": args.precision,
+                "lora_rank": args.lora_rank if args.train == "lora" else None}
+        run_state = RunState()
+        if start.resume_path is not None:
+            run_state = load_training_state(start.resume_path, roles=[method_model.role], expect=meta)
+            batches.load_state_dict(run_state.data)
+
+        # 4. Config and summary; the student's distance to the teacher before training (a fresh run only).
+        config = run_config(
+            args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
+            backend=env.backend, global_batch=env.world_size * args.grad_accum, num_samples=len(dataset),
+            cache=dataset.config, trainable_parameters=method_model.trainable_parameter_count(),
+            environment=environment_summary(),
+        )
+        if env.is_main:
+            write_train_config(start.run_dir, config)
+        cache = dataset.config
+        log_summary("causal KD", {
+            **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                                  trained=method_model.describe(), first_step=run_state.global_step + 1,
+                                  stop_step=start.stop_step),
+            "data": f"{args.cache_root} (split {args.split}): {len(dataset)} samples; teacher {cache['steps']} steps "
+                    f"at shift {cache['shift']:g}; student {args.student_steps} steps at shift "
+                    f"{args.student_shift:g}; {args.chunks_per_clip} chunks per sample",
+            "batch": f"1 sample per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+        })
+        distance = dict(steps=args.student_steps, shift=args.student_shift, device=env.device,
+                        autocast_dtype=policy.autocast_dtype)
+        eval_path = start.run_dir / EVAL_NAME
+        report = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
+        if "before" not in report:
+            report["before"] = few_step_distance(method_model.model, eval_dataset, args.eval_samples, **distance)
+            log0(f"student vs teacher on {args.eval_split}, before: mse {report['before']['mse']:.5f}")
+
+        # 5. Train; measure again; export the student (a LoRA file or a Teacher folder).
+        step_fn = CausalKDStep(method_model, rollout_config, state_indices, args, env, run_state)
+        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                           experiment=args.experiment_name or start.run_name, config=config,
+                           swanlab_mode=args.swanlab_mode) as metrics_logger:
+            run_state = train_loop(
+                roles=[method_model.role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
+                run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
+                grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
+                log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
+                progress=not args.no_progress,
+            )
+        report["after"] = {**few_step_distance(method_model.model, eval_dataset, args.eval_samples, **distance),
+                           "step": run_state.global_step}
+        if env.is_main:
+            write_json_atomic(eval_path, report)
+        log0(f"student vs teacher on {args.eval_split}: mse {report['before']['mse']:.5f} before, "
+             f"{report['after']['mse']:.5f} after step {run_state.global_step} ({eval_path})")
+        exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
+        log0(f"exported the trained {args.train} student: {exported}")
+        return 0
+    finally:
+        cleanup_distributed()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

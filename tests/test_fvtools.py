@@ -1,0 +1,233 @@
+"""fvtools part 1: diffusion-forcing SFT and causal KD on tiny models (CPU, single process).
+
+Data: the video-latent demo (three procedural clips of 8 latents at 2 x 3 through the demo's tiny random encoders:
+two train, one holdout); the model: the demo Teacher config (4 blocks, width 64). The 2-rank and FSDP2 paths of the
+loop are tested in test_roles.py / test_fsdp.py; here every run is one process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+import fvtools.train_df_sft as df_sft
+import fvtools.train_kd as kd
+from predictor_training.adapters import load_lora, read_lora_header
+from predictor_training.checkpoint import RunState, read_training_state
+from predictor_training.data import video_latent_build as vb
+from predictor_training.data import video_latent_demo as vd
+from predictor_training.data.ode_cache import (
+    COMPLETE_MARKER,
+    CacheJob,
+    CacheSettings,
+    OdeCacheDataset,
+    OdeCacheError,
+    build_cache,
+)
+from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.distributed import DistEnv
+from predictor_training.method_model import build_method_model
+from predictor_training.precision import precision_policy
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher.source import TeacherSource
+
+CPU = torch.device("cpu")
+ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """A demo-config Teacher folder (random weights, every path active) and a 3-clip video-latent demo dataset."""
+    root = tmp_path_factory.mktemp("fvtools")
+    teacher = WorldPlayTransformer.from_preset("demo")
+    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
+    teacher.save_pretrained(str(root / "teacher"))
+    options = vb.VideoBuildOptions(
+        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
+        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
+        demo=root / "demo", demo_clips=3, demo_holdout=1,
+    )
+    assert vb.run(options) == 0
+    return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}
+
+
+def _df_sft_args(world, out: Path, *extra: str):
+    return df_sft.parse_args(["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root",
+                              str(world["videos"]), "--output_dir", str(out), "--no_progress", *extra])
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# df_sft
+# ---------------------------------------------------------------------------------------------------------------
+def test_df_sft_overfits_two_clips_from_scratch(world, tmp_path):
+    out = tmp_path / "overfit"
+    argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
+            "--output_dir", str(out), "--max_steps", "160", "--lr", "2e-3", "--sigma_min", "0.2",
+            "--ckpt_every", "-1", "--no_progress"]
+    assert df_sft.main(argv) == 0
+    losses = _losses(out)
+    first, last = sum(losses[:16]) / 16, sum(losses[-16:]) / 16
+    assert last * 5 <= first, f"loss fell from {first:.4f} to {last:.4f} only"
+    exported = WorldPlayTransformer.from_pretrained(str(out / "model"))  # the result loads as a Teacher folder
+    state = read_training_state(out / "training_latest.pt")["roles"]["student"]["model"]
+    assert torch.equal(exported.state_dict()["img_in.proj.weight"], state["img_in.proj.weight"])
+
+
+def test_df_sft_draws_one_noise_level_per_chunk(world, tmp_path):
+    args = _df_sft_args(world, tmp_path / "sigmas", "--chunks_per_clip", "2", "--sigma_min", "0.0")
+    policy = precision_policy("fp32", CPU)
+    source = TeacherSource(args.teacher, None, "--teacher", None)
+    method_model = build_method_model(source, args, ENV, policy, role_name="student")
+    seen = []
+    chunk_step = method_model.model.chunk_step
+
+    def spy(*inputs, **kwargs):
+        seen.append(inputs[1].clone())  # the per-frame timestep [4]
+        return chunk_step(*inputs, **kwargs)
+
+    method_model.model.chunk_step = spy
+    dataset = VideoLatentDataset(world["videos"], "train")
+    rollout_config = df_sft.RolloutConfig(state_dtype=torch.float32)
+    step = df_sft.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState())
+    metrics = step(dataset[0], sync=True, due=frozenset({"student"}))
+    assert len(seen) == 2
+    for timestep in seen:
+        assert torch.all(timestep == timestep[0])  # one level for the 4 frames of a chunk
+    assert seen[0][0] != seen[1][0]  # and another for the next chunk of the same clip
+    assert metrics["sigma/spread"] > 0
+    assert all(param.grad is not None for param in method_model.role.parameters[:5])
+
+
+def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
+    args = _df_sft_args(world, tmp_path / "lora", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4",
+                        "--lr", "1e-2", "--max_steps", "3", "--warmup_steps", "0")
+    policy = precision_policy("fp32", CPU)
+    source = TeacherSource(args.teacher, None, "--teacher", None)
+    method_model = build_method_model(source, args, ENV, policy, role_name="student")
+    lora_names = set(method_model.role.raw_module.state_dict())
+    before = {name: tensor.clone() for name, tensor in method_model.model.state_dict().items()}
+    dataset = VideoLatentDataset(world["videos"], "train")
+    step = df_sft.DiffusionForcingStep(method_model, df_sft.RolloutConfig(state_dtype=torch.float32), args, ENV,
+                                       RunState())
+    for _ in range(3):
+        method_model.role.zero_grad()
+        step(dataset[0], sync=True, due=frozenset({"student"}))
+        method_model.role.step()
+    after = method_model.model.state_dict()
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed, "nothing trained"
+    assert all(".lora_" in name for name in changed), sorted(changed)[:5]
+    assert all(name.replace(".student.", ".").replace(".", "/") in lora_names for name in changed)
+    # The script's own run: the checkpoint and the export hold the adapter only, and the export loads.
+    out = tmp_path / "lora_run"
+    assert df_sft.main(["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root",
+                        str(world["videos"]), "--output_dir", str(out), "--train", "lora", "--lora_rank", "4",
+                        "--lora_alpha", "4", "--max_steps", "3", "--warmup_steps", "0", "--no_progress"]) == 0
+    saved = read_training_state(out / "training_latest.pt")["roles"]["student"]["model"]
+    assert set(saved) == lora_names
+    assert read_lora_header(out / "lora_student.safetensors")["lora_config"]["rank"] == 4
+    fresh = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
+    load_lora(fresh, out / "lora_student.safetensors")
+    tensors = safetensors.torch.load_file(str(out / "lora_student.safetensors"))
+    assert any(name.endswith("lora_B.weight") and tensor.abs().sum() > 0 for name, tensor in tensors.items())
+
+
+def test_df_sft_resume_equals_an_uninterrupted_run(world, tmp_path):
+    common = ["--max_steps", "6", "--warmup_steps", "1", "--ckpt_every", "3"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert df_sft.main([*map(str, _argv(world, whole)), *common]) == 0
+    assert df_sft.main([*map(str, _argv(world, split)), *common, "--stop_at_step", "3"]) == 0
+    assert len(_losses(split)) == 3
+    assert df_sft.main([*map(str, _argv(world, split)), *common]) == 0  # the directory's own run continues
+    assert _losses(split) == _losses(whole)
+
+
+def _argv(world, out: Path) -> list[str]:
+    return ["--preset", "demo", "--teacher", world["teacher"], "--dataset_root", world["videos"], "--output_dir", out,
+            "--no_progress"]
+
+
+def test_df_sft_flags_and_config_are_strict(world, tmp_path, capsys):
+    config = tmp_path / "recipe.yaml"
+    config.write_text("lr: 1e-4\nchunks_per_clip: 3\n")
+    args = _df_sft_args(world, tmp_path / "cfg", "--config", str(config))
+    assert args.lr == 1e-4 and isinstance(args.lr, float) and args.chunks_per_clip == 3
+    config.write_text("learning_rate: 1e-4\n")
+    with pytest.raises(SystemExit) as exit_info:
+        _df_sft_args(world, tmp_path / "cfg", "--config", str(config))
+    assert exit_info.value.code == 2
+    assert "unknown flag 'learning_rate'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _df_sft_args(world, tmp_path / "cfg", "--sigma_min", "0.5", "--sigma_max", "0.4")
+    assert "--sigma_min=0.5 --sigma_max=0.4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _df_sft_args(world, tmp_path / "cfg", "--data", "teacher_samples")
+    assert "expected a dataset folder with dataset_config.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        df_sft.parse_args(["--teacher", str(world["teacher"])])
+    assert "--dataset_root missing" in capsys.readouterr().err
+
+
+def test_dry_run_counts_the_real_config_on_the_meta_device(capsys):
+    assert df_sft.main(["--dry_run", "worldplay_480p_i2v"]) == 0
+    report = capsys.readouterr().out
+    assert "8,557,933,856 parameters" in report
+    assert "role student: LoRA rank 64: 141,557,760 trained parameters" in report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kd
+# ---------------------------------------------------------------------------------------------------------------
+def _cache(world, out: Path, steps: int = 8) -> Path:
+    teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"])).eval().requires_grad_(False)
+    datasets = {split: VideoLatentDataset(world["videos"], split) for split in ("train", "holdout")}
+    jobs = [CacheJob(index, f"{split}{position}", split, 100 + index, (split, position))
+            for index, (split, position) in enumerate([("train", 0), ("train", 1), ("holdout", 0)])]
+    settings = CacheSettings(steps=steps, shift=5.0, store_grid=4, compute_dtype="float32", storage_dtype="float32")
+    build_cache(teacher, jobs, lambda job: datasets[job.condition[0]][job.condition[1]], settings, out, env=ENV,
+                inputs={"test": True})
+    return out
+
+
+def test_ode_cache_is_resumable_checksummed_and_marked_complete(world, tmp_path):
+    out = _cache(world, tmp_path / "cache")
+    assert (out / COMPLETE_MARKER).is_file()
+    dataset = OdeCacheDataset(out, "train")
+    item = dataset[0]
+    assert item["states"].shape == (4, 4, 8, 2, 3) and item["final"].shape == (4, 8, 2, 3)
+    assert torch.allclose(item["sigmas"], torch.tensor([1.0, 0.9375, 0.8333333, 0.625]), atol=1e-6)
+    assert torch.equal(item["states"][0], torch.randn(1, 4, 8, 2, 3, generator=torch.Generator().manual_seed(
+        100))[0])  # step 0 of every chunk is the seed's noise
+    mtimes = {path: path.stat().st_mtime_ns for path in (out / "samples").iterdir()}
+    _cache(world, out)  # a rerun keeps every verified sample
+    assert mtimes == {path: path.stat().st_mtime_ns for path in (out / "samples").iterdir()}
+    (out / COMPLETE_MARKER).unlink()
+    with pytest.raises(OdeCacheError, match="not finished"):
+        OdeCacheDataset(out, "train")
+    with pytest.raises(Exception, match="other settings"):
+        _cache(world, out, steps=16)
+
+
+def test_kd_student_gets_closer_to_the_many_step_teacher(world, tmp_path):
+    cache = _cache(world, tmp_path / "cache", steps=16)
+    out = tmp_path / "kd"
+    assert kd.main(["--preset", "demo", "--teacher", str(world["teacher"]), "--cache_root", str(cache),
+                    "--output_dir", str(out), "--max_steps", "60", "--eval_samples", "1", "--no_progress"]) == 0
+    report = json.loads((out / kd.EVAL_NAME).read_text())
+    assert report["after"]["mse"] < 0.7 * report["before"]["mse"], report
+    assert _losses(out)[-1] < _losses(out)[0]
+
+
+def test_kd_refuses_a_student_grid_the_cache_lacks(world, tmp_path, capsys):
+    cache = _cache(world, tmp_path / "cache")
+    with pytest.raises(SystemExit):
+        kd.parse_args(["--teacher", str(world["teacher"]), "--cache_root", str(cache), "--student_steps", "3"])
+    assert "rebuild the cache with --store_grid 3" in capsys.readouterr().err
