@@ -43,7 +43,13 @@ from predictor_training.flow_matching import x0_from_velocity
 from predictor_training.fsdp import gradient_sync
 from predictor_training.logger import MetricsLogger, log_summary, method_summary_rows
 from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.method_model import MethodModel, build_method_model, dry_run_report, export_method_model
+from predictor_training.method_model import (
+    MethodModel,
+    build_method_model,
+    dry_run_report,
+    export_method_model,
+    method_meta,
+)
 from predictor_training.precision import precision_policy
 from predictor_training.random_streams import stream_generator, stream_seed
 from predictor_training.run_directory import (
@@ -103,10 +109,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
     add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
-    parser.add_argument("--dry_run", type=str, default=None, metavar="CONFIG",
-                        help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
-                             "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
-                             "meta device, and exit")
     args = parse_recipe_args(parser, argv, PRESETS)
     if args.dry_run is not None:
         return args
@@ -244,8 +246,7 @@ def main(argv=None) -> int:
         source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
         method_model = build_method_model(source, args, env, policy, role_name=ROLE)
         log0(describe_teacher(source, method_model.model))
-        meta = {"method": METHOD, "train": args.train, "precision": args.precision,
-                "lora_rank": args.lora_rank if args.train == "lora" else None}
+        meta = method_meta(METHOD, args)
         run_state = RunState()
         if start.resume_path is not None:
             run_state = load_training_state(start.resume_path, roles=[method_model.role], expect=meta)

@@ -142,11 +142,7 @@ def add_optimization_args(
                        help="peak LR of the image fusion + residual head group (default %(default)g)")
     group.add_argument("--blocks_lr", type=float, default=blocks_lr,
                        help="peak LR of the two copied Teacher blocks (default %(default)g)")
-    group.add_argument("--max_steps", type=int, default=max_steps,
-                       help="optimizer steps of the schedule: the cosine reaches 0 here (default %(default)s)")
-    group.add_argument("--stop_at_step", type=int, default=-1,
-                       help="end this run at this optimizer step (checkpoint written), keeping the max_steps schedule; "
-                            "-1 = run to max_steps")
+    _add_length_args(group, max_steps=max_steps)
     group.add_argument("--scheduler_warmup_steps", type=int, default=scheduler_warmup_steps,
                        help="linear warmup steps of both groups before the cosine decay (default %(default)s)")
     group.add_argument("--block_warmup_steps", type=int, default=block_warmup_steps,
@@ -155,8 +151,22 @@ def add_optimization_args(
     if batch_size is not None:
         group.add_argument("--batch_size", type=int, default=batch_size,
                            help="micro-batch per rank (per GPU) (default %(default)s)")
+    _add_adamw_args(group, grad_accum=grad_accum, weight_decay=weight_decay, adam_beta1=adam_beta1,
+                    adam_beta2=adam_beta2, grad_clip=grad_clip)
+
+
+def _add_length_args(group, *, max_steps: int) -> None:
+    group.add_argument("--max_steps", type=int, default=max_steps,
+                       help="optimizer steps of the schedule: the cosine reaches 0 here (default %(default)s)")
+    group.add_argument("--stop_at_step", type=int, default=-1,
+                       help="end this run at this optimizer step (checkpoint written), keeping the max_steps schedule; "
+                            "-1 = run to max_steps")
+
+
+def _add_adamw_args(group, *, grad_accum: int, weight_decay: float, adam_beta1: float, adam_beta2: float,
+                    grad_clip: float) -> None:
     group.add_argument("--grad_accum", type=int, default=grad_accum,
-                       help="micro-batches accumulated per optimizer step (default %(default)s)")
+                       help="micro-batches accumulated per optimizer step on each rank (default %(default)s)")
     group.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay (default %(default)g)")
     group.add_argument("--adam_beta1", type=float, default=adam_beta1, help="AdamW beta1 (default %(default)g)")
     group.add_argument("--adam_beta2", type=float, default=adam_beta2, help="AdamW beta2 (default %(default)g)")
@@ -175,7 +185,7 @@ def add_method_model_args(
     context_grad: bool,
 ) -> None:
     """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt, --train, --init_weights,
-    --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad."""
+    --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its parameter counts)."""
     group = parser.add_argument_group("model")
     group.add_argument("--teacher", type=Path, default=None,
                        help="Teacher transformer folder (config.json + safetensors), required to train: the base of a "
@@ -199,6 +209,10 @@ def add_method_model_args(
     group.add_argument("--context_grad", action=argparse.BooleanOptionalAction, default=context_grad,
                        help="back-propagate through the context prefill too, so the model learns to encode its "
                             "context (default %(default)s)")
+    group.add_argument("--dry_run", type=str, default=None, metavar="CONFIG",
+                       help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
+                            "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
+                            "meta device, and exit")
 
 
 def add_sigma_args(
@@ -242,20 +256,11 @@ def add_method_optimization_args(
     """One learning rate with warmup + cosine, AdamW, clipping and accumulation (generic methods)."""
     group = parser.add_argument_group("optimisation")
     group.add_argument("--lr", type=float, default=lr, help="peak learning rate (default %(default)g)")
-    group.add_argument("--max_steps", type=int, default=max_steps,
-                       help="optimizer steps of the schedule: the cosine reaches 0 here (default %(default)s)")
-    group.add_argument("--stop_at_step", type=int, default=-1,
-                       help="end this run at this optimizer step (checkpoint written), keeping the max_steps schedule; "
-                            "-1 = run to max_steps")
+    _add_length_args(group, max_steps=max_steps)
     group.add_argument("--warmup_steps", type=int, default=warmup_steps,
                        help="linear warmup steps before the cosine decay (default %(default)s)")
-    group.add_argument("--grad_accum", type=int, default=grad_accum,
-                       help="micro-batches (clips) accumulated per optimizer step on each rank (default %(default)s)")
-    group.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay (default %(default)g)")
-    group.add_argument("--adam_beta1", type=float, default=adam_beta1, help="AdamW beta1 (default %(default)g)")
-    group.add_argument("--adam_beta2", type=float, default=adam_beta2, help="AdamW beta2 (default %(default)g)")
-    group.add_argument("--grad_clip", type=float, default=grad_clip,
-                       help="global gradient-norm clip; -1 = measure only (default %(default)g)")
+    _add_adamw_args(group, grad_accum=grad_accum, weight_decay=weight_decay, adam_beta1=adam_beta1,
+                    adam_beta2=adam_beta2, grad_clip=grad_clip)
 
 
 def add_loss_args(parser: argparse.ArgumentParser, *, velocity_weight: float, hidden_weight: float) -> None:

@@ -77,6 +77,12 @@ class MethodModel:
         return f"{self.role.name}: every parameter{sharded}: {count:,}"
 
 
+def method_meta(method: str, args) -> dict:
+    """The checkpoint meta of a method run; a resume must match it (`load_training_state(expect=...)`)."""
+    return {"method": method, "train": args.train, "precision": args.precision,
+            "lora_rank": args.lora_rank if args.train == "lora" else None}
+
+
 def build_fresh_model(source: TeacherSource, seed: int) -> WorldPlayTransformer:
     """A model of the Teacher folder's config, freshly initialised from `seed` (same weights on every rank; the
     global RNG is left as it was)."""

@@ -231,3 +231,32 @@ def test_kd_refuses_a_student_grid_the_cache_lacks(world, tmp_path, capsys):
     with pytest.raises(SystemExit):
         kd.parse_args(["--teacher", str(world["teacher"]), "--cache_root", str(cache), "--student_steps", "3"])
     assert "rebuild the cache with --store_grid 3" in capsys.readouterr().err
+
+
+def test_df_sft_fsdp_two_ranks_resume_equals_an_uninterrupted_run(world, tmp_path):
+    """--train full under torchrun: FSDP2 shards, gradients through the context prefill (a dataclass of tensors that
+    require grad passes FSDP's forward hooks), and a stop + continue that reproduces the uninterrupted losses."""
+    import os
+    import subprocess
+    import sys
+
+    def launch(out: Path, *extra: str) -> None:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                   str(Path(df_sft.__file__)), *map(str, _argv(world, out)), "--max_steps", "4", "--warmup_steps",
+                   "1", "--chunks_per_clip", "1", "--ckpt_every", "2", *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                              os.environ.get("PYTHONPATH", "")])}
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    launch(whole)
+    launch(split, "--stop_at_step", "2")
+    launch(split)
+    assert len(_losses(whole)) == 4 and _losses(split) == _losses(whole)
+    config = json.loads((whole / "train_config.json").read_text())
+    assert config["derived"]["world_size"] == 2
+    exported = WorldPlayTransformer.from_pretrained(str(whole / "model"))
+    assert exported.img_in.proj.weight.shape == WorldPlayTransformer.from_pretrained(
+        str(world["teacher"])).img_in.proj.weight.shape

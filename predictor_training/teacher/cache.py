@@ -78,8 +78,9 @@ class LayerContextKV:
     rope_v: Tensor
     prope_k: Tensor
     prope_v: Tensor
-    # The branch-stacked form, built once and reused by every chunk step: (source tensors, (k, v)).
-    _stacked_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # The branch-stacked form, built once and reused by every chunk step: (source tensors, (k, v)). An init field
+    # (with a default) because FSDP2 rebuilds dataclass arguments of its forwards with `dataclasses.replace`.
+    _stacked_cache: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
