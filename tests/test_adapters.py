@@ -326,6 +326,34 @@ def test_checkpointing_is_off_by_default_and_changes_neither_outputs_nor_gradien
         model.enable_gradient_checkpointing(lambda *args: None)
 
 
+def test_checkpointing_through_the_context_prefill_keeps_outputs_and_gradients():
+    """A trainer that learns its context (df_sft, kd) back-propagates through `context_prefill`: checkpointing its
+    blocks too changes neither the velocity nor any gradient."""
+    results, prefill_calls = [], []
+    for checkpointed in (False, True):
+        model = make_model("tiny").train()
+        model.set_gradient_checkpointing(checkpointed)
+        generator = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            text_kv = model.text_prefill(**text_inputs(model, generator))
+        block, calls = model.double_blocks[0], []
+        image_forward = block.image_forward
+        block.image_forward = lambda *args, **kwargs: (calls.append(kwargs.get("return_kv", False)),
+                                                       image_forward(*args, **kwargs))[1]
+        context_kv, _ = model.context_prefill(**image_inputs(model, 3, generator, 14.0), text_kv=text_kv)
+        output = model.chunk_step(**image_inputs(model, 2, generator, 700.0), text_kv=text_kv, context_kv=context_kv)
+        output.square().mean().backward()
+        results.append((output.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
+                                          if p.grad is not None}))
+        prefill_calls.append(sum(calls))
+    assert prefill_calls == [1, 2]  # checkpointed: block 0 of the prefill ran again in backward
+    (reference, reference_grads), (output, grads) = results
+    assert torch.equal(output, reference)
+    assert sorted(grads) == sorted(reference_grads)
+    assert all(torch.equal(grads[name], reference_grads[name]) for name in grads)
+    assert "double_blocks.0.img_attn_k.weight" in grads  # reached through the context K/V only in block 0's keys
+
+
 def test_checkpointing_with_lora_recomputes_with_the_forward_adapter(inputs):
     """train mode with LoRA dropout: the recomputation replays the dropout masks and the adapter, even when
     backward runs after the `with adapter(...)` block (another adapter active by then)."""

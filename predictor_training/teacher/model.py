@@ -344,7 +344,8 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
                 tensor.zero_()
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        """Non-reentrant `torch.utils.checkpoint` around each double block of `chunk_step` while grad is enabled.
+        """Non-reentrant `torch.utils.checkpoint` around each double block of `chunk_step` and `context_prefill` while
+        grad is enabled (a trainer that back-propagates through the context prefill pays only its block inputs).
 
         Forward outputs are bit-identical with it on or off; the blocks' activations are recomputed in backward.
         """
@@ -530,6 +531,7 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         prefeatures: dict[int, Tensor] = {}
         layers: list[LayerContextKV] = []
         last = self.num_layers - 1
+        checkpointed = self.gradient_checkpointing and torch.is_grad_enabled()  # a trainer learning its context
         for index, block in enumerate(self.double_blocks):
             if index in wanted:
                 prefeatures[index] = x
@@ -537,9 +539,12 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
                 layers.append(block.image_kv(x, vec, tokens_per_frame, rope, camera))
                 break
             text_k, text_v = text_kv.layer(index)
-            x, own = block.image_forward(
-                x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, return_kv=True
-            )
+            args = (x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask)
+            if checkpointed:
+                x, own = checkpoint(block.image_forward, *args, return_kv=True, use_reentrant=False,
+                                    context_fn=self.checkpoint_context_fn)
+            else:
+                x, own = block.image_forward(*args, return_kv=True)
             layers.append(own)
             if trace is not None:
                 trace[f"layer{index}.img_out"] = x
