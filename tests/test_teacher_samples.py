@@ -253,3 +253,21 @@ def test_a_real_build_reads_as_teacher_samples(real_build):
         assert torch.allclose(item["latents"][:, 4:].float(), last, atol=0.05)
         assert torch.equal(item["text_k"], case["text_k"]) and torch.equal(item["image_cond"], case["image_cond"])
         assert item["viewmats"].dtype == torch.float32 and item["action"].shape == (8,)
+
+
+def test_df_sft_trains_a_real_score_lora_on_teacher_samples(real_build, tmp_path):
+    """The "real score" path of fvtools/train_df_sft.py: a LoRA trained on the Teacher's own final latents, with the
+    stored text K/V (a full run is refused: its text stream would no longer match them)."""
+    import fvtools.train_df_sft as df_sft
+
+    out, _ = real_build
+    teacher = out.parent / "D" / "teacher"
+    argv = ["--preset", "demo", "--teacher", str(teacher), "--dataset_root", str(out), "--data", "teacher_samples",
+            "--output_dir", str(tmp_path / "real_score"), "--no_progress"]
+    with pytest.raises(SystemExit):
+        df_sft.parse_args(argv)  # the demo preset trains every parameter
+    assert df_sft.main([*argv, "--train", "lora", "--lora_rank", "2", "--lora_alpha", "2", "--max_steps", "2",
+                        "--warmup_steps", "0", "--sigma_min", "0.02"]) == 0
+    log = [json.loads(line) for line in (tmp_path / "real_score" / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 2 and all(record["loss"] > 0 for record in log)
+    assert (tmp_path / "real_score" / "lora_student.safetensors").is_file()
