@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -275,8 +275,10 @@ def _seeded(seed: int, build):
         return build()
 
 
-def build_tiny_encoder_pipeline(sizes: TinyEncoderSizes, seed: int):
-    """A `HunyuanVideo15ImageToVideoPipeline` with tiny random encoders (no transformer, scheduler or guider)."""
+def build_tiny_encoder_pipeline(sizes: TinyEncoderSizes, seed: int, extra_texts: Sequence[str] = ()):
+    """A `HunyuanVideo15ImageToVideoPipeline` with tiny random encoders (no transformer, scheduler or guider).
+
+    The tokenizer knows every word of the demo captions and of `extra_texts` (e.g. the demo world's captions)."""
     from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15ImageToVideoPipeline
     from transformers import (
         ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, SiglipImageProcessor, SiglipVisionConfig,
@@ -309,7 +311,7 @@ def build_tiny_encoder_pipeline(sizes: TinyEncoderSizes, seed: int):
 
     # 2. the tokenizer covers the template and every demo caption; then the text model sized to it
     tokenizer = build_tiny_tokenizer(
-        ["system\nuser\nassistant\n \n", pipeline.system_message, *caption_vocabulary_texts()]
+        ["system\nuser\nassistant\n \n", pipeline.system_message, *caption_vocabulary_texts(), *extra_texts]
     )
     head_dim = sizes.text_states_dim // sizes.text_heads
     if head_dim % 2 or head_dim < 6:
@@ -330,6 +332,6 @@ def build_tiny_encoder_pipeline(sizes: TinyEncoderSizes, seed: int):
     return pipeline
 
 
-def save_tiny_encoders(folder, sizes: TinyEncoderSizes, seed: int) -> None:
+def save_tiny_encoders(folder, sizes: TinyEncoderSizes, seed: int, extra_texts: Sequence[str] = ()) -> None:
     """Write the tiny encoders as a diffusers-format folder (model_index.json + seven component folders)."""
-    build_tiny_encoder_pipeline(sizes, seed).save_pretrained(str(folder))
+    build_tiny_encoder_pipeline(sizes, seed, extra_texts).save_pretrained(str(folder))

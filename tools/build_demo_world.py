@@ -1,0 +1,150 @@
+"""Rebuild the demo world from nothing: render -> VAE -> encoders -> encode -> df_sft -> ODE cache -> kd.
+
+    python tools/build_demo_world.py --out demo_data/world            # every stage; rerun to resume
+    python tools/build_demo_world.py --out demo_data/world --stages render,vae
+
+Each stage is one of the project's own commands, run as a subprocess, and each resumes where it stopped (they
+keep their completion markers: the render's world_config.json, the VAE run's vae/ folder, the encoders'
+model_index.json, the dataset's manifest.jsonl, a run's exported model/, the cache's COMPLETE), so running this again
+continues the first unfinished stage. Each stage's wall time (summed over runs) and headline figure go to
+`<out>/build_report.json`.
+
+Stages and outputs (all under --out):
+    render     render/            tools/render_world.py: clips, poses, captions, train / holdout tables
+    vae        vae_run/vae/       tools/train_world_vae.py: the world VAE (held-out PSNR in vae_run/vae_eval.json)
+    encoders   encoders/          tiny text / glyph / vision encoders + the world VAE (predictor_training.world.assets)
+    encode     video_latents/     tools/build_video_latent_dataset.py over both tables
+    df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
+    ode_cache  ode_cache/         tools/build_ode_cache.py: the df_sft model's many-step rollouts
+    kd         kd/model/          fvtools/train_kd.py: the 4-step world Teacher at shift 5 (the real schedule)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from predictor_training.atomic_io import write_json_atomic
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="the world's build folder")
+    parser.add_argument("--stages", type=str, default=",".join(STAGES),
+                        help=f"comma-separated stages to run, in this order: {','.join(STAGES)} (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every stage (default %(default)s)")
+    parser.add_argument("--vae_steps", type=int, default=2000, help="VAE optimizer steps (default %(default)s)")
+    parser.add_argument("--df_sft_steps", type=int, default=5000, help="df_sft optimizer steps (default %(default)s)")
+    parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
+    parser.add_argument("--teacher_steps", type=int, default=16,
+                        help="steps of the df_sft model's rollouts that kd distils (default %(default)s)")
+    args = parser.parse_args(argv)
+    args.stages = [stage for stage in args.stages.split(",") if stage]
+    unknown = sorted(set(args.stages) - set(STAGES))
+    if unknown:
+        parser.error(f"--stages: unknown stage(s) {unknown}; expected among {list(STAGES)}")
+    return args
+
+
+def run(command: list[str], log: Path) -> None:
+    """Run one stage's command; its output goes to `log` (and the last lines to the console on failure)."""
+    print(f"[build_demo_world] $ {' '.join(command)}", flush=True)
+    with open(log, "a", encoding="utf-8") as handle:
+        result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    if result.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
+        raise SystemExit(f"stage command failed (exit {result.returncode}); last lines of {log}:\n" + "\n".join(tail))
+
+
+def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
+    python = sys.executable
+    if stage == "render":
+        return [[python, "tools/render_world.py", "--out", str(out / "render"), "--seed", str(args.seed)]]
+    if stage == "vae":
+        return [[python, "tools/train_world_vae.py", "--clips", str(out / "render" / "train.jsonl"), "--holdout",
+                 str(out / "render" / "holdout.jsonl"), "--max_steps", str(args.vae_steps), "--seed", str(args.seed),
+                 "--output_dir", str(out / "vae_run"), "--no_progress"]]
+    if stage == "encoders":
+        code = ("import json,sys; from predictor_training.world.assets import write_world_encoders, "
+                "write_world_teacher_config; from diffusers import AutoencoderKLHunyuanVideo15 as V; "
+                "out=sys.argv[1]; config=json.load(open(out+'/render/world_config.json')); "
+                "captions=[clip['caption'] for clip in config['clips']]; "
+                "write_world_encoders(out+'/encoders', out+'/vae_run/vae', captions, int(sys.argv[2])); "
+                "write_world_teacher_config(out+'/teacher_config', V.load_config(out+'/vae_run/vae')['latent_channels'])")
+        return [[python, "-c", code, str(out), str(args.seed)]]
+    if stage == "encode":
+        render = out / "render"
+        return [[python, "tools/build_video_latent_dataset.py", "--clips",
+                 f"{render / 'train.jsonl'},{render / 'holdout.jsonl'}", "--encoders", str(out / "encoders"),
+                 "--out", str(out / "video_latents"), "--height", "32", "--width", "48", "--num_frames", "125",
+                 "--dtype", "float32", "--storage_dtype", "float32", "--device", "cpu"]]
+    if stage == "df_sft":
+        return [[python, "fvtools/train_df_sft.py", "--teacher", str(out / "teacher_config"), "--dataset_root",
+                 str(out / "video_latents"), "--train", "full", "--init_weights", "scratch", "--precision", "fp32",
+                 "--lr", "1e-3", "--max_steps", str(args.df_sft_steps), "--warmup_steps", "100",
+                 "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2",
+                 "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed),
+                 "--experiment", "world_df_sft", "--output_dir", str(out / "df_sft"), "--no_progress"]]
+    if stage == "ode_cache":
+        return [[python, "tools/build_ode_cache.py", "--teacher", str(out / "df_sft" / "model"), "--video_latents",
+                 str(out / "video_latents"), "--splits", "train,holdout", "--steps", str(args.teacher_steps),
+                 "--store_grid", "4", "--dtype", "float32", "--storage_dtype", "float32", "--seed", str(args.seed),
+                 "--out", str(out / "ode_cache")]]
+    if stage == "kd":
+        return [[python, "fvtools/train_kd.py", "--teacher", str(out / "df_sft" / "model"), "--cache_root",
+                 str(out / "ode_cache"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
+                 "--lr", "3e-4", "--max_steps", str(args.kd_steps), "--warmup_steps", "50", "--chunks_per_clip", "2",
+                 "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2", "--log_every", "10",
+                 "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed), "--experiment", "world_kd",
+                 "--output_dir", str(out / "kd"), "--no_progress"]]
+    raise ValueError(stage)
+
+
+def headline(stage: str, out: Path) -> dict:
+    """The stage's figure for the report (what a person checks first)."""
+    def last_losses(run_dir: Path) -> dict:
+        records = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+        losses = [record["loss"] for record in records]
+        window = max(1, len(losses) // 10)
+        return {"first_loss_mean": sum(losses[:window]) / window, "last_loss_mean": sum(losses[-window:]) / window,
+                "logged_steps": len(losses)}
+
+    if stage == "vae":
+        return json.loads((out / "vae_run" / "vae_eval.json").read_text())
+    if stage in ("df_sft", "kd"):
+        figures = last_losses(out / stage)
+        if stage == "kd":
+            figures["student_vs_teacher"] = json.loads((out / "kd" / "kd_eval.json").read_text())
+        return figures
+    return {}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "build_report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    for stage in STAGES:
+        if stage not in args.stages:
+            continue
+        started = time.time()
+        for command in stage_commands(stage, args, out):
+            run(command, out / f"{stage}.log")
+        seconds = time.time() - started
+        spent = report.get(stage, {}).get("seconds", 0.0) + seconds  # over every run that worked on the stage
+        report[stage] = {"seconds": round(spent, 1), **headline(stage, out)}
+        write_json_atomic(report_path, report)
+        print(f"[build_demo_world] {stage}: {seconds:.0f} s {json.dumps(report[stage])[:300]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Train the demo world's VAE (`predictor_training/world/vae.py`) on rendered clips (data.md, "Demo world").
+
+    python tools/render_world.py --out demo_data/world/render
+    python tools/train_world_vae.py --clips demo_data/world/render/train.jsonl \
+        --holdout demo_data/world/render/holdout.jsonl --output_dir demo_data/world/vae_run
+
+One clip window per micro-batch (batch 1: diffusers 0.42.1's causal attention mask fails for batch > 1), a mix of
+short and long windows, MSE + KL, AdamW with warmup + cosine, the shared training loop (checkpoints, exact resume:
+run the same command again). At the end: PSNR of full held-out clips (`vae_eval.json`), the latent scale set so
+the posterior means have unit variance, and the VAE saved as a diffusers folder `<output_dir>/vae/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from predictor_training.atomic_io import write_json_atomic
+from predictor_training.checkpoint import RunState, load_model_weights, load_training_state
+from predictor_training.distributed import cleanup_distributed, init_distributed, log0, seed_everything
+from predictor_training.flags import (
+    add_method_optimization_args,
+    add_run_args,
+    add_tracker_args,
+    check_args,
+    parse_recipe_args,
+)
+from predictor_training.logger import MetricsLogger
+from predictor_training.loop import one_item_per_rank_batches, train_loop
+from predictor_training.optim import WarmupCosineSchedule, build_optimizer
+from predictor_training.roles import Role
+from predictor_training.run_directory import format_lr, plan_run, report_run_start, run_config, write_train_config
+from predictor_training.video_io import read_video
+from predictor_training.world.vae import (
+    ClipVideo,
+    ClipWindows,
+    build_world_vae,
+    latent_std,
+    psnr,
+    reconstruction_psnr,
+    world_vae_config,
+)
+
+ROLE = "vae"
+EVAL_NAME = "vae_eval.json"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--clips", type=Path, default=None, help="clip table (JSONL) of the training clips; required")
+    data.add_argument("--holdout", type=Path, default=None, help="clip table of the held-out clips (PSNR at the end)")
+    data.add_argument("--num_frames", type=int, default=125, help="frames per clip (default %(default)s)")
+    data.add_argument("--short", type=int, default=17, help="frames of a short window, 4k+1 (default %(default)s)")
+    data.add_argument("--long_min", type=int, default=65,
+                      help="shortest long window, 4k+1; long windows run up to the whole clip (default %(default)s)")
+    data.add_argument("--long_fraction", type=float, default=0.3,
+                      help="share of long windows (default %(default)g)")
+    data.add_argument("--eval_clips", type=int, default=8, help="held-out clips scored at the end (default %(default)s)")
+    data.add_argument("--num_workers", type=int, default=0, help="DataLoader workers (default %(default)s)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--latent_channels", type=int, default=16, help="latent channels (default %(default)s)")
+    model.add_argument("--block_out_channels", type=str, default="8,16,32,32",
+                       help="four channel widths (spatial factor 8) (default %(default)s)")
+    model.add_argument("--kl_weight", type=float, default=1e-6, help="weight of the KL term (default %(default)g)")
+    add_method_optimization_args(parser, lr=1.5e-3, max_steps=3000, warmup_steps=50, grad_accum=2, weight_decay=0.0,
+                                 adam_beta1=0.9, adam_beta2=0.99, grad_clip=1.0)
+    add_run_args(parser, experiment="world_vae", precision="fp32", ckpt_every=250, keep_last=2, log_every=10, seed=0)
+    add_tracker_args(parser, tracker="none", project="hy-world")
+    args = parse_recipe_args(parser, argv, presets={})
+    check_args(parser, args)
+    if args.clips is None or not args.clips.is_file():
+        parser.error(f"--clips={args.clips!s}: expected an existing clip table")
+    if args.holdout is not None and not args.holdout.is_file():
+        parser.error(f"--holdout={args.holdout!s}: no such file")
+    if args.precision != "fp32":
+        parser.error("--precision: the world VAE trains in fp32")
+    try:
+        args.block_out_channels = tuple(int(item) for item in args.block_out_channels.split(","))
+        world_vae_config(args.latent_channels, args.block_out_channels)
+    except ValueError as error:
+        parser.error(f"--block_out_channels={args.block_out_channels}: {error}")
+    return args
+
+
+def vae_run_name(args, *, world_size: int, device_type: str, subset: str = "") -> str:
+    blocks = "-".join(str(channels) for channels in args.block_out_channels)
+    return (f"{args.experiment}_c{args.latent_channels}_b{blocks}_lr{format_lr(args.lr)}_steps{args.max_steps}_"
+            f"{world_size}{'gpu' if device_type == 'cuda' else 'cpu'}")
+
+
+def read_clip_table(path: Path) -> list[ClipVideo]:
+    """The clips of a clip table (`video` relative to the table's folder)."""
+    clips = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            record = json.loads(line)
+            if "clip_id" not in record or "video" not in record:
+                raise ValueError(f"{path} line {number}: expected fields 'clip_id' and 'video'")
+            clips.append(ClipVideo(str(record["clip_id"]), str((path.parent / record["video"]).resolve())))
+    if not clips:
+        raise ValueError(f"{path}: no clips")
+    return clips
+
+
+class VaeStep:
+    """`step_fn`: reconstruct one window, MSE + kl_weight x KL; the posterior noise comes from (seed, micro-step)."""
+
+    def __init__(self, vae, kl_weight: float, seed: int, run_state: RunState, device: torch.device):
+        self.vae, self.kl_weight, self.seed, self.run_state, self.device = vae, kl_weight, seed, run_state, device
+
+    def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
+        x = item["frames"].to(self.device)
+        posterior = self.vae.encode(x).latent_dist
+        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.run_state.micro_step)
+        reconstruction = self.vae.decode(posterior.sample(generator=generator)).sample
+        mse = torch.mean((reconstruction - x) ** 2)
+        kl = posterior.kl().mean() / x[0, 0].numel()
+        (mse + self.kl_weight * kl).backward()
+        return {"loss": mse.item() + self.kl_weight * kl.item(), "mse": mse.item(), "kl": kl.item(),
+                "psnr": psnr(reconstruction.detach(), x), "frames": float(x.shape[2])}
+
+
+def save_vae_folder(vae, folder: Path) -> None:
+    """`save_pretrained` into a staging folder, then renamed into place."""
+    staging = folder.parent / f".{folder.name}.writing"
+    if staging.exists():
+        shutil.rmtree(staging)
+    vae.save_pretrained(str(staging))
+    if folder.exists():
+        shutil.rmtree(folder)
+    staging.rename(folder)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = plan_run(args, naming=vae_run_name)
+    if args.print_run_dir:
+        return report_run_start(start)
+    if start.kind == "finished" and (start.run_dir / "vae" / "config.json").is_file():
+        log0(start.describe())
+        return 0
+    env = init_distributed(args.backend)
+    try:
+        log0(start.describe())
+        seed_everything(args.seed, rank=env.rank)
+        vae = build_world_vae(world_vae_config(args.latent_channels, args.block_out_channels), args.seed)
+        vae = vae.to(env.device).train()
+        meta = {"method": "world_vae", "precision": args.precision}
+        if start.kind == "finished":  # trained, but stopped before the export below
+            load_model_weights(start.resume_path, vae, expect=meta, role=ROLE)
+        else:
+            if env.is_main:
+                start.run_dir.mkdir(parents=True, exist_ok=True)
+            clips = read_clip_table(args.clips)
+            dataset = ClipWindows(clips, num_frames=args.num_frames, short=args.short, long_min=args.long_min,
+                                  long_fraction=args.long_fraction, windows_per_clip=8, seed=args.seed)
+            batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
+            optimizer = build_optimizer({ROLE: list(vae.parameters())}, {ROLE: args.lr},
+                                        betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+            schedule = WarmupCosineSchedule(optimizer, warmup_steps=args.warmup_steps, max_steps=args.max_steps)
+            role = Role(ROLE, vae, optimizer, schedule, grad_clip=args.grad_clip, grad_sync="all_reduce")
+            run_state = RunState()
+            if start.resume_path is not None:
+                run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
+                batches.load_state_dict(run_state.data)
+            config = run_config(args, run_name=start.run_name, vae_config=world_vae_config(
+                args.latent_channels, args.block_out_channels), num_clips=len(clips), world_size=env.world_size)
+            if env.is_main:
+                write_train_config(start.run_dir, config)
+            log0(f"world VAE: {sum(p.numel() for p in vae.parameters()):,} parameters; {len(clips)} training clips; "
+                 f"steps {run_state.global_step + 1}..{start.stop_step}")
+            step_fn = VaeStep(vae, args.kl_weight, args.seed, run_state, env.device)
+            with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                               experiment=args.experiment_name or start.run_name, config=config,
+                               swanlab_mode=args.swanlab_mode) as metrics_logger:
+                train_loop(roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
+                           run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
+                           grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
+                           log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
+                           progress=not args.no_progress)
+            if start.stop_step < args.max_steps:
+                return 0
+        # Finish: the latent scale, held-out PSNR of whole clips, the diffusers folder.
+        if env.is_main:
+            vae.eval()
+            train_videos = [read_video(clip.video) for clip in read_clip_table(args.clips)[:args.eval_clips]]
+            std = latent_std(vae, train_videos, env.device)
+            vae.register_to_config(scaling_factor=1.0 / std)
+            report = {"latent_std": std, "scaling_factor": 1.0 / std}
+            if args.holdout is not None:
+                held = read_clip_table(args.holdout)[:args.eval_clips]
+                scores = reconstruction_psnr(vae, [read_video(clip.video) for clip in held], env.device)
+                report["holdout_psnr"] = {clip.clip_id: round(score, 3) for clip, score in zip(held, scores)}
+                report["holdout_psnr_mean"] = sum(scores) / len(scores)
+                log0(f"held-out full-clip PSNR {report['holdout_psnr_mean']:.2f} dB over {len(scores)} clips")
+            write_json_atomic(start.run_dir / EVAL_NAME, report)
+            save_vae_folder(vae, start.run_dir / "vae")
+            log0(f"world VAE saved: {start.run_dir / 'vae'} (scaling_factor {1.0 / std:.4f})")
+        return 0
+    finally:
+        cleanup_distributed()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
