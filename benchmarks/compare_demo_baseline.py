@@ -12,7 +12,7 @@ same way on the same CPU, then compare:
     python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
 
 Every logged number except wall-clock times and memory must be equal (==, not approximately); eval metrics must
-be equal too (timings, and the absolute checkpoint paths in the header, are skipped). Exit code 1 on any difference, with one line per difference.
+be equal too (timings, and the absolute paths in the header - checkpoints, LPIPS heads - are skipped). Exit code 1 on any difference, with one line per difference.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ RUNS = {
 }
 EVAL_NAME = (f"{list(RUNS)[2]}_ckptstep8__{list(RUNS)[0]}_ckptstep240_fppp_holdout25")
 SKIPPED_PREFIXES = ("time/", "memory/")
-# Wall-clock figures, and the header entries that hold the checkpoints' absolute paths (where the demo ran).
-SKIPPED_EVAL_KEYS = {"timings", "speedup", "checkpoints", "legend"}
+# Wall-clock figures, and the header entries that hold absolute paths: the checkpoints' (where the demo ran) and the
+# LPIPS linear heads' (where the pinned lpips package is installed, e.g. a virtual environment).
+SKIPPED_EVAL_KEYS = {"timings", "speedup", "checkpoints", "legend", "linear_heads"}
 
 
 def read_jsonl(path: Path) -> list[dict]:
