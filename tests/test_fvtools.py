@@ -39,6 +39,15 @@ CPU = torch.device("cpu")
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: one thread is faster than two, and much faster on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """A demo-config Teacher folder (random weights, every path active) and a 3-clip video-latent demo dataset."""
