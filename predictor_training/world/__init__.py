@@ -7,6 +7,11 @@
 * ``paths``: ``make_pose_string(seed, num_latents)``, ``video_frame_cameras(pose_string, num_frames)``.
 * ``clips``: ``WorldSettings``, ``make_world(out, settings)`` -> clip tables for the video-latent builder
   (``tools/render_world.py`` is the command line; data.md, section "Demo world: rendered clips").
+* ``vae``: the world VAE (a small ``AutoencoderKLHunyuanVideo15``), its training windows and PSNR
+  (``tools/train_world_vae.py``).
+* ``assets``: the world Teacher's config and the encoder folder (tiny text/vision encoders + the world VAE).
+
+``tools/build_demo_world.py`` rebuilds everything: render, VAE, encoders, encode, df_sft, ODE cache, kd.
 
 Axes: OpenCV camera axes of the start camera (x right, y down, z forward), the ground at y = +1.
 """
