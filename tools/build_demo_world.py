@@ -17,6 +17,8 @@ Stages and outputs (all under --out):
     df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
     ode_cache  ode_cache/         tools/build_ode_cache.py: the df_sft model's many-step rollouts
     kd         kd/model/          fvtools/train_kd.py: the 4-step world Teacher at shift 5 (the real schedule)
+    ship       predictor_training/world/weights/{vae,teacher}/, plus world_config.json and build_report.json:
+               what the package ships (commit it; git keeps every version, so rarely)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from predictor_training.atomic_io import write_json_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd")
+STAGES = ("render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd", "ship")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -104,6 +106,14 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2", "--log_every", "10",
                  "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed), "--experiment", "world_kd",
                  "--output_dir", str(out / "kd"), "--no_progress"]]
+    if stage == "ship":
+        code = ("import shutil,sys; from pathlib import Path; from predictor_training.world.assets import WORLD_WEIGHTS; "
+                "out=Path(sys.argv[1]); staging=WORLD_WEIGHTS.parent/'.weights.writing'; "
+                "shutil.rmtree(staging, ignore_errors=True); staging.mkdir(); "
+                "shutil.copytree(out/'vae_run'/'vae', staging/'vae'); shutil.copytree(out/'kd'/'model', staging/'teacher'); "
+                "shutil.copy(out/'render'/'world_config.json', staging); shutil.copy(out/'build_report.json', staging); "
+                "shutil.rmtree(WORLD_WEIGHTS, ignore_errors=True); staging.rename(WORLD_WEIGHTS)")
+        return [[python, "-c", code, str(out)]]
     raise ValueError(stage)
 
 

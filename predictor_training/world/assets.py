@@ -22,6 +22,7 @@ from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.model import WorldPlayTransformer
 
 WORLD_TEACHER_DEPTH = 12
+WORLD_WEIGHTS = Path(__file__).resolve().parent / "weights"  # what tools/build_demo_world.py --stages ship writes
 
 
 def world_teacher_config(latent_channels: int, depth: int = WORLD_TEACHER_DEPTH) -> dict:
