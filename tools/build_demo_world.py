@@ -112,6 +112,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                 "shutil.rmtree(staging, ignore_errors=True); staging.mkdir(); "
                 "shutil.copytree(out/'vae_run'/'vae', staging/'vae'); shutil.copytree(out/'kd'/'model', staging/'teacher'); "
                 "shutil.copy(out/'render'/'world_config.json', staging); shutil.copy(out/'build_report.json', staging); "
+                "shutil.copy(out/'vae_run'/'vae_eval.json', staging); "
+                "(WORLD_WEIGHTS/'README.md').is_file() and shutil.copy(WORLD_WEIGHTS/'README.md', staging); "
                 "shutil.rmtree(WORLD_WEIGHTS, ignore_errors=True); staging.rename(WORLD_WEIGHTS)")
         return [[python, "-c", code, str(out)]]
     raise ValueError(stage)
