@@ -93,3 +93,9 @@ def test_training_lowers_the_loss_and_exports_a_scaled_vae(tmp_path):
     assert math.isclose(vae.config.scaling_factor, 1 / report["latent_std"], rel_tol=1e-6)
     assert report["holdout_psnr_mean"] > 10
     assert trainer.main(argv) == 0  # finished: nothing to do
+    # --init_from: a new run starts from the exported weights (fresh optimizer), so it starts where the first ended.
+    warm = tmp_path / "warm"
+    assert trainer.main([*argv[:argv.index("--max_steps")], "--max_steps", "2", "--warmup_steps", "0",
+                         "--init_from", str(out / "vae"), "--output_dir", str(warm), "--no_progress"]) == 0
+    warm_first = json.loads((warm / "train_log.jsonl").read_text().splitlines()[0])["mse"]
+    assert warm_first < 0.8 * log[0]["mse"]

@@ -18,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import safetensors.torch
 import torch
 
 from predictor_training.atomic_io import write_json_atomic
@@ -68,6 +69,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--block_out_channels", type=str, default="8,16,32,32",
                        help="four channel widths (spatial factor 8) (default %(default)s)")
     model.add_argument("--kl_weight", type=float, default=1e-6, help="weight of the KL term (default %(default)g)")
+    model.add_argument("--init_from", type=Path, default=None,
+                       help="start from these VAE weights (a diffusers vae/ folder such as predictor_training/world/"
+                            "weights/vae, or a vae_step_XXXXX.safetensors) with a fresh optimizer and schedule; the "
+                            "config must match --latent_channels / --block_out_channels")
     add_method_optimization_args(parser, lr=1.5e-3, max_steps=3000, warmup_steps=50, grad_accum=2, weight_decay=0.0,
                                  adam_beta1=0.9, adam_beta2=0.99, grad_clip=1.0)
     add_run_args(parser, experiment="world_vae", precision="fp32", ckpt_every=250, keep_last=2, log_every=10, seed=0)
@@ -78,6 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--clips={args.clips!s}: expected an existing clip table")
     if args.holdout is not None and not args.holdout.is_file():
         parser.error(f"--holdout={args.holdout!s}: no such file")
+    if args.init_from is not None and not (args.init_from.is_file() or (args.init_from / "config.json").is_file()):
+        parser.error(f"--init_from={str(args.init_from)!r}: expected a vae folder (config.json) or a .safetensors")
     if args.precision != "fp32":
         parser.error("--precision: the world VAE trains in fp32")
     try:
@@ -126,6 +133,18 @@ class VaeStep:
                 "psnr": psnr(reconstruction.detach(), x), "frames": float(x.shape[2])}
 
 
+def load_initial_weights(vae, source: Path) -> None:
+    """Strictly load a vae/ folder's or a loop checkpoint's weights (cast to the model's FP32)."""
+    if source.is_dir():
+        from diffusers import AutoencoderKLHunyuanVideo15
+
+        state = AutoencoderKLHunyuanVideo15.from_pretrained(str(source)).state_dict()
+    else:
+        state = safetensors.torch.load_file(str(source))
+    vae.load_state_dict({name: tensor.float() for name, tensor in state.items()}, strict=True)
+    log0(f"world VAE initialised from {source}")
+
+
 def save_vae_folder(vae, folder: Path) -> None:
     """`save_pretrained` into a staging folder, then renamed into place."""
     staging = folder.parent / f".{folder.name}.writing"
@@ -155,6 +174,8 @@ def main(argv=None) -> int:
         if start.kind == "finished":  # trained, but stopped before the export below
             load_model_weights(start.resume_path, vae, expect=meta, role=ROLE)
         else:
+            if start.resume_path is None and args.init_from is not None:
+                load_initial_weights(vae, args.init_from)
             if env.is_main:
                 start.run_dir.mkdir(parents=True, exist_ok=True)
             clips = read_clip_table(args.clips)
