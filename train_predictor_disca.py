@@ -65,9 +65,9 @@ from predictor_training.teacher.source import describe_teacher, load_teacher, re
 
 VARIANT = "disca"
 
-# The CPU demo: blocks 1,2 of the demo dataset's 4-block Teacher; a short fp32 run without tracker or workers.
+# The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker.
 PRESETS = {
-    "demo": ["--experiment", "predictor_disca_demo", "--source_blocks", "1,2", "--precision", "fp32",
+    "demo": ["--experiment", "predictor_disca_demo", "--source_blocks", "1,10", "--precision", "fp32",
              "--max_steps", "240", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
              "--batch_size", "8", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0"],
 }

@@ -82,12 +82,12 @@ from predictor_training.teacher.source import describe_teacher, load_teacher, re
 VARIANT = "v4"
 RECIPE = "rollout_fppp"
 
-_DEMO = ["--source_blocks", "1,2", "--precision", "fp32", "--max_steps", "8", "--scheduler_warmup_steps", "2",
+_DEMO = ["--source_blocks", "1,10", "--precision", "fp32", "--max_steps", "8", "--scheduler_warmup_steps", "2",
          "--block_warmup_steps", "2", "--ckpt_every", "4", "--tracker", "none", "--num_workers", "0"]
 _OVERFIT8 = ["--subset_cases", "8", "--subset_seed", "20260721", "--scheduler_warmup_steps", "8",
              "--block_warmup_steps", "8"]
 PRESETS = {
-    # The CPU demo: blocks 1,2 of the demo dataset's 4-block Teacher; a short fp32 run without tracker or workers.
+    # The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker.
     "demo": ["--experiment", "predictor_v4_rollout_fppp_demo", *_DEMO],
     # overfit8 (train.md § overfit8): 8 fixed cases x their actions, warmup and block freeze of 8 steps.
     "overfit8": _OVERFIT8,

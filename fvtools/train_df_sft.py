@@ -72,8 +72,8 @@ ROLE = "student"
 DATA_KINDS = {"video_latents": VIDEO_CONFIG_NAME, "teacher_samples": DATASET_CONFIG_NAME}
 
 PRESETS = {
-    # The CPU demo: a 4-block, width-64 model of the demo Teacher's config trained from scratch on the demo
-    # video latents (4 train clips of 8 latents), FP32, no tracker.
+    # The CPU demo: a model of the demo world Teacher's config (12 blocks, width 64) trained from scratch on the
+    # demo world's video latents (48 train clips of 32 latents), FP32, no tracker.
     "demo": ["--experiment", "df_sft_demo", "--train", "full", "--init_weights", "scratch", "--precision", "fp32",
              "--lr", "1e-3", "--max_steps", "300", "--warmup_steps", "20", "--chunks_per_clip", "2",
              "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",

@@ -105,7 +105,7 @@ def test_jsonl_append_rewrite_and_torn_tail(tmp_path):
 def demo(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("demo") / "D"
     command = [sys.executable, str(TOOLS / "make_demo_assets.py"), "--out", str(root), "--num_train", "2",
-               "--num_holdout25", "1", "--num_holdout50", "1"]
+               "--num_holdout25", "1", "--num_holdout50", "1", "--kind", "random"]
     result = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root

@@ -16,7 +16,7 @@ from predictor_training.teacher import WorldPlayTransformer, zero_initialised_en
 
 TOOL_PATH = Path(__file__).resolve().parents[1] / "tools" / "make_demo_assets.py"
 COUNTS = {"train": 2, "holdout25": 1, "holdout50": 1}
-ARGV = ["--num_train", "2", "--num_holdout25", "1", "--num_holdout50", "1", "--seed", "0"]
+ARGV = ["--num_train", "2", "--num_holdout25", "1", "--num_holdout50", "1", "--seed", "0", "--kind", "random"]
 
 
 def run_tool(out: Path) -> subprocess.CompletedProcess:

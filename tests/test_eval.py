@@ -1,17 +1,20 @@
 """tools/eval_predictor.py and the package predictor_training/eval/ + flops.py on a tiny Teacher, a tiny random VAE
 and an untrained Predictor (which is exactly hidden reuse): equal rollouts, reference reproduction, resume, outputs,
-FLOPs. The command line runs as a subprocess, as a user runs it."""
+ground truth, FLOPs. The command line runs as a subprocess, as a user runs it."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
@@ -43,6 +46,8 @@ from predictor_training.eval import (
     rollout_config_for,
     run_evaluation,
 )
+from predictor_training.eval.methods import REPEAT_FIRST_FRAME
+from predictor_training.eval.reports import side_by_side_scale_for
 from predictor_training.flops import (
     TeacherShape,
     context_prefill_flops,
@@ -54,6 +59,7 @@ from predictor_training.predictor import build_predictor
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.video_io import read_video, write_video
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOL = REPO_ROOT / "tools" / "eval_predictor.py"
@@ -63,6 +69,10 @@ HEIGHT, WIDTH = 2, 3
 RUN_DIR_NAME = "v4tiny_flr1e-4_blr1e-5_schedsteps20_swarmup2_bwarmup2"
 STEP = 5
 SOURCE_BLOCKS = (0, 1)
+CLI_FRAMES = (CLI_LATENTS - 1) * 4 + 1  # decoded frames of a CLI video (temporal compression 4)
+FRAME_SIZE = (HEIGHT * 16, WIDTH * 16)  # decoded frame height, width (spatial compression 16): 32 x 48
+SIDE_BY_SIDE_SCALE = 6  # auto: the smallest factor making 32-pixel panels >= 192 pixels high
+SIDE_BY_SIDE_LABEL = 24  # label strip of panels >= 256 pixels wide
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -341,8 +351,182 @@ def test_no_replaced_steps_reproduce_the_reference(world, tmp_path):
     assert "| inf |" in (run_dir / "table.md").read_text() and "| inf |" in report["table"]
 
 
+def test_without_ground_truth_nothing_is_added(fppp_run):
+    """A run without ground truth writes exactly the files and keys it always did (the demo baseline compares
+    aggregate.json); only the side-by-side panels are scaled up."""
+    run_dir = fppp_run["run_dir"]
+    aggregate = _json(run_dir / "aggregate.json")
+    assert list(aggregate) == ["header", "methods"] and "ground_truth" not in aggregate["header"]
+    assert REPEAT_FIRST_FRAME not in aggregate["header"]["display_names"]
+    assert "ground_truth" not in _json(run_dir / "eval_config.json")["settings"]
+    assert "against_ground_truth" not in _json(run_dir / "videos" / "c000__a0.json")
+    assert not (run_dir / "drift_ground_truth.png").exists()
+    for name in ("per_video.csv", "per_chunk.csv", "aggregate.csv"):
+        text = (run_dir / name).read_text()
+        assert "gt_" not in text.splitlines()[0] and REPEAT_FIRST_FRAME not in text, name
+    assert "ground truth" not in (run_dir / "table.md").read_text()
+    video = read_video(run_dir / "side_by_side" / "c000__a0.mp4")  # reference | reuse v | reuse h | P
+    panel_width = FRAME_SIZE[1] * SIDE_BY_SIDE_SCALE
+    assert video.shape == (CLI_FRAMES, SIDE_BY_SIDE_LABEL + FRAME_SIZE[0] * SIDE_BY_SIDE_SCALE,
+                           4 * panel_width + 3 * 4, 3)
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# 3. Schedules, names, argument checks
+# 3. Ground truth
+# ---------------------------------------------------------------------------------------------------------------
+def _write_ground_truth(folder: Path, keys, num_frames: int = CLI_FRAMES, mp4_keys=()) -> Path:
+    """Random uint8 ground-truth videos [num_frames, 32, 48, 3]: PNG-frame folders <key>/, lossless <key>.mp4 for
+    mp4_keys."""
+    generator = np.random.default_rng(5)
+    for key in keys:
+        frames = generator.integers(0, 256, (num_frames, *FRAME_SIZE, 3), dtype=np.uint8)
+        if key in mp4_keys:
+            write_video(folder / f"{key}.mp4", frames, fps=24.0, lossless=True)
+        else:
+            write_video(folder / key, frames, fps=24.0)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ground_truth_run(world, tmp_path_factory) -> dict:
+    truth = _write_ground_truth(tmp_path_factory.mktemp("ground_truth"), ("c000__a0", "c000__a2"),
+                                mp4_keys=("c000__a2",))
+    out = tmp_path_factory.mktemp("eval_ground_truth_out")
+    result = _cli(world, out, "--replace_steps", "1,2,3", "--num_side_by_side", "1", "--warmup_chunks", "0",
+                  "--ground_truth", str(truth))
+    assert result.returncode == 0, result.stderr
+    return {"truth": truth, "printed": result.stdout, "run_dir": out / f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout25"}
+
+
+def _settings(world: dict, output_root: Path, **overrides) -> EvalSettings:
+    """The library entry point's settings for the tiny world (holdout25, F-P-P-P, no warm-up, no side-by-side)."""
+    root = world["root"]
+    settings = EvalSettings(
+        teacher_source=TeacherSource(root / "teacher", None, "--teacher", None), vae=root / "vae",
+        sample_table=root / "samples" / "holdout25.jsonl", split="holdout25", case_source="encoded",
+        case_root=root / "encoded", num_latents=CLI_LATENTS, checkpoints=[world["ckpt"]],
+        schedule=Schedule((1, 2, 3)), dtype=torch.float32, vae_dtype=torch.float32, output_root=output_root,
+        num_side_by_side=0, lpips_random_backbone=True, warmup_chunks=0, progress=False,
+    )
+    return dataclasses.replace(settings, **overrides)
+
+
+def test_every_method_and_the_still_first_frame_are_scored_against_the_ground_truth(ground_truth_run):
+    truth, run_dir = ground_truth_run["truth"], ground_truth_run["run_dir"]
+    predictor = f"predictor_ckptstep{STEP}"
+    result = _json(run_dir / "videos" / "c000__a0.json")
+    against = result["against_ground_truth"]
+    assert against["video"] == str(truth / "c000__a0")
+    assert _json(run_dir / "videos" / "c000__a2.json")["against_ground_truth"]["video"] == str(truth / "c000__a2.mp4")
+    assert list(against["methods"]) == [REFERENCE, REUSE_VELOCITY, REUSE_HIDDEN, predictor, REPEAT_FIRST_FRAME]
+    for name in (REFERENCE, REPEAT_FIRST_FRAME):
+        scores = against["methods"][name]
+        for key in ("psnr_full", "ssim", "lpips_random_backbone_NOT_LPIPS", "mse", "temporal_delta_mse"):
+            assert math.isfinite(scores["metrics"][key]), (name, key)
+        assert len(scores["per_chunk"]) == 2 and all(math.isfinite(chunk["psnr_full"]) for chunk in scores["per_chunk"])
+        assert len(scores["per_frame"]["psnr"]) == CLI_FRAMES
+    # the still image equals the ground truth at frame 0 only: PSNR there is what the metric code gives identical
+    # frames (inf), and 0 < its score elsewhere
+    still = against["methods"][REPEAT_FIRST_FRAME]
+    assert still["per_frame"]["mse"][0] == 0 and still["per_frame"]["psnr"][0] == "inf"
+    assert still["metrics"]["identical_frames"] == 1 and still["metrics"]["psnr_frame_mean"] == "inf"
+    assert against["methods"][REFERENCE]["metrics"]["identical_frames"] == 0
+    # the untrained Predictor is hidden reuse against the ground truth too; the against-reference record is as before
+    assert against["methods"][predictor]["metrics"] == against["methods"][REUSE_HIDDEN]["metrics"]
+    assert "metrics" not in result["methods"][REFERENCE] and "metrics" in result["methods"][predictor]
+
+
+def test_ground_truth_reports(ground_truth_run):
+    truth, run_dir = ground_truth_run["truth"], ground_truth_run["run_dir"]
+    predictor = f"predictor_ckptstep{STEP}"
+    names = [REFERENCE, REUSE_VELOCITY, REUSE_HIDDEN, predictor, REPEAT_FIRST_FRAME]
+    assert _json(run_dir / "eval_config.json")["settings"]["ground_truth"] == str(truth.resolve())
+    aggregate = _json(run_dir / "aggregate.json")
+    assert aggregate["header"]["ground_truth"] == str(truth.resolve())
+    assert list(aggregate["methods"]) == names[:-1] and list(aggregate["against_ground_truth"]) == names
+    still = aggregate["against_ground_truth"][REPEAT_FIRST_FRAME]
+    assert still["num_videos"] == 2 and still["metrics"]["identical_frames"] == 2 and len(still["per_chunk"]) == 2
+    assert math.isfinite(aggregate["against_ground_truth"][REFERENCE]["metrics"]["psnr_full"])
+    # CSV files: gt_ columns; rows for the reference and the still frame (their against-reference cells empty)
+    per_video = (run_dir / "per_video.csv").read_text().splitlines()
+    assert per_video[0].startswith("video,method,psnr_full,") and ",end_to_end_s,gt_psnr_full," in per_video[0]
+    assert len(per_video) == 1 + 2 * len(names)
+    assert any(line.startswith(f"c000__a0,{REPEAT_FIRST_FRAME},,") for line in per_video)
+    per_chunk = (run_dir / "per_chunk.csv").read_text()
+    assert "gt_psnr_full" in per_chunk.splitlines()[0] and f"MEAN,{REPEAT_FIRST_FRAME},1," in per_chunk
+    aggregate_csv = (run_dir / "aggregate.csv").read_text().splitlines()
+    assert "gt_psnr_full" in aggregate_csv[0] and aggregate_csv[-1].startswith(f"{REPEAT_FIRST_FRAME},")
+    # the second table and the second drift plot
+    table = (run_dir / "table.md").read_text()
+    assert "**Against the ground truth**" in table and f"| {REPEAT_FIRST_FRAME} |" in table
+    assert table.count(f"| predictor ckptstep{STEP} |") == 3  # vs reference, vs ground truth, speed
+    assert "**Against the ground truth**" in ground_truth_run["printed"]
+    assert (run_dir / "drift_ground_truth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_side_by_side_leads_with_the_ground_truth_scaled_up(ground_truth_run):
+    run_dir = ground_truth_run["run_dir"]
+    video = read_video(run_dir / "side_by_side" / "c000__a0.mp4").astype(np.float64)
+    height, width = (size * SIDE_BY_SIDE_SCALE for size in FRAME_SIZE)
+    assert video.shape == (CLI_FRAMES, SIDE_BY_SIDE_LABEL + height, 5 * width + 4 * 4, 3)
+    truth = read_video(ground_truth_run["truth"] / "c000__a0")
+    truth = truth.repeat(SIDE_BY_SIDE_SCALE, axis=1).repeat(SIDE_BY_SIDE_SCALE, axis=2).astype(np.float64)
+
+    def error_of_panel(index: int) -> float:  # mean |pixel - upscaled ground truth| (the mp4 is lossy)
+        left = index * (width + 4)
+        return float(np.abs(video[:, SIDE_BY_SIDE_LABEL:, left : left + width] - truth).mean())
+
+    assert error_of_panel(0) < error_of_panel(1) / 2  # ground truth | reference | ...
+    assert [side_by_side_scale_for(height_, requested) for height_, requested in
+            ((32, 0), (191, 0), (192, 0), (480, 0), (32, 2))] == [6, 2, 1, 1, 2]
+
+
+def test_missing_ground_truth_fails_before_anything_runs(world, tmp_path):
+    truth = _write_ground_truth(tmp_path / "truth", ("c000__a0",))  # the split also has c000__a2
+    with pytest.raises(FileNotFoundError, match=re.escape(str(truth / "c000__a2.mp4"))) as error:
+        run_evaluation(_settings(world, tmp_path / "out", ground_truth=truth), init_distributed("gloo"))
+    assert "1 of 2 rows" in str(error.value) and str(truth / "c000__a0") not in str(error.value)
+    assert not (tmp_path / "out").exists()  # refused before the run directory, so before any rollout
+
+
+def test_ground_truth_of_another_length_is_an_error_naming_the_file(world, tmp_path, monkeypatch):
+    truth = _write_ground_truth(tmp_path / "truth", ("c000__a0",), num_frames=CLI_FRAMES - 1)
+
+    def no_rollout(*args, **kwargs):
+        raise AssertionError("a rollout ran before the ground truth's shape was checked")
+
+    monkeypatch.setattr(EvalRuntime, "rollout", no_rollout)
+    expected = f"{truth / 'c000__a0'}: ground-truth frame count is {CLI_FRAMES - 1}, expected {CLI_FRAMES}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        run_evaluation(_settings(world, tmp_path / "out", ground_truth=truth, max_videos=1),
+                       init_distributed("gloo"))
+
+
+def test_demo_folder_names_its_ground_truth(tmp_path, capsys):
+    """--demo D: the ground truth defaults to D/<demo_config.json's "ground_truth">; older demo folders have none."""
+    spec = importlib.util.spec_from_file_location("eval_predictor_tool", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    demo = tmp_path / "demo"
+    (demo / "samples").mkdir(parents=True)
+    (demo / "samples" / "holdout25.jsonl").write_text("")
+    argv = ["--demo", str(demo), "--lpips_random_backbone"]
+    parse = lambda *extra: tool.parse_args(tool.build_parser(), [*argv, *extra])  # noqa: E731
+    assert parse().ground_truth is None  # no demo_config.json
+    (demo / "demo_config.json").write_text(json.dumps({"num_latents": 32}))
+    assert parse().ground_truth is None  # a demo config without ground truth
+    (demo / "demo_config.json").write_text(json.dumps({"num_latents": 32, "ground_truth": "ground_truth"}))
+    with pytest.raises(SystemExit):
+        parse()
+    assert f"ground truth {demo / 'ground_truth'} (from the 'ground_truth' entry of" in capsys.readouterr().err
+    (demo / "ground_truth").mkdir()
+    assert parse().ground_truth == demo / "ground_truth"
+    (tmp_path / "elsewhere").mkdir()
+    assert parse("--ground_truth", str(tmp_path / "elsewhere")).ground_truth == tmp_path / "elsewhere"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Schedules, names, argument checks
 # ---------------------------------------------------------------------------------------------------------------
 def test_schedule_letters_and_chunk0_rule():
     fppp = Schedule(parse_replace_steps("1,2,3"))
@@ -423,7 +607,7 @@ def test_explicit_teacher_is_checked_against_the_training_dataset_record(world, 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. FLOP counts against torch's own counter (matmuls + attention)
+# 5. FLOP counts against torch's own counter (matmuls + attention)
 # ---------------------------------------------------------------------------------------------------------------
 def _cpu_sdpa_flops(query, key, value, *args, out_shape=None, **kwargs):
     return sdpa_flop_count(query, key, value)

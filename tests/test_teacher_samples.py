@@ -215,7 +215,7 @@ def real_build(tmp_path_factory, one_thread):
     folder = tmp_path_factory.mktemp("teacher_samples_real")
     demo = folder / "D"
     command = [sys.executable, str(REPO_ROOT / "tools" / "make_demo_assets.py"), "--out", str(demo),
-               "--num_train", "1", "--num_holdout25", "1", "--num_holdout50", "1"]
+               "--num_train", "1", "--num_holdout25", "1", "--num_holdout50", "1", "--kind", "random"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}  # this checkout's package
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -70,14 +70,22 @@ split_positional() {
   EXTRA_ARGS=("$@")
 }
 
-# ensure_demo_dataset: make the demo assets and the demo Teacher-trajectory dataset if they are missing.
-# Completion markers are what the tools write last: make_demo_assets.py moves its finished folder (with
-# demo_config.json) into place in one rename; build_predictor_dataset.py writes manifest.jsonl after every rank
-# finished and then removes manifest_parts/. A half-built dataset is resumed by rerunning the builder.
+# ensure_demo_assets / ensure_demo_dataset / ensure_demo_video_latents: make what the CPU demo needs when missing.
+# The demo is the shipped demo world (tools/make_demo_assets.py --kind world: the trained world Teacher and VAE,
+# rendered scenes with ground truth; data.md "Demo world"). Completion markers are what the tools write last:
+# make_demo_assets.py moves its finished folder (with demo_config.json) into place in one rename; the dataset
+# builders write manifest.jsonl after every rank finished and then remove manifest_parts/. A half-built dataset is
+# resumed by rerunning the builder. Demo folders made by an older version (a random Teacher) are refused, not
+# replaced: move ${DEMO_ROOT} away or set DEMO_ROOT.
 ensure_demo_assets() {
-  if [[ ! -f "${DEMO_ROOT}/assets/demo_config.json" ]]; then
-    echo "[launch] making demo assets in ${DEMO_ROOT}/assets"
+  local config="${DEMO_ROOT}/assets/demo_config.json"
+  if [[ ! -f "${config}" ]]; then
+    echo "[launch] making the demo-world assets in ${DEMO_ROOT}/assets"
     "${PYTHON}" "${REPO_ROOT}/tools/make_demo_assets.py" --out "${DEMO_ROOT}/assets"
+  elif ! grep -q '"kind": "world"' "${config}"; then
+    echo "[launch] ${DEMO_ROOT}/assets holds the old random-Teacher demo (its demo_config.json has no \"kind\": \"world\")." >&2
+    echo "[launch] The demo now runs on the demo world: move ${DEMO_ROOT} away (or set DEMO_ROOT=another/folder) and rerun." >&2
+    exit 2
   fi
 }
 
@@ -90,14 +98,21 @@ ensure_demo_dataset() {
   fi
 }
 
-# ensure_demo_video_latents: the demo assets, then the demo video-latent dataset (procedural clips encoded with the
-# demo's tiny encoders) in ${DEMO_ROOT}/video_latents, finished when manifest.jsonl stands without manifest_parts/.
+# ensure_demo_video_latents: the demo assets, then the video-latent dataset of their world clips (the rendered
+# ground truth of the train / holdout rows, encoded with the world VAE and the tiny encoders) in
+# ${DEMO_ROOT}/video_latents.
 ensure_demo_video_latents() {
   ensure_demo_assets
+  local assets="${DEMO_ROOT}/assets"
   if [[ ! -f "${DEMO_ROOT}/video_latents/manifest.jsonl" || -d "${DEMO_ROOT}/video_latents/manifest_parts" ]]; then
     echo "[launch] building the demo video-latent dataset in ${DEMO_ROOT}/video_latents"
+    local size
+    read -r -a size < <("${PYTHON}" -c "import json,sys; c=json.load(open(sys.argv[1])); \
+print(c['resolution']['height'], c['resolution']['width'], 4 * (c['num_latents'] - 1) + 1)" "${assets}/demo_config.json")
     "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node 2 \
-      "${REPO_ROOT}/tools/build_video_latent_dataset.py" --demo "${DEMO_ROOT}/assets" --out "${DEMO_ROOT}/video_latents"
+      "${REPO_ROOT}/tools/build_video_latent_dataset.py" --clips "${assets}/clips/train.jsonl,${assets}/clips/holdout.jsonl" \
+      --encoders "${assets}/encoders" --height "${size[0]}" --width "${size[1]}" --num_frames "${size[2]}" \
+      --dtype float32 --storage_dtype float32 --out "${DEMO_ROOT}/video_latents"
   fi
 }
 

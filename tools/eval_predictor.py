@@ -4,8 +4,9 @@
 For each (case, action) of a split, the same seed is rolled out as the reference F-F-F-F, as velocity reuse and
 hidden reuse at the replaced steps, and with each --ckpt's Predictor at the replaced steps; the videos are decoded
 with the VAE and every method is scored against the reference (PSNR full / frame-mean, SSIM, LPIPS, pixel MSE /
-RMSE / MAE, temporal-delta MSE; per video, per chunk and aggregated). The logic lives in
-the package predictor_training/eval/; see train.md, section "Evaluation".
+RMSE / MAE, temporal-delta MSE; per video, per chunk and aggregated). With --ground_truth (or a demo folder that has
+one) every method, and the still first frame (repeat_first_frame), is also scored against the ground-truth videos.
+The logic lives in the package predictor_training/eval/; see train.md, section "Evaluation".
 
 Demo (CPU, after `bash tools/launch_predictor_v4_rollout_training.sh`; no AlexNet weights here, so the LPIPS column is
 the clearly labelled random-backbone figure):
@@ -22,21 +23,25 @@ Real model, 8 GPUs, two checkpoints sharing the reference rollouts:
 
 Outputs go to <output_root>/<train_run>_ckptstep<N>_<schedule>_<split>/ (default output_root: eval/ in the
 repository): eval_config.json, videos/*.json (one per finished video; a rerun skips them), per_video.csv,
-per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md, side_by_side/*.mp4.
+per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md, side_by_side/*.mp4 (with ground
+truth also drift_ground_truth.png).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from predictor_training.data.sample_table import SPLIT_NAMES
 from predictor_training.distributed import cleanup_distributed, init_distributed, print0
 from predictor_training.eval import DTYPES, Schedule, parse_replace_steps, run_evaluation, settings_from_args
+from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.video_metrics import LpipsWeightsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
+DEMO_CONFIG_NAME = "demo_config.json"  # its optional "ground_truth" key names the demo's ground-truth folder
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "held-out numbers are the ones that count")
     inputs.add_argument("--max_videos", type=int, default=None, help="evaluate only the first N rows of the split")
     inputs.add_argument("--num_latents", type=int, default=32, help="latent frames per video (poses must match)")
+    inputs.add_argument("--ground_truth", type=Path, default=None, metavar="DIR", help="folder of ground-truth "
+                        "videos, one per evaluated row, named by its video key <case_id>__a<action_id>: a folder of "
+                        "PNG frames DIR/<key>/ or a file DIR/<key>.mp4, with the decoded videos' frame count, height "
+                        "and width. Every method, the reference included, and the still-image baseline "
+                        "repeat_first_frame (the ground truth's first frame held) are then also scored against it. "
+                        f"Default with --demo D: D/<the 'ground_truth' entry of D/{DEMO_CONFIG_NAME}> when it has "
+                        "one, else none")
     method = parser.add_argument_group("methods")
     method.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
                         "(predictor_step_XXXXX.safetensors or training_latest.pt); repeat to compare several in one "
@@ -79,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--run_name", type=str, default=None, help="eval run directory name; default "
                         "<train_run>_ckptstep<N>_<schedule>_<split>")
     output.add_argument("--num_side_by_side", type=int, default=2, help="side-by-side mp4 for the first N videos")
+    output.add_argument("--side_by_side_scale", type=int, default=0, metavar="N", help="integer nearest-neighbour "
+                        "upscaling of every side-by-side panel; 0 = auto: the smallest factor that makes a panel at "
+                        f"least {SIDE_BY_SIDE_MIN_HEIGHT} pixels high (1 for videos that are already)")
     output.add_argument("--fps", type=float, default=24.0, help="frame rate of the side-by-side mp4")
     output.add_argument("--lpips_alexnet", type=Path, default=None, help="torchvision AlexNet state dict for LPIPS; "
                         "default $TORCH_HOME/hub/checkpoints/alexnet-owt-7be5be79.pth; nothing is downloaded")
@@ -93,9 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def demo_ground_truth(parser: argparse.ArgumentParser, demo: Path) -> Path | None:
+    """D/<"ground_truth" of D/demo_config.json>, or None when the demo folder records no ground truth (older demo
+    folders, or no demo_config.json)."""
+    config_path = demo / DEMO_CONFIG_NAME
+    if not config_path.is_file():
+        return None
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        parser.error(f"--demo {demo}: {config_path} is not valid JSON ({error})")
+    return None if config.get("ground_truth") is None else demo / config["ground_truth"]
+
+
 def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Flags plus the cross-flag rules that need no file beyond the sample table."""
     args = parser.parse_args(argv)
+    ground_truth_origin = "--ground_truth"
     if args.demo is not None:
         given = [flag for flag in ("teacher", "action_ckpt", "vae", "samples_dir", "encoded", "dataset_root")
                  if getattr(args, flag) is not None]
@@ -103,6 +132,9 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
             parser.error(f"--demo replaces --{', --'.join(given)}")
         args.teacher, args.vae = args.demo / "teacher", args.demo / "encoders" / "vae"
         args.samples_dir, args.encoded = args.demo / "samples", args.demo / "encoded"
+        if args.ground_truth is None:
+            args.ground_truth = demo_ground_truth(parser, args.demo)
+            ground_truth_origin = f"the 'ground_truth' entry of {args.demo / DEMO_CONFIG_NAME}"
     missing = [flag for flag in ("vae", "samples_dir") if getattr(args, flag) is None]
     if missing:
         parser.error(f"missing --{', --'.join(missing)} (or use --demo D)")
@@ -110,7 +142,10 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         parser.error("give exactly one case source: --encoded DIR or --dataset_root DS")
     if args.lpips_alexnet is not None and args.lpips_random_backbone:
         parser.error("--lpips_alexnet and --lpips_random_backbone exclude each other")
-    for flag, minimum in (("max_videos", 1), ("num_side_by_side", 0), ("warmup_chunks", 0), ("num_latents", 4)):
+    if args.ground_truth is not None and not args.ground_truth.is_dir():
+        parser.error(f"ground truth {args.ground_truth} (from {ground_truth_origin}): no such folder")
+    for flag, minimum in (("max_videos", 1), ("num_side_by_side", 0), ("side_by_side_scale", 0), ("warmup_chunks", 0),
+                          ("num_latents", 4)):
         value = getattr(args, flag)
         if value is not None and value < minimum:
             parser.error(f"--{flag} must be >= {minimum}, got {value}")

@@ -1,8 +1,23 @@
-"""Make the CPU demo assets: a tiny random Teacher, tiny encoders, procedural images, sample tables, encoder outputs.
+"""Make the CPU demo assets: a Teacher, encoders, source images, sample tables, encoder outputs (and ground truth).
 
-    python tools/make_demo_assets.py --out demo_data/D
+    python tools/make_demo_assets.py --out demo_data/D                  # the demo world (default)
+    python tools/make_demo_assets.py --out demo_data/D --kind random    # a tiny random Teacher (what tests use)
 
-Writes (a few MB, seconds on a CPU; the same arguments give byte-identical files):
+--kind world (default; about a minute on 2 CPU cores, ~15 MB): the shipped demo world
+(`predictor_training/world/weights/`, data.md "Demo world"): its trained 4-step Teacher and VAE, its rendered scenes
+and camera paths. A case is a scene, an action one of its camera paths (see predictor_training/world/shipped.py for
+which scenes go to which split):
+
+    D/teacher/            the world Teacher (copied from the weights folder)
+    D/encoders/           tiny text / glyph / vision encoders (seeded, as the Teacher was trained with) + the world VAE
+    D/images/{scene}.png  the scene's first frame (32 x 48), the image condition
+    D/samples/            poses/{clip}.json (the path's exact cameras), train.jsonl, holdout25.jsonl, holdout50.jsonl
+    D/ground_truth/{scene}__a{path}/   the clip's 125 rendered frames (PNG), what the eval compares against
+    D/clips/              train.jsonl, holdout.jsonl (holdout25 + holdout50): clip tables of the same clips for
+                          tools/build_video_latent_dataset.py --clips (the fvtools demos' video latents)
+    D/encoded, D/cases.jsonl, D/demo_config.json   as below (demo_config also names ground_truth and clips)
+
+--kind random (seconds, a few MB; what the tests use):
 
     D/teacher/            WorldPlayTransformer.from_preset("demo"), upstream zero-initialised layers given small random
                           values (`randomize_zero_initialised_`) so every path affects the output; save_pretrained
@@ -12,7 +27,9 @@ Writes (a few MB, seconds on a CPU; the same arguments give byte-identical files
     D/samples/            poses/*.json, train.jsonl, holdout25.jsonl, holdout50.jsonl (4 standard actions per case;
                           source_image paths relative to D/samples, so the folder can be moved)
     D/encoded/{case}.pt   encoder outputs at 64 x 96 (latent grid 4 x 6), made by the encoder stage's own function
-    D/demo_config.json    resolution, num_latents, latent grid, teacher preset, counts, seed
+    D/demo_config.json    kind, resolution, num_latents, latent grid, teacher preset, counts, seed
+
+The same arguments give byte-identical files.
 
 The folder is assembled next to --out and moved into place at the end; an existing --out is only replaced with
 --overwrite.
@@ -28,7 +45,9 @@ import time
 from pathlib import Path
 
 import torch
+from PIL import Image
 
+from predictor_training.camera import pose_string_to_json
 from predictor_training.data.encoders import (
     CaseEncoder,
     check_or_write_encode_config,
@@ -41,9 +60,11 @@ from predictor_training.data.encoders import (
 from predictor_training.data.sample_table import (
     STANDARD_ACTIONS,
     Case,
+    SampleRow,
     build_sample_rows,
     read_cases,
     read_sample_table,
+    sample_seed,
     split_cases,
     write_sample_table,
     write_standard_pose_files,
@@ -57,7 +78,12 @@ from predictor_training.demo import (
     make_demo_scenes,
     save_tiny_encoders,
 )
+from predictor_training.eval.runtime import video_key
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.video_io import write_video
+from predictor_training.world.assets import WORLD_WEIGHTS, write_world_encoders
+from predictor_training.world.clips import FPS, render_clip
+from predictor_training.world.shipped import ShippedWorld, demo_split_clips, load_shipped_world, scene_case_id
 
 # Sub-seeds of --seed for each ingredient, so changing one never shifts another.
 _TEACHER_SEED, _TEACHER_ZERO_INIT_SEED, _ENCODER_SEED = 1000, 2000, 3000
@@ -66,10 +92,19 @@ _TEACHER_SEED, _TEACHER_ZERO_INIT_SEED, _ENCODER_SEED = 1000, 2000, 3000
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="demo folder to create")
-    parser.add_argument("--num_train", type=int, default=12, help="cases in samples/train.jsonl")
-    parser.add_argument("--num_holdout25", type=int, default=3, help="cases in samples/holdout25.jsonl")
-    parser.add_argument("--num_holdout50", type=int, default=3, help="cases in samples/holdout50.jsonl")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the scenes, the split, the Teacher and the encoders")
+    parser.add_argument("--kind", choices=("world", "random"), default="world", help="world: the shipped demo world "
+                        "(trained Teacher and VAE, rendered scenes with ground truth); random: a tiny random Teacher "
+                        "on procedural images (default %(default)s)")
+    parser.add_argument("--world_weights", type=Path, default=WORLD_WEIGHTS, help="--kind world: the world weights "
+                        "folder (vae/, teacher/, world_config.json; default: the shipped one)")
+    parser.add_argument("--num_train", type=int, default=12, help="cases in samples/train.jsonl (world: scenes, each "
+                        "with its 4 train paths; random: images, each with the 4 standard actions)")
+    parser.add_argument("--num_holdout25", type=int, default=3, help="cases in samples/holdout25.jsonl (world: "
+                        "held-out scenes x their 4 paths)")
+    parser.add_argument("--num_holdout50", type=int, default=3, help="cases in samples/holdout50.jsonl (world: train "
+                        "scenes outside the demo's train split, each with its new path)")
+    parser.add_argument("--seed", type=int, default=0, help="random: seed of the scenes, the split, the Teacher and "
+                        "the encoders; world: seed of the rows' noise (the encoders keep the world's seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     args = parser.parse_args(argv)
     for flag in ("num_train", "num_holdout25", "num_holdout50"):
@@ -127,27 +162,76 @@ def write_teacher(root: Path, seed: int) -> WorldPlayTransformer:
     return teacher
 
 
-def write_encoders_and_encoded(root: Path, teacher_config, seed: int) -> tuple[int, int]:
-    """encoders/ (tiny, sized to the Teacher) and encoded/ (the encoder stage run on cases.jsonl)."""
-    save_tiny_encoders(root / "encoders", TinyEncoderSizes.for_teacher_config(teacher_config), seed + _ENCODER_SEED)
+def write_encoded(root: Path, teacher_config, height: int, width: int) -> tuple[int, int]:
+    """encoded/: the encoder stage run on cases.jsonl with D/encoders at height x width; checked to fit the Teacher."""
     encoder = CaseEncoder.from_pretrained(
         root / "encoders", "cpu", torch.float32, byt5_dtype=torch.float32, vae_dtype=torch.float32
     )
     jobs = jobs_from_cases(read_cases(root / "cases.jsonl"))
-    check_or_write_encode_config(root / "encoded", encode_settings(encoder, DEMO_HEIGHT, DEMO_WIDTH), write=True)
-    encode_cases_to_folder(encoder, jobs, root / "encoded", DEMO_HEIGHT, DEMO_WIDTH, show_progress=False)
-    grid = encoder.latent_grid(DEMO_HEIGHT, DEMO_WIDTH)
-    for job in jobs:  # the outputs must fit the demo Teacher
+    check_or_write_encode_config(root / "encoded", encode_settings(encoder, height, width), write=True)
+    encode_cases_to_folder(encoder, jobs, root / "encoded", height, width, show_progress=False)
+    grid = encoder.latent_grid(height, width)
+    for job in jobs:  # the outputs must fit the Teacher
         load_encoded_case(root / "encoded" / f"{job.case_id}.pt", teacher_config, grid)
     return grid
 
 
-def write_demo_config(root: Path, teacher_config, grid: tuple[int, int], rows: dict[str, int], seed: int) -> dict:
+def write_random_encoders(root: Path, teacher_config, seed: int) -> None:
+    """encoders/: tiny random encoders sized to the Teacher."""
+    save_tiny_encoders(root / "encoders", TinyEncoderSizes.for_teacher_config(teacher_config), seed + _ENCODER_SEED)
+
+
+def write_world_cases(root: Path, world: ShippedWorld, splits: dict[str, list], seed: int) -> dict[str, int]:
+    """images/, cases.jsonl, samples/ (poses + tables), ground_truth/ and clips/ of the chosen world clips.
+
+    clips/train.jsonl holds the train split's clips, clips/holdout.jsonl those of holdout25 and holdout50 (the clip
+    tables of tools/build_video_latent_dataset.py, whose splits are their file names).
+
+    Every clip is rendered once: its frames are the ground truth, its first frame the scene's image (all paths of a
+    scene start from the same camera). Returns the rows per split.
+    """
+    for folder in ("images", "samples/poses", "ground_truth", "clips"):
+        (root / folder).mkdir(parents=True)
+    cases: dict[str, Case] = {}
+    rows_per_split = {}
+    clip_lines = {"train": [], "holdout": []}
+    for name, clips in splits.items():
+        rows = []
+        for clip in clips:
+            case_id, key = scene_case_id(clip), video_key(scene_case_id(clip), clip.path_index)
+            frames = render_clip(clip, world.settings)
+            write_video(root / "ground_truth" / key, frames, fps=FPS, lossless=True)
+            if case_id not in cases:
+                buffer = io.BytesIO()
+                Image.fromarray(frames[0]).save(buffer, format="PNG")
+                write_bytes_atomic(root / "images" / f"{case_id}.png", buffer.getvalue())
+                cases[case_id] = Case(case_id, f"images/{case_id}.png", clip.caption)
+            pose = f"poses/{clip.clip_id}.json"
+            pose_json = json.dumps(pose_string_to_json(clip.pose_string), indent=1) + "\n"
+            write_bytes_atomic(root / "samples" / pose, pose_json.encode("utf-8"))
+            rows.append(SampleRow(case_id=case_id, source_image=f"../images/{case_id}.png", caption=clip.caption,
+                                  action_id=clip.path_index, pose=pose, seed=sample_seed(case_id, clip.path_index, seed)))
+            clip_lines["train" if name == "train" else "holdout"].append(json.dumps(
+                {"clip_id": key, "video": f"../ground_truth/{key}", "pose": f"../samples/{pose}",
+                 "caption": clip.caption}) + "\n")
+        write_sample_table(root / "samples" / f"{name}.jsonl", rows)
+        rows_per_split[name] = len(read_sample_table(root / "samples" / f"{name}.jsonl"))
+    for name, lines in clip_lines.items():
+        write_bytes_atomic(root / "clips" / f"{name}.jsonl", "".join(lines).encode("utf-8"))
+    lines = [json.dumps({"case_id": case.case_id, "source_image": case.source_image, "caption": case.caption},
+                        ensure_ascii=False) for case in cases.values()]
+    write_bytes_atomic(root / "cases.jsonl", ("\n".join(lines) + "\n").encode("utf-8"))
+    return rows_per_split
+
+
+def write_demo_config(root: Path, kind: str, teacher_config, resolution: tuple[int, int], num_latents: int,
+                      grid: tuple[int, int], rows: dict[str, int], seed: int, extra: dict | None = None) -> dict:
     config = {
-        "resolution": {"height": DEMO_HEIGHT, "width": DEMO_WIDTH},
-        "num_latents": DEMO_NUM_LATENTS,
+        "kind": kind,
+        "resolution": {"height": resolution[0], "width": resolution[1]},
+        "num_latents": num_latents,
         "latent_grid": {"channels": int(teacher_config["in_channels"]), "height": grid[0], "width": grid[1]},
-        "teacher_preset": DEMO_TEACHER_PRESET,
+        "teacher_preset": DEMO_TEACHER_PRESET if kind == "random" else "world",
         "teacher": "teacher",
         "encoders": "encoders",
         "cases": "cases.jsonl",
@@ -155,13 +239,42 @@ def write_demo_config(root: Path, teacher_config, grid: tuple[int, int], rows: d
         "sample_rows": rows,
         "encoded": "encoded",
         "seed": seed,
+        **(extra or {}),
     }
     write_bytes_atomic(root / "demo_config.json", (json.dumps(config, indent=2) + "\n").encode("utf-8"))
     return config
 
 
+def assemble_random(root: Path, sizes: dict[str, int], seed: int) -> dict:
+    """--kind random into `root`; returns demo_config."""
+    cases = write_images_and_cases(root, sum(sizes.values()), seed)
+    rows = write_sample_tables(root, cases, sizes, seed)
+    teacher = write_teacher(root, seed)
+    write_random_encoders(root, teacher.config, seed)
+    grid = write_encoded(root, teacher.config, DEMO_HEIGHT, DEMO_WIDTH)
+    return write_demo_config(root, "random", teacher.config, (DEMO_HEIGHT, DEMO_WIDTH), DEMO_NUM_LATENTS, grid, rows,
+                             seed)
+
+
+def assemble_world(root: Path, sizes: dict[str, int], seed: int, weights: Path) -> dict:
+    """--kind world into `root`; returns demo_config."""
+    world = load_shipped_world(weights)
+    splits = demo_split_clips(world, sizes["train"], sizes["holdout25"], sizes["holdout50"])
+    rows = write_world_cases(root, world, splits, seed)
+    shutil.copytree(world.teacher, root / "teacher")
+    teacher_config = WorldPlayTransformer.load_config(str(root / "teacher"))
+    write_world_encoders(root / "encoders", world.vae, world.captions, world.settings.seed)
+    resolution = (world.settings.height, world.settings.width)
+    grid = write_encoded(root, teacher_config, *resolution)
+    extra = {"ground_truth": "ground_truth", "clips": {name: f"clips/{name}.jsonl" for name in ("train", "holdout")},
+             "world": {"settings": world.settings.recorded(),
+                       "splits": {name: [clip.clip_id for clip in clips] for name, clips in splits.items()}}}
+    return write_demo_config(root, "world", teacher_config, resolution, world.settings.num_latents, grid, rows, seed,
+                             extra)
+
+
 def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout50: int, seed: int,
-                      overwrite: bool = False) -> dict:
+                      overwrite: bool = False, kind: str = "world", world_weights: Path = WORLD_WEIGHTS) -> dict:
     """Build every demo asset in a staging folder next to `out`, then move it to `out`. Returns demo_config."""
     out = Path(out)
     if out.exists() and not overwrite:
@@ -172,11 +285,12 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
     staging.mkdir(parents=True)
 
     sizes = {"train": num_train, "holdout25": num_holdout25, "holdout50": num_holdout50}
-    cases = write_images_and_cases(staging, sum(sizes.values()), seed)
-    rows = write_sample_tables(staging, cases, sizes, seed)
-    teacher = write_teacher(staging, seed)
-    grid = write_encoders_and_encoded(staging, teacher.config, seed)
-    config = write_demo_config(staging, teacher.config, grid, rows, seed)
+    if kind == "world":
+        config = assemble_world(staging, sizes, seed, Path(world_weights))
+    elif kind == "random":
+        config = assemble_random(staging, sizes, seed)
+    else:
+        raise ValueError(f"kind must be 'world' or 'random', got {kind!r}")
 
     if out.exists():
         retired = out.parent / f".{out.name}.old"
@@ -194,10 +308,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.time()
     config = build_demo_assets(args.out, args.num_train, args.num_holdout25, args.num_holdout50, args.seed,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, kind=args.kind, world_weights=args.world_weights)
     size = sum(path.stat().st_size for path in args.out.rglob("*") if path.is_file())
-    print(f"demo assets in {args.out}: {config['sample_rows']} sample rows, grid {config['latent_grid']}, "
-          f"{size / 2**20:.1f} MiB, {time.time() - started:.1f} s")
+    print(f"demo assets ({config['kind']}) in {args.out}: {config['sample_rows']} sample rows, grid "
+          f"{config['latent_grid']}, {size / 2**20:.1f} MiB, {time.time() - started:.1f} s")
     return config
 
 

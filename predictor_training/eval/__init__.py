@@ -26,8 +26,14 @@ Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by
     eval_config.json          settings and the fingerprint of everything that changes the numbers
     videos/<case>__a<action>.json   one per finished video (the unit of resume): metrics, per-chunk and per-frame
                               series of every method vs the reference, timings, FLOPs
-    side_by_side/<case>__a<action>.mp4   reference | reuse_velocity | reuse_hidden | predictor(s), chosen subset
+    side_by_side/<case>__a<action>.mp4   [ground truth |] reference | reuse_velocity | reuse_hidden | predictor(s),
+                              chosen subset, every panel scaled up (nearest) to at least 192 px high
     per_video.csv, per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md
+    drift_ground_truth.png    with ground truth only
+
+Ground truth (`--ground_truth DIR`, or the demo world's renders): every method, the reference included, and the
+`repeat_first_frame` baseline (the true first frame held still) are also scored against the true video; the
+results gain `against_ground_truth` sections and table.md a second table.
 
 Modules: `methods` (schedule, methods, step hooks), `runtime` (timing, timed rollout, VAE decoder, one video),
 `reports` (reading results back, aggregation, CSV / markdown / JSON / drift plot, side-by-side videos), `run`

@@ -6,6 +6,12 @@
                      h_k = h_{k-1},  v_k = final_layer(h_{k-1}, vec_k)   (what an untrained Predictor computes)
     predictor_<ckpt> a replaced step k runs the Predictor (see `PredictorMethod`)
 
+With ground truth (`--ground_truth`), every method is also scored against the ground-truth video, next to one
+baseline that is no rollout at all:
+
+    repeat_first_frame   the ground truth's first frame held still for the whole video ("does the model do better
+                         than a still image?")
+
 `make_step_fn` turns a method into the `ar_rollout.ARRollout` step hook; `method_step_kind` gives the FLOP-count step
 kind of each (chunk, step).
 """
@@ -27,6 +33,7 @@ REFERENCE = "reference"
 REUSE_VELOCITY = "reuse_velocity"
 REUSE_HIDDEN = "reuse_hidden"
 PREDICTOR_PREFIX = "predictor_"
+REPEAT_FIRST_FRAME = "repeat_first_frame"  # ground-truth baseline, scored against the ground truth only
 
 
 # =============================================================================================================

@@ -3,8 +3,14 @@
 Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by rank 0 except the per-video files:
 
     videos/<case>__a<action>.json   one per finished video (the unit of resume; written by `run.run_evaluation`)
-    side_by_side/<case>__a<action>.mp4   reference | reuse_velocity | reuse_hidden | predictor(s), chosen subset
+    side_by_side/<case>__a<action>.mp4   [ground_truth |] reference | reuse_velocity | reuse_hidden | predictor(s),
+                              chosen subset, every panel scaled up (nearest neighbour) to be watchable
     per_video.csv, per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md
+    drift_ground_truth.png    with ground truth only
+
+With ground truth the same files carry the scores against it as well: per_video.csv, per_chunk.csv and aggregate.csv
+gain `gt_<metric>` columns and rows for the reference and `repeat_first_frame`, aggregate.json an
+"against_ground_truth" section, table.md a second quality table. Without ground truth nothing of this appears.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from torch import Tensor
 
 from predictor_training.atomic_io import atomic_write, write_text_atomic
 from predictor_training.eval.methods import REFERENCE, Method
-from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION
+from predictor_training.eval.runtime import GROUND_TRUTH, RESULT_FORMAT, RESULT_VERSION
 from predictor_training.flops import flop_speedup_bound
 from predictor_training.atomic_io import write_json_atomic
 from predictor_training.video_io import side_by_side, write_video
@@ -32,6 +38,9 @@ from predictor_training.video_metrics import LPIPS_METRIC_NAME, aggregate_videos
 # frame-mean PSNR is left out of the table: with chunk 0 F-F-F-F its identical frames make it inf (it is in the CSV)
 TABLE_METRICS = ("psnr_full", "ssim", "<lpips>", "temporal_delta_mse")
 DRIFT_METRICS = ("psnr_full", "ssim", "<lpips>")
+GROUND_TRUTH_COLUMN_PREFIX = "gt_"  # CSV columns of the scores against the ground truth
+GROUND_TRUTH_PANEL = "ground truth"
+SIDE_BY_SIDE_MIN_HEIGHT = 192  # --side_by_side_scale 0 (auto): panels scaled up to at least this many pixels high
 
 
 # =============================================================================================================
@@ -59,7 +68,10 @@ def read_video_result(path: Path, fingerprint: str) -> dict:
     if result.get("fingerprint") != fingerprint:
         raise ValueError(f"{path}: made with other eval settings (fingerprint {result.get('fingerprint')!r}, this run "
                          f"{fingerprint!r}); use another --output_root / --run_name, or remove that directory")
-    for entry in result["methods"].values():
+    entries = list(result["methods"].values())
+    if "against_ground_truth" in result:
+        entries += list(result["against_ground_truth"]["methods"].values())
+    for entry in entries:
         for key in ("metrics", "per_chunk", "per_frame"):
             if key in entry:
                 entry[key] = _restore_floats(entry[key])
@@ -119,6 +131,27 @@ def aggregate_results(results: Sequence[dict], method_names: Sequence[str]) -> d
     return out
 
 
+def aggregate_ground_truth(results: Sequence[dict]) -> dict:
+    """Across videos, the scores against the ground truth of every method and of `repeat_first_frame` (in the
+    order of the results): {name: {"num_videos", "metrics", "per_chunk"}}, means as in `aggregate_results`."""
+    if not results:
+        raise ValueError("no finished videos to aggregate")
+    missing = [result["key"] for result in results if "against_ground_truth" not in result]
+    if missing:
+        raise ValueError(f"videos {missing} have no scores against the ground truth")
+    num_chunks = len(results[0]["chunk_frame_ranges"])
+    out = {}
+    for name in results[0]["against_ground_truth"]["methods"]:
+        entries = [result["against_ground_truth"]["methods"][name] for result in results]
+        out[name] = {
+            "num_videos": len(entries),
+            "metrics": aggregate_videos([entry["metrics"] for entry in entries]),
+            "per_chunk": [aggregate_videos([entry["per_chunk"][chunk] for entry in entries])
+                          for chunk in range(num_chunks)],
+        }
+    return out
+
+
 def _lpips_key(aggregate: dict) -> str:
     for record in aggregate.values():
         if "metrics" in record:
@@ -143,8 +176,10 @@ def _fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: dict) -> str:
-    """Quality table (method x PSNR / SSIM / LPIPS-label / temporal-delta MSE), speed table, component timings."""
+def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: dict,
+                          ground_truth_aggregate: dict | None = None) -> str:
+    """Quality table (method x PSNR / SSIM / LPIPS-label / temporal-delta MSE), with ground truth a second one
+    against it (every method and `repeat_first_frame`; `aggregate_ground_truth`), speed table, component timings."""
     lpips_key = _lpips_key(aggregate)
     real_lpips = lpips_key == LPIPS_METRIC_NAME
     lpips_title = "LPIPS (AlexNet)" if real_lpips else f"{lpips_key} (random AlexNet, NOT LPIPS)"
@@ -167,6 +202,19 @@ def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: 
     if not real_lpips:
         lines += ["", f"`{lpips_key}`: LPIPS formula on a randomly initialised AlexNet (no real weights available); "
                       "it is NOT LPIPS and must not be compared with LPIPS numbers."]
+    if ground_truth_aggregate is not None:
+        lines += [
+            "",
+            f"**Against the ground truth** (`{header['ground_truth']}`): every method's video, the reference "
+            "F-F-F-F included, scored against the ground-truth video of its row; `repeat_first_frame` is the ground "
+            "truth's first frame held for the whole video (the still-image baseline).",
+            "",
+            "| method | " + " | ".join(titles[column] for column in columns) + " |",
+            "| --- | " + " | ".join("---:" for _ in columns) + " |",
+        ]
+        for name, record in ground_truth_aggregate.items():
+            lines.append(f"| {display[name]} | "
+                         + " | ".join(_fmt(record["metrics"][column]) for column in columns) + " |")
     lines += ["", "| method | end-to-end s/video | DiT s/video | speedup end-to-end | speedup DiT | "
                   "FLOP bound (DiT) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name in method_names:
@@ -212,46 +260,87 @@ def _csv_text(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     return buffer.getvalue()
 
 
+def _values(record: dict | None, columns: Sequence[str]) -> list:
+    """record[column] for each column; Nones (empty CSV cells) without a record."""
+    return [None] * len(columns) if record is None else [record[column] for column in columns]
+
+
 def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, method_names: Sequence[str],
-                  header: dict) -> dict[str, Path]:
-    """CSV files, aggregate.json, drift.png and table.md (each atomically). Returns {name: path}."""
+                  header: dict, ground_truth_aggregate: dict | None = None) -> dict[str, Path]:
+    """CSV files, aggregate.json, drift.png and table.md (each atomically). Returns {name: path}.
+
+    ground_truth_aggregate (`aggregate_ground_truth`, with ground truth only): the CSV files gain `gt_<metric>`
+    columns and rows for the reference and `repeat_first_frame` (their against-reference cells empty),
+    aggregate.json an "against_ground_truth" section, table.md a second quality table, and drift_ground_truth.png
+    is drawn."""
     compared = [name for name in method_names if name != REFERENCE]
     lpips_key = _lpips_key(aggregate)
     method_labels = {name: name for name in method_names}  # the CSV files keep the full method keys
+    with_truth = ground_truth_aggregate is not None
+    row_names = list(ground_truth_aggregate) if with_truth else compared  # CSV rows of the per-video / chunk files
+
+    def against_truth(result: dict, name: str) -> dict:
+        return result["against_ground_truth"]["methods"][name]
+
     written = {}
     # 1. per video: one row per (video, method)
     video_columns = list(results[0]["methods"][compared[0]]["metrics"])
-    rows = [[result["key"], name] + [result["methods"][name]["metrics"][key] for key in video_columns]
-            + [result["methods"][name]["timings"]["end_to_end_s"]]
-            for result in results for name in compared]
+    truth_columns = [GROUND_TRUTH_COLUMN_PREFIX + key for key in video_columns] if with_truth else []
+    rows = []
+    for result in results:
+        for name in row_names:
+            entry = result["methods"].get(name)  # None for repeat_first_frame (no rollout)
+            row = [result["key"], name] + _values(entry["metrics"] if name in compared else None, video_columns)
+            row.append(None if entry is None else entry["timings"]["end_to_end_s"])
+            if with_truth:
+                row += _values(against_truth(result, name)["metrics"], video_columns)
+            rows.append(row)
     written["per_video.csv"] = out_dir / "per_video.csv"
     write_text_atomic(written["per_video.csv"],
-                      _csv_text(["video", "method"] + video_columns + ["end_to_end_s"], rows))
+                      _csv_text(["video", "method"] + video_columns + ["end_to_end_s"] + truth_columns, rows))
     # 2. per chunk: every video and the mean
     chunk_columns = list(results[0]["methods"][compared[0]]["per_chunk"][0])
+    truth_columns = [GROUND_TRUTH_COLUMN_PREFIX + key for key in chunk_columns] if with_truth else []
     rows = []
-    for name in compared:
+    for name in row_names:
         for chunk in range(len(results[0]["chunk_frame_ranges"])):
             for result in results:
-                rows.append([result["key"], name, chunk] + [result["methods"][name]["per_chunk"][chunk][key]
-                                                            for key in chunk_columns])
-            rows.append(["MEAN", name, chunk] + [aggregate[name]["per_chunk"][chunk][key] for key in chunk_columns])
+                chunk_scores = result["methods"][name]["per_chunk"][chunk] if name in compared else None
+                row = [result["key"], name, chunk] + _values(chunk_scores, chunk_columns)
+                if with_truth:
+                    row += _values(against_truth(result, name)["per_chunk"][chunk], chunk_columns)
+                rows.append(row)
+            mean = aggregate[name]["per_chunk"][chunk] if name in compared else None
+            row = ["MEAN", name, chunk] + _values(mean, chunk_columns)
+            if with_truth:
+                row += _values(ground_truth_aggregate[name]["per_chunk"][chunk], chunk_columns)
+            rows.append(row)
     written["per_chunk.csv"] = out_dir / "per_chunk.csv"
-    write_text_atomic(written["per_chunk.csv"], _csv_text(["video", "method", "chunk"] + chunk_columns, rows))
-    # 3. aggregate: one row per method
+    write_text_atomic(written["per_chunk.csv"],
+                      _csv_text(["video", "method", "chunk"] + chunk_columns + truth_columns, rows))
+    # 3. aggregate: one row per method (+ repeat_first_frame with ground truth)
     columns = list(aggregate[compared[0]]["metrics"])
+    truth_columns = [GROUND_TRUTH_COLUMN_PREFIX + key for key in columns] if with_truth else []
+    speed_columns = ["end_to_end_s", "dit_s", "speedup_end_to_end", "speedup_dit", "flop_bound_dit",
+                     "flops_per_video"]
     rows = []
     for name in method_names:
         record = aggregate[name]
         metrics = [record["metrics"][key] if "metrics" in record else None for key in columns]
         speed = record["speedup"]
-        rows.append([name] + metrics + [record["timings"]["end_to_end_s"], record["timings"]["dit_s"],
-                                        speed["measured_end_to_end"], speed["measured_dit"], speed["flop_bound_dit"],
-                                        record["flops_per_video"]])
+        row = [name] + metrics + [record["timings"]["end_to_end_s"], record["timings"]["dit_s"],
+                                  speed["measured_end_to_end"], speed["measured_dit"], speed["flop_bound_dit"],
+                                  record["flops_per_video"]]
+        if with_truth:
+            row += _values(ground_truth_aggregate[name]["metrics"], columns)
+        rows.append(row)
+    if with_truth:
+        for name in ground_truth_aggregate:
+            if name not in aggregate:  # repeat_first_frame: scored against the ground truth only
+                rows.append([name] + [None] * (len(columns) + len(speed_columns))
+                            + _values(ground_truth_aggregate[name]["metrics"], columns))
     written["aggregate.csv"] = out_dir / "aggregate.csv"
-    write_text_atomic(written["aggregate.csv"], _csv_text(
-        ["method"] + columns + ["end_to_end_s", "dit_s", "speedup_end_to_end", "speedup_dit", "flop_bound_dit",
-                                "flops_per_video"], rows))
+    write_text_atomic(written["aggregate.csv"], _csv_text(["method"] + columns + speed_columns + truth_columns, rows))
     # 4. timings per component
     written["timings.csv"] = out_dir / "timings.csv"
     write_text_atomic(written["timings.csv"],
@@ -259,16 +348,26 @@ def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, metho
                                 component_rows(aggregate, method_names, method_labels)))
     # 5. JSON, drift plot, markdown table
     written["aggregate.json"] = out_dir / "aggregate.json"
-    write_json_atomic(written["aggregate.json"], jsonable({"header": header, "methods": aggregate}))
+    payload = {"header": header, "methods": aggregate}
+    if with_truth:
+        payload["against_ground_truth"] = ground_truth_aggregate
+    write_json_atomic(written["aggregate.json"], jsonable(payload))
     written["drift.png"] = out_dir / "drift.png"
     plot_drift(written["drift.png"], aggregate, compared, lpips_key, header)
+    if with_truth:
+        written["drift_ground_truth.png"] = out_dir / "drift_ground_truth.png"
+        plot_drift(written["drift_ground_truth.png"], ground_truth_aggregate, list(ground_truth_aggregate),
+                   lpips_key, header, against="the ground truth")
     written["table.md"] = out_dir / "table.md"
-    write_text_atomic(written["table.md"], format_markdown_table(aggregate, method_names, header))
+    write_text_atomic(written["table.md"],
+                      format_markdown_table(aggregate, method_names, header, ground_truth_aggregate))
     return written
 
 
-def plot_drift(path: Path, aggregate: dict, method_names: Sequence[str], lpips_key: str, header: dict) -> None:
-    """Mean metric per chunk index (drift), one line per method; infinite PSNR (identical chunk) is left out."""
+def plot_drift(path: Path, aggregate: dict, method_names: Sequence[str], lpips_key: str, header: dict,
+               against: str | None = None) -> None:
+    """Mean metric per chunk index (drift), one line per method; infinite PSNR (identical chunk) is left out.
+    against: what the metrics compare with, named in the title (None: the reference, unnamed as it always was)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,8 +388,11 @@ def plot_drift(path: Path, aggregate: dict, method_names: Sequence[str], lpips_k
         axis.set_title(metric)
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    note = " (chunks identical to the reference, PSNR = inf, are not drawn)" if identical_note else ""
-    title = f"{header['run_name']}: drift vs chunk, {header['split']}, {header['num_videos']} videos{note}"
+    note = (f" (chunks identical to {against or 'the reference'}, PSNR = inf, are not drawn)" if identical_note
+            else "")
+    against_text = "" if against is None else f" against {against}"
+    title = (f"{header['run_name']}: drift vs chunk{against_text}, {header['split']}, {header['num_videos']} "
+             f"videos{note}")
     lines = textwrap.wrap(title, width=40 * len(metrics), break_on_hyphens=False)
     figure.suptitle("\n".join(lines), fontsize=9)
     figure.tight_layout(rect=(0, 0, 1, 1 - 0.04 * len(lines)))
@@ -307,12 +409,34 @@ def plot_drift(path: Path, aggregate: dict, method_names: Sequence[str], lpips_k
 # =============================================================================================================
 # 3. Side-by-side videos
 # =============================================================================================================
+def side_by_side_scale_for(height: int, requested: int = 0) -> int:
+    """The integer factor the side-by-side panels are scaled up by: `requested` when > 0 (--side_by_side_scale),
+    else (0 = auto) the smallest one that makes a panel of `height` pixels at least SIDE_BY_SIDE_MIN_HEIGHT high,
+    at least 1."""
+    if requested > 0:
+        return requested
+    return max(1, math.ceil(SIDE_BY_SIDE_MIN_HEIGHT / height))
+
+
+def upscale_nearest(frames: np.ndarray, factor: int) -> np.ndarray:
+    """Nearest-neighbour upscaling: uint8 [F, H, W, 3] -> [F, H * factor, W * factor, 3] (each pixel a block)."""
+    if factor == 1:
+        return frames
+    return frames.repeat(factor, axis=1).repeat(factor, axis=2)
+
+
 def write_side_by_side(out_dir: Path, key: str, frames: dict[str, Tensor], methods: Sequence[Method],
-                       fps: float) -> str:
-    """reference | reuse v | reuse h | P <ckpt>... as one mp4; returns its path relative to out_dir."""
-    panels = [frames[method.name].numpy() for method in methods]
+                       fps: float, scale: int = 0) -> str:
+    """[ground truth |] reference | reuse v | reuse h | P <ckpt>... as one mp4; returns its path relative to out_dir.
+
+    frames: {method name: uint8 [F, H, W, 3]}, plus the ground truth's under GROUND_TRUTH when there is one (it then
+    comes first). Every panel is scaled up by nearest neighbour by `side_by_side_scale_for(H, scale)`."""
+    names = ([GROUND_TRUTH] if GROUND_TRUTH in frames else []) + [method.name for method in methods]
+    labels = ([GROUND_TRUTH_PANEL] if GROUND_TRUTH in frames else []) + [method.panel for method in methods]
+    factor = side_by_side_scale_for(int(frames[methods[0].name].shape[1]), scale)
+    panels = [upscale_nearest(frames[name].numpy(), factor) for name in names]
     width = panels[0].shape[2]
-    video = side_by_side(panels, [method.panel for method in methods], label_height=24 if width >= 256 else 14)
+    video = side_by_side(panels, labels, label_height=24 if width >= 256 else 14)
     relative = f"side_by_side/{key}.mp4"
     write_video(out_dir / relative, video, fps)
     return relative

@@ -3,7 +3,8 @@ fingerprint that guards resume, sharding over ranks, gathering and the reports (
 
 Files of the run directory `<output_root>/<run_name>` written here: eval_config.json (settings and the fingerprint
 of everything that changes the numbers), videos/<case>__a<action>.json (one per finished video, the unit of
-resume), side_by_side/*.mp4 and, on rank 0, the reports of `reports.write_reports`.
+resume), side_by_side/*.mp4 and, on rank 0, the reports of `reports.write_reports`. With `--ground_truth` every
+row's ground-truth video is located before anything runs, and the results and reports carry the scores against it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from predictor_training.data.shards import sha256_file, sha256_json
 from predictor_training.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
     PREDICTOR_PREFIX,
+    REPEAT_FIRST_FRAME,
     HiddenReuse,
     Method,
     PredictorMethod,
@@ -37,8 +39,20 @@ from predictor_training.eval.methods import (
     Schedule,
     VelocityReuse,
 )
-from predictor_training.eval.reports import aggregate_results, read_video_result, write_reports, write_side_by_side
-from predictor_training.eval.runtime import RESULT_VERSION, EvalRuntime, VaeDecoder, video_key
+from predictor_training.eval.reports import (
+    aggregate_ground_truth,
+    aggregate_results,
+    read_video_result,
+    write_reports,
+    write_side_by_side,
+)
+from predictor_training.eval.runtime import (
+    RESULT_VERSION,
+    EvalRuntime,
+    VaeDecoder,
+    find_ground_truth_videos,
+    video_key,
+)
 from predictor_training.atomic_io import write_json_atomic
 from predictor_training.predictor import Predictor, build_predictor_from_config
 from predictor_training.teacher import WorldPlayTransformer
@@ -272,7 +286,9 @@ def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: to
         run_name=args.run_name,
         max_videos=args.max_videos,
         num_side_by_side=args.num_side_by_side,
+        side_by_side_scale=args.side_by_side_scale,
         fps=args.fps,
+        ground_truth=args.ground_truth,
         lpips_alexnet=args.lpips_alexnet,
         lpips_random_backbone=args.lpips_random_backbone,
         warmup_chunks=args.warmup_chunks,
@@ -304,7 +320,9 @@ class EvalSettings:
     run_name: str | None = None
     max_videos: int | None = None
     num_side_by_side: int = 2
+    side_by_side_scale: int = 0  # 0 = auto (reports.side_by_side_scale_for)
     fps: float = 24.0
+    ground_truth: Path | None = None  # folder of <key>/ (PNG frames) or <key>.mp4, one per row
     lpips_alexnet: Path | None = None
     lpips_random_backbone: bool = False
     warmup_chunks: int = 2
@@ -320,7 +338,8 @@ def rollout_config_for(dtype: torch.dtype) -> RolloutConfig:
 
 def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[PredictorCheckpoint], teacher_sha: str,
                          scorer: LpipsScorer, device: torch.device) -> tuple[str, dict]:
-    """sha256 of everything that changes a per-video result, and that record itself."""
+    """sha256 of everything that changes a per-video result, and that record itself. The ground-truth folder
+    (resolved) is part of it only when given, so runs without ground truth keep their fingerprint."""
     record = {
         "result_version": RESULT_VERSION,
         "teacher": {"folder": str(Path(settings.teacher_source.folder).resolve()),
@@ -343,6 +362,8 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
         "lpips": {"metric_name": scorer.metric_name, "backbone_sha256": scorer.backbone_sha256,
                   "backbone_source": scorer.backbone_source},
     }
+    if settings.ground_truth is not None:
+        record["ground_truth"] = str(Path(settings.ground_truth).resolve())
     return sha256_json(record), record
 
 
@@ -359,7 +380,8 @@ def check_or_write_eval_config(out_dir: Path, fingerprint: str, record: dict, se
     barrier()
     saved = json.loads(path.read_text(encoding="utf-8"))
     if saved["fingerprint"] != fingerprint:
-        changed = sorted(key for key in record if saved["settings"].get(key) != record[key])
+        changed = sorted(key for key in record.keys() | saved["settings"].keys()
+                         if saved["settings"].get(key) != record.get(key))
         raise ValueError(f"{path}: this eval directory was made with other settings (differences in {changed}); "
                          "use another --output_root / --run_name, or remove the directory")
 
@@ -371,7 +393,8 @@ def select_items(dataset: TrajectoryTableDataset, max_videos: int | None) -> lis
 
 def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     """Evaluate every selected video (sharded over ranks, finished ones skipped), then aggregate and report on
-    rank 0. Returns {"out_dir", "computed", "skipped", "aggregate" (rank 0), "written" (rank 0)}."""
+    rank 0. Returns {"out_dir", "computed", "skipped", "aggregate" (rank 0), "aggregate_ground_truth" (rank 0; None
+    without ground truth), "written" (rank 0)}."""
     device = env.device
     # 1. Checkpoints (metadata), precision, output directory, LPIPS.
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
@@ -381,10 +404,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     scorer = LpipsScorer.from_policy(settings.lpips_alexnet, random_backbone=settings.lpips_random_backbone,
                                      device=device)
     teacher = load_teacher(settings.teacher_source, device, settings.dtype)
-    fingerprint, record = settings_fingerprint(settings, checkpoints, teacher_config_sha256(teacher), scorer, device)
-    check_or_write_eval_config(out_dir, fingerprint, record, settings, env)
 
-    # 2. Videos: the selection, which are finished, this rank's share.
+    # 2. Videos: the selection and its ground truth (every row's, before the run directory is touched).
     if settings.case_source == "encoded":
         dataset = TrajectoryTableDataset(settings.sample_table, encoded_dir=settings.case_root,
                                          num_latents=settings.num_latents)
@@ -393,15 +414,22 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
                                          num_latents=settings.num_latents)
     selected = select_items(dataset, settings.max_videos)
     keys = {index: video_key(*dataset.keys()[index]) for index in selected}
+    ground_truth = {} if settings.ground_truth is None else find_ground_truth_videos(settings.ground_truth,
+                                                                                     list(keys.values()))
+    fingerprint, record = settings_fingerprint(settings, checkpoints, teacher_config_sha256(teacher), scorer, device)
+    check_or_write_eval_config(out_dir, fingerprint, record, settings, env)
+
+    # 3. Which are finished, this rank's share.
     side_by_side_keys = {keys[index] for index in selected[: settings.num_side_by_side]}
     result_path = lambda key: out_dir / "videos" / f"{key}.json"  # noqa: E731
     pending = [index for index in selected if not result_path(keys[index]).is_file()]
     mine = pending[env.rank :: env.world_size]
     log0(f"eval {run_name}: {len(selected)} videos of {settings.sample_table.name}, {len(selected) - len(pending)} "
          f"already finished, {len(pending)} to run on {env.world_size} rank(s); schedule "
-         f"{settings.schedule.describe()}; LPIPS column '{scorer.metric_name}'")
+         f"{settings.schedule.describe()}; LPIPS column '{scorer.metric_name}'"
+         + ("" if settings.ground_truth is None else f"; ground truth from {settings.ground_truth}"))
 
-    # 3. This rank's videos.
+    # 4. This rank's videos.
     computed = []
     if mine:
         methods: list[Method] = [ReferenceMethod(), VelocityReuse(), HiddenReuse(teacher)]
@@ -416,16 +444,17 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
         runtime.warm_up(dataset[mine[0]], settings.warmup_chunks)
         for index in tqdm(mine, desc=f"eval rank {env.rank}", unit="video", disable=not settings.progress):
             item = dataset[index]
-            result, frames = runtime.evaluate(item, rotation=selected.index(index))
+            result, frames = runtime.evaluate(item, rotation=selected.index(index),
+                                              ground_truth=ground_truth.get(keys[index]))
             result["fingerprint"] = fingerprint
             if result["key"] in side_by_side_keys:
                 result["side_by_side"] = write_side_by_side(out_dir, result["key"], frames, runtime.methods,
-                                                            settings.fps)
+                                                            settings.fps, settings.side_by_side_scale)
             result_path(result["key"]).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(result_path(result["key"]), jsonable(result))
             computed.append(result["key"])
 
-    # 4. Gather on rank 0 (results written by other ranks are read from the shared directory).
+    # 5. Gather on rank 0 (results written by other ranks are read from the shared directory).
     gathered = all_gather_objects(computed)
     report = {"out_dir": out_dir, "computed": sorted(key for keys_ in gathered for key in keys_),
               "skipped": len(selected) - len(pending)}
@@ -434,8 +463,11 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
         results = [read_video_result(result_path(keys[index]), fingerprint) for index in selected]
         method_names = list(results[0]["methods"])
         aggregate = aggregate_results(results, method_names)
+        aggregate_truth = None if settings.ground_truth is None else aggregate_ground_truth(results)
         display_names = {name: name for name in method_names}
         display_names.update({ckpt.method: f"predictor {ckpt.panel}" for ckpt in checkpoints})
+        if aggregate_truth is not None:
+            display_names[REPEAT_FIRST_FRAME] = REPEAT_FIRST_FRAME
         legend = [f"{ckpt.panel.split()[0]}: {ckpt.run_name}, step {ckpt.step} ({ckpt.path})"
                   for ckpt in checkpoints if ckpt.panel.startswith("#")]
         header = {"run_name": run_name, "split": settings.split, "num_videos": len(results),
@@ -447,8 +479,11 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
                   "speed_note": "speedups: reference time / method time (per video, warm-up excluded); FLOP bound "
                                 "= reference DiT FLOPs / method DiT FLOPs (text prefill, context prefills, steps; "
                                 "the VAE decode is not counted)"}
-        report["written"] = write_reports(out_dir, results, aggregate, method_names, header)
+        if aggregate_truth is not None:  # only then: the header of a run without ground truth stays as it was
+            header["ground_truth"] = str(Path(settings.ground_truth).resolve())
+        report["written"] = write_reports(out_dir, results, aggregate, method_names, header, aggregate_truth)
         report["aggregate"] = aggregate
+        report["aggregate_ground_truth"] = aggregate_truth
         report["table"] = (out_dir / "table.md").read_text(encoding="utf-8")
     barrier()
     return report

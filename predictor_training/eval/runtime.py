@@ -1,9 +1,13 @@
-"""Running one video: timing, the timed AR rollout, VAE decoding and the per-video result record.
+"""Running one video: timing, the timed AR rollout, VAE decoding, the ground truth and the per-video result record.
 
 Timings (CUDA synchronised around every timed call; perf_counter on the CPU; a warm-up rollout runs first and is
 not counted): text prefill, context prefill, Full step, Predictor / reuse step, VAE decode, the rollout, and the
 end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
 FLOP-count bound of `predictor_training.flops` (DiT work only: the VAE decode is the same for every method).
+
+Ground truth (optional): one video per row in a folder, `<folder>/<key>/` (PNG frames) or `<folder>/<key>.mp4`, key =
+`video_key(case_id, action_id)`, with the decoded videos' frame count and size. Every method is then also scored
+against it, and so is the `repeat_first_frame` baseline (its first frame held for the whole video).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import Tensor
 from predictor_training.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
 from predictor_training.eval.methods import (
     REFERENCE,
+    REPEAT_FIRST_FRAME,
     Method,
     PredictorMethod,
     Schedule,
@@ -32,6 +37,7 @@ from predictor_training.flops import TeacherShape, rollout_flops, text_prefill_f
 from predictor_training.precision import autocast, synchronize
 from predictor_training.teacher import TextKV, WorldPlayTransformer
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.video_io import read_video
 from predictor_training.video_metrics import (
     LpipsScorer,
     chunk_frame_ranges,
@@ -41,6 +47,8 @@ from predictor_training.video_metrics import (
 
 RESULT_FORMAT = "predictor_training.eval_video"
 RESULT_VERSION = 2
+GROUND_TRUTH = "ground_truth"  # key of the ground-truth frames next to the methods' frames (side-by-side panel)
+GROUND_TRUTH_FILE_SUFFIX = ".mp4"  # <folder>/<key>.mp4; the other layout is the PNG-frame folder <folder>/<key>/
 
 
 # =============================================================================================================
@@ -119,6 +127,7 @@ class VaeDecoder:
         self.device = device
         self.scaling_factor = float(vae.config.scaling_factor)
         self.temporal_compression = int(vae.config.temporal_compression_ratio)
+        self.spatial_compression = int(vae.config.spatial_compression_ratio)
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: torch.device, dtype: torch.dtype, tiling: bool) -> "VaeDecoder":
@@ -144,12 +153,72 @@ class VaeDecoder:
 
 
 # =============================================================================================================
-# 3. One video
+# 3. Video keys and ground truth
 # =============================================================================================================
 def video_key(case_id: str, action_id: int) -> str:
     return f"{case_id}__a{action_id}"
 
 
+def ground_truth_candidates(folder: Path, key: str) -> tuple[Path, Path]:
+    """The two accepted places of one row's ground truth: (PNG-frame folder <folder>/<key>, file <folder>/<key>.mp4)."""
+    folder = Path(folder)
+    return folder / key, folder / f"{key}{GROUND_TRUTH_FILE_SUFFIX}"
+
+
+def find_ground_truth_videos(folder: Path, keys: Sequence[str]) -> dict[str, Path]:
+    """{key: ground-truth video path} for every key, checked before anything runs: a row with neither a frame folder
+    nor an mp4, or with both, is an error naming the paths (missing rows are all listed)."""
+    found, missing, ambiguous = {}, [], []
+    for key in keys:
+        frame_folder, video_file = ground_truth_candidates(folder, key)
+        present = [path for path, exists in ((frame_folder, frame_folder.is_dir()), (video_file, video_file.is_file()))
+                   if exists]
+        if not present:
+            missing.append(f"{frame_folder}/ or {video_file}")
+        elif len(present) == 2:
+            ambiguous.append(f"{frame_folder}/ and {video_file}")
+        else:
+            found[key] = present[0]
+    if missing:
+        raise FileNotFoundError(
+            f"--ground_truth {folder}: no ground-truth video for {len(missing)} of {len(keys)} rows; expected a "
+            f"folder of PNG frames <key>/ or a file <key>{GROUND_TRUTH_FILE_SUFFIX} for each: {'; '.join(missing)}")
+    if ambiguous:
+        raise ValueError(f"--ground_truth {folder}: both a frame folder and a file for {len(ambiguous)} rows (keep "
+                         f"one): {'; '.join(ambiguous)}")
+    return found
+
+
+def load_ground_truth(path: Path, expected_shape: tuple[int, int, int]) -> Tensor:
+    """One ground-truth video (`video_io.read_video`) -> uint8 [F, H, W, 3], checked against the decoded videos'
+    (F, H, W) = `expected_shape`; a difference is an error naming the path, the field and both values."""
+    video = read_video(path)  # uint8 [F, H, W, 3]
+    for field, index in (("frame count", 0), ("height", 1), ("width", 2)):
+        if video.shape[index] != expected_shape[index]:
+            frames, height, width = expected_shape
+            raise ValueError(f"{path}: ground-truth {field} is {video.shape[index]}, expected {expected_shape[index]} "
+                             f"(the decoded videos have {frames} frames of {height} x {width} pixels)")
+    return torch.from_numpy(np.ascontiguousarray(video))
+
+
+def repeat_first_frame(truth: Tensor) -> Tensor:
+    """The still-image baseline: frame 0 of `truth` [F, H, W, 3] repeated F times -> [F, H, W, 3]."""
+    return truth[:1].expand_as(truth).contiguous()
+
+
+def score_video(target: Tensor, test: Tensor, scorer: LpipsScorer, ranges: Sequence[tuple[int, int]],
+                device: torch.device) -> dict:
+    """`test` scored against `target` (both uint8 [F, H, W, 3]): {"metrics": whole video, "per_chunk": one record
+    per frame range of `ranges`, "per_frame": the per-frame series}."""
+    metrics = compute_video_metrics(target, test, scorer, per_frame=True, device=device)
+    per_frame = metrics.pop("per_frame")
+    return {"metrics": metrics, "per_chunk": [summarize_frame_range(per_frame, a, b) for a, b in ranges],
+            "per_frame": per_frame}
+
+
+# =============================================================================================================
+# 4. One video
+# =============================================================================================================
 @dataclass
 class EvalRuntime:
     """Everything loaded once per rank."""
@@ -219,16 +288,26 @@ class EvalRuntime:
         self.decoder.decode(latents)
 
     # ---- the whole video -----------------------------------------------------------------------------------------
-    def evaluate(self, item: dict, rotation: int = 0) -> tuple[dict, dict[str, Tensor]]:
-        """Roll out, decode and score every method on one item. Returns (result dict, {method: frames}).
+    def evaluate(self, item: dict, rotation: int = 0, ground_truth: Path | None = None
+                 ) -> tuple[dict, dict[str, Tensor]]:
+        """Roll out, decode and score every method on one item. Returns (result dict, {method: frames}); frames are
+        uint8 [F, H, W, 3], plus the ground truth's under GROUND_TRUTH when given.
 
         rotation: the methods run in the order methods[r:] + methods[:r], r = rotation mod #methods, so that on a
         shared machine slow changes of load do not always hit the same method (the numbers do not depend on it).
+        ground_truth: this row's ground-truth video (`find_ground_truth_videos`); it is read and its shape checked
+        before the rollouts, and every method plus `repeat_first_frame` is scored against it
+        (result["against_ground_truth"]).
         """
-        # 1. Case, text K/V (timed), FLOP facts.
+        # 1. Case, ground truth, text K/V (timed), FLOP facts.
         case = self.dataset.load_case(item["case_id"])
-        text_kv, text_facts = self.text_kv(case)
         _, _, _, height, width = case["image_cond"].shape
+        num_latents = item["viewmats"].shape[0]
+        ranges = chunk_frame_ranges(num_latents, self.chunk_latents, self.decoder.temporal_compression)
+        decoded_shape = (ranges[-1][1], height * self.decoder.spatial_compression,
+                         width * self.decoder.spatial_compression)  # (F, H, W) the VAE decodes
+        truth = None if ground_truth is None else load_ground_truth(ground_truth, decoded_shape)
+        text_kv, text_facts = self.text_kv(case)
         shape = TeacherShape.from_config(self.teacher.config)
         text_flops = 0
         if text_facts["seconds"] is not None:
@@ -261,20 +340,16 @@ class EvalRuntime:
             )
         # 3. Metrics vs the reference, whole video and per chunk.
         reference = frames[REFERENCE]
-        num_latents = item["viewmats"].shape[0]
-        ranges = chunk_frame_ranges(num_latents, self.chunk_latents, self.decoder.temporal_compression)
-        if ranges[-1][1] != reference.shape[0]:
-            raise RuntimeError(f"the VAE decoded {reference.shape[0]} frames from {num_latents} latents; expected "
-                               f"{ranges[-1][1]} (temporal compression {self.decoder.temporal_compression})")
+        if tuple(reference.shape[:3]) != decoded_shape:
+            raise RuntimeError(f"the VAE decoded {tuple(reference.shape[:3])} (frames, height, width) from "
+                               f"{num_latents} x {height} x {width} latents; expected {decoded_shape} (temporal "
+                               f"compression {self.decoder.temporal_compression}, spatial "
+                               f"{self.decoder.spatial_compression})")
         methods_out = {}
         for method in self.methods:
             entry = {"timings": timings[method.name], "flops": flops[method.name]}
             if method.name != REFERENCE:
-                metrics = compute_video_metrics(reference, frames[method.name], self.scorer, per_frame=True,
-                                                device=self.device)
-                per_frame = metrics.pop("per_frame")
-                entry.update(metrics=metrics, per_chunk=[summarize_frame_range(per_frame, a, b) for a, b in ranges],
-                             per_frame=per_frame)
+                entry.update(score_video(reference, frames[method.name], self.scorer, ranges, self.device))
             methods_out[method.name] = entry
         result = {
             "format": RESULT_FORMAT, "version": RESULT_VERSION, "key": video_key(item["case_id"], item["action_id"]),
@@ -285,4 +360,12 @@ class EvalRuntime:
             "lpips_metric": self.scorer.metric_name, "run_order": [method.name for method in run_order],
             "methods": methods_out,
         }
+        # 4. With ground truth: every method (the reference included) and the still first frame against it.
+        if truth is not None:
+            against = {method.name: score_video(truth, frames[method.name], self.scorer, ranges, self.device)
+                       for method in self.methods}
+            against[REPEAT_FIRST_FRAME] = score_video(truth, repeat_first_frame(truth), self.scorer, ranges,
+                                                      self.device)
+            result["against_ground_truth"] = {"video": str(ground_truth), "methods": against}
+            frames[GROUND_TRUTH] = truth
         return result, frames

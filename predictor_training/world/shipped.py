@@ -1,0 +1,115 @@
+"""The shipped demo world: the trained VAE and 4-step Teacher in `predictor_training/world/weights/`, and the demo's
+sample rows drawn from its clips.
+
+`tools/build_demo_world.py --stages ship` writes the folder; `tools/make_demo_assets.py` (the default `--kind world`)
+reads it to assemble the demo every launcher and the eval use:
+
+    weights/vae/                 AutoencoderKLHunyuanVideo15 folder (the world VAE)
+    weights/teacher/             WorldPlayTransformer folder (the 4-step world Teacher, shift 5)
+    weights/world_config.json    the world the two were trained on (settings + every clip: seeds, pose string, caption)
+
+Demo rows (`demo_split_clips`): a case is a scene (every path of a scene starts from the same camera, so its first
+frame is the scene's image), an action is one of its camera paths, and the row's ground truth is that clip's render.
+
+    train       the first `num_train` train scenes x their train paths (the Teacher trained on these clips)
+    holdout25   the first `num_holdout25` held-out scenes x their paths (scenes no model has seen)
+    holdout50   the new path of the next `num_holdout50` train scenes (a new camera path in a scene the Teacher
+                knows; these scenes are not in the demo's train split)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from predictor_training.world.assets import WORLD_WEIGHTS
+from predictor_training.world.clips import WorldClip, WorldConfigError, WorldSettings
+
+WORLD_CONFIG_NAME = "world_config.json"
+
+
+@dataclass(frozen=True)
+class ShippedWorld:
+    """A folder of world weights, checked to be complete."""
+
+    root: Path
+    settings: WorldSettings
+    clips: list[WorldClip]
+
+    @property
+    def vae(self) -> Path:
+        return self.root / "vae"
+
+    @property
+    def teacher(self) -> Path:
+        return self.root / "teacher"
+
+    @property
+    def captions(self) -> list[str]:
+        """Every clip's caption in table order (the tiny tokenizer's vocabulary is built from them)."""
+        return [clip.caption for clip in self.clips]
+
+
+def load_shipped_world(root: str | Path = WORLD_WEIGHTS) -> ShippedWorld:
+    """Read and check a world-weights folder; the error names the missing file or the bad field."""
+    root = Path(root)
+    for required in ("vae/config.json", "teacher/config.json", WORLD_CONFIG_NAME):
+        if not (root / required).is_file():
+            hint = (" (the shipped Teacher is written by `python tools/build_demo_world.py --out demo_data/world`; "
+                    "see data.md, 'Demo world')")
+            raise FileNotFoundError(f"world weights {root}: {required} is missing{hint}")
+    config_path = root / WORLD_CONFIG_NAME
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    known = {field.name for field in fields(WorldSettings)}
+    recorded = config.get("settings")
+    if not isinstance(recorded, dict):
+        raise WorldConfigError(f"{config_path}: field 'settings' must be an object of the world's settings")
+    settings = WorldSettings(**{name: value for name, value in recorded.items() if name in known})
+    if settings.recorded() != recorded:
+        raise WorldConfigError(f"{config_path}: field 'settings' was written by another version of the world "
+                               f"renderer (expected {settings.recorded()}, found {recorded})")
+    clip_fields = {field.name for field in fields(WorldClip)}
+    clips = []
+    for index, clip in enumerate(config.get("clips", [])):
+        if set(clip) != clip_fields:
+            raise WorldConfigError(f"{config_path}: clips[{index}] must have exactly the fields {sorted(clip_fields)}, "
+                                   f"got {sorted(clip)}")
+        clips.append(WorldClip(**clip))
+    if not clips:
+        raise WorldConfigError(f"{config_path}: field 'clips' is empty")
+    return ShippedWorld(root, settings, clips)
+
+
+def scene_case_id(clip: WorldClip) -> str:
+    """The demo case of a clip: its scene (`s000`)."""
+    return f"s{clip.scene_index:03d}"
+
+
+def demo_split_clips(world: ShippedWorld, num_train: int, num_holdout25: int, num_holdout50: int
+                     ) -> dict[str, list[WorldClip]]:
+    """The clips of each demo split (see the module docstring), in table order."""
+    settings = world.settings
+    train_scenes = sorted({clip.scene_index for clip in world.clips if clip.split == "train"})
+    held_out_scenes = sorted({clip.scene_index for clip in world.clips
+                              if clip.split == "holdout" and clip.path_index < settings.paths_per_scene})
+    new_path_scenes = train_scenes[num_train:]
+    wanted = {"train": (num_train, len(train_scenes) - (1 if settings.holdout_paths else 0)),
+              "holdout25": (num_holdout25, len(held_out_scenes)),
+              "holdout50": (num_holdout50, len(new_path_scenes) if settings.holdout_paths else 0)}
+    for split, (count, available) in wanted.items():
+        if not 1 <= count <= available:
+            raise ValueError(f"--num_{split} must be in [1, {available}] for the world in {world.root} "
+                             f"({len(train_scenes)} train scenes, {len(held_out_scenes)} held-out scenes), got {count}")
+    chosen = {"train": set(train_scenes[:num_train]), "holdout25": set(held_out_scenes[:num_holdout25]),
+              "holdout50": set(new_path_scenes[:num_holdout50])}
+    splits = {name: [] for name in chosen}
+    for clip in world.clips:
+        new_path = clip.path_index >= settings.paths_per_scene
+        if clip.scene_index in chosen["train"] and clip.split == "train":
+            splits["train"].append(clip)
+        elif clip.scene_index in chosen["holdout25"]:
+            splits["holdout25"].append(clip)
+        elif clip.scene_index in chosen["holdout50"] and new_path:
+            splits["holdout50"].append(clip)
+    return splits
