@@ -55,7 +55,7 @@ from predictor_training.method_model import (
     method_meta,
 )
 from predictor_training.precision import precision_policy
-from predictor_training.random_streams import stream_generator, stream_seed
+from predictor_training.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.run_directory import (
     environment_summary,
     method_run_name,
@@ -65,7 +65,7 @@ from predictor_training.run_directory import (
     write_train_config,
 )
 from predictor_training.teacher.source import TeacherSource, describe_teacher
-from predictor_training.teacher_forcing import TeacherForcedClip
+from predictor_training.teacher_forcing import TeacherForcedClip, draw_training_chunks
 
 METHOD = "df_sft"
 ROLE = "student"
@@ -136,7 +136,8 @@ class DiffusionForcingStep:
     """`step_fn` of the loop: one clip per call, its chosen chunks each noised at its own sigma, one backward each.
 
     Every draw (which chunks, their sigmas, the noise, the memory-retrieval points) comes from a generator seeded
-    with (seed, micro-step, rank): a resumed run draws what the uninterrupted run drew, and ranks differ.
+    with (seed, micro-step, rank): a resumed run draws what the uninterrupted run drew, and ranks differ, except
+    whether chunk 0 is trained, which all ranks draw alike (`draw_training_chunks`: FSDP needs the same calls).
     """
 
     def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, args, env: DistEnv,
@@ -147,10 +148,11 @@ class DiffusionForcingStep:
         self.env = env
         self.run_state = run_state
 
-    def draw(self, num_chunks: int, generator: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    def draw(self, num_chunks: int, generator: torch.Generator, shared: torch.Generator
+             ) -> tuple[list[int], torch.Tensor]:
         """(chunk indices, ascending; their noise levels [k])."""
-        count = min(self.args.chunks_per_clip, num_chunks)
-        chunks = sorted(torch.randperm(num_chunks, generator=generator)[:count].tolist())
+        chunks = draw_training_chunks(num_chunks, self.args.chunks_per_clip, generator, shared)
+        count = len(chunks)
         sigmas = sample_sigmas(self.args.sigma_sampler, count, generator, sigma_min=self.args.sigma_min,
                                sigma_max=self.args.sigma_max, shift=self.args.sigma_shift,
                                logit_mean=self.args.logit_mean, logit_std=self.args.logit_std)
@@ -167,7 +169,8 @@ class DiffusionForcingStep:
             memory_seed=stream_seed(*counters, 1), text_grad=self.method_model.trains_text_stream,
             context_grad=self.args.context_grad,
         )
-        chunks, sigmas = self.draw(clip.num_chunks, generator)
+        shared = stream_generator(self.args.seed, self.run_state.micro_step, ALL_RANKS)
+        chunks, sigmas = self.draw(clip.num_chunks, generator, shared)
         losses = []
         for position, (chunk_index, sigma) in enumerate(zip(chunks, sigmas.tolist())):
             x0 = clip.chunk_latents(chunk_index)

@@ -51,7 +51,7 @@ from predictor_training.method_model import (
     method_meta,
 )
 from predictor_training.precision import precision_policy
-from predictor_training.random_streams import stream_generator, stream_seed
+from predictor_training.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.run_directory import (
     environment_summary,
     method_run_name,
@@ -62,7 +62,7 @@ from predictor_training.run_directory import (
 )
 from predictor_training.scheduler import flow_match_sigmas
 from predictor_training.teacher.source import TeacherSource, describe_teacher
-from predictor_training.teacher_forcing import TeacherForcedClip, clip_text_kv
+from predictor_training.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
 
 METHOD = "kd"
 ROLE = "student"
@@ -173,9 +173,9 @@ class CausalKDStep:
             memory_seed=stream_seed(*counters, 1), text_grad=self.method_model.trains_text_stream,
             context_grad=self.args.context_grad,
         )
-        count = min(self.args.chunks_per_clip, clip.num_chunks)
-        chunks = sorted(torch.randperm(clip.num_chunks, generator=generator)[:count].tolist())
-        levels = torch.randint(0, len(self.state_indices), (count,), generator=generator).tolist()
+        shared = stream_generator(self.args.seed, self.run_state.micro_step, ALL_RANKS)
+        chunks = draw_training_chunks(clip.num_chunks, self.args.chunks_per_clip, generator, shared)
+        levels = torch.randint(0, len(self.state_indices), (len(chunks),), generator=generator).tolist()
         losses, sigmas = [], []
         for position, (chunk_index, level) in enumerate(zip(chunks, levels)):
             state = self.state_indices[level]
@@ -184,14 +184,14 @@ class CausalKDStep:
             sigma = float(item["sigmas"][state])
             sigma_frames = torch.full((noisy.shape[2],), sigma, dtype=torch.float32)
             target = clip.chunk_latents(chunk_index)
-            with gradient_sync(model, enabled=sync and position == count - 1):
+            with gradient_sync(model, enabled=sync and position == len(chunks) - 1):
                 velocity = clip.predict_velocity(chunk_index, noisy, sigma_frames)
                 estimate = x0_from_velocity(noisy, velocity, sigma_frames[None].to(noisy.device))
                 loss = 0.5 * torch.mean((estimate - target) ** 2)
-                (loss / count).backward()
+                (loss / len(chunks)).backward()
             losses.append(loss.item())
             sigmas.append(sigma)
-        return {"loss": sum(losses) / count, "sigma/mean": sum(sigmas) / count, "chunks": float(count)}
+        return {"loss": sum(losses) / len(chunks), "sigma/mean": sum(sigmas) / len(chunks), "chunks": float(len(chunks))}
 
 
 @torch.no_grad()

@@ -10,6 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# Put in a rank's place for a stream every rank must draw alike (no rank has this number). A literal 0 would not do:
+# SeedSequence ignores trailing zeros, so (seed, step, 0) is the stream (seed, step) of rank 0.
+ALL_RANKS = 2**31 - 1
+
 
 def stream_seed(*values: int) -> int:
     """A well-mixed 63-bit seed from several non-negative integers (seed, epoch, position, ...)."""

@@ -54,6 +54,24 @@ def clip_text_kv(model, item: Mapping, device: torch.device, autocast_dtype: tor
         return model.text_prefill(*inputs, mask_type="i2v")
 
 
+def draw_training_chunks(num_chunks: int, count: int, rank_generator: torch.Generator,
+                         shared_generator: torch.Generator) -> list[int]:
+    """`min(count, num_chunks)` distinct chunk indices of a clip, ascending, each chunk equally likely.
+
+    Whether chunk 0 (the only chunk without context, so without a context prefill) is among them comes from
+    `shared_generator`, which must be the same on every rank; the other chunks come from `rank_generator`. Under
+    FSDP every rank then calls the model's blocks in the same order (a prefill for every chunk but chunk 0); ranks
+    that disagree there wait on different all-gathers and fail. That holds when every rank's clip has the same
+    number of chunks (clips of one length, as the AR loop's datasets are).
+    """
+    if num_chunks < 1:
+        raise ValueError(f"a clip needs at least one chunk, got {num_chunks}")
+    count = min(count, num_chunks)
+    with_first = bool(torch.rand((), generator=shared_generator) < count / num_chunks)
+    others = (torch.randperm(num_chunks - 1, generator=rank_generator) + 1)[: count - int(with_first)]
+    return sorted(([0] if with_first else []) + others.tolist())
+
+
 class TeacherForcedClip:
     """One clip of a teacher-forced batch: a known history and the model that predicts its chunks.
 

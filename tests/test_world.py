@@ -261,3 +261,17 @@ def test_bad_settings_are_refused(tmp_path):
         with pytest.raises(WorldConfigError, match=message):
             make_world(tmp_path / "W", WorldSettings(**{**SMALL, **bad}), progress=False)
     assert not (tmp_path / "W").exists()
+
+
+def test_rebuild_stages_follow_the_shipped_teacher():
+    """tools/build_demo_world.py: the df_sft model is shipped by default (no distillation stages); --teacher_from kd
+    adds the ODE cache and kd; explicit --stages are kept as given, unknown ones refused."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import build_demo_world
+
+    assert build_demo_world.parse_args(["--out", "x"]).stages == [
+        "render", "vae", "encoders", "encode", "df_sft", "ship"]
+    assert build_demo_world.parse_args(["--out", "x", "--teacher_from", "kd"]).stages == list(build_demo_world.STAGES)
+    assert build_demo_world.parse_args(["--out", "x", "--stages", "kd,ship"]).stages == ["kd", "ship"]
+    with pytest.raises(SystemExit):
+        build_demo_world.parse_args(["--out", "x", "--stages", "render,paint"])

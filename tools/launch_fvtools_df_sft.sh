@@ -11,9 +11,9 @@
 #   df_sft_lora64_fp32master_8gpu_lr1e-4_steps2000_warmup100_swanlab
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 #
-# The CPU demo (no GPU and no DATASET_ROOT) makes what is missing: the demo assets and the demo video-latent dataset
-# ($DEMO_ROOT), then trains every parameter of a model of the demo Teacher's config from scratch (`--preset demo`,
-# FSDP2 on 2 gloo ranks). About a minute on 2 CPU cores.
+# The CPU demo (no GPU and no DATASET_ROOT) makes what is missing: the demo-world assets and the video-latent dataset
+# of their rendered clips ($DEMO_ROOT), then trains every parameter of a model of the world Teacher's config (12
+# blocks, width 64) from scratch (`--preset demo`, 300 steps, FSDP2 on 2 gloo ranks). A few minutes on 2 CPU cores.
 #
 # Every flag of `python fvtools/train_df_sft.py --help` can be given after the positionals, or as an environment
 # variable of the same name in capitals (LR, MAX_STEPS, TRAIN, ...; METHOD_FLAG_VARIABLES in tools/_launch_common.sh).
