@@ -1,18 +1,22 @@
 """Check that the CPU demo trains and evaluates exactly as the recorded baseline did (losses bit for bit).
 
-The baseline (`benchmarks/baselines/demo_369ddf5/`) holds the `train_log.jsonl` of the three demo launchers and the
-eval's `aggregate.json`, recorded at commit 369ddf5 before the entry scripts were restructured. Run the demo the
-same way on the same CPU, then compare:
+The baseline (`benchmarks/baselines/demo_world/`) holds the `train_log.jsonl` of the three demo launchers and the
+eval's `aggregate.json` on the demo world (README.md of that folder: the commit and machine it was recorded on). Run
+the demo the same way on the same kind of CPU, then compare:
 
     bash tools/launch_predictor_v4_rollout_training.sh      # offline v4 demo, then the rollout demo
     bash tools/launch_predictor_disca_training.sh
+    R=checkpoints/predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps8_swarmup2_bwarmup2_notracker
+    O=checkpoints/predictor_v4_prefeature_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
+    D=checkpoints/predictor_disca_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
     python tools/eval_predictor.py --demo demo_data/assets --split holdout25 --replace_steps 1,2,3 \
-        --lpips_random_backbone --ckpt checkpoints/<rollout demo run>/predictor_step_00008.safetensors \
-        --ckpt checkpoints/<offline v4 demo run>/predictor_step_00240.safetensors
+        --lpips_random_backbone --ckpt $R/predictor_step_00008.safetensors --ckpt $O/predictor_step_00240.safetensors \
+        --ckpt $D/predictor_step_00240.safetensors --run_name world_demo_fppp_holdout25
     python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
 
 Every logged number except wall-clock times and memory must be equal (==, not approximately); eval metrics must
-be equal too (timings, and the absolute paths in the header - checkpoints, LPIPS heads - are skipped). Exit code 1 on any difference, with one line per difference.
+be equal too (timings, and the absolute paths in the header - checkpoints, LPIPS heads, ground truth - are
+skipped). Exit code 1 on any difference, with one line per difference.
 """
 
 from __future__ import annotations
@@ -23,21 +27,21 @@ import math
 import sys
 from pathlib import Path
 
-BASELINE = Path(__file__).resolve().parent / "baselines" / "demo_369ddf5"
+BASELINE = Path(__file__).resolve().parent / "baselines" / "demo_world"
 # The three demo run directories (2 CPU ranks) -> their baseline log.
 RUNS = {
-    "predictor_v4_prefeature_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
+    "predictor_v4_prefeature_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
         "offline_v4.train_log.jsonl",
-    "predictor_disca_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
+    "predictor_disca_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
         "offline_disca.train_log.jsonl",
-    "predictor_v4_rollout_fppp_demo_blocks1-2_fp32_2cpu_flr1e-4_blr1e-5_schedsteps8_swarmup2_bwarmup2_notracker":
+    "predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps8_swarmup2_bwarmup2_notracker":
         "rollout_fppp.train_log.jsonl",
 }
-EVAL_NAME = (f"{list(RUNS)[2]}_ckptstep8__{list(RUNS)[0]}_ckptstep240_fppp_holdout25")
+EVAL_NAME = "world_demo_fppp_holdout25"
 SKIPPED_PREFIXES = ("time/", "memory/")
-# Wall-clock figures, and the header entries that hold absolute paths: the checkpoints' (where the demo ran) and the
-# LPIPS linear heads' (where the pinned lpips package is installed, e.g. a virtual environment).
-SKIPPED_EVAL_KEYS = {"timings", "speedup", "checkpoints", "legend", "linear_heads"}
+# Wall-clock figures, and the header entries that hold absolute paths: the checkpoints' (where the demo ran), the
+# LPIPS linear heads' (where the pinned lpips package is installed, e.g. a virtual environment) and the ground truth's.
+SKIPPED_EVAL_KEYS = {"timings", "speedup", "checkpoints", "legend", "linear_heads", "ground_truth"}
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from predictor_training.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.frame_kv_cache import FrameKVCache, check_context_mode
 from predictor_training.precision import autocast
 from predictor_training.scheduler import FlowMatchEulerScheduler
 from predictor_training.teacher import ContextKV, TextKV
@@ -83,7 +84,9 @@ class RolloutConfig:
     context_timestep: timestep of every context frame (14). memory_frames / temporal_context_size: memory selection
     (20 / 12). state_dtype: dtype of the running latent buffer (float32 or bfloat16). autocast_dtype: autocast for
     every Teacher call (None = off). prefeature_layers: double blocks whose input hidden state is recorded during
-    every context prefill.
+    every context prefill. context_mode: how a chunk's context K/V are obtained - "exact" (re-prefill the selected
+    frames every chunk: the reference), "incremental" or "last_step" (per-frame K/V computed once and re-used;
+    predictor_training/frame_kv_cache.py).
     """
 
     num_steps: int = 4
@@ -95,8 +98,13 @@ class RolloutConfig:
     state_dtype: torch.dtype = torch.float32
     autocast_dtype: torch.dtype | None = None
     prefeature_layers: tuple[int, ...] = ()
+    context_mode: str = "exact"
 
     def __post_init__(self):
+        check_context_mode(self.context_mode)
+        if self.context_mode != "exact" and self.prefeature_layers:
+            raise ValueError("prefeature_layers are hidden states of an exact context prefill; the "
+                             f"{self.context_mode!r} context mode runs none")
         if self.state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got {self.state_dtype}")
         if self.chunk_latents < 1 or self.num_steps < 1:
@@ -196,10 +204,12 @@ class RolloutInputs:
 # ---- what one step / one chunk produces ------------------------------------------------------------------------
 @dataclass
 class StepOutput:
-    """velocity [1, C, 4, H, W]; final_hidden [1, 4*H*W, hidden] (None if the producer has none)."""
+    """velocity [1, C, 4, H, W]; final_hidden [1, 4*H*W, hidden] (None if the producer has none); raw_kv: the
+    Teacher's per-layer raw K/V of the chunk (only Full steps of a `last_step` context-mode rollout)."""
 
     velocity: Tensor
     final_hidden: Tensor | None = None
+    raw_kv: list[tuple[Tensor, Tensor]] | None = None
 
 
 @dataclass
@@ -362,6 +372,8 @@ class ARRollout:
         self.scheduler = FlowMatchEulerScheduler(shift=config.shift)
         self.scheduler.set_timesteps(config.num_steps)
         self.previous_chunk_outputs: list[StepOutput] | None = None
+        height, width = inputs.noise.shape[3:]
+        self.frame_cache = None if config.context_mode == "exact" else FrameKVCache(depth, height * width)
 
     # ---- helpers ----------------------------------------------------------------------------------------------
     @property
@@ -450,6 +462,15 @@ class ARRollout:
         model_input = self.model_input(indices)
         action, viewmats, Ks = self.frame_inputs(indices)
         timestep = torch.full((len(indices),), self.config.context_timestep, dtype=torch.float32, device=self.device)
+        if self.frame_cache is not None:  # cached modes: place the stored K/V at their positions and cameras
+            if grad:
+                raise ValueError(f"the {self.config.context_mode!r} context mode re-uses stored K/V; it cannot "
+                                 "train through the context (use context_mode 'exact')")
+            height, width = model_input.shape[3:]
+            with torch.no_grad(), self.autocast():
+                kv = self.teacher.assemble_context_kv(self.frame_cache.gather(indices), viewmats, Ks, height, width)
+                vec = self.teacher.frame_vec(timestep, action)[0] if with_vec else None
+            return ChunkContext(indices=indices, model_input=model_input, kv=kv, vec=vec)
         with torch.set_grad_enabled(grad), self.autocast():
             kv, prefeatures = self.teacher.context_prefill(
                 model_input, timestep, action, viewmats, Ks, self.text_kv if text_kv is None else text_kv,
@@ -465,8 +486,33 @@ class ARRollout:
             output = self.teacher.chunk_step(
                 model_input, timestep, action, viewmats, Ks, self.text_kv,
                 context_kv=context.kv, rope_start=context.num_frames, return_final_hidden=True,
+                return_raw_kv=self.config.context_mode == "last_step",
             )
-        return StepOutput(velocity=output.velocity, final_hidden=output.final_hidden)
+        return StepOutput(velocity=output.velocity, final_hidden=output.final_hidden, raw_kv=output.raw_kv)
+
+    @torch.no_grad()
+    def cache_chunk(self, chunk_index: int, context: ChunkContext, outputs: Sequence[StepOutput]) -> None:
+        """Store the finished chunk's per-frame K/V for later chunks (cached context modes; not the last chunk,
+        whose frames no chunk selects). incremental: one Teacher pass over the final latents at the context
+        timestep, attending to the chunk's own context; last_step: the K/V of the chunk's last Full step."""
+        if self.frame_cache is None or chunk_index == self.num_chunks - 1:
+            return
+        frames = self.chunk_frames(chunk_index)
+        frame_ids = list(range(frames.start, frames.stop))
+        if self.config.context_mode == "last_step":
+            full_steps = [output for output in outputs if output.raw_kv is not None]
+            if not full_steps:
+                raise RuntimeError(f"chunk {chunk_index}: the 'last_step' context mode needs at least one Full "
+                                   "Teacher step per chunk; this schedule replaced them all")
+            self.frame_cache.put(frame_ids, full_steps[-1].raw_kv)
+            return
+        action, viewmats, Ks = self.frame_inputs(frame_ids)
+        timestep = torch.full((len(frame_ids),), self.config.context_timestep, dtype=torch.float32,
+                              device=self.device)
+        with self.autocast():
+            raw_kv = self.teacher.frame_kv_pass(self.model_input(frames), timestep, action, viewmats, Ks,
+                                                self.text_kv, context_kv=context.kv, rope_start=context.num_frames)
+        self.frame_cache.put(frame_ids, raw_kv)
 
     @torch.no_grad()
     def run_chunk(self, chunk_index: int, step_fn: StepFn | None = None) -> list[StepOutput]:
@@ -515,6 +561,7 @@ class ARRollout:
                 ))
         if self.recorder is not None:
             self.recorder.on_chunk_end(chunk_index, self.latents[:, :, frames])
+        self.cache_chunk(chunk_index, context, outputs)
         self.previous_chunk_outputs = outputs
         return outputs
 

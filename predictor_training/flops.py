@@ -13,6 +13,9 @@ S = n*HW context tokens, L the text tokens kept by the text prefill.
                                                     + 2*2*Q*D^2 (attn_proj, prope_proj) + 2*2*Q*D*rD (MLP)
     chunk step      embed(N) + depth * block(N, K = L + S + N) + final layer
     context prefill embed(S) + (depth - 1) * block(S, K = L + S) + K/V path of the last block
+    context cache   (context modes other than exact; predictor_training/frame_kv_cache.py) placing cached K/V:
+                    depth * 2 * 8*S*D (ProPE on K and V); incremental also runs, after every chunk but the last,
+                    embed(N) + (depth - 1) * block(N, K = L + S + N) + K/V path of the last block
     Predictor step  embed(N) + fusion Linear(streams*D -> D) + 2 * block(N, K = L [+ S for v4] + N) + residual
                     head (2 Linear D -> D) + final layer
     hidden reuse    frame vec + final layer;   velocity reuse: 0
@@ -149,6 +152,22 @@ def context_prefill_flops(shape: TeacherShape, tokens_per_frame: int, text_token
     return embed_flops(shape, queries, context_frames) + (shape.depth - 1) * full + last
 
 
+def context_assembly_flops(shape: TeacherShape, tokens_per_frame: int, context_frames: int) -> int:
+    """Placing `context_frames` cached frames: the ProPE map on K and V of every layer (RoPE is element-wise)."""
+    return shape.depth * 2 * 8 * context_frames * tokens_per_frame * shape.hidden_size
+
+
+def frame_kv_pass_flops(
+    shape: TeacherShape, tokens_per_frame: int, text_tokens: int, context_frames: int, chunk_frames: int = 4
+) -> int:
+    """The incremental mode's pass over a finished chunk: a chunk step without the final layer, last block K/V only."""
+    queries = chunk_frames * tokens_per_frame
+    keys = text_tokens + context_frames * tokens_per_frame + queries
+    full = image_block_flops(shape, chunk_frames, queries, keys)
+    last = image_block_flops(shape, chunk_frames, queries, keys, kv_only=True)
+    return embed_flops(shape, queries, chunk_frames) + (shape.depth - 1) * full + last
+
+
 def text_prefill_flops(
     shape: TeacherShape, llm_tokens: int, byt5_tokens: int, vision_tokens: int, kept_tokens: int
 ) -> int:
@@ -232,18 +251,30 @@ def rollout_flops(
     chunk_frames: int = 4,
     predictor_config: Mapping | None = None,
     text_prefill: int = 0,
+    context_mode: str = "exact",
 ) -> dict[str, int]:
-    """FLOPs of one video's DiT work: {"text_prefill", "context_prefill", "full_step", "predictor_step",
-    "reuse_step", "total"}.
+    """FLOPs of one video's DiT work: {"text_prefill", "context_prefill", "context_cache", "full_step",
+    "predictor_step", "reuse_step", "total"}.
 
     context_frames_per_chunk[c]: context frames of chunk c (0 for chunk 0). step_kind(chunk, step) -> one of
     STEP_KINDS. predictor_config: required when a step is "predictor". text_prefill: the (schedule-independent)
-    text prefill FLOPs to include (0 when the text K/V are read from disk).
+    text prefill FLOPs to include (0 when the text K/V are read from disk). context_mode: "exact" re-prefills the
+    context of every chunk; "incremental" and "last_step" place cached K/V instead (context_cache), incremental
+    after one K/V pass over every chunk but the last.
     """
-    parts = {"text_prefill": int(text_prefill), "context_prefill": 0, "full_step": 0, "predictor_step": 0,
-             "reuse_step": 0}
+    if context_mode not in ("exact", "incremental", "last_step"):
+        raise ValueError(f"context_mode must be 'exact', 'incremental' or 'last_step', got {context_mode!r}")
+    parts = {"text_prefill": int(text_prefill), "context_prefill": 0, "context_cache": 0, "full_step": 0,
+             "predictor_step": 0, "reuse_step": 0}
+    last_chunk = len(context_frames_per_chunk) - 1
     for chunk, context_frames in enumerate(context_frames_per_chunk):
-        parts["context_prefill"] += context_prefill_flops(shape, tokens_per_frame, text_tokens, context_frames)
+        if context_mode == "exact":
+            parts["context_prefill"] += context_prefill_flops(shape, tokens_per_frame, text_tokens, context_frames)
+        else:
+            parts["context_cache"] += context_assembly_flops(shape, tokens_per_frame, context_frames)
+            if context_mode == "incremental" and chunk < last_chunk:
+                parts["context_cache"] += frame_kv_pass_flops(shape, tokens_per_frame, text_tokens, context_frames,
+                                                              chunk_frames)
         for step in range(num_steps):
             kind = step_kind(chunk, step)
             if kind == "full":

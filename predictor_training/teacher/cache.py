@@ -178,9 +178,11 @@ class CameraProjection:
 class ChunkOutput:
     """Output of `WorldPlayTransformer.chunk_step(..., return_final_hidden=True)`.
 
-    velocity `[1, C, T, H, W]`; final_hidden `[1, T*H*W, hidden]` (input of the final layer); vec `[T, hidden]`.
+    velocity `[1, C, T, H, W]`; final_hidden `[1, T*H*W, hidden]` (input of the final layer); vec `[T, hidden]`;
+    raw_kv (with `return_raw_kv`): per double block the chunk tokens' (k, v) `[1, heads, T*H*W, d]` before RoPE/ProPE.
     """
 
     velocity: Tensor
     final_hidden: Tensor
     vec: Tensor
+    raw_kv: list[tuple[Tensor, Tensor]] | None = None

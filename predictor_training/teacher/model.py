@@ -186,11 +186,14 @@ class DoubleStreamBlock(nn.Module):
         text_mask: Tensor | None = None,
         context: LayerContextKV | None = None,
         return_kv: bool = False,
+        return_raw_kv: bool = False,
     ):
         """Image stream of one block; queries attend to [text ; context ; own] in the RoPE and ProPE branches.
 
         x [B, N=T*HW, h]; frame_vec [B, T, h]; text_k/v [B, heads, L, d]; text_mask [B, L] bool (True = valid) or
-        None; context [B, heads, S, d] tensors or None. Returns x' [B, N, h] (and this call's LayerContextKV).
+        None; context [B, heads, S, d] tensors or None. Returns x' [B, N, h] (and this call's LayerContextKV with
+        `return_kv`, or its raw (k, v) [B, heads, N, d] - qk-normed K and V before RoPE and ProPE - with
+        `return_raw_kv`).
         """
         self._check_image_inputs(x, frame_vec, tokens_per_frame, rope, camera)
         batch = x.shape[0]
@@ -218,7 +221,15 @@ class DoubleStreamBlock(nn.Module):
         x = self._per_frame(x, frames, tokens_per_frame) + gate1 * self._per_frame(update, frames, tokens_per_frame)
         x = x + gate2 * self.img_mlp(modulate(layer_norm_no_affine(x), shift2, scale2))
         x = x.flatten(1, 2)
+        if return_raw_kv:
+            return x, (k, v)
         return (x, own) if return_kv else x
+
+    def image_raw_kv(self, x: Tensor, frame_vec: Tensor, tokens_per_frame: int) -> tuple[Tensor, Tensor]:
+        """Raw (k, v) [B, heads, N, d] of these tokens: qk-normed K and V, before RoPE and ProPE."""
+        shift1, scale1 = self._image_modulation(frame_vec)[:2]
+        _, k, v = self._image_qkv(x, shift1, scale1, tokens_per_frame, need_q=False)
+        return k, v
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -562,8 +573,10 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         rope_start: int | None = None,
         return_final_hidden: bool = False,
         trace: dict | None = None,
+        return_raw_kv: bool = False,
     ):
-        """One denoising call on a chunk: velocity [1, C, T, H, W] (or ChunkOutput with return_final_hidden).
+        """One denoising call on a chunk: velocity [1, C, T, H, W] (or ChunkOutput with return_final_hidden; with
+        return_raw_kv too, its `raw_kv` holds every block's raw (k, v) of the chunk's tokens, see `frame_kv_pass`).
 
         hidden_states [1, 2C+1, T, H, W]; timestep [T]; action [1, T]; viewmats [1, T, 4, 4]; Ks [1, T, 3, 3].
         Temporal RoPE positions are rope_start..rope_start+T-1, rope_start defaulting to the context's frame count.
@@ -581,12 +594,18 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         rope = self.rope_table(frames, height, width, start=rope_start)
         if trace is not None:
             trace["img_tokens_in"] = x
+        if return_raw_kv and not return_final_hidden:
+            raise ValueError("chunk_step: return_raw_kv needs return_final_hidden (the K/V come in the ChunkOutput)")
         checkpointed = self.gradient_checkpointing and torch.is_grad_enabled()
+        raw_kv: list[tuple[Tensor, Tensor]] = []
         for index, block in enumerate(self.double_blocks):
             text_k, text_v = text_kv.layer(index)
             context = None if context_kv is None else context_kv.layer(index)
             args = (x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context)
-            if checkpointed:
+            if return_raw_kv:
+                x, kv = block.image_forward(*args, return_raw_kv=True)
+                raw_kv.append(kv)
+            elif checkpointed:
                 x = checkpoint(block.image_forward, *args, use_reentrant=False, context_fn=self.checkpoint_context_fn)
             else:
                 x = block.image_forward(*args)
@@ -594,8 +613,65 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
                 trace[f"layer{index}.img_out"] = x
         velocity = self.unpatchify(self.final_projection(x, vec, tokens_per_frame), frames, height, width)
         if return_final_hidden:
-            return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0])
+            return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0], raw_kv=raw_kv if return_raw_kv else None)
         return velocity
+
+    def frame_kv_pass(
+        self,
+        hidden_states: Tensor,
+        timestep: Tensor,
+        action: Tensor,
+        viewmats: Tensor,
+        Ks: Tensor,
+        text_kv: TextKV,
+        context_kv: ContextKV | None = None,
+        rope_start: int | None = None,
+    ) -> list[tuple[Tensor, Tensor]]:
+        """The raw per-layer K/V of a chunk's frames, computed as `chunk_step` would see them (the incremental
+        context mode caches them once a chunk is final).
+
+        Same inputs as `chunk_step`. Returns, per double block, (k, v) [1, heads, T*H*W, d]: qk-normed K and V
+        before RoPE and ProPE, so they can be placed at any context position and camera later
+        (`assemble_context_kv`). The last block computes only its K/V.
+        """
+        self._check_text_kv(text_kv)
+        if rope_start is None:
+            rope_start = 0 if context_kv is None else context_kv.num_frames
+        x, vec, camera, (frames, height, width) = self._image_inputs(
+            "frame_kv_pass", hidden_states, timestep, action, viewmats, Ks
+        )
+        tokens_per_frame = height * width
+        rope = self.rope_table(frames, height, width, start=rope_start)
+        raw: list[tuple[Tensor, Tensor]] = []
+        last = self.num_layers - 1
+        for index, block in enumerate(self.double_blocks):
+            if index == last:
+                raw.append(block.image_raw_kv(x, vec, tokens_per_frame))
+                break
+            text_k, text_v = text_kv.layer(index)
+            context = None if context_kv is None else context_kv.layer(index)
+            x, kv = block.image_forward(x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context,
+                                        return_raw_kv=True)
+            raw.append(kv)
+        return raw
+
+    def assemble_context_kv(
+        self, raw_kv: Sequence[tuple[Tensor, Tensor]], viewmats: Tensor, Ks: Tensor, height: int, width: int
+    ) -> ContextKV:
+        """Context K/V of n frames from their raw per-layer K/V: compacted RoPE positions 0..n-1 and each frame's
+        own ProPE camera, exactly as a context prefill places the K/V it computes.
+
+        raw_kv: per double block (k, v) [1, heads, n*H*W, d] (frames in context order); viewmats [1, n, 4, 4];
+        Ks [1, n, 3, 3].
+        """
+        if len(raw_kv) != self.num_layers:
+            raise ValueError(f"raw K/V of {len(raw_kv)} layers for a model of {self.num_layers}")
+        frames = viewmats.shape[1]
+        tokens_per_frame = height * width
+        rope = self.rope_table(frames, height, width, start=0)
+        camera = self.camera_projection(viewmats, Ks)
+        layers = [DoubleStreamBlock._own_context_kv(k, v, tokens_per_frame, rope, camera) for k, v in raw_kv]
+        return ContextKV(layers, frames)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(
