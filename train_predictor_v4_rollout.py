@@ -1,9 +1,12 @@
-"""On-policy recursive F-P-P-P self-rollout fine-tuning of the v4 Predictor (train.md § 2).
+"""On-policy recursive self-rollout fine-tuning of the v4 Predictor, F-P-P-P by default (train.md § 2).
 
 Stage 2 after offline teacher forcing: the Predictor starts from an offline v4 checkpoint (`--init_from`, model
 weights only; the optimizer and LR schedule start fresh) and learns on the states it visits itself. Per optimizer
 step every rank rolls out ONE whole trajectory (case, action) of the sample table: chunk 0 F-F-F-F without
-gradients, chunks 1..7 F-P-P-P with a per-chunk backward of chunk_loss / 7 (`predictor_training/self_rollout.py`).
+gradients, chunks 1..7 under the schedule it will run in (`--replace_steps`, as the eval's: 1,2,3 = F-P-P-P,
+1,2 = F-P-P-F, 1,3 = F-P-F-P) with a per-chunk backward of chunk_loss / 7 (`predictor_training/self_rollout.py`).
+`--context_mode incremental` builds every chunk's context from cached per-frame K/V instead of an exact prefill
+(predictor_training/frame_kv_cache.py), as the eval's `--context_modes` runs it.
 The Teacher labels are computed online on the student's own latents; no stored Teacher trajectory is read, only
 the offline dataset's case files (image condition + exact text K/V of every layer).
 
@@ -27,7 +30,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -49,6 +54,7 @@ from predictor_training.distributed import (
     seed_everything,
     wrap_ddp,
 )
+from predictor_training.eval.methods import Schedule, parse_replace_steps
 from predictor_training.flags import (
     add_data_args,
     add_loss_args,
@@ -61,6 +67,7 @@ from predictor_training.flags import (
     parse_subset_cases,
     parse_recipe_args,
 )
+from predictor_training.frame_kv_cache import CONTEXT_MODES
 from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
 from predictor_training.loop import one_item_per_rank_batches, train_loop
 from predictor_training.optim import build_optimizer_and_schedule
@@ -80,19 +87,24 @@ from predictor_training.teacher import TextKV
 from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
 
 VARIANT = "v4"
-RECIPE = "rollout_fppp"
+RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
 
 _DEMO = ["--source_blocks", "1,10", "--precision", "fp32", "--max_steps", "8", "--scheduler_warmup_steps", "2",
          "--block_warmup_steps", "2", "--ckpt_every", "4", "--tracker", "none", "--num_workers", "0"]
 _OVERFIT8 = ["--subset_cases", "8", "--subset_seed", "20260721", "--scheduler_warmup_steps", "8",
              "--block_warmup_steps", "8"]
+_FPPF = ["--replace_steps", "1,2", "--max_steps", "300"]
 PRESETS = {
     # The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker.
-    "demo": ["--experiment", "predictor_v4_rollout_fppp_demo", *_DEMO],
+    "demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO],
     # overfit8 (train.md § overfit8): 8 fixed cases x their actions, warmup and block freeze of 8 steps.
     "overfit8": _OVERFIT8,
-    "overfit8_demo": ["--experiment", "predictor_v4_rollout_fppp_demo", *_DEMO, *_OVERFIT8,
+    "overfit8_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, *_OVERFIT8,
                       "--max_steps", "16", "--ckpt_every", "8"],
+    # overfit8 FPPF (the notes' run): the same 8 cases, F-P-P-F, a 300-step schedule.
+    "overfit8_fppf": [*_OVERFIT8, *_FPPF],
+    "overfit8_fppf_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, *_OVERFIT8, *_FPPF,
+                           "--max_steps", "16", "--ckpt_every", "8"],
 }
 
 
@@ -109,6 +121,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                               "--subset_seed) or comma-separated case ids; default: every case (overfit8: 8)")
     rollout.add_argument("--subset_seed", type=int, default=20260721,
                          help="seed of the --subset_cases choice (default %(default)s, the overfit8 run's)")
+    rollout.add_argument("--replace_steps", type=parse_replace_steps, default=(1, 2, 3),
+                         help="steps the Predictor runs in every trained chunk, as the eval's --replace_steps: "
+                              "1,2,3 = F-P-P-P (default), 1,2 = F-P-P-F, 1,3 = F-P-F-P; the others are Full "
+                              "Teacher steps, where gradients stop. The run name and checkpoints record it")
+    rollout.add_argument("--context_mode", choices=CONTEXT_MODES, default="exact",
+                         help="how each chunk's context K/V are built: exact (a Teacher prefill of the selected "
+                              "frames, default), incremental (per-frame K/V cached once after each chunk), last_step "
+                              "(the K/V of each chunk's last Full step); predictor_training/frame_kv_cache.py. "
+                              "Recorded in the run name when not exact")
     rollout.add_argument("--init_from", type=Path, default=None,
                          help="Predictor weights to start from: an offline v4 training_latest.pt (its model part only) "
                               "or a predictor_step_XXXXX.safetensors; required for a fresh run, not allowed with "
@@ -119,12 +140,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                           block_warmup_steps=100, batch_size=None, grad_accum=1, weight_decay=0.01,
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    add_run_args(parser, experiment="predictor_v4_rollout_fppp", precision="fp32master", ckpt_every=100,
+    add_run_args(parser, experiment="predictor_v4_rollout_{schedule}", precision="fp32master", ckpt_every=100,
                  keep_last=20, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args)
     # Rules only this recipe has.
+    if not args.replace_steps:
+        parser.error("--replace_steps is empty: a rollout run trains the Predictor on at least one step")
+    try:
+        schedule = Schedule(args.replace_steps)
+    except ValueError as error:
+        parser.error(f"--replace_steps: {error}")
+    args.experiment = args.experiment.replace("{schedule}", schedule.letters().lower())
     if args.resume is None and args.init_from is None:
         parser.error("--init_from is missing: a rollout run starts from an offline v4 checkpoint "
                      "(training_latest.pt or predictor_step_XXXXX.safetensors)")
@@ -147,8 +175,23 @@ class DuplicateTrajectoryError(RuntimeError):
     """Two ranks (or two micro-batches of one step) got the same (case_id, action_id)."""
 
 
+def run_tags(args) -> str:
+    """The recipe's run-name part after the blocks: the context mode when not exact, then the case subset."""
+    tags = [] if args.context_mode == "exact" else [f"ctx{args.context_mode}"]
+    subset = subset_tag(args.subset_cases, args.subset_seed)
+    return "_".join(tags + ([subset] if subset else []))
+
+
+def latent_grad_check(replace_steps) -> Callable[[int, dict], None] | None:
+    """`check_latent_grads` when the schedule has two consecutive Predictor steps (whose latent path can be checked),
+    else None (F-P-F-P: every Predictor step starts from a Teacher-made latent, no latent path to check)."""
+    consecutive = any(step + 1 in replace_steps for step in replace_steps)
+    return check_latent_grads if consecutive else None
+
+
 def check_latent_grads(step: int, metrics: dict[str, float]) -> None:
-    """The Predictor-made latents x2, x3 must receive a gradient (the BPTT path through them is alive)."""
+    """The Predictor-made latents (x2, x3 under F-P-P-P) must receive a gradient (the BPTT path through them is
+    alive)."""
     value = metrics["latent_grad_l1_min"]
     if not value > 0:
         raise RuntimeError(
@@ -205,7 +248,7 @@ class RolloutStep:
 def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, subset=subset_tag(args.subset_cases, args.subset_seed))
+    start = plan_run(args, subset=run_tags(args))
     if args.print_run_dir:
         return report_run_start(start)
     if start.kind == "finished":
@@ -229,10 +272,12 @@ def main(argv=None) -> int:
         )
         batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
         # The AR loop of the dataset; running latents and Teacher autocast follow --precision.
-        rollout_config = RolloutConfig.from_dataset_config(
+        rollout_config = replace(RolloutConfig.from_dataset_config(
             dataset_config, str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
             state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
-        )
+        ), context_mode=args.context_mode)
+        letters = Schedule(args.replace_steps).letters()
+        recipe = RECIPE_PREFIX + letters.lower()
 
         # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
         #    a training state is resumed below.
@@ -252,7 +297,7 @@ def main(argv=None) -> int:
         #    the run directory's own unfinished run) restores it and the data position.
         model = wrap_ddp(predictor, env)
         role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE)
+        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=recipe)
         run_state = RunState()
         if start.resume_path is not None:
             run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
@@ -261,7 +306,7 @@ def main(argv=None) -> int:
         # 6. Config and summary.
         trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
         config = run_config(
-            args, run_name=start.run_name, variant=VARIANT, recipe=RECIPE, world_size=env.world_size,
+            args, run_name=start.run_name, variant=VARIANT, recipe=recipe, world_size=env.world_size,
             device=str(env.device), backend=env.backend, global_batch=env.world_size * args.grad_accum,
             sample_table=str(sample_table), num_trajectories=len(dataset), cases=dataset.case_ids,
             num_latents=dataset.num_latents, trained_chunks=trained_chunks, init_meta=init_meta,
@@ -270,13 +315,14 @@ def main(argv=None) -> int:
         )
         if env.is_main:
             write_train_config(start.run_dir, config)
-        log_summary("self-rollout F-P-P-P Predictor training (v4)", {
+        log_summary(f"self-rollout {'-'.join(letters)} Predictor training (v4)", {
             **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
                                   first_step=run_state.global_step + 1, stop_step=start.stop_step),
             "init": f"{start.resume_path} (training state)" if start.resume_path else
                     f"{args.init_from} (model only; fresh optimizer)",
             "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
-                     f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. F-P-P-P",
+                     f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. {'-'.join(letters)}; "
+                     f"context {args.context_mode}",
             "data": f"{sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
                     f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
                     f"{batches.batches_per_epoch()} per rank per epoch",
@@ -285,7 +331,8 @@ def main(argv=None) -> int:
 
         # 7. Train: the trajectory step and the shared loop.
         settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
-                                       predictor_autocast_dtype=policy.autocast_dtype)
+                                       predictor_autocast_dtype=policy.autocast_dtype,
+                                       replace_steps=tuple(args.replace_steps))
         step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                               settings=settings, env=env)
         with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
@@ -296,7 +343,7 @@ def main(argv=None) -> int:
                 max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
                 ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
                 metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
-                extra_step_check=check_latent_grads,
+                extra_step_check=latent_grad_check(args.replace_steps),
             )
         return 0
     finally:

@@ -137,7 +137,7 @@ def one_backward_over_all_chunks(trajectory: SelfRolloutTrajectory) -> None:
     trajectory.run_chunk_zero()
     losses = []
     for chunk in trajectory.trained_chunks:
-        graph = trajectory.run_fppp_chunk(chunk)
+        graph = trajectory.run_trained_chunk(chunk)
         losses.append(graph.loss)
         trajectory.commit(graph)
     torch.stack(losses).mean().backward()

@@ -1,4 +1,10 @@
-"""On-policy F-P-P-P self-rollout of one trajectory (train.md § 2): what runs, and where gradients stop.
+"""On-policy self-rollout of one trajectory under a schedule (F-P-P-P by default; train.md § 2): what runs, and where
+gradients stop.
+
+The schedule is `SelfRolloutSettings.replace_steps` (the eval's `--replace_steps`): the Predictor runs those steps
+of every trained chunk, the Teacher every other step. Step 0 is always Full. A Full step k >= 1 inside a trained
+chunk is a Teacher step on the detached student latent: its velocity advances the latent (no graph), its hidden is
+the next anchor, and gradients stop there. Below, F-P-P-P (replace_steps 1, 2, 3).
 
 One trajectory of T latents = T / 4 chunks. Chunk 0 is the Teacher's F-F-F-F (no gradients): it seeds the
 self-generated history and gives the previous-chunk hidden of steps 1, 2, 3 for chunk 1. Every later chunk c is
@@ -25,7 +31,7 @@ DDP: ``train_trajectory`` runs each trained chunk's three Predictor forwards AND
 ``no_sync()``, except the last chunk, whose backward all-reduces the gradients accumulated over all chunks once.
 
 Pieces are public so tests can check each claim: ``SelfRolloutTrajectory`` (``run_chunk_zero``,
-``run_fppp_chunk`` -> ``ChunkGraph``, ``commit``) and ``train_trajectory`` (the training composition).
+``run_trained_chunk`` -> ``ChunkGraph``, ``commit``) and ``train_trajectory`` (the training composition).
 """
 
 from __future__ import annotations
@@ -54,12 +60,14 @@ class SelfRolloutSettings:
 
     velocity_weight / hidden_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (the recipe's
     --velocity_weight / --hidden_weight). predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the
-    real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``.
+    real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``. replace_steps: the
+    steps the Predictor runs in every trained chunk (ascending, within 1..num_steps-1).
     """
 
     velocity_weight: float
     hidden_weight: float
     predictor_autocast_dtype: torch.dtype | None = None
+    replace_steps: tuple[int, ...] = (1, 2, 3)
 
 
 # ---- what one trained chunk produces ---------------------------------------------------------------------------
@@ -91,8 +99,9 @@ class ChunkGraph:
     """A trained chunk before its backward.
 
     context: the chunk's context (indices, prefill input, exact K/V); full_hidden / full_velocity: Teacher step 0
-    (h0, v0); steps: the Predictor steps 1..n-1; final_latent [1, C, 4, H, W]: x_n with graph; loss: chunk loss
-    (mean of the step losses) with graph; tracked_latents: {k: x_k} whose ``.grad`` is retained (k >= 2).
+    (h0, v0); steps: the Predictor steps; final_latent [1, C, 4, H, W]: x_n with graph; loss: chunk loss
+    (mean of the step losses) with graph; tracked_latents: {k: x_k} whose ``.grad`` is retained (a Predictor step's
+    input made by the Predictor step before it); full_outputs: the Full Teacher steps of the chunk (step 0 first).
     """
 
     chunk_index: int
@@ -103,6 +112,7 @@ class ChunkGraph:
     final_latent: Tensor
     loss: Tensor
     tracked_latents: dict[int, Tensor] = field(default_factory=dict)
+    full_outputs: list[StepOutput] = field(default_factory=list)  # the chunk's Full Teacher steps, in order
 
     def pred_hidden_by_step(self) -> dict[int, Tensor]:
         return {step.step_index: step.pred_hidden for step in self.steps}
@@ -117,7 +127,7 @@ class SelfRolloutTrajectory:
     ``ARRollout``, whose running latents are the self-generated history (chunk c's slot holds its noise until the
     chunk is committed, then its detached final latent).
 
-    Order of calls: ``run_chunk_zero()``, then for c = 1..num_chunks-1: ``graph = run_fppp_chunk(c)``, backward,
+    Order of calls: ``run_chunk_zero()``, then for c = 1..num_chunks-1: ``graph = run_trained_chunk(c)``, backward,
     ``commit(graph)``.
     """
 
@@ -138,6 +148,10 @@ class SelfRolloutTrajectory:
                              f"got variant {raw_predictor.variant!r}")
         if rollout_config.num_steps < 2:
             raise ValueError(f"F-P-P-P needs at least 2 denoising steps, got num_steps={rollout_config.num_steps}")
+        steps = tuple(settings.replace_steps)
+        if not steps or list(steps) != sorted(set(steps)) or not all(1 <= k < rollout_config.num_steps for k in steps):
+            raise ValueError(f"replace_steps {list(steps)} must be ascending, without repeats, within "
+                             f"1..{rollout_config.num_steps - 1} (step 0 is always Full)")
         self.rollout = ARRollout(teacher, text_kv, inputs, rollout_config, recorder=None, device=device)
         if self.rollout.num_chunks < 2:
             raise ValueError(f"{inputs.num_latents} latents make {self.rollout.num_chunks} chunk(s); self-rollout "
@@ -165,7 +179,7 @@ class SelfRolloutTrajectory:
 
     @property
     def predictor_steps(self) -> list[int]:
-        return list(range(FULL_STEP + 1, self.rollout.config.num_steps))
+        return list(self.settings.replace_steps)
 
     # ---- chunk 0 -----------------------------------------------------------------------------------------------
     def run_chunk_zero(self) -> list[StepOutput]:
@@ -186,10 +200,11 @@ class SelfRolloutTrajectory:
         with torch.no_grad():
             return self.rollout.full_step(model_input, timestep, action, viewmats, Ks, context)
 
-    def run_fppp_chunk(self, chunk_index: int) -> ChunkGraph:
+    def run_trained_chunk(self, chunk_index: int) -> ChunkGraph:
         """Forward of trained chunk ``chunk_index`` (module docstring); the caller runs the backward and commits."""
         if chunk_index != self.next_chunk or chunk_index == 0:
-            raise RuntimeError(f"run_fppp_chunk({chunk_index}) called, but the next chunk to run is {self.next_chunk}")
+            raise RuntimeError(f"run_trained_chunk({chunk_index}) called, but the next chunk to run is "
+                               f"{self.next_chunk}")
         rollout, config, settings = self.rollout, self.rollout.config, self.settings
         frames = rollout.chunk_frames(chunk_index)
         frame_range = range(frames.start, frames.stop)
@@ -214,15 +229,23 @@ class SelfRolloutTrajectory:
         full = self._teacher_step(rollout.model_input(frame_range), step0_timestep, frame_inputs, context)
         latent = scheduler.step(full.velocity, timesteps[FULL_STEP], noise).to(state_dtype)
 
-        # 3. Predictor steps; the latent and the anchor keep their graphs from one step to the next.
+        # 3. Steps 1..n-1: Predictor steps keep the latent's and the anchor's graphs from one to the next; a Full
+        #    step advances the detached latent with the Teacher's velocity and hands on its hidden (no graph).
         anchor = full.final_hidden
+        full_outputs = [full]
         steps: list[PredictorStep] = []
         tracked: dict[int, Tensor] = {}
-        for k in self.predictor_steps:
+        for k in range(FULL_STEP + 1, config.num_steps):
             timestep = timesteps[k].expand(size).to(device=self.device, dtype=torch.float32)
             # The label is computed on the state the Predictor actually visits, cut from its graph.
             teacher_input = torch.cat([latent.detach().to(model_dtype), cond.to(model_dtype)], dim=1)
             target = self._teacher_step(teacher_input, timestep, frame_inputs, context)
+            if k not in self.predictor_steps:
+                full_outputs.append(target)
+                latent = differentiable_euler_step(latent.detach(), target.velocity, scheduler.sigmas, k)
+                latent = latent.to(state_dtype)
+                anchor = target.final_hidden
+                continue
             predictor_input = torch.cat([latent, cond.to(latent.dtype)], dim=1)
             prev_hidden = self.prev_chunk_hidden[k]
             with autocast(self.device, settings.predictor_autocast_dtype):
@@ -241,7 +264,7 @@ class SelfRolloutTrajectory:
             ))
             # The running buffer of the pipeline holds state_dtype; the cast keeps the same rounding, differentiably.
             latent = differentiable_euler_step(latent, pred_velocity, scheduler.sigmas, k).to(state_dtype)
-            if k + 1 < config.num_steps and latent.requires_grad:
+            if k + 1 in self.predictor_steps and latent.requires_grad:
                 tracked[k + 1] = latent
                 latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
             anchor = pred_hidden
@@ -250,7 +273,7 @@ class SelfRolloutTrajectory:
         chunk_loss = torch.stack([step.loss for step in steps]).mean()
         return ChunkGraph(
             chunk_index=chunk_index, context=context, full_hidden=full.final_hidden, full_velocity=full.velocity,
-            steps=steps, final_latent=latent, loss=chunk_loss, tracked_latents=tracked,
+            steps=steps, final_latent=latent, loss=chunk_loss, tracked_latents=tracked, full_outputs=full_outputs,
         )
 
     def commit(self, graph: ChunkGraph) -> None:
@@ -263,6 +286,8 @@ class SelfRolloutTrajectory:
         if graph.chunk_index != self.next_chunk:
             raise RuntimeError(f"commit of chunk {graph.chunk_index}, but the trajectory is at chunk {self.next_chunk}")
         self.rollout.write_chunk(graph.chunk_index, graph.final_latent.detach())
+        # Cached context modes store this chunk's per-frame K/V now (its final latent is written).
+        self.rollout.cache_chunk(graph.chunk_index, graph.context, graph.full_outputs)
         self.prev_chunk_hidden = {k: hidden.detach() for k, hidden in graph.pred_hidden_by_step().items()}
         self.next_chunk += 1
 
@@ -299,7 +324,7 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True) ->
     for chunk_index in trained:
         all_reduce_now = sync and chunk_index == trained[-1]
         with maybe_no_sync(trajectory.predictor, enabled=not all_reduce_now):
-            graph = trajectory.run_fppp_chunk(chunk_index)
+            graph = trajectory.run_trained_chunk(chunk_index)
             (graph.loss / divisor).backward()
         chunk_losses[chunk_index] = float(graph.loss.detach())
         for step in graph.steps:

@@ -20,6 +20,7 @@ import torch
 
 from predictor_training.ar_rollout import (
     ARRollout,
+    RolloutConfig,
     RolloutInputs,
     build_cond_latents,
     make_initial_noise,
@@ -299,7 +300,7 @@ def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, t
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
     teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
-    graph = trajectory.run_fppp_chunk(1)
+    graph = trajectory.run_trained_chunk(1)
 
     anchors = [call["args"][1] for call in predictor.calls]
     pred_hiddens = [call["outputs"][0] for call in predictor.calls]
@@ -341,7 +342,7 @@ def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv
     trajectory = SelfRolloutTrajectory(teacher, predictor, case_text_kv, inputs, settings=SETTINGS)
     trajectory.run_chunk_zero()
     teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
-    graph = trajectory.run_fppp_chunk(1)
+    graph = trajectory.run_trained_chunk(1)
     assert len(teacher_calls) == 4  # step 0 (Full) + one label per Predictor step
 
     reference = ARRollout(teacher, case_text_kv, inputs)  # the Teacher's own F-F-F-F of the same trajectory
@@ -376,7 +377,7 @@ def test_05_context_comes_from_self_history_with_the_selection_function_indices(
         trajectory.run_chunk_zero()
         final_latents[0] = trajectory.rollout.latents[:, :, :4].clone()
         for chunk in trajectory.trained_chunks:
-            graph = trajectory.run_fppp_chunk(chunk)
+            graph = trajectory.run_trained_chunk(chunk)
             final_latents[chunk] = graph.final_latent.clone()
             trajectory.commit(graph)
     assert len(prefill_calls) == 7
@@ -421,7 +422,7 @@ def test_06_differentiable_euler_matches_the_scheduler_on_all_steps(teacher, tex
     trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
     noise = trajectory.rollout.latents[:, :, 4:8].clone()
-    graph = trajectory.run_fppp_chunk(1)
+    graph = trajectory.run_trained_chunk(1)
     check = FlowMatchEulerScheduler()
     check.set_timesteps(4)
     x = check.step(graph.full_velocity, check.timesteps[0], noise)
@@ -440,7 +441,7 @@ def test_07_step3_loss_alone_reaches_x2_x3_and_the_first_two_predictor_calls(tea
     predictor = RecordingPredictor(make_predictor(teacher))
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
-    graph = trajectory.run_fppp_chunk(1)
+    graph = trajectory.run_trained_chunk(1)
     params = [param for param in predictor.inner.parameters() if param.requires_grad]
     step3 = graph.steps[2]
     x2, x3 = graph.tracked_latents[2], graph.tracked_latents[3]
@@ -479,9 +480,9 @@ def test_08_chunk2_loss_does_not_reach_chunk1_final_latent_or_hidden(teacher, te
     predictor = make_predictor(teacher)
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
-    chunk1 = trajectory.run_fppp_chunk(1)  # kept with its graph (no backward)
+    chunk1 = trajectory.run_trained_chunk(1)  # kept with its graph (no backward)
     trajectory.commit(chunk1)
-    chunk2 = trajectory.run_fppp_chunk(2)
+    chunk2 = trajectory.run_trained_chunk(2)
     chunk1_outputs = [chunk1.final_latent, *chunk1.pred_hidden_by_step().values()]
     assert all(tensor.requires_grad for tensor in chunk1_outputs)
     grads = torch.autograd.grad(chunk2.loss, chunk1_outputs, retain_graph=True, allow_unused=True)
@@ -511,7 +512,7 @@ def test_10_per_chunk_backward_equals_one_backward_over_all_chunks(teacher, text
     trajectory.run_chunk_zero()
     losses = []
     for chunk in trajectory.trained_chunks:
-        graph = trajectory.run_fppp_chunk(chunk)
+        graph = trajectory.run_trained_chunk(chunk)
         losses.append(graph.loss)
         trajectory.commit(graph)
     total = torch.stack(losses).mean()
@@ -732,3 +733,58 @@ def ddp_checks(root: Path) -> None:
 
 if __name__ == "__main__":
     ddp_checks(Path(sys.argv[1]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Other schedules and the incremental context (train.md § 2, "Schedules and context modes")
+# ---------------------------------------------------------------------------------------------------------------
+def test_fppf_runs_the_teacher_at_step_3_where_gradients_stop(teacher, text_kv):
+    """F-P-P-F: the Predictor runs steps 1, 2 (losses, x2 tracked); step 3 is a Teacher step on the detached x3,
+    so the chunk's final latent carries no graph and the next chunk's previous hiddens are those of steps 1, 2."""
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, replace_steps=(1, 2))
+    predictor = RecordingPredictor(make_predictor(teacher))
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
+    trajectory.run_chunk_zero()
+    assert sorted(trajectory.prev_chunk_hidden) == [1, 2]
+    graph = trajectory.run_trained_chunk(1)
+    assert [step.step_index for step in graph.steps] == [1, 2] and len(predictor.calls) == 2
+    assert sorted(graph.tracked_latents) == [2]
+    assert len(graph.full_outputs) == 2  # steps 0 and 3
+    assert not graph.final_latent.requires_grad and graph.loss.requires_grad
+    graph.loss.backward()
+    assert graph.tracked_latents[2].grad is not None and graph.tracked_latents[2].grad.abs().sum() > 0
+    trajectory.commit(graph)
+    assert sorted(trajectory.prev_chunk_hidden) == [1, 2]
+
+
+def test_fpfp_anchors_step_3_on_the_teachers_step_2(teacher, text_kv):
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, replace_steps=(1, 3))
+    predictor = RecordingPredictor(make_predictor(teacher))
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
+    trajectory.run_chunk_zero()
+    graph = trajectory.run_trained_chunk(1)
+    assert [step.step_index for step in graph.steps] == [1, 3] and not graph.tracked_latents
+    step3 = graph.steps[1]
+    assert step3.anchor is graph.full_outputs[1].final_hidden and not step3.anchor.requires_grad
+    assert not step3.latent.requires_grad  # made by the Teacher's step 2 from the detached x2
+    with pytest.raises(ValueError, match="replace_steps"):
+        SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(),
+                              settings=SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1,
+                                                           replace_steps=(0, 1)))
+
+
+def test_incremental_context_trains_like_exact_where_they_must_agree(teacher, text_kv):
+    """Chunk 1's context is chunk 0's frames, which had no context: the cached K/V equal the exact prefill's, so
+    chunk 1's loss is the same in both modes; later chunks see the approximation."""
+    losses = {}
+    for mode in ("exact", "incremental"):
+        torch.manual_seed(0)
+        config = RolloutConfig(context_mode=mode)
+        trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), config,
+                                           settings=SETTINGS)
+        metrics = train_trajectory(trajectory)
+        losses[mode] = metrics
+        if mode == "incremental":
+            assert trajectory.rollout.frame_cache.frames == list(range(12))  # every chunk but the last
+    assert losses["exact"]["chunk1/loss"] == pytest.approx(losses["incremental"]["chunk1/loss"], rel=1e-5)
+    assert losses["exact"]["chunk3/loss"] != pytest.approx(losses["incremental"]["chunk3/loss"], rel=1e-5)

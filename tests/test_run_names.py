@@ -57,6 +57,28 @@ def test_presets_replace_defaults_and_explicit_flags_still_win(dataset_root, tmp
         "_swarmup8_bwarmup8_swanlab")
 
 
+def test_rollout_run_names_record_the_schedule_and_context_mode(dataset_root, tmp_path):
+    """--replace_steps and --context_mode reach the run name (the default F-P-P-P exact name is unchanged); the
+    overfit8 FPPF preset is the notes' run: F-P-P-F over a 300-step schedule."""
+    init = tmp_path / "init.safetensors"
+    init.write_bytes(b"")
+    common = ["--dataset_root", str(dataset_root), "--init_from", str(init), "--tracker", "none"]
+
+    def name(*flags):
+        args = train_predictor_v4_rollout.parse_args([*common, *flags])
+        return run_name(args, world_size=8, device_type="cuda", subset=train_predictor_v4_rollout.run_tags(args))
+
+    assert name().startswith("predictor_v4_rollout_fppp_blocks1-52_fp32master_8gpu_")
+    assert name("--replace_steps", "1,2").startswith("predictor_v4_rollout_fppf_blocks1-52_fp32master_")
+    assert name("--replace_steps", "1,3", "--context_mode", "incremental").startswith(
+        "predictor_v4_rollout_fpfp_blocks1-52_ctxincremental_fp32master_")
+    assert name("--preset", "overfit8_fppf") == (
+        "predictor_v4_rollout_fppf_blocks1-52_overfit8_seed20260721_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps300"
+        "_swarmup8_bwarmup8_notracker")
+    with pytest.raises(SystemExit):
+        train_predictor_v4_rollout.parse_args([*common, "--replace_steps", "0,1"])
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--fusion_lr", "0"], "--fusion_lr=0.0: expected > 0"),
     (["--scheduler_warmup_steps", "2000"], "--scheduler_warmup_steps=2000: expected in [0, max_steps=2000)"),

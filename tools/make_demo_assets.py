@@ -210,7 +210,8 @@ def write_world_cases(root: Path, world: ShippedWorld, splits: dict[str, list], 
             pose_json = json.dumps(pose_string_to_json(clip.pose_string), indent=1) + "\n"
             write_bytes_atomic(root / "samples" / pose, pose_json.encode("utf-8"))
             rows.append(SampleRow(case_id=case_id, source_image=f"../images/{case_id}.png", caption=clip.caption,
-                                  action_id=clip.path_index, pose=pose, seed=sample_seed(case_id, clip.path_index, seed)))
+                                  action_id=clip.path_index, pose=pose,
+                                  seed=sample_seed(case_id, clip.path_index, seed)))
             clip_lines["train" if name == "train" else "holdout"].append(json.dumps(
                 {"clip_id": key, "video": f"../ground_truth/{key}", "pose": f"../samples/{pose}",
                  "caption": clip.caption}) + "\n")

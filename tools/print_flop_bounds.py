@@ -33,8 +33,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, default=None, help="a Teacher folder (its config.json); default: the "
                         "real WorldPlay-1.5 480p i2v config")
-    parser.add_argument("--height", type=int, default=30, help="latent rows per frame (default %(default)s: 480 px / 16)")
-    parser.add_argument("--width", type=int, default=52, help="latent columns per frame (default %(default)s: 832 / 16)")
+    parser.add_argument("--height", type=int, default=30,
+                        help="latent rows per frame (default %(default)s: 480 px / 16)")
+    parser.add_argument("--width", type=int, default=52,
+                        help="latent columns per frame (default %(default)s: 832 px / 16)")
     parser.add_argument("--num_chunks", type=int, default=8, help="chunks of 4 latents (default %(default)s)")
     parser.add_argument("--memory_frames", type=int, default=20, help="most context frames of a chunk (default "
                         "%(default)s)")
