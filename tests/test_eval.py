@@ -1,6 +1,6 @@
 """tools/eval_predictor.py and the package predictor_training/eval/ + flops.py on a tiny Teacher, a tiny random VAE
 and an untrained Predictor (which is exactly hidden reuse): equal rollouts, reference reproduction, resume, outputs,
-ground truth, FLOPs. The command line runs as a subprocess, as a user runs it."""
+ground truth, context modes, FLOPs. The command line runs as a subprocess, as a user runs it."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from predictor_training.eval import (
     default_run_name,
     label_checkpoints,
     load_predictor,
+    parse_context_modes,
     parse_replace_steps,
     read_predictor_checkpoint,
     resolve_dtype,
@@ -371,6 +372,25 @@ def test_without_ground_truth_nothing_is_added(fppp_run):
                            4 * panel_width + 3 * 4, 3)
 
 
+def test_without_context_modes_nothing_is_added(fppp_run):
+    """The default --context_modes exact adds no method, key, row or note: the outputs are those of a run before
+    the flag (the demo baseline compares aggregate.json), and the fingerprint of existing eval dirs is unchanged."""
+    run_dir = fppp_run["run_dir"]
+    assert "_ctx-" not in run_dir.name
+    aggregate = _json(run_dir / "aggregate.json")
+    assert "context_modes" not in aggregate["header"] and not any("@" in name for name in aggregate["methods"])
+    assert not any("@" in name for name in aggregate["header"]["display_names"])
+    assert "context_modes" not in _json(run_dir / "eval_config.json")["settings"]
+    for path in (run_dir / "videos").iterdir():
+        for entry in _json(path)["methods"].values():
+            assert set(entry["flops"]) == {"text_prefill", "context_prefill", "full_step", "predictor_step",
+                                           "reuse_step", "total"}
+            assert not {"context_cache", "context_assembly"} & set(entry["timings"]["calls"])
+    for name in ("per_video.csv", "per_chunk.csv", "aggregate.csv", "timings.csv", "table.md"):
+        text = (run_dir / name).read_text()
+        assert "@" not in text and "context cache" not in text and "context assembly" not in text, name
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Ground truth
 # ---------------------------------------------------------------------------------------------------------------
@@ -526,6 +546,92 @@ def test_demo_folder_names_its_ground_truth(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# 3b. Context modes: the reference and the Predictor once more with the incremental context K/V cache
+# ---------------------------------------------------------------------------------------------------------------
+LONG_FRAMES = (LONG_LATENTS - 1) * 4 + 1  # holdout50: 3 chunks, so chunk 2's context is no longer one chunk
+
+
+@pytest.fixture(scope="module")
+def context_modes_run(world, tmp_path_factory) -> dict:
+    """holdout50 (1 video, 3 chunks: from chunk 2 on the incremental context differs from the exact one, and it
+    costs fewer FLOPs) with --context_modes exact,incremental and ground truth."""
+    truth = _write_ground_truth(tmp_path_factory.mktemp("ground_truth_long"), ("c000__a2",), num_frames=LONG_FRAMES)
+    out = tmp_path_factory.mktemp("eval_context_modes_out")
+    result = _cli(world, out, "--split", "holdout50", "--num_latents", str(LONG_LATENTS), "--replace_steps", "1,2,3",
+                  "--context_modes", "incremental,exact", "--num_side_by_side", "0", "--warmup_chunks", "1",
+                  "--ground_truth", str(truth))
+    assert result.returncode == 0, result.stderr
+    run_dir = out / f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50_ctx-incremental"
+    return {"out": out, "truth": truth, "printed": result.stdout, "run_dir": run_dir}
+
+
+def test_context_modes_add_the_reference_and_the_predictor_in_each_mode(context_modes_run):
+    run_dir = context_modes_run["run_dir"]
+    predictor = f"predictor_ckptstep{STEP}"
+    names = [REFERENCE, REUSE_VELOCITY, REUSE_HIDDEN, predictor, f"{REFERENCE}@incremental",
+             f"{predictor}@incremental"]  # the reuse baselines are not repeated per mode
+    aggregate = _json(run_dir / "aggregate.json")
+    assert list(aggregate["methods"]) == names and aggregate["header"]["context_modes"] == ["exact", "incremental"]
+    assert list(aggregate["against_ground_truth"]) == names + [REPEAT_FIRST_FRAME]
+    assert _json(run_dir / "eval_config.json")["settings"]["context_modes"] == ["exact", "incremental"]
+    display = aggregate["header"]["display_names"]
+    assert display[f"{REFERENCE}@incremental"] == "reference @incremental"
+    assert display[f"{predictor}@incremental"] == f"predictor ckptstep{STEP} @incremental"
+    # reference@incremental: scored against the exact reference; chunk 0 has no context (identical), chunks 0-1
+    # agree to round-off, chunk 2's context K/V are the cached ones: different, but close
+    cached = aggregate["methods"][f"{REFERENCE}@incremental"]
+    assert math.isfinite(cached["metrics"]["psnr_full"]) and cached["metrics"]["psnr_full"] > 40
+    assert cached["metrics"]["ssim"] > 0.99 and cached["metrics"]["mse"] > 0
+    assert cached["per_chunk"][0]["psnr_full"] == "inf" and math.isfinite(cached["per_chunk"][2]["psnr_full"])
+    assert math.isfinite(aggregate["methods"][f"{predictor}@incremental"]["metrics"]["psnr_full"])
+    assert math.isfinite(aggregate["against_ground_truth"][f"{REFERENCE}@incremental"]["metrics"]["psnr_full"])
+    # reports: every table lists the new methods by their display names; the per-chunk CSV has their rows
+    table = (run_dir / "table.md").read_text()
+    for label in ("reference @incremental", f"predictor ckptstep{STEP} @incremental"):
+        assert table.count(f"| {label} |") == 3, label  # vs reference, vs ground truth, speed
+    assert "`@incremental`: the same method" in table and "| reference |" in table
+    assert f"MEAN,{REFERENCE}@incremental,2," in (run_dir / "per_chunk.csv").read_text()
+    assert (run_dir / "drift.png").is_file() and (run_dir / "drift_ground_truth.png").is_file()
+
+
+def test_context_modes_flops_and_timings(context_modes_run):
+    run_dir = context_modes_run["run_dir"]
+    predictor = f"predictor_ckptstep{STEP}"
+    result = _json(run_dir / "videos" / "c000__a2.json")
+    reference, cached = result["methods"][REFERENCE], result["methods"][f"{REFERENCE}@incremental"]
+    # FLOPs: the exact context prefills are replaced by the cache (its K/V passes and the placing of cached K/V)
+    assert "context_cache" not in reference["flops"]
+    assert cached["flops"]["context_prefill"] == 0 and cached["flops"]["context_cache"] > 0
+    assert cached["flops"]["full_step"] == reference["flops"]["full_step"]  # still F-F-F-F
+    assert cached["flops"]["predictor_step"] == 0
+    assert cached["flops"]["total"] < reference["flops"]["total"]
+    cached_predictor = result["methods"][f"{predictor}@incremental"]["flops"]
+    assert cached_predictor["predictor_step"] == result["methods"][predictor]["flops"]["predictor_step"] > 0
+    assert cached_predictor["total"] < result["methods"][predictor]["flops"]["total"]
+    bound = _json(run_dir / "aggregate.json")["methods"][f"{REFERENCE}@incremental"]["speedup"]["flop_bound_dit"]
+    assert bound == pytest.approx(reference["flops"]["total"] / cached["flops"]["total"]) and bound > 1
+    # timings: no exact prefill; the context is assembled (chunks 1, 2) and chunks 0, 1 are cached (not the last)
+    calls = cached["timings"]["calls"]
+    assert "context_prefill" not in calls and calls["full_step"]["count"] == 3 * 4
+    assert calls["context_assembly"]["count"] == 2 and calls["context_cache"]["count"] == 2
+    assert result["methods"][f"{predictor}@incremental"]["timings"]["calls"]["context_cache"]["count"] == 2
+    assert not {"context_cache", "context_assembly"} & set(reference["timings"]["calls"])
+    timings_csv = (run_dir / "timings.csv").read_text()
+    assert f"context cache of a finished chunk ({REFERENCE}@incremental)," in timings_csv
+    assert f"context assembly from cached K/V ({predictor}@incremental)," in timings_csv
+    assert "| context cache of a finished chunk (reference @incremental) |" in context_modes_run["printed"]
+
+
+def test_context_modes_are_part_of_the_fingerprint(world, context_modes_run):
+    """The same directory with other context modes is refused before anything runs."""
+    settings = _settings(world, context_modes_run["out"], run_name=context_modes_run["run_dir"].name,
+                         sample_table=world["root"] / "samples" / "holdout50.jsonl", split="holdout50",
+                         num_latents=LONG_LATENTS, ground_truth=context_modes_run["truth"])
+    with pytest.raises(ValueError, match=r"other settings \(differences in \['context_modes'\]\)"):
+        run_evaluation(settings, init_distributed("gloo"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # 4. Schedules, names, argument checks
 # ---------------------------------------------------------------------------------------------------------------
 def test_schedule_letters_and_chunk0_rule():
@@ -547,6 +653,16 @@ def test_run_names_follow_the_convention(world):
     assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50") == f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50"
     assert default_run_name([ckpt, other], Schedule((1, 2)), "train") == f"{RUN_DIR_NAME}_ckptstep5+300_fppf_train"
     assert default_run_name([], Schedule((1, 2, 3)), "holdout25") == "reuse_fppp_holdout25"
+    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("exact",)) == (
+        f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50")
+    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("last_step", "incremental")) == (
+        f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50_ctx-incremental+last_step")
+    assert default_run_name([], Schedule((1, 2)), "train", ("exact", "last_step")) == "reuse_fppf_train_ctx-last_step"
+    # exact is always run, first; the others in the order of CONTEXT_MODES, each once
+    assert parse_context_modes("exact") == ("exact",) and parse_context_modes("incremental") == ("exact", "incremental")
+    assert parse_context_modes(" last_step,exact,incremental,last_step") == ("exact", "incremental", "last_step")
+    with pytest.raises(ValueError, match="--context_modes 'exact,': expected a comma-separated list"):
+        parse_context_modes("exact,")
     labelled = label_checkpoints([ckpt, foreign])
     assert [item.label for item in labelled] == [f"{RUN_DIR_NAME}_ckptstep{STEP}", "disca_run_ckptstep300"]
     assert [item.panel for item in labelled] == [f"#1 ckptstep{STEP}", "#2 ckptstep300"]
@@ -559,6 +675,9 @@ def test_bad_flags_are_usage_errors(world, tmp_path):
     """Flag problems end like argparse's own: usage line, 'error:' message, exit code 2, no traceback, no output."""
     for extra, message in ((("--chunk0", "schedule"), "are v4 Predictors"),  # found in the checkpoint's metadata
                            (("--replace_steps", "0,1"), "outside 1..3"),
+                           (("--context_modes", "exact,approximate"),
+                            "--context_modes 'exact,approximate': unknown context mode(s) 'approximate'; allowed: "
+                            "exact, incremental, last_step"),
                            (("--ckpt", str(tmp_path / "missing.safetensors")), "missing.safetensors")):
         result = _cli(world, tmp_path, *extra)
         lines = result.stderr.splitlines()

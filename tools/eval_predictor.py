@@ -6,6 +6,8 @@ hidden reuse at the replaced steps, and with each --ckpt's Predictor at the repl
 with the VAE and every method is scored against the reference (PSNR full / frame-mean, SSIM, LPIPS, pixel MSE /
 RMSE / MAE, temporal-delta MSE; per video, per chunk and aggregated). With --ground_truth (or a demo folder that has
 one) every method, and the still first frame (repeat_first_frame), is also scored against the ground-truth videos.
+With --context_modes exact,incremental (or last_step) the reference and each Predictor also run with that context
+mode (reference@incremental, predictor_<ckpt>@incremental), still scored and timed against the exact reference.
 The logic lives in the package predictor_training/eval/; see train.md, section "Evaluation".
 
 Demo (CPU, after `bash tools/launch_predictor_v4_rollout_training.sh`; no AlexNet weights here, so the LPIPS column is
@@ -36,8 +38,16 @@ from pathlib import Path
 
 from predictor_training.data.sample_table import SPLIT_NAMES
 from predictor_training.distributed import cleanup_distributed, init_distributed, print0
-from predictor_training.eval import DTYPES, Schedule, parse_replace_steps, run_evaluation, settings_from_args
+from predictor_training.eval import (
+    DTYPES,
+    Schedule,
+    parse_context_modes,
+    parse_replace_steps,
+    run_evaluation,
+    settings_from_args,
+)
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
+from predictor_training.frame_kv_cache import CONTEXT_MODES
 from predictor_training.video_metrics import LpipsWeightsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
@@ -80,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
                         "and the schedule applies to chunks 1.. (train.md § What is compared); schedule: chunk 0 follows it too "
                         "(not possible for v4, which needs a previous chunk)")
+    method.add_argument("--context_modes", type=str, default="exact", metavar="MODES", help="comma list of the "
+                        f"context modes to compare, from {', '.join(CONTEXT_MODES)} (predictor_training/"
+                        "frame_kv_cache.py; default: exact). exact re-prefills each chunk's context and is always "
+                        "run: its F-F-F-F reference is the baseline of every metric, speedup and FLOP bound. For "
+                        "every other mode M the reference and each --ckpt run once more under M, as reference@M and "
+                        "predictor_<ckpt>@M (the reuse baselines are not repeated); incremental caches each finished "
+                        "chunk's K/V with one extra Teacher pass, last_step keeps the K/V of the chunk's last Full "
+                        "step. Other than exact alone, the modes join the resume fingerprint and the automatic run "
+                        "name ends in _ctx-<mode>[+<mode>]")
     method.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="Teacher weights, "
                         "autocast and running latents (default: auto). auto = the checkpoints' training precision "
                         "(fp32master -> bfloat16, fp32 -> float32); without checkpoints it depends on the device: "
@@ -155,6 +174,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     args.sample_table = table
     try:
         args.schedule = Schedule(parse_replace_steps(args.replace_steps), chunk0_full=args.chunk0 == "full")
+        args.context_modes = parse_context_modes(args.context_modes)
     except ValueError as error:
         parser.error(str(error))
     return args

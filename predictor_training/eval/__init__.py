@@ -16,6 +16,11 @@ The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default
 `chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
 exactly "the Predictor replaced by a copy".
 
+Context modes (`EvalSettings.context_modes`, `--context_modes`; predictor_training/frame_kv_cache.py): the methods
+above use the exact context (every chunk re-prefills its context). For every other mode M the reference and each
+Predictor run once more with that mode, as `reference@M` and `predictor_<ckpt>@M` (`with_context_mode`), scored,
+timed and FLOP-counted against the exact reference F-F-F-F.
+
 Timings (CUDA synchronised around every timed call; perf_counter on the CPU; a warm-up rollout runs first and is
 not counted): text prefill, context prefill, Full step, Predictor / reuse step, VAE decode, the rollout, and the
 end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
@@ -41,6 +46,7 @@ Modules: `methods` (schedule, methods, step hooks), `runtime` (timing, timed rol
 """
 
 from predictor_training.eval.methods import (
+    EXACT_CONTEXT,
     PREDICTOR_PREFIX,
     REFERENCE,
     REUSE_HIDDEN,
@@ -51,9 +57,13 @@ from predictor_training.eval.methods import (
     ReferenceMethod,
     Schedule,
     VelocityReuse,
+    add_context_modes,
+    context_mode_name,
     make_step_fn,
     method_step_kind,
+    parse_context_modes,
     parse_replace_steps,
+    with_context_mode,
 )
 from predictor_training.eval.reports import (
     aggregate_results,
@@ -71,6 +81,7 @@ from predictor_training.eval.run import (
     PredictorCheckpoint,
     check_or_write_eval_config,
     check_schedule_fits,
+    context_modes_tag,
     default_run_name,
     label_checkpoints,
     load_predictor,
@@ -93,13 +104,15 @@ from predictor_training.eval.runtime import (
 )
 
 __all__ = [
-    "DTYPES", "EVAL_CONFIG_NAME", "PRECISION_DTYPES", "PREDICTOR_PREFIX", "REFERENCE", "RESULT_FORMAT",
+    "DTYPES", "EVAL_CONFIG_NAME", "EXACT_CONTEXT", "PRECISION_DTYPES", "PREDICTOR_PREFIX", "REFERENCE", "RESULT_FORMAT",
     "RESULT_VERSION", "REUSE_HIDDEN", "REUSE_VELOCITY",
     "EvalRuntime", "EvalSettings", "HiddenReuse", "Method", "PredictorCheckpoint", "PredictorMethod",
     "ReferenceMethod", "Schedule", "Stopwatch", "TimedRollout", "VaeDecoder", "VelocityReuse",
-    "aggregate_results", "check_or_write_eval_config", "check_schedule_fits", "default_run_name",
+    "add_context_modes", "aggregate_results", "check_or_write_eval_config", "check_schedule_fits",
+    "context_mode_name", "context_modes_tag", "default_run_name",
     "format_markdown_table", "label_checkpoints", "load_predictor", "make_step_fn", "method_step_kind",
-    "parse_replace_steps", "plot_drift", "read_predictor_checkpoint", "read_video_result", "resolve_dtype",
+    "parse_context_modes", "parse_replace_steps", "plot_drift", "read_predictor_checkpoint",
+    "read_video_result", "resolve_dtype",
     "resolve_teacher", "rollout_config_for", "run_evaluation", "settings_fingerprint", "settings_from_args",
-    "video_key", "write_reports", "write_side_by_side",
+    "video_key", "with_context_mode", "write_reports", "write_side_by_side",
 ]

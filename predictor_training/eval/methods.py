@@ -6,6 +6,12 @@
                      h_k = h_{k-1},  v_k = final_layer(h_{k-1}, vec_k)   (what an untrained Predictor computes)
     predictor_<ckpt> a replaced step k runs the Predictor (see `PredictorMethod`)
 
+Context modes (`--context_modes`, predictor_training/frame_kv_cache.py): every method above runs with the exact
+context (each chunk re-prefills its selected context frames: the reference). For another mode M, the reference and
+each Predictor also run once more with the context K/V of mode M, as `reference@M` and `predictor_<ckpt>@M`
+(`with_context_mode`); the reuse baselines are not repeated. Every metric and speedup stays measured against the
+exact reference.
+
 With ground truth (`--ground_truth`), every method is also scored against the ground-truth video, next to one
 baseline that is no rollout at all:
 
@@ -18,10 +24,12 @@ kind of each (chunk, step).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from predictor_training.ar_rollout import StepCall, StepFn, StepOutput
+from predictor_training.frame_kv_cache import CONTEXT_MODES
 from predictor_training.predictor import Predictor
 from predictor_training.teacher import WorldPlayTransformer
 
@@ -34,6 +42,8 @@ REUSE_VELOCITY = "reuse_velocity"
 REUSE_HIDDEN = "reuse_hidden"
 PREDICTOR_PREFIX = "predictor_"
 REPEAT_FIRST_FRAME = "repeat_first_frame"  # ground-truth baseline, scored against the ground truth only
+EXACT_CONTEXT = "exact"  # the reference context mode: every chunk re-prefills its context (always run)
+CONTEXT_MODE_SEPARATOR = "@"  # method key of a method under another context mode: f"{name}@{mode}"
 
 
 # =============================================================================================================
@@ -105,12 +115,14 @@ class Schedule:
 # =============================================================================================================
 class Method:
     """A way to fill the replaced steps. name: output key; kind: the FLOP-count step kind; timer: stopwatch name;
-    panel: side-by-side label."""
+    panel: side-by-side label; context_mode: how the rollout obtains each chunk's context K/V (`RolloutConfig.
+    context_mode`; "exact" unless the method is a `with_context_mode` copy)."""
 
     name: str
     kind: str
     timer: str
     panel: str
+    context_mode: str = EXACT_CONTEXT
 
     def replaced_step(self, call: StepCall) -> StepOutput:
         raise NotImplementedError
@@ -208,3 +220,54 @@ def method_step_kind(method: Method, schedule: Schedule) -> Callable[[int, int],
     if isinstance(method, ReferenceMethod):
         return lambda chunk, step: "full"
     return lambda chunk, step: method.kind if schedule.replaces(chunk, step) else "full"
+
+
+# =============================================================================================================
+# 3. Context modes: the reference and the Predictors once more under another context mode
+# =============================================================================================================
+def parse_context_modes(text: str | Sequence[str]) -> tuple[str, ...]:
+    """--context_modes "incremental,exact" (or a sequence of modes) -> ("exact", "incremental"): "exact" first
+    (always run: the baseline of every metric and speedup), the others in the order of `CONTEXT_MODES`, each once.
+    An unknown or empty entry is a ValueError naming the flag and the allowed values."""
+    parts = [part.strip() for part in text.split(",")] if isinstance(text, str) else [str(part) for part in text]
+    allowed = ", ".join(CONTEXT_MODES)
+    if not parts or any(not part for part in parts):
+        raise ValueError(f"--context_modes {text!r}: expected a comma-separated list of context modes from {allowed}")
+    unknown = [part for part in parts if part not in CONTEXT_MODES]
+    if unknown:
+        raise ValueError(f"--context_modes {text!r}: unknown context mode(s) {', '.join(map(repr, unknown))}; "
+                         f"allowed: {allowed}")
+    return tuple(mode for mode in CONTEXT_MODES if mode == EXACT_CONTEXT or mode in parts)
+
+
+def context_mode_name(name: str, mode: str) -> str:
+    """Method key of `name` under context mode `mode`: `name` for exact, else f"{name}@{mode}"."""
+    return name if mode == EXACT_CONTEXT else f"{name}{CONTEXT_MODE_SEPARATOR}{mode}"
+
+
+def with_context_mode(method: Method, mode: str) -> Method:
+    """A copy of `method` whose rollout uses context mode `mode`: name f"{name}@{mode}", side-by-side panel
+    f"{panel} @{mode}". The copy shares the method's modules (a Predictor is not duplicated) and keeps its class, so
+    a reference copy still runs F-F-F-F and counts Full steps only."""
+    if mode not in CONTEXT_MODES:
+        raise ValueError(f"context mode must be one of {CONTEXT_MODES}, got {mode!r}")
+    if method.context_mode != EXACT_CONTEXT:
+        raise ValueError(f"{method.name} already runs in the {method.context_mode!r} context mode")
+    if mode == EXACT_CONTEXT:
+        return method
+    other = copy.copy(method)
+    other.name = context_mode_name(method.name, mode)
+    other.panel = f"{method.panel} @{mode}"
+    other.context_mode = mode
+    return other
+
+
+def add_context_modes(methods: Sequence[Method], modes: Sequence[str]) -> list[Method]:
+    """`methods` (all exact) followed, for every mode of `modes` other than exact, by the reference and every
+    Predictor in that mode (grouped by mode); the reuse baselines are not repeated."""
+    out = list(methods)
+    for mode in modes:
+        if mode != EXACT_CONTEXT:
+            out += [with_context_mode(method, mode) for method in methods
+                    if isinstance(method, (ReferenceMethod, PredictorMethod))]
+    return out

@@ -11,6 +11,11 @@ Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by
 With ground truth the same files carry the scores against it as well: per_video.csv, per_chunk.csv and aggregate.csv
 gain `gt_<metric>` columns and rows for the reference and `repeat_first_frame`, aggregate.json an
 "against_ground_truth" section, table.md a second quality table. Without ground truth nothing of this appears.
+
+With context modes other than exact (`--context_modes`), the methods `reference@M` and `predictor_<ckpt>@M` are rows
+of every file like any other method (display names `reference @M`, `predictor <ckpt> @M`), the header gains
+"context_modes", table.md a note under its first table, and the component timings rows for the context assembly
+and the chunk caching of each such method.
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ TABLE_METRICS = ("psnr_full", "ssim", "<lpips>", "temporal_delta_mse")
 DRIFT_METRICS = ("psnr_full", "ssim", "<lpips>")
 GROUND_TRUTH_COLUMN_PREFIX = "gt_"  # CSV columns of the scores against the ground truth
 GROUND_TRUTH_PANEL = "ground truth"
+# per-method components of the component table (in this order), with their labels; the label is followed by the
+# method's display name. context_*: methods of a cached context mode (frame_kv_cache.py) only.
+METHOD_COMPONENTS = {
+    "context_assembly": "context assembly from cached K/V",
+    "context_cache": "context cache of a finished chunk",
+    "predictor_step": "predictor step",
+    "reuse_step": "reuse step",
+}
 SIDE_BY_SIDE_MIN_HEIGHT = 192  # --side_by_side_scale 0 (auto): panels scaled up to at least this many pixels high
 
 
@@ -202,6 +215,11 @@ def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: 
     if not real_lpips:
         lines += ["", f"`{lpips_key}`: LPIPS formula on a randomly initialised AlexNet (no real weights available); "
                       "it is NOT LPIPS and must not be compared with LPIPS numbers."]
+    if header.get("context_modes"):
+        others = [mode for mode in header["context_modes"] if mode != "exact"]
+        lines += ["", f"`@{'` / `@'.join(others)}`: the same method with the context K/V of that context mode "
+                      "(predictor_training/frame_kv_cache.py) instead of the exact per-chunk context prefill; every "
+                      "metric, speedup and FLOP bound is still against the exact reference F-F-F-F."]
     if ground_truth_aggregate is not None:
         lines += [
             "",
@@ -233,8 +251,9 @@ def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: 
 def component_rows(aggregate: dict, method_names: Sequence[str], display: dict[str, str]
                    ) -> list[tuple[str, float | None, float | None, int]]:
     """(component, mean seconds per call, fastest call, number of calls): text prefill, context prefill, Full step,
-    each Predictor / reuse step (per call), VAE decode (per video); the shared components from the reference
-    rollouts. The fastest call is the least disturbed figure on a shared machine. display: method -> label."""
+    per method its context assembly and chunk caching (cached context modes) and Predictor / reuse step (per call),
+    VAE decode (per video); the shared components from the reference rollouts. The fastest call is the least
+    disturbed figure on a shared machine. display: method -> label."""
     reference = aggregate[REFERENCE]
     num_videos = reference["num_videos"]
     calls = reference["timings"]["calls"]
@@ -243,11 +262,10 @@ def component_rows(aggregate: dict, method_names: Sequence[str], display: dict[s
         if call in calls:
             rows.append((label, calls[call]["mean_s"], calls[call]["min_s"], calls[call]["count"]))
     for name in method_names:
-        for call in ("predictor_step", "reuse_step"):
+        for call, label in METHOD_COMPONENTS.items():
             if call in aggregate[name]["timings"]["calls"]:
                 summary = aggregate[name]["timings"]["calls"][call]
-                rows.append((f"{call.replace('_', ' ')} ({display[name]})", summary["mean_s"], summary["min_s"],
-                             summary["count"]))
+                rows.append((f"{label} ({display[name]})", summary["mean_s"], summary["min_s"], summary["count"]))
     rows.append(("VAE decode (per video)", reference["timings"]["vae_decode_s"], None, num_videos))
     return rows
 

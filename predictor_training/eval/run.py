@@ -5,6 +5,8 @@ Files of the run directory `<output_root>/<run_name>` written here: eval_config.
 of everything that changes the numbers), videos/<case>__a<action>.json (one per finished video, the unit of
 resume), side_by_side/*.mp4 and, on rank 0, the reports of `reports.write_reports`. With `--ground_truth` every
 row's ground-truth video is located before anything runs, and the results and reports carry the scores against it.
+With `--context_modes` other than exact, the reference and every Predictor also run in each other mode
+(`methods.add_context_modes`: `reference@M`, `predictor_<ckpt>@M`), scored and timed against the exact reference.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from predictor_training.checkpoint import (
 from predictor_training.data.shards import sha256_file, sha256_json
 from predictor_training.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
+    EXACT_CONTEXT,
     PREDICTOR_PREFIX,
+    REFERENCE,
     REPEAT_FIRST_FRAME,
     HiddenReuse,
     Method,
@@ -38,6 +42,9 @@ from predictor_training.eval.methods import (
     ReferenceMethod,
     Schedule,
     VelocityReuse,
+    add_context_modes,
+    context_mode_name,
+    parse_context_modes,
 )
 from predictor_training.eval.reports import (
     aggregate_ground_truth,
@@ -158,16 +165,25 @@ def load_predictor(teacher: WorldPlayTransformer, ckpt: PredictorCheckpoint) -> 
     return predictor.eval().requires_grad_(False)
 
 
-def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule, split: str) -> str:
+def context_modes_tag(context_modes: Sequence[str]) -> str:
+    """Run-name suffix of the context modes: '' for exact alone, else '_ctx-<mode>[+<mode>...]' (the modes other
+    than exact, e.g. '_ctx-incremental+last_step')."""
+    others = [mode for mode in parse_context_modes(context_modes) if mode != EXACT_CONTEXT]
+    return f"_ctx-{'+'.join(others)}" if others else ""
+
+
+def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule, split: str,
+                     context_modes: Sequence[str] = (EXACT_CONTEXT,)) -> str:
     """`<train_run>_ckptstep<N>[+<M>...]_<schedule>_<split>` (runs joined by '__'); `reuse_<schedule>_<split>`
-    without checkpoints."""
+    without checkpoints; with context modes other than exact, `_ctx-<mode>[+<mode>...]` appended."""
+    suffix = context_modes_tag(context_modes)
     if not checkpoints:
-        return f"reuse_{schedule.tag}_{split}"
+        return f"reuse_{schedule.tag}_{split}{suffix}"
     steps_by_run: dict[str, list[int]] = defaultdict(list)
     for ckpt in checkpoints:
         steps_by_run[ckpt.run_name].append(ckpt.step)
     runs = [f"{run}_ckptstep{'+'.join(str(step) for step in sorted(steps))}" for run, steps in steps_by_run.items()]
-    name = f"{'__'.join(runs)}_{schedule.tag}_{split}"
+    name = f"{'__'.join(runs)}_{schedule.tag}_{split}{suffix}"
     if len(name) > MAX_RUN_NAME_LENGTH:
         raise ValueError(f"the automatic eval run name is {len(name)} characters long; pass --run_name")
     return name
@@ -280,6 +296,7 @@ def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: to
         num_latents=args.num_latents,
         checkpoints=list(args.ckpt),
         schedule=args.schedule,
+        context_modes=parse_context_modes(args.context_modes),
         dtype=dtype,
         vae_dtype=vae_dtype,
         output_root=args.output_root,
@@ -317,6 +334,7 @@ class EvalSettings:
     dtype: torch.dtype
     vae_dtype: torch.dtype
     output_root: Path
+    context_modes: tuple[str, ...] = (EXACT_CONTEXT,)  # parse_context_modes: exact first, then the others
     run_name: str | None = None
     max_videos: int | None = None
     num_side_by_side: int = 2
@@ -339,7 +357,8 @@ def rollout_config_for(dtype: torch.dtype) -> RolloutConfig:
 def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[PredictorCheckpoint], teacher_sha: str,
                          scorer: LpipsScorer, device: torch.device) -> tuple[str, dict]:
     """sha256 of everything that changes a per-video result, and that record itself. The ground-truth folder
-    (resolved) is part of it only when given, so runs without ground truth keep their fingerprint."""
+    (resolved) is part of it only when given, and the context modes only when other than exact alone, so runs
+    without them keep their fingerprint."""
     record = {
         "result_version": RESULT_VERSION,
         "teacher": {"folder": str(Path(settings.teacher_source.folder).resolve()),
@@ -364,6 +383,9 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
     }
     if settings.ground_truth is not None:
         record["ground_truth"] = str(Path(settings.ground_truth).resolve())
+    context_modes = parse_context_modes(settings.context_modes)
+    if context_modes != (EXACT_CONTEXT,):
+        record["context_modes"] = list(context_modes)
     return sha256_json(record), record
 
 
@@ -399,7 +421,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     # 1. Checkpoints (metadata), precision, output directory, LPIPS.
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
     check_schedule_fits(checkpoints, settings.schedule)
-    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split)
+    context_modes = parse_context_modes(settings.context_modes)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes)
     out_dir = Path(settings.output_root) / run_name
     scorer = LpipsScorer.from_policy(settings.lpips_alexnet, random_backbone=settings.lpips_random_backbone,
                                      device=device)
@@ -427,6 +450,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     log0(f"eval {run_name}: {len(selected)} videos of {settings.sample_table.name}, {len(selected) - len(pending)} "
          f"already finished, {len(pending)} to run on {env.world_size} rank(s); schedule "
          f"{settings.schedule.describe()}; LPIPS column '{scorer.metric_name}'"
+         + ("" if context_modes == (EXACT_CONTEXT,) else f"; context modes {', '.join(context_modes)}")
          + ("" if settings.ground_truth is None else f"; ground truth from {settings.ground_truth}"))
 
     # 4. This rank's videos.
@@ -434,6 +458,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     if mine:
         methods: list[Method] = [ReferenceMethod(), VelocityReuse(), HiddenReuse(teacher)]
         methods += [PredictorMethod(load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints]
+        methods = add_context_modes(methods, context_modes)  # + reference@M, predictor_<ckpt>@M per other mode
         runtime = EvalRuntime(
             teacher=teacher, methods=methods, schedule=settings.schedule,
             rollout_config=rollout_config_for(settings.dtype),
@@ -466,6 +491,9 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
         aggregate_truth = None if settings.ground_truth is None else aggregate_ground_truth(results)
         display_names = {name: name for name in method_names}
         display_names.update({ckpt.method: f"predictor {ckpt.panel}" for ckpt in checkpoints})
+        for mode in context_modes[1:]:  # reference @incremental, predictor ckptstep8 @incremental, ...
+            for base in [REFERENCE] + [ckpt.method for ckpt in checkpoints]:
+                display_names[context_mode_name(base, mode)] = f"{display_names[base]} @{mode}"
         if aggregate_truth is not None:
             display_names[REPEAT_FIRST_FRAME] = REPEAT_FIRST_FRAME
         legend = [f"{ckpt.panel.split()[0]}: {ckpt.run_name}, step {ckpt.step} ({ckpt.path})"
@@ -481,6 +509,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
                                 "the VAE decode is not counted)"}
         if aggregate_truth is not None:  # only then: the header of a run without ground truth stays as it was
             header["ground_truth"] = str(Path(settings.ground_truth).resolve())
+        if context_modes != (EXACT_CONTEXT,):  # likewise: the header of an exact-only run stays as it was
+            header["context_modes"] = list(context_modes)
         report["written"] = write_reports(out_dir, results, aggregate, method_names, header, aggregate_truth)
         report["aggregate"] = aggregate
         report["aggregate_ground_truth"] = aggregate_truth

@@ -5,6 +5,11 @@ not counted): text prefill, context prefill, Full step, Predictor / reuse step, 
 end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
 FLOP-count bound of `predictor_training.flops` (DiT work only: the VAE decode is the same for every method).
 
+A method of another context mode (`Method.context_mode`, predictor_training/frame_kv_cache.py) rolls out with that
+mode; its context is then assembled from cached K/V (timed as "context_assembly" instead of "context_prefill") and
+each finished chunk but the last is cached for later chunks (timed as "context_cache"), and its FLOPs are counted
+for that mode.
+
 Ground truth (optional): one video per row in a folder, `<folder>/<key>/` (PNG frames) or `<folder>/<key>.mp4`, key =
 `video_key(case_id, action_id)`, with the decoded videos' frame count and size. Every method is then also scored
 against it, and so is the `repeat_first_frame` baseline (its first frame held for the whole video).
@@ -13,6 +18,7 @@ against it, and so is the `repeat_first_frame` baseline (its first frame held fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ from torch import Tensor
 
 from predictor_training.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
 from predictor_training.eval.methods import (
+    EXACT_CONTEXT,
     REFERENCE,
     REPEAT_FIRST_FRAME,
     Method,
@@ -79,7 +86,12 @@ class Stopwatch:
 
 
 class TimedRollout(ARRollout):
-    """`ARRollout` that times every context prefill (chunks with context only) and records each chunk's n_ctx."""
+    """`ARRollout` that times every context prefill (chunks with context only) and records each chunk's n_ctx.
+
+    In a cached context mode (`RolloutConfig.context_mode` other than exact) the context of a chunk is assembled
+    from cached K/V, timed as "context_assembly", and the caching of a finished chunk (`ARRollout.cache_chunk`: the
+    incremental mode's Teacher K/V pass, or storing the last Full step's K/V) as "context_cache" (chunks that
+    cache something only)."""
 
     def __init__(self, *args, stopwatch: Stopwatch, **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,9 +104,19 @@ class TimedRollout(ARRollout):
         context = super().prefill_context(chunk_index, with_vec)
         synchronize(self.device)
         if context.num_frames:
-            self.stopwatch.add("context_prefill", time.perf_counter() - start)
+            name = "context_prefill" if self.frame_cache is None else "context_assembly"
+            self.stopwatch.add(name, time.perf_counter() - start)
         self.context_frames.append(context.num_frames)
         return context
+
+    def cache_chunk(self, chunk_index: int, context: ChunkContext, outputs) -> None:
+        cached_before = None if self.frame_cache is None else len(self.frame_cache.frames)
+        synchronize(self.device)
+        start = time.perf_counter()
+        super().cache_chunk(chunk_index, context, outputs)
+        synchronize(self.device)
+        if cached_before is not None and len(self.frame_cache.frames) > cached_before:
+            self.stopwatch.add("context_cache", time.perf_counter() - start)
 
 
 def method_timings(stopwatch: Stopwatch, text_prefill_s: float | None) -> dict:
@@ -266,8 +288,8 @@ class EvalRuntime:
                 chunks: Sequence[int] | None = None) -> TimedRollout:
         inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"], item["viewmats"], item["Ks"], item["action"],
                                          state_dtype=self.state_dtype)
-        rollout = TimedRollout(self.teacher, text_kv, inputs, self.rollout_config, device=self.device,
-                               stopwatch=stopwatch)
+        config = dataclasses.replace(self.rollout_config, context_mode=method.context_mode)
+        rollout = TimedRollout(self.teacher, text_kv, inputs, config, device=self.device, stopwatch=stopwatch)
         step_fn = make_step_fn(method, self.schedule, stopwatch, self.autocast)
         with stopwatch.measure("rollout"):
             rollout.run(step_fn, chunks)
@@ -336,8 +358,10 @@ class EvalRuntime:
             flops[method.name] = rollout_flops(
                 shape, height * width, text_kv.num_tokens, context_frames, method_step_kind(method, self.schedule),
                 num_steps=self.rollout_config.num_steps, chunk_frames=self.chunk_latents,
-                predictor_config=predictor_config, text_prefill=text_flops,
+                predictor_config=predictor_config, text_prefill=text_flops, context_mode=method.context_mode,
             )
+            if method.context_mode == EXACT_CONTEXT:  # exact rollouts cache nothing: their record stays as it was
+                flops[method.name].pop("context_cache")
         # 3. Metrics vs the reference, whole video and per chunk.
         reference = frames[REFERENCE]
         if tuple(reference.shape[:3]) != decoded_shape:
