@@ -15,7 +15,7 @@ S = n*HW context tokens, L the text tokens kept by the text prefill.
     context prefill embed(S) + (depth - 1) * block(S, K = L + S) + K/V path of the last block
     context cache   (context modes other than exact; predictor_training/frame_kv_cache.py) placing cached K/V:
                     depth * 2 * 8*S*D (ProPE on K and V); incremental also runs, after every chunk but the last,
-                    embed(N) + (depth - 1) * block(N, K = L + S + N) + K/V path of the last block
+                    one chunk step on its final latents (a chunk step's FLOPs)
     Predictor step  embed(N) + fusion Linear(streams*D -> D) + 2 * block(N, K = L [+ S for v4] + N) + residual
                     head (2 Linear D -> D) + final layer
     hidden reuse    frame vec + final layer;   velocity reuse: 0
@@ -160,12 +160,8 @@ def context_assembly_flops(shape: TeacherShape, tokens_per_frame: int, context_f
 def frame_kv_pass_flops(
     shape: TeacherShape, tokens_per_frame: int, text_tokens: int, context_frames: int, chunk_frames: int = 4
 ) -> int:
-    """The incremental mode's pass over a finished chunk: a chunk step without the final layer, last block K/V only."""
-    queries = chunk_frames * tokens_per_frame
-    keys = text_tokens + context_frames * tokens_per_frame + queries
-    full = image_block_flops(shape, chunk_frames, queries, keys)
-    last = image_block_flops(shape, chunk_frames, queries, keys, kv_only=True)
-    return embed_flops(shape, queries, chunk_frames) + (shape.depth - 1) * full + last
+    """The incremental mode's pass over a finished chunk: one chunk step (its velocity is not used)."""
+    return teacher_chunk_step_flops(shape, tokens_per_frame, text_tokens, context_frames, chunk_frames)
 
 
 def text_prefill_flops(

@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs, StepOutput, make_initial_noise
+from predictor_training.ar_rollout import ARRollout, RolloutConfig, StepOutput
 from predictor_training.frame_kv_cache import CONTEXT_MODES, FrameKVCache, cache_bytes_per_frame
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.layers import apply_rope
+from tests.test_ar_rollout import _tiny_inputs, _tiny_text_kv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -29,35 +30,13 @@ def teacher():
 
 @pytest.fixture(scope="module")
 def text_kv(teacher):
-    generator = torch.Generator().manual_seed(2)
-    config = teacher.config
-    text = torch.randn(1, 6, config.text_states_dim, generator=generator)
-    byt5 = torch.randn(1, 3, config.byt5_states_dim, generator=generator)
-    vision = torch.randn(1, 2, config.vision_states_dim, generator=generator)
-    with torch.no_grad():
-        return teacher.text_prefill(text, torch.tensor([[1, 1, 1, 1, 0, 0]]), byt5, torch.tensor([[1, 0, 1]]), vision)
-
-
-def make_inputs(teacher, num_latents: int, seed: int = 5) -> RolloutInputs:
-    """A camera that turns and moves forward, so every frame has its own ProPE matrix."""
-    channels = teacher.config.in_channels
-    generator = torch.Generator().manual_seed(seed)
-    angles = torch.linspace(0, 0.5, num_latents, dtype=torch.float64)
-    viewmats = torch.eye(4, dtype=torch.float64).repeat(num_latents, 1, 1)
-    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
-    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
-    viewmats[:, 2, 3] = -0.1 * torch.arange(num_latents, dtype=torch.float64)
-    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(num_latents, 1, 1)
-    return RolloutInputs(
-        noise=make_initial_noise(seed, (1, channels, num_latents, HEIGHT, WIDTH)),
-        image_cond=torch.randn(1, channels, 1, HEIGHT, WIDTH, generator=generator),
-        viewmats=viewmats, Ks=Ks, action=torch.randint(0, 81, (num_latents,), generator=generator),
-        memory_points=torch.randn(64, 3, generator=generator, dtype=torch.float64),
-    )
+    return _tiny_text_kv(teacher)
 
 
 def rollout(teacher, text_kv, mode: str, num_latents: int, **config) -> ARRollout:
-    return ARRollout(teacher, text_kv, make_inputs(teacher, num_latents), RolloutConfig(context_mode=mode, **config))
+    """A turning, advancing camera (every frame has its own ProPE matrix), tests/test_ar_rollout.py's inputs."""
+    inputs = _tiny_inputs(teacher, num_latents=num_latents, height=HEIGHT, width=WIDTH)
+    return ARRollout(teacher, text_kv, inputs, RolloutConfig(context_mode=mode, **config))
 
 
 def assert_same_kv(first, second, atol: float) -> None:

@@ -225,12 +225,6 @@ class DoubleStreamBlock(nn.Module):
             return x, (k, v)
         return (x, own) if return_kv else x
 
-    def image_raw_kv(self, x: Tensor, frame_vec: Tensor, tokens_per_frame: int) -> tuple[Tensor, Tensor]:
-        """Raw (k, v) [B, heads, N, d] of these tokens: qk-normed K and V, before RoPE and ProPE."""
-        shift1, scale1 = self._image_modulation(frame_vec)[:2]
-        _, k, v = self._image_qkv(x, shift1, scale1, tokens_per_frame, need_q=False)
-        return k, v
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The transformer
@@ -627,33 +621,16 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         context_kv: ContextKV | None = None,
         rope_start: int | None = None,
     ) -> list[tuple[Tensor, Tensor]]:
-        """The raw per-layer K/V of a chunk's frames, computed as `chunk_step` would see them (the incremental
-        context mode caches them once a chunk is final).
+        """The raw per-layer K/V of a chunk's frames, computed as `chunk_step` sees them (the incremental context
+        mode caches them once a chunk is final): a chunk step whose velocity is not used.
 
         Same inputs as `chunk_step`. Returns, per double block, (k, v) [1, heads, T*H*W, d]: qk-normed K and V
         before RoPE and ProPE, so they can be placed at any context position and camera later
-        (`assemble_context_kv`). The last block computes only its K/V.
+        (`assemble_context_kv`).
         """
-        self._check_text_kv(text_kv)
-        if rope_start is None:
-            rope_start = 0 if context_kv is None else context_kv.num_frames
-        x, vec, camera, (frames, height, width) = self._image_inputs(
-            "frame_kv_pass", hidden_states, timestep, action, viewmats, Ks
-        )
-        tokens_per_frame = height * width
-        rope = self.rope_table(frames, height, width, start=rope_start)
-        raw: list[tuple[Tensor, Tensor]] = []
-        last = self.num_layers - 1
-        for index, block in enumerate(self.double_blocks):
-            if index == last:
-                raw.append(block.image_raw_kv(x, vec, tokens_per_frame))
-                break
-            text_k, text_v = text_kv.layer(index)
-            context = None if context_kv is None else context_kv.layer(index)
-            x, kv = block.image_forward(x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context,
-                                        return_raw_kv=True)
-            raw.append(kv)
-        return raw
+        output = self.chunk_step(hidden_states, timestep, action, viewmats, Ks, text_kv, context_kv=context_kv,
+                                 rope_start=rope_start, return_final_hidden=True, return_raw_kv=True)
+        return output.raw_kv
 
     def assemble_context_kv(
         self, raw_kv: Sequence[tuple[Tensor, Tensor]], viewmats: Tensor, Ks: Tensor, height: int, width: int
