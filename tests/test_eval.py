@@ -51,7 +51,9 @@ from predictor_training.eval.methods import REPEAT_FIRST_FRAME
 from predictor_training.eval.reports import side_by_side_scale_for
 from predictor_training.flops import (
     TeacherShape,
+    context_assembly_flops,
     context_prefill_flops,
+    frame_kv_pass_flops,
     predictor_step_flops,
     teacher_chunk_step_flops,
     text_prefill_flops,
@@ -553,8 +555,8 @@ LONG_FRAMES = (LONG_LATENTS - 1) * 4 + 1  # holdout50: 3 chunks, so chunk 2's co
 
 @pytest.fixture(scope="module")
 def context_modes_run(world, tmp_path_factory) -> dict:
-    """holdout50 (1 video, 3 chunks: from chunk 2 on the incremental context differs from the exact one, and it
-    costs fewer FLOPs) with --context_modes exact,incremental and ground truth."""
+    """holdout50 (1 video, 3 chunks: from chunk 2 on the incremental context differs from the exact one) with
+    --context_modes exact,incremental and ground truth."""
     truth = _write_ground_truth(tmp_path_factory.mktemp("ground_truth_long"), ("c000__a2",), num_frames=LONG_FRAMES)
     out = tmp_path_factory.mktemp("eval_context_modes_out")
     result = _cli(world, out, "--split", "holdout50", "--num_latents", str(LONG_LATENTS), "--replace_steps", "1,2,3",
@@ -594,7 +596,7 @@ def test_context_modes_add_the_reference_and_the_predictor_in_each_mode(context_
     assert (run_dir / "drift.png").is_file() and (run_dir / "drift_ground_truth.png").is_file()
 
 
-def test_context_modes_flops_and_timings(context_modes_run):
+def test_context_modes_flops_and_timings(context_modes_run, world):
     run_dir = context_modes_run["run_dir"]
     predictor = f"predictor_ckptstep{STEP}"
     result = _json(run_dir / "videos" / "c000__a2.json")
@@ -604,12 +606,19 @@ def test_context_modes_flops_and_timings(context_modes_run):
     assert cached["flops"]["context_prefill"] == 0 and cached["flops"]["context_cache"] > 0
     assert cached["flops"]["full_step"] == reference["flops"]["full_step"]  # still F-F-F-F
     assert cached["flops"]["predictor_step"] == 0
-    assert cached["flops"]["total"] < reference["flops"]["total"]
+    # 3 chunks of a 3-block model: a K/V pass over a chunk (one chunk step) costs about what the prefill of its 4-8
+    # frames costs, so the totals are close here; the count itself is checked against the FLOP model
+    contexts, text_tokens = result["context_frames_per_chunk"], result["text_tokens"]
+    assert contexts == [0, 4, 8]
+    shape = TeacherShape.from_config(WorldPlayTransformer.load_config(str(world["root"] / "teacher")))
+    tokens = HEIGHT * WIDTH
+    passes = sum(frame_kv_pass_flops(shape, tokens, text_tokens, n) for n in contexts[:-1])
+    assert cached["flops"]["context_cache"] == passes + sum(context_assembly_flops(shape, tokens, n) for n in contexts)
     cached_predictor = result["methods"][f"{predictor}@incremental"]["flops"]
     assert cached_predictor["predictor_step"] == result["methods"][predictor]["flops"]["predictor_step"] > 0
-    assert cached_predictor["total"] < result["methods"][predictor]["flops"]["total"]
+    assert cached_predictor["context_cache"] == cached["flops"]["context_cache"]
     bound = _json(run_dir / "aggregate.json")["methods"][f"{REFERENCE}@incremental"]["speedup"]["flop_bound_dit"]
-    assert bound == pytest.approx(reference["flops"]["total"] / cached["flops"]["total"]) and bound > 1
+    assert bound == pytest.approx(reference["flops"]["total"] / cached["flops"]["total"])
     # timings: no exact prefill; the context is assembled (chunks 1, 2) and chunks 0, 1 are cached (not the last)
     calls = cached["timings"]["calls"]
     assert "context_prefill" not in calls and calls["full_step"]["count"] == 3 * 4
