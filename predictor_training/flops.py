@@ -249,8 +249,8 @@ def rollout_flops(
     text_prefill: int = 0,
     context_mode: str = "exact",
 ) -> dict[str, int]:
-    """FLOPs of one video's DiT work: {"text_prefill", "context_prefill", "context_cache", "full_step",
-    "predictor_step", "reuse_step", "total"}.
+    """FLOPs of one video's DiT work: {"text_prefill", "context_prefill", "full_step", "predictor_step",
+    "reuse_step", "total"}, plus "context_cache" in the cached context modes.
 
     context_frames_per_chunk[c]: context frames of chunk c (0 for chunk 0). step_kind(chunk, step) -> one of
     STEP_KINDS. predictor_config: required when a step is "predictor". text_prefill: the (schedule-independent)
@@ -260,8 +260,8 @@ def rollout_flops(
     """
     if context_mode not in ("exact", "incremental", "last_step"):
         raise ValueError(f"context_mode must be 'exact', 'incremental' or 'last_step', got {context_mode!r}")
-    parts = {"text_prefill": int(text_prefill), "context_prefill": 0, "context_cache": 0, "full_step": 0,
-             "predictor_step": 0, "reuse_step": 0}
+    parts = {"text_prefill": int(text_prefill), "context_prefill": 0, "full_step": 0, "predictor_step": 0,
+             "reuse_step": 0, **({} if context_mode == "exact" else {"context_cache": 0})}
     last_chunk = len(context_frames_per_chunk) - 1
     for chunk, context_frames in enumerate(context_frames_per_chunk):
         if context_mode == "exact":

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     reference = flops("", "exact")["total"]
     rows = [{"schedule": name, "context_mode": mode, "tflops": parts["total"] / 1e12,
-             "context_share": (parts["context_prefill"] + parts["context_cache"]) / parts["total"],
+             "context_share": (parts["context_prefill"] + parts.get("context_cache", 0)) / parts["total"],
              "bound": flop_speedup_bound(reference, parts["total"])}
             for name, replace in SCHEDULES.items() for mode in CONTEXT_MODES for parts in [flops(replace, mode)]]
     per_frame = cache_bytes_per_frame(shape.depth, shape.hidden_size, tokens, args.bytes_per_value)

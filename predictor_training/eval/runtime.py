@@ -31,7 +31,6 @@ from torch import Tensor
 
 from predictor_training.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
 from predictor_training.eval.methods import (
-    EXACT_CONTEXT,
     REFERENCE,
     REPEAT_FIRST_FRAME,
     Method,
@@ -360,8 +359,6 @@ class EvalRuntime:
                 num_steps=self.rollout_config.num_steps, chunk_frames=self.chunk_latents,
                 predictor_config=predictor_config, text_prefill=text_flops, context_mode=method.context_mode,
             )
-            if method.context_mode == EXACT_CONTEXT:  # exact rollouts cache nothing: their record stays as it was
-                flops[method.name].pop("context_cache")
         # 3. Metrics vs the reference, whole video and per chunk.
         reference = frames[REFERENCE]
         if tuple(reference.shape[:3]) != decoded_shape:
