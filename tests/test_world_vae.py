@@ -18,13 +18,7 @@ from predictor_training.world.vae import ClipVideo, ClipWindows, frames_to_tenso
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "train_world_vae.py"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 1M-parameter VAE on 32 x 48 frames: one thread is faster than two, and much faster on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
 
 
 def test_config_rules():
