@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from predictor_training.frame_kv_cache import check_context_mode
+
 SINUSOID_DIM = 256  # frequency features of time_in / action_in
 REFINER_DEPTH = 2  # txt_in.individual_token_refiner blocks
 STEP_KINDS = ("full", "predictor", "reuse_velocity", "reuse_hidden")
@@ -258,8 +260,7 @@ def rollout_flops(
     context of every chunk; "incremental" and "last_step" place cached K/V instead (context_cache), incremental
     after one K/V pass over every chunk but the last.
     """
-    if context_mode not in ("exact", "incremental", "last_step"):
-        raise ValueError(f"context_mode must be 'exact', 'incremental' or 'last_step', got {context_mode!r}")
+    check_context_mode(context_mode)
     parts = {"text_prefill": int(text_prefill), "context_prefill": 0, "full_step": 0, "predictor_step": 0,
              "reuse_step": 0, **({} if context_mode == "exact" else {"context_cache": 0})}
     last_chunk = len(context_frames_per_chunk) - 1

@@ -11,9 +11,8 @@ import torch
 
 from predictor_training.ar_rollout import ARRollout, RolloutConfig, StepOutput
 from predictor_training.frame_kv_cache import CONTEXT_MODES, FrameKVCache, cache_bytes_per_frame
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.layers import apply_rope
-from tests.test_ar_rollout import _tiny_inputs, _tiny_text_kv
+from tests.test_ar_rollout import _tiny_inputs, _tiny_text_kv, tiny_teacher  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -21,11 +20,8 @@ HEIGHT, WIDTH = 2, 3
 
 
 @pytest.fixture(scope="module")
-def teacher():
-    torch.manual_seed(0)
-    model = WorldPlayTransformer.from_preset("tiny")
-    randomize_zero_initialised_(model, torch.Generator().manual_seed(1))
-    return model.eval().requires_grad_(False)
+def teacher(tiny_teacher):
+    return tiny_teacher
 
 
 @pytest.fixture(scope="module")

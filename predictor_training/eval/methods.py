@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from predictor_training.ar_rollout import StepCall, StepFn, StepOutput
-from predictor_training.frame_kv_cache import CONTEXT_MODES
+from predictor_training.frame_kv_cache import CONTEXT_MODES, check_context_mode
 from predictor_training.predictor import Predictor
 from predictor_training.teacher import WorldPlayTransformer
 
@@ -249,8 +249,7 @@ def with_context_mode(method: Method, mode: str) -> Method:
     """A copy of `method` whose rollout uses context mode `mode`: name f"{name}@{mode}", side-by-side panel
     f"{panel} @{mode}". The copy shares the method's modules (a Predictor is not duplicated) and keeps its class, so
     a reference copy still runs F-F-F-F and counts Full steps only."""
-    if mode not in CONTEXT_MODES:
-        raise ValueError(f"context mode must be one of {CONTEXT_MODES}, got {mode!r}")
+    check_context_mode(mode)
     if method.context_mode != EXACT_CONTEXT:
         raise ValueError(f"{method.name} already runs in the {method.context_mode!r} context mode")
     if mode == EXACT_CONTEXT:
