@@ -24,9 +24,7 @@ from functools import partial
 import torch
 
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
-from predictor_training.data.dataset_config import config_field, read_dataset_config
-from predictor_training.data.pair_dataset import PairDataset, collate_pairs
-from predictor_training.data.samplers import BucketBatchSampler
+from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches
 from predictor_training.distributed import (
     DistEnv,
     cleanup_distributed,
@@ -95,18 +93,12 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
     """v4's data -> (pairs, this rank's resumable batches, the dataset's context timestep).
 
     Pairs with the context pre-features and the previous chunk's hidden (chunks 1-7), in batches of one context
-    length (BucketBatchSampler), the same number of batches on every rank.
+    length (BucketBatchSampler), the same number of batches on every rank (`pair_dataset.v4_pair_batches`, shared
+    with fvtools/train_adversarial.py).
     """
-    dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=True,
-                          with_prev_chunk_hidden=True, source_layers=tuple(args.source_blocks),
-                          verify=args.verify_dataset)
-    context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
-                                          args.dataset_root))
-    sampler = BucketBatchSampler(dataset.n_ctx_list(), args.batch_size, num_replicas=env.world_size,
-                                 rank=env.rank, seed=args.seed, drop_last=True)
-    batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=None, num_workers=args.num_workers,
-                               pin_memory=env.device.type == "cuda", seed=args.seed)
-    return dataset, batches, context_timestep
+    return v4_pair_batches(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+                           batch_size=args.batch_size, seed=args.seed, num_workers=args.num_workers,
+                           verify=args.verify_dataset, env=env)
 
 
 def main(argv=None) -> int:

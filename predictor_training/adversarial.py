@@ -8,8 +8,8 @@ warm-up of the adversarial weight:
     L_G = -mean(D(fake))                                              (D's parameters frozen for this loss)
 
 `discriminator_loss` detaches the fake and `generator_loss` runs D with its parameters out of the graph, so neither
-side's loss reaches the other's parameters (tests/test_adversarial.py checks it). The DisCa script that trains a
-Predictor with them is issue 11's.
+side's loss reaches the other's parameters (tests/test_adversarial.py checks it). fvtools/train_adversarial.py trains a
+Predictor with them.
 """
 
 from __future__ import annotations
@@ -59,12 +59,15 @@ class HiddenDiscriminator(nn.Module):
 
 def discriminator_loss(discriminator: nn.Module, real: Tensor, fake: Tensor, timestep: Tensor,
                        context: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
-    """Hinge loss of D on real and detached fake hiddens; metrics: loss, accuracy (real > 0, fake < 0)."""
+    """Hinge loss of D on real and detached fake hiddens; metrics: loss, accuracy (real > 0, fake < 0) and the mean
+    logits D(real), D(fake)."""
     real_logits = discriminator(real.detach(), timestep, context)
     fake_logits = discriminator(fake.detach(), timestep, context)
     loss = torch.relu(1 - real_logits).mean() + torch.relu(1 + fake_logits).mean()
     accuracy = 0.5 * (float((real_logits > 0).float().mean()) + float((fake_logits < 0).float().mean()))
-    return loss, {"discriminator/loss": float(loss.detach()), "discriminator/accuracy": accuracy}
+    return loss, {"discriminator/loss": float(loss.detach()), "discriminator/accuracy": accuracy,
+                  "discriminator/real_logit_mean": float(real_logits.detach().float().mean()),
+                  "discriminator/fake_logit_mean": float(fake_logits.detach().float().mean())}
 
 
 def r1_penalty(discriminator: nn.Module, real: Tensor, timestep: Tensor, context: Tensor | None = None) -> Tensor:

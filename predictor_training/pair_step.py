@@ -18,6 +18,7 @@ from predictor_training.distributed import maybe_no_sync
 from predictor_training.losses import predictor_loss
 from predictor_training.precision import PrecisionPolicy
 from predictor_training.predictor import Predictor, text_kv_from_stacked
+from predictor_training.teacher import ContextKV
 
 
 def move_batch(batch: dict, device: torch.device) -> dict:
@@ -43,6 +44,17 @@ def predict_pairs(
     model: the DDP wrapper (or the Predictor itself); predictor: the unwrapped Predictor (its frozen context
     projector runs outside DDP under no_grad: the context is a label-side input, never trained).
     """
+    pred_hidden, pred_velocity, _ = predict_pairs_with_context(
+        batch, model=model, predictor=predictor, policy=policy, context_timestep=context_timestep)
+    return pred_hidden, pred_velocity
+
+
+def predict_pairs_with_context(
+    batch: dict, *, model: nn.Module, predictor: Predictor, policy: PrecisionPolicy, context_timestep: float
+) -> tuple[Tensor, Tensor, ContextKV | None]:
+    """`predict_pairs`, also returning the context K/V the Predictor saw (v4: one layer per source block, built
+    by the frozen projector from the stored pre-features, no graph; disca: None). The adversarial recipe conditions
+    its discriminator on it (fvtools/train_adversarial.py)."""
     noisy_input = batch["noisy_input"]  # [B, 2C+1, T, H, W]
     batch_size, _, frames, height, width = noisy_input.shape
     timestep = batch["timestep"][:, None].expand(batch_size, frames)  # one timestep per item -> [B, T]
@@ -57,10 +69,11 @@ def predict_pairs(
                 height=height, width=width,
             )
             prev_chunk_hidden = batch["prev_chunk_hidden"]
-        return model(
+        pred_hidden, pred_velocity = model(
             noisy_input, batch["anchor_hidden"], timestep, batch["action"], batch["viewmats"], batch["Ks"], text_kv,
             context=context, prev_chunk_hidden=prev_chunk_hidden,
         )
+    return pred_hidden, pred_velocity, context
 
 
 def pair_step(

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -299,13 +299,17 @@ def latent_grad_l1(graph: ChunkGraph) -> dict[int, float]:
             for k, latent in graph.tracked_latents.items()}
 
 
-def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True) -> dict[str, float]:
+def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
+                     chunk_hook: Callable[[ChunkGraph], Tensor | None] | None = None) -> dict[str, float]:
     """Chunk 0 (no grad), then each trained chunk: forward, ``(chunk_loss / n_trained).backward()``, commit.
 
     sync: whether this trajectory's backward may all-reduce (the loop's flag; False while accumulating several
     trajectories). The three Predictor forwards and the backward of every chunk but the last run under
     ``no_sync()``; the last chunk's backward all-reduces once. Gradients are left in ``.grad`` for the caller's
-    clip/optimizer step. Returns detached python floats:
+    clip/optimizer step. chunk_hook(graph): called with each trained chunk's graph before its backward; a tensor it
+    returns (a scalar with graph, e.g. the adversarial recipe's weighted generator loss on the chunk's predicted
+    hiddens) is added to that chunk's loss for the backward, None adds nothing; the metrics below stay the
+    regression loss's. Returns detached python floats:
 
     loss (the trajectory loss = mean chunk loss), hidden_mse, velocity_mse, step{k}/{loss,hidden_mse,velocity_mse}
     (means over the trained chunks), chunk{c}/loss, latent_grad_l1_min (min over chunks and k of sum |grad x_k|;
@@ -325,7 +329,8 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True) ->
         all_reduce_now = sync and chunk_index == trained[-1]
         with maybe_no_sync(trajectory.predictor, enabled=not all_reduce_now):
             graph = trajectory.run_trained_chunk(chunk_index)
-            (graph.loss / divisor).backward()
+            extra = None if chunk_hook is None else chunk_hook(graph)
+            ((graph.loss if extra is None else graph.loss + extra) / divisor).backward()
         chunk_losses[chunk_index] = float(graph.loss.detach())
         for step in graph.steps:
             for name, value in step.metrics.items():

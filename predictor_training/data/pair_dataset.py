@@ -46,6 +46,7 @@ from safetensors import safe_open
 from torch.utils.data import Dataset
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
+from predictor_training.data.samplers import BucketBatchSampler
 from predictor_training.data.shards import (
     MANIFEST_KINDS,
     TENSOR_CHECKSUM_FIELD,
@@ -53,6 +54,8 @@ from predictor_training.data.shards import (
     read_jsonl,
     verify_file,
 )
+from predictor_training.distributed import DistEnv
+from predictor_training.loop import ResumableBatches
 
 DEFAULT_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (1, 2), (2, 3))
 MANIFEST_NAME = "manifest.jsonl"
@@ -595,3 +598,33 @@ def collate_pairs(items: Sequence[dict]) -> dict:
     batch["text_k"], batch["text_mask"] = pad_text_kv([item["text_k"] for item in items])
     batch["text_v"], _ = pad_text_kv([item["text_v"] for item in items])
     return batch
+
+
+def v4_pair_batches(
+    dataset_root: str | Path,
+    *,
+    split: str,
+    pairs: Sequence[tuple[int, int]],
+    source_layers: Sequence[int],
+    batch_size: int,
+    seed: int,
+    num_workers: int,
+    verify: bool,
+    env: DistEnv,
+) -> tuple[PairDataset, ResumableBatches, float]:
+    """The v4 offline recipe's data -> (pairs dataset, this rank's `loop.ResumableBatches`, the dataset's context
+    timestep). Shared by train_predictor_v4.py and fvtools/train_adversarial.py --data offline, so both read the
+    same batches in the same order for the same seed.
+
+    Pairs with the context pre-features of `source_layers` and the previous chunk's hidden (chunks 1-7), in batches
+    of `batch_size` items of one context length (`BucketBatchSampler`, seeded by `seed`, incomplete batches dropped),
+    the same number of batches on every rank. env: the `distributed.DistEnv` (rank, world size, device).
+    """
+    dataset = PairDataset(dataset_root, split=split, pairs=pairs, with_prefeatures=True, with_prev_chunk_hidden=True,
+                          source_layers=tuple(source_layers), verify=verify)
+    context_timestep = float(config_field(read_dataset_config(dataset_root), "context_timestep", dataset_root))
+    sampler = BucketBatchSampler(dataset.n_ctx_list(), batch_size, num_replicas=env.world_size, rank=env.rank,
+                                 seed=seed, drop_last=True)
+    batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=None, num_workers=num_workers,
+                               pin_memory=env.device.type == "cuda", seed=seed)
+    return dataset, batches, context_timestep
