@@ -1,0 +1,244 @@
+"""fvtools DMD2 + Self-Forcing (fvtools/train_dmd2.py) on tiny models (CPU, single process).
+
+World: the demo Teacher config (4 blocks, width 64, random weights with every path active), three procedural clips of
+8 latents (2 chunks) at 2 x 3 (two train, one holdout), a v4 Predictor on blocks 1, 2 with random (non-zero) output
+layers saved as an inference file (`--init_from`), and the Teacher folder itself as the real score's model folder.
+The DMD losses and their sign are tested on 1-D Gaussians in test_distribution_matching.py; here the wiring is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fvtools.train_dmd2 as dmd2
+from predictor_training.adapters import add_lora, save_lora
+from predictor_training.checkpoint import RunState, checkpoint_meta, read_training_state, save_inference_weights
+from predictor_training.data import video_latent_build as vb
+from predictor_training.data import video_latent_demo as vd
+from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.distributed import DistEnv
+from predictor_training.flow_matching import add_noise
+from predictor_training.precision import precision_policy
+from predictor_training.predictor import build_predictor
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher.source import TeacherSource, load_teacher
+
+CPU = torch.device("cpu")
+ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dmd2")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        teacher = WorldPlayTransformer.from_preset("demo")
+    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
+    teacher.save_pretrained(str(root / "teacher"))
+    options = vb.VideoBuildOptions(
+        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
+        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
+        demo=root / "demo", demo_clips=3, demo_holdout=1,
+    )
+    assert vb.run(options) == 0
+    # A trained-looking Predictor: its zero-initialised output layers made non-zero, so every parameter gets a
+    # gradient through the latent path.
+    predictor = build_predictor(teacher, "v4", (1, 2))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in predictor.parameters():
+            if param.requires_grad and not param.abs().sum() > 0:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    init = root / "predictor_init.safetensors"
+    save_inference_weights(init, predictor, dtype=torch.float32,
+                           metadata={**checkpoint_meta("v4", (1, 2), "fp32"), "step": 0})
+    # A real-score LoRA file on the Teacher (random B, so it differs from the Teacher).
+    add_lora(teacher, "real_score", 4, 4.0)
+    with torch.no_grad():
+        for name, param in teacher.named_parameters():
+            if ".lora_B.real_score" in name:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    save_lora(teacher, "real_score", root / "real_score_lora.safetensors")
+    return {"teacher": root / "teacher", "videos": root / "videos", "init": init,
+            "real_lora": root / "real_score_lora.safetensors"}
+
+
+def _argv(world, out: Path, *extra) -> list[str]:
+    return ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
+            "--real_score", str(world["teacher"]), "--init_from", str(world["init"]), "--source_blocks", "1,2",
+            "--output_dir", str(out), "--max_steps", "4", "--warmup_steps", "0", "--monitor_every", "2",
+            "--ckpt_every", "-1", "--no_progress", *map(str, extra)]
+
+
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def _build(world, tmp_path, *extra):
+    """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own functions."""
+    argv = _argv(world, tmp_path / "run", *extra)
+    if "student" in extra:
+        argv.remove("--init_from")
+        argv.remove(str(world["init"]))
+    args = dmd2.parse_args(argv)
+    policy = precision_policy("fp32", CPU)
+    teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), CPU, torch.float32)
+    student = None
+    if args.generator == "predictor":
+        _, generator_role, _ = dmd2.build_predictor_role(args, teacher, ENV, resuming=False)
+    else:
+        student, generator_role, _ = dmd2.build_student(args, teacher, ENV)
+    real, fake, fake_role = dmd2.build_scores(args, teacher, ENV, policy)
+    step = dmd2.DistributionMatchingStep(
+        args=args, env=ENV, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
+        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
+    return args, step, generator_role, fake_role, teacher, real
+
+
+def _frozen_grads(module: torch.nn.Module, trained: list) -> list[str]:
+    """Names of parameters of `module` that are not in `trained` but hold a gradient."""
+    trained_ids = {id(param) for param in trained}
+    return [name for name, param in module.named_parameters()
+            if id(param) not in trained_ids and param.grad is not None]
+
+
+def _check_role_grads(role) -> None:
+    grads = [param.grad for param in role.parameters if param.grad is not None]
+    assert grads, f"{role.name}: no gradient"
+    assert all(torch.isfinite(grad).all() for grad in grads), role.name
+    assert sum(float(grad.abs().sum()) for grad in grads) > 0, f"{role.name}: zero gradients"
+
+
+@pytest.mark.parametrize("extra", [
+    ("--rollout", "self"),
+    ("--rollout", "data", "--fake_score_train", "lora", "--lora_rank", "4", "--lora_alpha", "4"),
+    ("--generator", "student", "--rollout", "data", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4",
+     "--fake_score_train", "lora", "--real_score", "REAL_LORA", "--anchor_weight", "1"),
+    ("--generator", "student", "--rollout", "self", "--train", "full", "--student_steps", "2"),
+], ids=["predictor-self", "predictor-data-fake-lora", "student-lora-data", "student-full-self"])
+def test_one_step_gives_gradients_only_to_the_trainable_roles(world, tmp_path, extra):
+    extra = tuple(str(world["real_lora"]) if value == "REAL_LORA" else value for value in extra)
+    args, step, generator_role, fake_role, teacher, real = _build(world, tmp_path, *extra)
+    dataset = VideoLatentDataset(world["videos"], "train")
+    # The fake score starts equal to the real score (a DMD gradient of 0): one critic update first, as a run has
+    # before its first generator step.
+    step(dataset[1], sync=True, due=frozenset({dmd2.FAKE}))
+    fake_role.step()
+    fake_role.zero_grad()
+    step.run_state.micro_step += 1
+    metrics = step(dataset[0], sync=True, due=frozenset({generator_role.name, dmd2.FAKE}))
+    for key in ("critic_loss", "generator_loss", "dmd_loss", "dmd/grad_rms"):
+        assert metrics[key] == metrics[key] and metrics[key] > 0, (key, metrics)
+    if args.generator == "predictor":
+        assert metrics["anchor_loss"] > 0  # the composite's Predictor-vs-Teacher loss
+    elif args.anchor_weight > 0:
+        assert metrics["anchor_loss"] == 0  # a fresh LoRA student is the Teacher: same x0 at the same state
+    _check_role_grads(generator_role)
+    _check_role_grads(fake_role)
+    trained = generator_role.parameters + fake_role.parameters
+    assert _frozen_grads(teacher, trained) == []  # the Teacher (and adapters on it that do not train)
+    assert _frozen_grads(real.model, trained) == []  # the real score
+
+
+def test_a_step_without_the_generator_trains_only_the_critic(world, tmp_path):
+    _, step, generator_role, fake_role, _, _ = _build(world, tmp_path)
+    metrics = step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({dmd2.FAKE}))
+    assert generator_role.parameters_with_grad() == []  # its rollout ran without a graph
+    _check_role_grads(fake_role)
+    assert "generator_loss" not in metrics and metrics["loss"] == metrics["critic_loss"]
+
+
+def test_critic_and_generator_use_the_one_rollout(world, tmp_path, monkeypatch):
+    """Per step the composite is rolled out once (3 Predictor calls per chunk after chunk 0), and the critic's noisy
+    input is exactly that rollout's chunk, noised."""
+    _, step, generator_role, _, _, _ = _build(world, tmp_path)
+    produced = []
+    produce = dmd2.CompositeRollout.produce
+
+    def spy(self, chunk_index):
+        chunk = produce(self, chunk_index)
+        produced.append(chunk.sample.detach().clone())
+        return chunk
+
+    monkeypatch.setattr(dmd2.CompositeRollout, "produce", spy)
+    calls = []
+    hook = generator_role.raw_module.register_forward_hook(lambda *_: calls.append(1))
+    step.trace = []
+    step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({"predictor", dmd2.FAKE}))
+    hook.remove()
+    assert len(produced) == len(step.trace) == 1  # 8 latents: chunk 0 (Teacher) + 1 generated chunk
+    assert len(calls) == 3  # F-P-P-P: one rollout, not a second one for the critic
+    for sample, trace in zip(produced, step.trace):
+        assert torch.equal(trace["sample"], sample)
+        expected = add_noise(sample, trace["critic_noise"], trace["critic_sigma"][None])
+        assert torch.equal(trace["critic_input"], expected)
+
+
+def test_cadence_generator_every_n_steps_critic_every_step(world, tmp_path):
+    out = tmp_path / "cadence"
+    assert dmd2.main(_argv(world, out, "--generator_every", "2")) == 0
+    log = _log(out)
+    assert [record["updates/predictor"] for record in log] == [0, 1, 1, 2]
+    assert [record["updates/fake_score"] for record in log] == [1, 2, 3, 4]
+    assert ["generator_loss" in record for record in log] == [False, True, False, True]
+    assert ["grad_norm/predictor" in record for record in log] == [False, True, False, True]
+    assert all("monitor/std_ratio" in record for record in log[1::2])  # --monitor_every 2
+    assert all(f"monitor/chunk1/{name}" in log[1] for name in ("std_ratio", "temporal_ratio"))
+    saved = read_training_state(out / "training_latest.pt")
+    assert sorted(saved["roles"]) == ["fake_score", "predictor"]
+
+
+def test_resume_mid_interval_equals_an_uninterrupted_run_in_every_role(world, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["--generator_every", "2", "--ckpt_every", "3"]
+    assert dmd2.main(_argv(world, whole, *common)) == 0
+    assert dmd2.main(_argv(world, split, *common, "--stop_at_step", "3")) == 0
+    assert len(_log(split)) == 3
+    assert dmd2.main(_argv(world, split, *common)) == 0  # the directory's own run continues at step 4
+    drop = ("time/step_s", "time/data_s", "memory/cpu_peak_rss_gib")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in _log(split)] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in _log(whole)]
+    whole_roles = read_training_state(whole / "training_latest.pt")["roles"]
+    split_roles = read_training_state(split / "training_latest.pt")["roles"]
+    for role in ("predictor", "fake_score"):
+        assert whole_roles[role]["model"].keys() == split_roles[role]["model"].keys()
+        for name, tensor in whole_roles[role]["model"].items():
+            assert torch.equal(tensor, split_roles[role]["model"][name]), (role, name)
+
+
+def test_the_predictor_checkpoint_loads_in_the_eval(world, tmp_path):
+    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
+
+    out = tmp_path / "evaluable"
+    assert dmd2.main(_argv(world, out, "--max_steps", "2", "--generator_every", "1")) == 0
+    ckpt = read_predictor_checkpoint(out / "predictor_step_00002.safetensors")
+    assert ckpt.variant == "v4" and ckpt.meta["source_blocks"] == [1, 2] and ckpt.step == 2
+    teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
+    predictor = load_predictor(teacher, ckpt)
+    saved = read_training_state(out / "training_latest.pt")["roles"]["predictor"]["model"]
+    loaded = predictor.state_dict()
+    assert loaded.keys() == saved.keys()
+    for name, tensor in saved.items():  # the inference file holds the trained weights in BF16
+        assert torch.equal(loaded[name].float(), tensor.to(torch.bfloat16).float()), name
+
+
+def test_refuses_the_raw_teacher_as_real_score_without_the_flag_or_below_its_sigmas(world, tmp_path, capsys):
+    argv = _argv(world, tmp_path / "raw")
+    argv[argv.index("--real_score") + 1] = "teacher"
+    with pytest.raises(SystemExit):
+        dmd2.parse_args(argv)
+    assert "--real_score teacher: the distilled 4-step Teacher is not a score model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dmd2.parse_args([*argv, "--allow_raw_teacher_score"])
+    assert "--score_sigma_min=0.02 with --real_score teacher" in capsys.readouterr().err
+    args = dmd2.parse_args([*argv, "--allow_raw_teacher_score", "--score_sigma_min", "0.625"])
+    assert args.real_score_kind == "teacher"
+    with pytest.raises(SystemExit):
+        dmd2.parse_args([*_argv(world, tmp_path / "bad"), "--real_score", str(tmp_path)])
+    assert "expected a model folder with config.json" in capsys.readouterr().err
