@@ -118,8 +118,8 @@ PREDICTOR_VARIANT = "v4"
 
 PRESETS = {
     # The CPU demo on the demo world: DMD2 on the F-P-P-P composite (blocks 1,10 of the 12-block world Teacher,
-    # from the rollout demo's Predictor) with its anchor; real score = the df_sft demo model, fake score = a full
-    # copy of it; FP32, no tracker.
+    # from the rollout demo's Predictor) with its anchor; the launcher passes the world Teacher as real score (a df_sft
+    # model of the renders), fake score = a full copy of it; FP32, no tracker.
     "demo": ["--experiment", "dmd2_demo", "--generator", "predictor", "--rollout", "self", "--source_blocks", "1,10",
              "--precision", "fp32", "--max_steps", "60", "--warmup_steps", "4", "--generator_every", "2",
              "--fusion_lr", "1e-4", "--blocks_lr", "1e-5", "--block_warmup_steps", "-1", "--fake_score_train", "full",

@@ -13,11 +13,11 @@
 #   dmd2_predictor-fppp-blocks1-52_rollout-self_every5_fake-lora_fp32master_8gpu_flr1e-5_blr1e-6_fslr1e-5_steps2000_warmup100_swanlab
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 #
-# The CPU demo (no GPU and no DATASET_ROOT) makes what is missing, in order: the demo world's video latents, the
-# df_sft demo model (the real score; tools/launch_fvtools_df_sft.sh), the rollout demo Predictor (the generator's
-# start; tools/launch_predictor_v4_rollout_training.sh), then runs DMD2 + Self-Forcing on the F-P-P-P composite
-# with its anchor (`--preset demo`: 60 steps, generator every 2, a full fake score) on 2 gloo ranks. A few
-# minutes on 2 CPU cores. Its predictor_step_XXXXX.safetensors are evaluated like the other Predictors:
+# The CPU demo (no GPU and no DATASET_ROOT) makes what is missing, in order: the demo world's video latents and the
+# rollout demo Predictor (the generator's start; tools/launch_predictor_v4_rollout_training.sh), then runs DMD2 +
+# Self-Forcing on the F-P-P-P composite with its anchor (`--preset demo`: 60 steps, generator every 2, a full fake
+# score) on 2 gloo ranks. The real score is the world Teacher: on the demo world it is a df_sft model trained on the
+# renders at every noise level, not a distilled one. A few minutes on 2 CPU cores. Its predictor_step_XXXXX.safetensors are evaluated like the other Predictors:
 #   python tools/eval_predictor.py --demo demo_data/assets --split holdout25 --replace_steps 1,2,3 \
 #     --ckpt RUN_DIR/predictor_step_00060.safetensors --lpips_random_backbone
 #
@@ -36,20 +36,10 @@ args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"
   ensure_demo_video_latents
-  # 1. The real score: the df_sft demo model (trained first when it is not finished).
-  sft=(--preset demo --teacher "${DEMO_ROOT}/assets/teacher" --dataset_root "${DEMO_ROOT}/video_latents")
-  [[ -n "${OUTPUT_ROOT:-}" ]] && sft+=(--output_root "${OUTPUT_ROOT}")
-  status=0
-  plan_run fvtools/train_df_sft.py "${sft[@]}" || status=$?
-  if (( status == 0 )); then
-    echo "[launch] the df_sft demo model is not finished: running tools/launch_fvtools_df_sft.sh first"
-    env -u LR -u MAX_STEPS -u STOP_AT_STEP -u WARMUP_STEPS -u TRAIN -u INIT_WEIGHTS -u LORA_RANK -u LORA_ALPHA \
-      -u CHUNKS_PER_CLIP -u CKPT_EVERY -u KEEP_LAST -u GRAD_ACCUM -u TRACKER -u NUM_WORKERS -u EXPERIMENT \
-      -u PRECISION -u TEACHER bash "${REPO_ROOT}/tools/launch_fvtools_df_sft.sh"
-  elif (( status != 3 )); then
-    exit "${status}"
-  fi
-  real_score="${RUN_DIR}/model"
+  # 1. The real score: the world Teacher itself. It is no distilled model: it was trained from scratch by
+  #    fvtools/train_df_sft.py (5000 steps, sigma uniform in [0, 1]) on the world's renders, so it is a score model of
+  #    the data at every noise level (predictor_training/world/weights/README.md).
+  real_score="${DEMO_ROOT}/assets/teacher"
   # 2. The generator's start: the rollout demo Predictor, which starts from the offline v4 demo run (both made by
   #    tools/launch_predictor_v4_rollout_training.sh when not finished).
   offline=(--preset demo --dataset_root "${DEMO_ROOT}/dataset")
