@@ -13,6 +13,10 @@ and the loss pulls x0+ towards the sample where the advantage is high and x0- wh
 
 At v_θ = v_old a zero advantage (r = 1/2) gives no gradient (the two terms cancel) and a non-zero one does
 (tests/test_diffusion_nft.py). A KL term to a frozen reference, λ mse(v_θ, v_ref), is added by the caller.
+
+The old policy is refreshed after each policy update, old <- d old + (1 - d) policy, with d from a named schedule
+(`old_policy_decay`); `OldPolicy` does this in place on the old policy's own weights and is what a training role
+holds in its EMA slot, so the checkpoint carries it (fvtools/train_nft.py).
 """
 
 from __future__ import annotations
@@ -52,3 +56,87 @@ def nft_loss(v_theta: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor,
 
     r = torch.clamp(advantage.float().reshape(shape) / (2 * clip) + 0.5, 0.0, 1.0)
     return torch.mean((clip / beta) * (r * weighted(x0_positive) + (1 - r) * weighted(x0_negative)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The old policy: an EMA of the trained policy with a scheduled decay
+# ---------------------------------------------------------------------------------------------------------------
+# The decay d(u) after the policy's u-th update (u = 1, 2, ...); old <- d old + (1 - d) policy. The ramps are the
+# three decay types of the DiffusionNFT training code (type 0 = "zero", 1 = "ramp_slow", 2 = "ramp_delayed": a flat
+# start, a linear rise, a cap; constants checked against its public copies). "constant" holds `constant`
+# (--old_decay) throughout.
+OLD_DECAY_SCHEDULES = ("zero", "ramp_slow", "ramp_delayed", "constant")
+
+
+def old_policy_decay(schedule: str, update: int, constant: float = 0.0) -> float:
+    """d for the policy's `update`-th update (1-based) under `schedule`:
+
+        zero           0                                    (old = policy after every update: on-policy)
+        ramp_slow      min(0.001 u, 0.5)
+        ramp_delayed   0 for u < 75, then min(0.0075 (u - 75), 0.999)
+        constant       `constant` (in [0, 1))
+    """
+    if update < 1:
+        raise ValueError(f"update={update}; the decay is defined from the first update (1) on")
+    if schedule == "zero":
+        return 0.0
+    if schedule == "ramp_slow":
+        return min(0.001 * update, 0.5)
+    if schedule == "ramp_delayed":
+        return 0.0 if update < 75 else min(0.0075 * (update - 75), 0.999)
+    if schedule == "constant":
+        if not 0.0 <= constant < 1.0:
+            raise ValueError(f"constant old-policy decay {constant}; expected in [0, 1)")
+        return float(constant)
+    raise ValueError(f"old-policy decay schedule {schedule!r}; expected one of {OLD_DECAY_SCHEDULES}")
+
+
+class OldPolicy:
+    """The old policy's weights as a frozen module, refreshed after each policy update by
+    `old <- d old + (1 - d) policy` with d = `old_policy_decay(schedule, update)` (FP32 arithmetic).
+
+    old_module: the old policy's parameters (the policy's parameter names, e.g. a second LoRA adapter's
+    `AdapterWeights` or a frozen copy of the model), initialised equal to the policy. It fills the `ema` slot of
+    the policy's `Role` (`Role.step` calls `update(policy_module)` after the optimizer step; the training state saves
+    `state_dict()`), so a resume restores it exactly; nothing is copied twice in memory."""
+
+    def __init__(self, old_module: torch.nn.Module, schedule: str, constant: float = 0.0):
+        old_policy_decay(schedule, 1, constant)  # validates
+        self.old_module = old_module
+        self.schedule = schedule
+        self.constant = float(constant)
+        self.updates = 0
+        self.last_decay = 0.0
+        if any(param.requires_grad for param in old_module.parameters()):
+            raise ValueError("OldPolicy: the old policy's parameters must be frozen (requires_grad=False)")
+
+    @torch.no_grad()
+    def update(self, policy_module: torch.nn.Module) -> None:
+        """Fold the policy's current weights into the old policy (once per policy update)."""
+        self.updates += 1
+        decay = old_policy_decay(self.schedule, self.updates, self.constant)
+        policy = dict(policy_module.named_parameters())
+        for name, old in self.old_module.named_parameters():
+            if name not in policy:
+                raise KeyError(f"OldPolicy: the policy has no parameter {name!r}")
+            mixed = decay * old.float() + (1.0 - decay) * policy[name].detach().float()
+            old.copy_(mixed.to(old.dtype))
+        self.last_decay = decay
+
+    def state_dict(self) -> dict:
+        return {"schedule": self.schedule, "constant": self.constant, "updates": self.updates,
+                "last_decay": self.last_decay,
+                "weights": {name: param.detach().cpu().clone() for name, param in self.old_module.named_parameters()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["schedule"], float(state["constant"])) != (self.schedule, self.constant):
+            raise ValueError(f"OldPolicy.load_state_dict: saved schedule {state['schedule']} (constant "
+                             f"{state['constant']}), this run uses {self.schedule} (constant {self.constant})")
+        params = dict(self.old_module.named_parameters())
+        if sorted(state["weights"]) != sorted(params):
+            raise ValueError("OldPolicy.load_state_dict: the saved old policy covers other parameters than this one")
+        with torch.no_grad():
+            for name, tensor in state["weights"].items():
+                params[name].copy_(tensor)
+        self.updates = int(state["updates"])
+        self.last_decay = float(state["last_decay"])

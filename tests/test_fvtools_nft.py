@@ -1,0 +1,248 @@
+"""fvtools/train_nft.py (DiffusionNFT) and predictor_training/rewards.py on tiny models (CPU, single process).
+
+Data: the video-latent demo (three procedural clips of 8 latents at 2 x 3, two train, one holdout, through the
+demo's tiny random encoders and VAE); the model: the demo Teacher config (4 blocks, width 64). The NFT loss itself
+(sign, zero advantage, toy convergence) is tested in test_diffusion_nft.py; the 2-rank path runs in the launcher demo.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fvtools.train_nft as nft
+from predictor_training.checkpoint import RunState, read_training_state
+from predictor_training.data import video_latent_build as vb
+from predictor_training.data import video_latent_demo as vd
+from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.diffusion_nft import OldPolicy, old_policy_decay
+from predictor_training.distributed import DistEnv
+from predictor_training.eval.runtime import VaeDecoder
+from predictor_training.method_model import build_method_model
+from predictor_training.precision import precision_policy
+from predictor_training.rewards import REWARDS, RewardScorer, parse_reward_weights, select_frames
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher.source import TeacherSource
+
+CPU = torch.device("cpu")
+ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """A demo-config Teacher folder (random weights, every path active) and a 3-clip video-latent demo dataset."""
+    root = tmp_path_factory.mktemp("nft")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        teacher = WorldPlayTransformer.from_preset("demo")
+    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
+    teacher.save_pretrained(str(root / "teacher"))
+    options = vb.VideoBuildOptions(
+        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
+        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
+        demo=root / "demo", demo_clips=3, demo_holdout=1,
+    )
+    assert vb.run(options) == 0
+    return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}
+
+
+def _argv(world, out: Path, *extra: str) -> list[str]:
+    return ["--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]), "--output_dir", str(out),
+            "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--precision", "fp32", "--lr", "1e-2",
+            "--max_steps", "4", "--warmup_steps", "0", "--samples_per_group", "2", "--chunks_per_sample", "1",
+            "--monitor_every", "100", "--no-gradient_checkpointing", "--tracker", "none", "--num_workers", "0",
+            "--no_progress", *extra]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rewards
+# ---------------------------------------------------------------------------------------------------------------
+def _video(kind: str, frames: int = 6, size: int = 8) -> torch.Tensor:
+    """Hand-made float frames [1, F, H, W, 3] in [0, 1]."""
+    base = (torch.arange(size)[:, None] + torch.arange(size)[None]) % 2  # a checkerboard
+    video = base.float()[None, :, :, None].expand(frames, size, size, 3).clone()
+    if kind == "moving":
+        video = torch.stack([torch.roll(video[0], shifts=f, dims=1) for f in range(frames)])
+    elif kind == "flat":
+        video = torch.full((frames, size, size, 3), 0.5)
+    return video[None]
+
+
+def test_reward_registry_parses_and_refuses_clearly():
+    assert parse_reward_weights("smoothness:0.5, reference_agreement") == {"smoothness": 0.5,
+                                                                          "reference_agreement": 1.0}
+    with pytest.raises(ValueError, match=r"unknown reward 'smoothnes'.*registered rewards: \[.*'smoothness'"):
+        parse_reward_weights("smoothnes:1")
+    with pytest.raises(ValueError, match="appears twice"):
+        parse_reward_weights("smoothness:1,smoothness:2")
+    with pytest.raises(ValueError, match="not a number"):
+        parse_reward_weights("smoothness:heavy")
+    with pytest.raises(ValueError, match="no reward"):
+        parse_reward_weights(" , ")
+    with pytest.raises(ValueError, match="compares with a reference video"):
+        RewardScorer({"reference_agreement": 1.0})(_video("static"))
+    assert {reward.reads for reward in REWARDS.values()} == {"first_frame", "sampled_frames", "video"}
+
+
+def test_builtin_rewards_on_hand_made_frames():
+    static, moving, flat = _video("static"), _video("moving"), _video("flat")
+    batch = torch.cat([static, moving, flat])
+    scores = RewardScorer({"smoothness": 1.0, "contrast": 2.0})(batch)
+    assert scores["smoothness"][0] == 0 and scores["smoothness"][2] == 0  # a static video is the smoothest
+    assert scores["smoothness"][1] < 0
+    assert scores["contrast"][2] == 0 and scores["contrast"][0] > 0.4  # a flat colour has none
+    assert torch.allclose(scores["total"], scores["smoothness"] + 2 * scores["contrast"])
+    # Reference agreement: the maximum (0) exactly when equal; worse the further away.
+    reference = moving.expand(3, -1, -1, -1, -1)
+    agreement = RewardScorer({"reference_agreement": 1.0})(batch, reference)["reference_agreement"]
+    assert agreement[1] == 0 and agreement[0] < 0 and agreement[2] < 0
+    # First-frame agreement reads frame 0 only: moving and static share it.
+    first = RewardScorer({"first_frame_agreement": 1.0})(batch, reference)["first_frame_agreement"]
+    assert first[0] == 0 and first[1] == 0 and first[2] < 0
+    index = select_frames(torch.arange(10.0)[None, :, None, None, None].expand(1, 10, 1, 1, 3), "sampled_frames",
+                          4)[0, :, 0, 0, 0]
+    assert index.tolist() == [0.0, 3.0, 6.0, 9.0]  # spread evenly, first and last included
+
+
+def test_flags_are_checked(world, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--rewards", "aesthetic:1"))
+    assert "unknown reward 'aesthetic'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--samples_per_group", "1"))
+    assert "--samples_per_group=1: expected >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--reference_video", "none"))
+    assert "--reference_video none has none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--reference_video", "ground_truth"))
+    assert "--ground_truth=None: expected a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# old policy
+# ---------------------------------------------------------------------------------------------------------------
+def test_old_policy_follows_its_schedule():
+    assert [old_policy_decay("ramp_slow", u) for u in (1, 250, 500, 900)] == [0.001, 0.25, 0.5, 0.5]
+    assert old_policy_decay("ramp_delayed", 74) == 0.0 and old_policy_decay("ramp_delayed", 75) == 0.0
+    assert old_policy_decay("ramp_delayed", 175) == pytest.approx(0.75)
+    assert old_policy_decay("ramp_delayed", 10_000) == 0.999
+    assert old_policy_decay("zero", 7) == 0.0 and old_policy_decay("constant", 3, 0.9) == 0.9
+    with pytest.raises(ValueError, match="expected one of"):
+        old_policy_decay("cosine", 1)
+    policy = nn.Linear(3, 2)
+    old_module = nn.Linear(3, 2).requires_grad_(False)
+    old_module.load_state_dict(policy.state_dict())
+    old = OldPolicy(old_module, "constant", 0.75)
+    expected = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    for update in range(3):
+        with torch.no_grad():
+            for param in policy.parameters():
+                param.add_(1.0 + update)
+        old.update(policy)
+        expected = {name: 0.75 * expected[name] + 0.25 * param for name, param in policy.state_dict().items()}
+        for name, tensor in old_module.state_dict().items():
+            torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)
+    assert old.updates == 3
+    restored = OldPolicy(nn.Linear(3, 2).requires_grad_(False), "constant", 0.75)
+    restored.load_state_dict(old.state_dict())
+    assert restored.updates == 3 and torch.equal(restored.old_module.weight, old_module.weight)
+    with pytest.raises(ValueError, match="saved schedule constant"):
+        OldPolicy(nn.Linear(3, 2).requires_grad_(False), "zero").load_state_dict(old.state_dict())
+    zero = OldPolicy(old_module, "zero")
+    zero.update(policy)  # decay 0: the old policy becomes the policy
+    assert torch.equal(old_module.weight, policy.weight)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one real step
+# ---------------------------------------------------------------------------------------------------------------
+def _step(world, tmp_path, *extra: str):
+    args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
+    source = TeacherSource(args.teacher, None, "--teacher", None)
+    method_model = build_method_model(source, args, ENV, precision_policy("fp32", CPU), role_name=nft.ROLE)
+    models = nft.PolicyModels(method_model)
+    method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
+    decoder = VaeDecoder.from_folder(nft.default_vae_folder(args.dataset_root), CPU, torch.float32, tiling=False)
+    rewards = nft.VideoRewards(RewardScorer(parse_reward_weights(args.rewards)), decoder, args.reference_video, None)
+    step = nft.NftStep(models, rewards, args, ENV, RunState(), None)
+    return step, method_model, models
+
+
+@pytest.mark.parametrize("train", ["lora", "full"])
+def test_one_step_trains_only_the_policy(world, tmp_path, train):
+    step, method_model, models = _step(world, tmp_path, "--train", train, "--kl_weight", "1.0")
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    policy_params = {id(param) for param in method_model.role.parameters}
+    frozen = {(id(module), name): param.detach().clone() for module in set(models.modules.values())
+              for name, param in module.named_parameters() if id(param) not in policy_params}
+    frozen_old = {name: param.detach().clone() for name, param in models.old_module.named_parameters()}
+    method_model.role.zero_grad()
+    metrics = step(item, sync=True, due=frozenset({nft.ROLE}))
+    named = dict(method_model.role.raw_module.named_parameters())
+    without = [name for name, param in named.items() if param.grad is None]
+    last = len(method_model.model.double_blocks) - 1  # the last block's text-stream output feeds nothing
+    assert all(name.startswith(f"double_blocks.{last}.txt_") for name in without), without
+    grads = [param.grad for param in named.values() if param.grad is not None]
+    assert all(torch.isfinite(grad).all() for grad in grads)
+    assert sum(float(grad.abs().sum()) for grad in grads) > 0  # policy == old policy, yet a non-zero update
+    for module in set(models.modules.values()):  # no gradient outside the policy: old policy, reference, base
+        assert all(param.grad is None for param in module.parameters() if id(param) not in policy_params)
+    assert all(torch.equal(param, frozen[id(module), name]) for module in set(models.modules.values())
+               for name, param in module.named_parameters() if id(param) not in policy_params)
+    assert metrics["advantage/abs_mean"] > 0 and metrics["kl"] == 0  # policy == reference before any update
+    assert metrics["monitor/std_ratio"] == 1.0  # step 1: policy == reference, the same noise
+    method_model.role.step()  # optimizer step, then old <- d old + (1 - d) policy (ramp_slow: d = 0.001)
+    for name, param in models.old_module.named_parameters():
+        policy_param = dict(method_model.role.raw_module.named_parameters())[name]
+        torch.testing.assert_close(param, 0.001 * frozen_old[name] + 0.999 * policy_param.detach(), rtol=0,
+                                   atol=1e-7)
+
+
+def test_sampling_is_regenerated_from_its_counters(world, tmp_path):
+    step, _, _ = _step(world, tmp_path)
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    first = step.sample(item, "old", range(2))
+    assert not torch.equal(first[0], first[1])  # the samples of a group differ
+    assert torch.equal(step.sample(item, "old", range(2)), first)  # the same counters: the same samples
+    step.run_state.micro_step = 1
+    assert not torch.equal(step.sample(item, "old", range(2)), first)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resume
+# ---------------------------------------------------------------------------------------------------------------
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_resume_equals_an_uninterrupted_run(world, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["--ckpt_every", "2", "--monitor_every", "3"]
+    assert nft.main(_argv(world, whole, *common)) == 0
+    assert nft.main(_argv(world, split, *common, "--stop_at_step", "2")) == 0
+    assert nft.main(_argv(world, split, *common)) == 0  # the directory's own run continues at step 3
+    timing = ("time/", "memory/")
+    strip = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(whole)]
+    resumed = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(split)]
+    assert resumed == strip  # rewards, advantages, sample checksums, losses, monitors: bit for bit
+    assert strip[2]["samples/checksum"] != strip[1]["samples/checksum"]
+    saved = {run: read_training_state(run / "training_latest.pt")["roles"][nft.ROLE] for run in (whole, split)}
+    for name, tensor in saved[whole]["model"].items():  # the policy
+        assert torch.equal(tensor, saved[split]["model"][name])
+    assert saved[whole]["ema"]["updates"] == saved[split]["ema"]["updates"] == 4
+    for name, tensor in saved[whole]["ema"]["weights"].items():  # the old policy
+        assert torch.equal(tensor, saved[split]["ema"]["weights"][name])
+    assert any(not torch.equal(tensor, saved[whole]["model"][name])  # old policy lags (ramp_slow decay > 0)
+               for name, tensor in saved[whole]["ema"]["weights"].items())
+    report = json.loads((whole / nft.EVAL_NAME).read_text())  # after training: policy vs reference, same noise
+    assert len(report["clips"]) == 1 and report["split"] == "holdout" and report["step"] == 4
+    assert set(report["reward_policy"]) == {"reference_agreement", "smoothness", "total"}
+    assert report["reward_policy"]["total"] != report["reward_reference"]["total"]
+    assert json.loads((split / nft.EVAL_NAME).read_text()) == report
