@@ -379,7 +379,7 @@ def build_scores(args, teacher, env: DistEnv, policy) -> tuple[ScoreModel, Score
         if real.adapter_name is not None:
             copy_lora(real.model, real.adapter_name, FAKE, trainable=True)
         else:
-            add_lora(real.model, FAKE, args.lora_rank, args.lora_alpha)
+            add_lora(real.model, FAKE, args.lora_rank, args.lora_alpha, seed=args.seed)
         fake = ScoreModel(real.model, FAKE, FAKE)
         raw_module, parameters = AdapterWeights(real.model, FAKE), lora_parameters(real.model, FAKE)
         real.model.set_gradient_checkpointing(args.gradient_checkpointing)
@@ -400,7 +400,7 @@ def build_scores(args, teacher, env: DistEnv, policy) -> tuple[ScoreModel, Score
 def build_student(args, teacher, env: DistEnv) -> tuple[ScoreModel, Role, MethodModel]:
     """The few-step student: adapter "student" on the Teacher, or every parameter of a Teacher-shaped model."""
     if args.train == "lora":
-        add_lora(teacher, "student", args.lora_rank, args.lora_alpha)
+        add_lora(teacher, "student", args.lora_rank, args.lora_alpha, seed=args.seed)
         model, adapter_name = teacher, "student"
         raw_module, parameters = AdapterWeights(teacher, "student"), lora_parameters(teacher, "student")
     else:

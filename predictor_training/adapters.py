@@ -174,9 +174,12 @@ def add_lora(
     *,
     targets: Sequence[str] = LORA_TARGETS,
     trainable: bool = True,
+    seed: int = 0,
 ) -> LoraSpec:
-    """Add adapter `name` (lora_A: peft's Kaiming-uniform init, lora_B = 0, so the outputs do not change) on every
-    double block's `targets`. Its parameters are FP32 whatever the Teacher's dtype, and require grad iff
+    """Add adapter `name` (lora_A: peft's Kaiming-uniform init drawn from `seed`, lora_B = 0, so the outputs do not
+    change) on every double block's `targets`. The init comes from its own seeded generator, not from the caller's
+    random state (which is per rank in training), so every rank of a run adds the same adapter and the global RNG is
+    left as it was. Its parameters are FP32 whatever the Teacher's dtype, and require grad iff
     `trainable`; every base parameter of the Teacher is frozen. The new modules take the train/eval mode of the
     linear they wrap. The active adapter is left as it was.
 
@@ -199,8 +202,12 @@ def add_lora(
         r=int(rank), lora_alpha=alpha, lora_dropout=float(dropout), target_modules=_target_regex(targets),
         bias="none", init_lora_weights=True,
     )
-    with warnings.catch_warnings():
+    cuda_devices = sorted({param.device.index for param in teacher.parameters() if param.device.type == "cuda"})
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=cuda_devices):
         warnings.filterwarnings("ignore", message=re.escape(_MULTIPLE_ADAPTERS_WARNING))
+        torch.random.default_generator.manual_seed(seed)
+        for device in cuda_devices:
+            torch.cuda.default_generators[device].manual_seed(seed)
         inject_adapter_in_model(config, teacher, adapter_name=name)
     for _, layer in _refresh_lora_layers(teacher):
         # New modules start in training mode: follow the wrapped linear's mode, so an eval-mode Teacher has no

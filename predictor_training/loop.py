@@ -16,6 +16,7 @@ per rollout chunk) and returns detached python floats, including the total under
         refuse NaN/Inf (NonFiniteError, nothing stepped or written), extra_step_check
         due roles: optimizer.step(); lr_schedule.step(); EMA update   # 4
         log one record; checkpoint on the interval and on the last step   # 5
+            (on several ranks a checkpoint first checks that every replicated role's weights agree over ranks)
 
 `step_fn` must wrap the forward and backward of non-final micro-batches of a DDP role in
 `maybe_no_sync(role.module, enabled=not sync)`, so DDP all-reduces once per step. It backpropagates its micro-batch
@@ -432,7 +433,42 @@ def train_loop(
     return run_state
 
 
+def role_fingerprints(roles: Sequence[Role]) -> dict[str, list[float]]:
+    """Per replicated (non-FSDP) role, [sum, sum of squares] of each trained parameter in float64: equal on every
+    rank exactly when the replicas agree (the same tensors reduced in the same order give the same bits)."""
+    fingerprints = {}
+    with torch.no_grad():
+        for role in roles:
+            if role.is_fsdp:
+                continue
+            values = [torch.stack([param.detach().double().sum(), param.detach().double().pow(2).sum()])
+                      for param in role.parameters]
+            fingerprints[role.name] = torch.stack(values).flatten().cpu().tolist()
+    return fingerprints
+
+
+def replica_mismatches(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[int]]:
+    """{role: ranks whose fingerprint differs from rank 0's} for the roles that disagree."""
+    return {name: [rank for rank, other in enumerate(per_rank) if other[name] != reference]
+            for name, reference in per_rank[0].items()
+            if any(other[name] != reference for other in per_rank[1:])}
+
+
+def check_replicas_agree(roles: Sequence[Role], step: int) -> None:
+    """Collective: raise on every rank when a replicated role's weights differ between ranks (a role whose
+    gradients were not synchronised, or that started from different weights, silently trains several models).
+    FSDP roles are sharded, not replicated, and are skipped."""
+    mismatches = replica_mismatches(all_gather_objects(role_fingerprints(roles)))
+    if mismatches:
+        described = "; ".join(f"{name!r} on rank(s) {ranks}" for name, ranks in mismatches.items())
+        raise RuntimeError(f"step {step}: the replicas of a role differ from rank 0's: {described}. Its gradients are "
+                           "not synchronised over ranks (check the role's grad_sync) or its ranks started from "
+                           "different weights; nothing was written")
+
+
 def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, meta, env, keep_last: int) -> None:
+    if env.world_size > 1:
+        check_replicas_agree(roles, step)
     # The training state goes first: it is a collective and checks finiteness on every rank together. On rank 0 it
     # returns the full model state it gathered for each FSDP-sharded role; that role's inference weights are written
     # from it (not from the shards, and without gathering a second time).

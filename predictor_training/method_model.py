@@ -101,7 +101,7 @@ def build_method_model(source: TeacherSource, args, env: DistEnv, policy: Precis
     --seed). The optimizer is AdamW over one group named `role_name`, with the warmup + cosine schedule."""
     if args.train == "lora":
         model = load_teacher(source, env.device, policy.frozen_dtype)
-        add_lora(model, role_name, args.lora_rank, args.lora_alpha)
+        add_lora(model, role_name, args.lora_rank, args.lora_alpha, seed=args.seed)  # the same on every rank
         set_active_adapter(model, role_name)
         raw_module, grad_sync, adapter_name = AdapterWeights(model, role_name), "all_reduce", role_name
         parameters = lora_parameters(model, role_name)

@@ -119,6 +119,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="base seed (offset by rank)")
     parser.add_argument("--variant", default="toy", help="recorded in checkpoint meta; resume must match")
     parser.add_argument("--backend", default="gloo", choices=["auto", "gloo", "nccl"], help="process-group backend")
+    parser.add_argument("--unsynchronised", action="store_true",
+                        help="no DDP wrapper and grad_sync none: every rank trains its own copy on its own data, which "
+                             "the loop's replica check must refuse at the first checkpoint")
     return parser.parse_args(argv)
 
 
@@ -130,7 +133,7 @@ def train_once(args: argparse.Namespace, env, run_dir: str, stop_at_step: int | 
               "world_size": env.world_size}
     # 1. Model, DDP, optimizer, schedule.
     raw_model = ToyPredictor().to(env.device)
-    ddp_model = wrap_ddp(raw_model, env)
+    ddp_model = raw_model if args.unsynchronised else wrap_ddp(raw_model, env)
     optimizer = build_optimizer(
         {"fusion": list(raw_model.fusion.parameters()), "blocks": list(raw_model.blocks.parameters())},
         {"fusion": 1e-2, "blocks": 1e-3}, betas=(0.9, 0.95), weight_decay=0.01,
@@ -143,7 +146,8 @@ def train_once(args: argparse.Namespace, env, run_dir: str, stop_at_step: int | 
                                  seed=args.seed, drop_last=True)
     batches = ResumableBatches(sampler, dataset, collate, batch_size=args.batch_size, seed=args.seed)
     # 3. Resume last, so nothing draws random numbers between the RNG restore and the first step.
-    role = Role("predictor", raw_model, optimizer, lr_schedule, module=ddp_model)
+    role = Role("predictor", raw_model, optimizer, lr_schedule, module=ddp_model,
+                grad_sync="none" if args.unsynchronised else "ddp")
     run_state = RunState()
     if resume:
         run_state = load_training_state(resume, roles=[role], expect=meta)

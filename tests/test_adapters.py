@@ -36,6 +36,7 @@ from predictor_training.adapters import (
     load_base_state_dict,
     load_lora,
     lora_parameters,
+    lora_state_dict,
     named_lora_parameters,
     read_lora_header,
     save_lora,
@@ -93,6 +94,25 @@ def test_targets_are_the_image_stream_linears_of_every_block():
     assert not isinstance(model_b.double_blocks[0].img_attn_prope_proj, peft.tuners.lora.LoraLayer)
     with pytest.raises(ValueError, match="txt_attn_q"):
         add_lora(make_model("tiny"), "student", rank=4, alpha=8, targets=["txt_attn_q"])
+
+
+def test_adapter_init_comes_from_its_seed_not_the_callers_random_state():
+    """Ranks seed their global RNG differently (seed + rank); an adapter added on each must still be the same, or
+    the replicas of a LoRA role differ from the first step. The caller's random state is left untouched."""
+    adapters = []
+    for global_seed in (0, 1):
+        model = make_model("tiny")
+        torch.manual_seed(global_seed)
+        add_lora(model, "student", rank=4, alpha=4, seed=7)
+        after = torch.rand(1)
+        torch.manual_seed(global_seed)
+        assert torch.equal(after, torch.rand(1)), "add_lora consumed the caller's random numbers"
+        adapters.append(lora_state_dict(model, "student"))
+    assert adapters[0].keys() == adapters[1].keys()
+    assert all(torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])
+    other = make_model("tiny")
+    add_lora(other, "student", rank=4, alpha=4, seed=8)
+    assert any(not torch.equal(adapters[0][name], tensor) for name, tensor in lora_state_dict(other, "student").items())
 
 
 def test_fresh_adapter_is_bit_identical_to_the_base(inputs):

@@ -20,6 +20,7 @@ import fvtools.train_adversarial as adversarial
 import train_predictor_v4
 from predictor_training.checkpoint import read_training_state
 from tests.test_offline_training import read_log, train_args, write_tiny_dataset
+from tests.two_ranks import assert_finished, run_two_ranks
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -202,3 +203,19 @@ def test_rollout_mode_trains_both_roles_on_the_states_the_predictor_visits(tmp_p
         assert record["monitor/teacher_hidden_std"] > 0 and record["discriminator/r1"] > 0
     config = json.loads((run_dir / "train_config.json").read_text())
     assert config["derived"]["recipe"] == "adversarial_rollout"
+
+
+def test_two_ranks_train_both_roles_and_keep_their_replicas_identical(tiny_dataset, tmp_path):
+    """torchrun x2 (gloo), offline pairs: 2 steps with a checkpoint after each. The loop's checkpoint refuses
+    replicas that differ over ranks, so finishing proves the DDP Predictor and the all-reduced discriminator (built
+    from its own stream on every rank) stayed identical on both ranks."""
+    run_dir = tmp_path / "run"
+    result = run_two_ranks("fvtools/train_adversarial.py",
+                           *adversarial_args(tiny_dataset, run_dir, "--adv_weight", "0.5", "--adv_warmup_steps", "0",
+                                             "--r1_every", "1", "--ckpt_every", "1", steps=2))
+    assert_finished(result)
+    assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
+    log = read_log(run_dir)
+    assert [record["step"] for record in log] == [1, 2]
+    assert all(record["updates/discriminator"] == record["step"] for record in log)
+    assert log[1]["adversarial/weight"] == 0.5

@@ -26,6 +26,7 @@ from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource, load_teacher
+from tests.two_ranks import assert_finished, run_two_ranks
 
 CPU = torch.device("cpu")
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
@@ -242,3 +243,20 @@ def test_refuses_the_raw_teacher_as_real_score_without_the_flag_or_below_its_sig
     with pytest.raises(SystemExit):
         dmd2.parse_args([*_argv(world, tmp_path / "bad"), "--real_score", str(tmp_path)])
     assert "expected a model folder with config.json" in capsys.readouterr().err
+
+
+def test_two_ranks_train_both_roles_and_keep_their_replicas_identical(world, tmp_path):
+    """torchrun x2 (gloo): 2 steps (the generator due at step 2), a checkpoint after each. The loop's checkpoint
+    refuses replicas that differ over ranks, so finishing proves the DDP Predictor and the all-reduced fake score
+    stayed identical on both ranks."""
+    run_dir = tmp_path / "run"
+    result = run_two_ranks("fvtools/train_dmd2.py", *_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
+                                                           "--monitor_every", "2"))
+    assert_finished(result)
+    assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
+    log = _log(run_dir)
+    assert [record["step"] for record in log] == [1, 2]
+    assert [record["updates/fake_score"] for record in log] == [1, 2]
+    assert [record["updates/predictor"] for record in log] == [0, 1]
+    assert all(torch.isfinite(torch.tensor(record["critic_loss"])) for record in log)
+    assert "generator_loss" in log[1] and "monitor/std_ratio" in log[1]

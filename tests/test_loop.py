@@ -1,11 +1,9 @@
 """The shared training loop: exact resume (1 process and 2-rank DDP), accumulation, NaN refusal, data, logging."""
 
+import copy
 import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -17,11 +15,12 @@ from torch import nn
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
 from predictor_training.roles import Role
+from tests.two_ranks import assert_finished, run_two_ranks
 from predictor_training.checkpoint import NonFiniteError, RunState, read_training_state, save_training_state
 from predictor_training.distributed import DistEnv
 from predictor_training.logger import MetricsLogger, resolve_swanlab_mode
-from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import TwoGroupLRSchedule, build_optimizer, lr_multiplier
+from predictor_training.loop import ResumableBatches, replica_mismatches, role_fingerprints, train_loop
+from predictor_training.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer, lr_multiplier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOY_SCRIPT = Path(__file__).with_name("ddp_toy_train.py")
@@ -307,12 +306,39 @@ def test_swanlab_api_key_never_reaches_a_file(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ DDP
 def torchrun(*args, timeout=120):
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(TOY_SCRIPT), *args]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    result = run_two_ranks(TOY_SCRIPT, *args, timeout=timeout)
+    assert_finished(result)
     return result
+
+
+def test_replica_check_finds_the_rank_whose_weights_differ():
+    """The checkpoint's cross-rank check compares per-parameter float64 sums and sums of squares: equal weights give
+    equal fingerprints, one changed weight shows on its rank only; FSDP roles are not fingerprinted."""
+    def role_of(module):
+        optimizer = build_optimizer({"all": list(module.parameters())}, {"all": 0.1}, betas=(0.9, 0.99),
+                                    weight_decay=0.0)
+        return Role("predictor", module, optimizer, WarmupCosineSchedule(optimizer, warmup_steps=0, max_steps=4))
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    same = copy.deepcopy(model)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.weight[1, 2] += 1e-6
+    per_rank = [role_fingerprints([role_of(m)]) for m in (model, same, changed)]
+    assert per_rank[0] == per_rank[1]
+    assert replica_mismatches(per_rank) == {"predictor": [2]}
+    assert replica_mismatches(per_rank[:2]) == {}
+
+
+def test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint(tmp_path):
+    """A role whose gradients are never synchronised (no DDP, grad_sync none) trains a different copy on each rank:
+    the first checkpoint stops the run on every rank, naming the role, and writes nothing."""
+    run_dir = tmp_path / "run"
+    result = run_two_ranks(TOY_SCRIPT, "--run_dir", run_dir, "--max_steps", "6", "--unsynchronised", timeout=120)
+    assert result.returncode != 0
+    assert "the replicas of a role differ from rank 0's: 'predictor' on rank(s) [1]" in result.stdout + result.stderr
+    assert not (run_dir / "training_latest.pt").exists()
 
 
 def test_ddp_two_ranks_resume_matches_uninterrupted(tmp_path):
