@@ -19,8 +19,6 @@ import fvtools.train_df_sft as df_sft
 import fvtools.train_kd as kd
 from predictor_training.adapters import load_lora, read_lora_header
 from predictor_training.checkpoint import RunState, read_training_state
-from predictor_training.data import video_latent_build as vb
-from predictor_training.data import video_latent_demo as vd
 from predictor_training.data.ode_cache import (
     COMPLETE_MARKER,
     CacheJob,
@@ -33,8 +31,9 @@ from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.distributed import DistEnv
 from predictor_training.method_model import build_method_model
 from predictor_training.precision import precision_policy
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource
+from tests.method_world import write_method_world
 
 CPU = torch.device("cpu")
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
@@ -45,20 +44,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
-    """A demo-config Teacher folder (random weights, every path active) and a 3-clip video-latent demo dataset."""
-    root = tmp_path_factory.mktemp("fvtools")
-    with torch.random.fork_rng(devices=[]):  # the same Teacher whichever tests ran before
-        torch.manual_seed(0)
-        teacher = WorldPlayTransformer.from_preset("demo")
-    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
-    teacher.save_pretrained(str(root / "teacher"))
-    options = vb.VideoBuildOptions(
-        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
-        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
-        demo=root / "demo", demo_clips=3, demo_holdout=1,
-    )
-    assert vb.run(options) == 0
-    return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}
+    return write_method_world(tmp_path_factory.mktemp("fvtools"))
 
 
 def _df_sft_args(world, out: Path, *extra: str):

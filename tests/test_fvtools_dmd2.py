@@ -17,15 +17,14 @@ import torch
 import fvtools.train_dmd2 as dmd2
 from predictor_training.adapters import add_lora, save_lora
 from predictor_training.checkpoint import RunState, checkpoint_meta, read_training_state, save_inference_weights
-from predictor_training.data import video_latent_build as vb
-from predictor_training.data import video_latent_demo as vd
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.distributed import DistEnv
 from predictor_training.flow_matching import add_noise
 from predictor_training.precision import precision_policy
 from predictor_training.predictor import build_predictor
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource, load_teacher
+from tests.method_world import write_method_world
 from tests.two_ranks import assert_finished, run_two_ranks
 
 CPU = torch.device("cpu")
@@ -37,17 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dmd2")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        teacher = WorldPlayTransformer.from_preset("demo")
-    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
-    teacher.save_pretrained(str(root / "teacher"))
-    options = vb.VideoBuildOptions(
-        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
-        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
-        demo=root / "demo", demo_clips=3, demo_holdout=1,
-    )
-    assert vb.run(options) == 0
+    write_method_world(root)
+    teacher = WorldPlayTransformer.from_pretrained(str(root / "teacher"))
     # A trained-looking Predictor: its zero-initialised output layers made non-zero, so every parameter gets a
     # gradient through the latent path.
     predictor = build_predictor(teacher, "v4", (1, 2))

@@ -16,8 +16,6 @@ from torch import nn
 
 import fvtools.train_nft as nft
 from predictor_training.checkpoint import RunState, read_training_state
-from predictor_training.data import video_latent_build as vb
-from predictor_training.data import video_latent_demo as vd
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.diffusion_nft import OldPolicy, old_policy_decay
 from predictor_training.distributed import DistEnv
@@ -25,8 +23,8 @@ from predictor_training.eval.runtime import VaeDecoder
 from predictor_training.method_model import build_method_model
 from predictor_training.precision import precision_policy
 from predictor_training.rewards import REWARDS, RewardScorer, parse_reward_weights, select_frames
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource
+from tests.method_world import write_method_world
 from tests.two_ranks import assert_finished, run_two_ranks
 
 CPU = torch.device("cpu")
@@ -37,20 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
-    """A demo-config Teacher folder (random weights, every path active) and a 3-clip video-latent demo dataset."""
-    root = tmp_path_factory.mktemp("nft")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        teacher = WorldPlayTransformer.from_preset("demo")
-    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
-    teacher.save_pretrained(str(root / "teacher"))
-    options = vb.VideoBuildOptions(
-        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
-        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
-        demo=root / "demo", demo_clips=3, demo_holdout=1,
-    )
-    assert vb.run(options) == 0
-    return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}
+    return write_method_world(tmp_path_factory.mktemp("nft"))
 
 
 def _argv(world, out: Path, *extra: str) -> list[str]:

@@ -1,0 +1,29 @@
+"""The tiny world the fvtools method tests train on (df_sft, kd, dmd2, nft): built once per test module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from predictor_training.data import video_latent_build as vb
+from predictor_training.data import video_latent_demo as vd
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+
+
+def write_method_world(root: Path) -> dict[str, Path]:
+    """A demo-config Teacher folder (random weights, every path active, the same whichever tests ran before) and a
+    3-clip video-latent demo dataset (two train clips, one holdout) under `root`.
+    Returns {"root", "teacher", "videos"}."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        teacher = WorldPlayTransformer.from_preset("demo")
+    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
+    teacher.save_pretrained(str(root / "teacher"))
+    options = vb.VideoBuildOptions(
+        clips=vd.demo_tables(root / "demo"), encoders=root / "demo" / vd.DEMO_ENCODERS_DIR, out=root / "videos",
+        height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
+        demo=root / "demo", demo_clips=3, demo_holdout=1,
+    )
+    assert vb.run(options) == 0
+    return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}
