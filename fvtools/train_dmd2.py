@@ -587,10 +587,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
         roles = {"teacher": "frozen"}
-        if args.generator == "student":
-            roles["student"] = args.train
+        roles.update({"student": args.train} if args.generator == "student" else {"predictor": "predictor"})
         roles.update({REAL: "frozen", FAKE: args.fake_score_train})
-        print(dry_run_report(args.dry_run, roles, lora_rank=args.lora_rank))
+        print(dry_run_report(args.dry_run, roles, lora_rank=args.lora_rank, predictor_blocks=args.source_blocks))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, naming=run_name)

@@ -19,6 +19,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import safetensors.torch
 import torch
@@ -36,6 +37,7 @@ from predictor_training.distributed import DistEnv, barrier
 from predictor_training.fsdp import full_state_dicts, is_fsdp, shard_model
 from predictor_training.optim import WarmupCosineSchedule, build_optimizer
 from predictor_training.precision import PrecisionPolicy
+from predictor_training.predictor import build_predictor
 from predictor_training.roles import Role
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.model import WorldPlayTransformer
@@ -165,16 +167,23 @@ def _config_arguments(config: str) -> dict:
     return preset_config(config)
 
 
-def dry_run_report(config: str, roles: dict[str, str], *, lora_rank: int, world_size: int = 8) -> str:
+def dry_run_report(config: str, roles: dict[str, str], *, lora_rank: int, world_size: int = 8,
+                   predictor_blocks: Sequence[int] | None = None) -> str:
     """Parameter counts of a method's roles at the size of `config` (a Teacher preset such as worldplay_480p_i2v,
     or a config.json), the model built on the meta device (nothing allocated).
 
-    roles: {role name: "lora" | "full" | "frozen"}. Memory figures: bf16 frozen weights (2 bytes each); a trained
+    roles: {role name: "lora" | "full" | "frozen" | "predictor"} ("predictor": a v4 Predictor on the Teacher's
+    `predictor_blocks`, replicated under DDP). Memory figures: bf16 frozen weights (2 bytes each); a trained
     parameter holds FP32 weight, gradient and two AdamW moments (16 bytes), divided over `world_size` ranks when
     FSDP2 shards it."""
     arguments = _config_arguments(config)
     with torch.device("meta"):
-        total = sum(param.numel() for param in WorldPlayTransformer(**arguments).parameters())
+        teacher = WorldPlayTransformer(**arguments)
+        total = sum(param.numel() for param in teacher.parameters())
+        predictor = 0
+        if predictor_blocks is not None:
+            predictor = sum(param.numel() for param in build_predictor(teacher, "v4", tuple(predictor_blocks)).parameters()
+                            if param.requires_grad)
     lora = count_lora_parameters(arguments, rank=lora_rank)
     lines = [f"Teacher config {config}: {arguments['mm_double_blocks_depth']} double blocks, hidden "
              f"{arguments['hidden_size']}: {total:,} parameters ({2 * total / 1e9:.1f} GB in bf16)",
@@ -183,6 +192,9 @@ def dry_run_report(config: str, roles: dict[str, str], *, lora_rank: int, world_
     for name, mode in roles.items():
         if mode == "lora":
             lines.append(f"role {name}: LoRA rank {lora_rank}: {lora:,} trained parameters on the shared frozen base")
+        elif mode == "predictor":
+            lines.append(f"role {name}: v4 Predictor on Teacher blocks {list(predictor_blocks)}: {predictor:,} trained "
+                         f"parameters ({16 * predictor / 1e9:.1f} GB in FP32 with AdamW, on every rank under DDP)")
         elif mode == "full":
             lines.append(f"role {name}: every parameter: {total:,} trained ({16 * total / 1e9:.0f} GB in FP32 with "
                          f"AdamW: {16 * total / 1e9 / world_size:.1f} GB per rank under FSDP2 on {world_size} ranks)")

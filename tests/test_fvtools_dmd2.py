@@ -250,3 +250,16 @@ def test_two_ranks_train_both_roles_and_keep_their_replicas_identical(world, tmp
     assert [record["updates/predictor"] for record in log] == [0, 1]
     assert all(torch.isfinite(torch.tensor(record["critic_loss"])) for record in log)
     assert "generator_loss" in log[1] and "monitor/std_ratio" in log[1]
+
+
+def test_dry_run_lists_every_role_with_the_predictor_counted_on_its_blocks(capsys):
+    """--dry_run at a preset's size (meta device): the Predictor generator's trained parameters are those of a v4
+    Predictor built on the named Teacher blocks."""
+    assert dmd2.main(["--dry_run", "demo", "--source_blocks", "1,2"]) == 0
+    report = capsys.readouterr().out
+    with torch.device("meta"):
+        expected = sum(param.numel() for param in build_predictor(WorldPlayTransformer.from_preset("demo"), "v4", (1, 2))
+                       .parameters() if param.requires_grad)
+    assert f"role predictor: v4 Predictor on Teacher blocks [1, 2]: {expected:,} trained parameters" in report
+    assert [line.split(":")[0] for line in report.splitlines()[2:]] == [
+        "role teacher", "role predictor", "role real_score", "role fake_score"]
