@@ -34,9 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
+from predictor_training.ar_rollout import RolloutConfig
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
 from predictor_training.data.dataset_config import (
     DATASET_CONFIG_NAME,
@@ -82,8 +80,7 @@ from predictor_training.run_directory import (
     subset_tag,
     write_train_config,
 )
-from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
-from predictor_training.teacher import TextKV
+from predictor_training.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
 from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
 
 VARIANT = "v4"
@@ -231,13 +228,10 @@ class RolloutStep:
             self.step_keys = []
         # 2. The trajectory's static inputs: the exact text K/V of every layer, the image condition, and what the
         #    row's seed gives (noise, memory points).
-        case = self.dataset.load_case(item["case_id"])
-        text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], self.env.device, self.teacher.dtype)
-        inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].to(torch.float32), item["viewmats"],
-                                         item["Ks"], item["action"], state_dtype=self.rollout_config.state_dtype)
+        trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
+                                        predictor=self.model, config=self.rollout_config, settings=self.settings,
+                                        device=self.env.device)
         # 3. Roll out and train.
-        trajectory = SelfRolloutTrajectory(self.teacher, self.model, text_kv, inputs, self.rollout_config,
-                                           settings=self.settings, device=self.env.device)
         metrics = train_trajectory(trajectory, sync=sync)
         gathered = all_gather_objects(metrics["latent_grad_l1_min"])
         metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan

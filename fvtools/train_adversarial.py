@@ -68,7 +68,7 @@ from predictor_training.adversarial import (
     generator_loss,
     r1_penalty,
 )
-from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
+from predictor_training.ar_rollout import RolloutConfig
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
 from predictor_training.data.dataset_config import (
     DATASET_CONFIG_NAME,
@@ -118,8 +118,8 @@ from predictor_training.run_directory import (
     write_train_config,
 )
 from predictor_training.scheduler import FlowMatchEulerScheduler
-from predictor_training.self_rollout import ChunkGraph, SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
-from predictor_training.teacher import ContextKV, TextKV
+from predictor_training.self_rollout import ChunkGraph, SelfRolloutSettings, train_trajectory, trajectory_for_row
+from predictor_training.teacher import ContextKV
 from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
 
 VARIANT = "v4"
@@ -406,12 +406,9 @@ class AdversarialRolloutStep:
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         self.adversary.check_due(due)
         weight = self.adversary.weight()
-        case = self.dataset.load_case(item["case_id"])
-        text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], self.env.device, self.teacher.dtype)
-        inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].to(torch.float32), item["viewmats"],
-                                         item["Ks"], item["action"], state_dtype=self.rollout_config.state_dtype)
-        trajectory = SelfRolloutTrajectory(self.teacher, self.model, text_kv, inputs, self.rollout_config,
-                                           settings=self.settings, device=self.env.device)
+        trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
+                                        predictor=self.model, config=self.rollout_config, settings=self.settings,
+                                        device=self.env.device)
         reals, fakes, timesteps, conditions, generator_terms = [], [], [], [], []
 
         def chunk_hook(graph: ChunkGraph) -> Tensor | None:

@@ -59,7 +59,6 @@ from predictor_training.adapters import (
     read_lora_header,
 )
 from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.camera import make_retrieval_points
 from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
@@ -568,9 +567,7 @@ class DistributionMatchingStep:
         points, on its own history (--rollout self) or on the data history (--rollout data)."""
         with adapter(self.teacher, None):
             text_kv = clip_text_kv(self.teacher, item, self.env.device, self.config.autocast_dtype, grad=False)
-            inputs = RolloutInputs(noise=noise, image_cond=item["image_cond"].float(),
-                                   viewmats=item["viewmats"].double(), Ks=item["Ks"].double(), action=item["action"],
-                                   memory_points=make_retrieval_points(memory_seed))
+            inputs = RolloutInputs.from_clip(item, noise, memory_seed)
             rollout = ARRollout(self.teacher, text_kv, inputs, self.config, device=self.env.device)
             outputs = []
             for chunk_index in range(max(chunks) + 1):

@@ -45,7 +45,6 @@ import torch.distributed as dist
 from predictor_training.adapters import AdapterWeights, adapter, copy_lora
 from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
 from predictor_training.atomic_io import write_json_atomic
-from predictor_training.camera import make_retrieval_points
 from predictor_training.checkpoint import RunState, load_training_state
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
@@ -284,9 +283,7 @@ class NftStep:
         channels, num_latents, height, width = item["latents"].shape
         noise = torch.randn((1, channels, num_latents, height, width),
                             generator=stream_generator(*counters, NOISE_STREAM, sample))
-        return RolloutInputs(noise=noise, image_cond=item["image_cond"].float(), viewmats=item["viewmats"].double(),
-                             Ks=item["Ks"].double(), action=item["action"],
-                             memory_points=make_retrieval_points(self.memory_seed(sample, counters)))
+        return RolloutInputs.from_clip(item, noise, self.memory_seed(sample, counters))
 
     def memory_seed(self, sample: int, counters: tuple[int, ...] | None = None) -> int:
         return stream_seed(*(self.counters() if counters is None else counters), MEMORY_STREAM, sample)

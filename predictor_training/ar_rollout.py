@@ -200,6 +200,14 @@ class RolloutInputs:
             memory_points=make_retrieval_points(int(seed)),
         )
 
+    @classmethod
+    def from_clip(cls, item, noise: Tensor, memory_seed: int) -> "RolloutInputs":
+        """A trajectory on one dataset clip: the clip's conditioning (item's image_cond [1, C, 1, H, W], viewmats
+        [T, 4, 4], Ks [T, 3, 3], action [T]) with the caller's running latents `noise` [1, C, T, H, W] (noise to
+        sample from, or a known history) and the memory-retrieval points of `memory_seed`."""
+        return cls(noise=noise, image_cond=item["image_cond"].float(), viewmats=item["viewmats"].double(),
+                   Ks=item["Ks"].double(), action=item["action"], memory_points=make_retrieval_points(int(memory_seed)))
+
 
 # ---- what one step / one chunk produces ------------------------------------------------------------------------
 @dataclass

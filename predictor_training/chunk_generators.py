@@ -19,9 +19,9 @@ import torch
 
 from predictor_training.adapters import adapter
 from predictor_training.ar_rollout import RolloutConfig, RolloutInputs
-from predictor_training.camera import make_retrieval_points
 from predictor_training.distributed import maybe_no_sync
 from predictor_training.flow_matching import x0_from_velocity
+from predictor_training.scheduler import differentiable_euler_step
 from predictor_training.score_models import ScoreClip, ScoreModel
 from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory
 from predictor_training.teacher_forcing import clip_text_kv
@@ -48,9 +48,7 @@ class CompositeRollout:
         self.teacher, self.predictor, self.data = teacher, predictor, data
         with adapter(teacher, None):
             text_kv = clip_text_kv(teacher, item, device, config.autocast_dtype, grad=False)
-            inputs = RolloutInputs(noise=noise, image_cond=item["image_cond"].float(),
-                                   viewmats=item["viewmats"].double(), Ks=item["Ks"].double(), action=item["action"],
-                                   memory_points=make_retrieval_points(memory_seed))
+            inputs = RolloutInputs.from_clip(item, noise, memory_seed)
             self.trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, config, settings=settings,
                                                     device=device)
             self.trajectory.run_chunk_zero()
@@ -106,14 +104,14 @@ class StudentRollout:
         return contextlib.nullcontext()  # the student's gradients are all-reduced by the loop
 
     def produce(self, chunk_index: int) -> ChunkSample:
-        frames = slice(4 * chunk_index, 4 * chunk_index + 4)
+        frames = self.clip.forced.rollout.chunk_frames(chunk_index)
         latent = self.noise[:, :, frames].to(self.clip.history.device).float()
         exit_step = self.exit_steps[chunk_index]
         size = latent.shape[2]
         with torch.no_grad():
             for step in range(exit_step):
                 velocity = self.clip.velocity(chunk_index, latent, self.sigmas[step].expand(size))
-                latent = latent + (self.sigmas[step + 1] - self.sigmas[step]) * velocity
+                latent = differentiable_euler_step(latent, velocity, self.sigmas, step)
         sigma = self.sigmas[exit_step].expand(size)
         velocity = self.clip.velocity(chunk_index, latent, sigma)
         sample = x0_from_velocity(latent, velocity, sigma[None].to(latent.device))

@@ -89,10 +89,6 @@ class ScoreClip:
             with torch.no_grad():
                 rollout.latents[:, :, :end] = history[:, :, :end].detach().to(rollout.latents.dtype)
 
-    def context_indices(self, chunk_index: int) -> list[int]:
-        """The history frames chunk `chunk_index` sees as context (the AR loop's memory selection)."""
-        return self.forced.rollout.select_context(chunk_index)
-
     def velocity(self, chunk_index: int, noisy: Tensor, sigma: Tensor) -> Tensor:
         """v [1, C, 4, H, W] (float32) for chunk `chunk_index` whose latents are `noisy` [1, C, 4, H, W] at noise
         level `sigma` (per frame [4], timestep 1000 sigma). A graph is kept where grad is enabled."""

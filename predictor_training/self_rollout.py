@@ -292,6 +292,17 @@ class SelfRolloutTrajectory:
         self.next_chunk += 1
 
 
+def trajectory_for_row(item: dict, case: dict, *, teacher: nn.Module, predictor: nn.Module, config: RolloutConfig,
+                       settings: SelfRolloutSettings, device: torch.device) -> SelfRolloutTrajectory:
+    """The self-rollout of one sample-table row (`TrajectoryTableDataset` item: seed, viewmats, Ks, action) of
+    `case` (its stored text K/V of every layer and image condition): the row's seed gives the noise and memory
+    points, exactly as the dataset builder and the eval run it."""
+    text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], device, teacher.dtype)
+    inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].to(torch.float32), item["viewmats"],
+                                     item["Ks"], item["action"], state_dtype=config.state_dtype)
+    return SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, config, settings=settings, device=device)
+
+
 # ---- the training composition ----------------------------------------------------------------------------------
 def latent_grad_l1(graph: ChunkGraph) -> dict[int, float]:
     """{k: sum |d loss / d x_k|} of the tracked latents after the chunk's backward (0.0 where no grad arrived)."""

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.camera import make_retrieval_points
 from predictor_training.precision import autocast
 from predictor_training.teacher import TextKV
 
@@ -91,10 +90,7 @@ class TeacherForcedClip:
         self.autocast_dtype = config.autocast_dtype
         text_kv = clip_text_kv(model, item, device, config.autocast_dtype, grad=False)
         # The running latents of the AR loop start as the known history: every chunk is already final.
-        inputs = RolloutInputs(
-            noise=history.float(), image_cond=item["image_cond"].float(), viewmats=item["viewmats"].double(),
-            Ks=item["Ks"].double(), action=item["action"], memory_points=make_retrieval_points(int(memory_seed)),
-        )
+        inputs = RolloutInputs.from_clip(item, history.float(), memory_seed)
         self.rollout = ARRollout(model, text_kv, inputs, config, device=device)
         self._fixed_text = None if self.text_grad else self.rollout.text_kv
 
