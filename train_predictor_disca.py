@@ -4,6 +4,9 @@ disca: the two copied Teacher blocks see only the text K/V of their source layer
 noisy input with the anchor hidden. Pairs 0-1, 1-2, 2-3 of chunks 1-7 (the user's 8400-pair set; `--include_chunk0`
 adds chunk 0), drawn by a plain DistributedSampler (no bucketing: every item has the same shapes).
 
+The flags and the training itself are train_predictor_v4.py's (`offline_parser`, `train_offline`); this file holds
+what differs: disca's data and presets.
+
 Tiny CPU run (the demo dataset comes from `bash tools/launch_predictor_disca_training.sh`):
 
     python train_predictor_disca.py --preset demo --dataset_root demo_data/dataset --max_steps 20
@@ -19,49 +22,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
 
-import torch
 from torch.utils.data import DistributedSampler
 
-from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
+from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import config_field, read_dataset_config
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs
-from predictor_training.distributed import (
-    DistEnv,
-    cleanup_distributed,
-    init_distributed,
-    log0,
-    seed_everything,
-    wrap_ddp,
-)
-from predictor_training.flags import (
-    add_data_args,
-    add_loss_args,
-    add_optimization_args,
-    add_predictor_args,
-    add_run_args,
-    add_teacher_args,
-    add_tracker_args,
-    check_args,
-    format_pairs,
-    parse_recipe_args,
-)
-from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
-from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import build_optimizer_and_schedule
-from predictor_training.pair_step import pair_step
-from predictor_training.precision import precision_policy
-from predictor_training.predictor import build_predictor
-from predictor_training.roles import Role
-from predictor_training.run_directory import (
-    environment_summary,
-    plan_run,
-    report_run_start,
-    run_config,
-    write_train_config,
-)
-from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
+from predictor_training.runtime.distributed import DistEnv
+from train_predictor_v4 import finish_offline_args, offline_parser, train_offline
 
 VARIANT = "disca"
 
@@ -74,24 +42,12 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The disca offline recipe: every default below is the recipe (train.md § Configuration)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
-    add_teacher_args(parser)
-    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
-    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, scheduler_warmup_steps=100,
-                          block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
-                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
-    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    add_run_args(parser, experiment="predictor_disca", precision="fp32master", ckpt_every=100, keep_last=20,
-                 log_every=1, seed=0)
-    add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    """The offline recipe's flags and defaults (train_predictor_v4.py) plus disca's own."""
+    parser = offline_parser(__doc__, experiment="predictor_disca")
     parser.add_argument_group("disca").add_argument(
         "--include_chunk0", action="store_true",
         help="also train on chunk 0 (the user's recipe used chunks 1-7: 400 trajectories x 7 x 3 = 8400 pairs)")
-    args = parse_recipe_args(parser, argv, PRESETS)
-    check_args(parser, args)
-    return args
+    return finish_offline_args(parser, argv, PRESETS)
 
 
 def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
@@ -116,86 +72,7 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args)
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
-        policy = precision_policy(args.precision, env.device)
-
-        # 2. Data (see build_data).
-        dataset, batches, context_timestep = build_data(args, env)
-
-        # 3. Teacher -> Predictor. The Predictor shares the few frozen Teacher modules it runs; dropping our
-        #    reference to the Teacher frees every other block.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
-        teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
-        log0(describe_teacher(teacher_source, teacher))
-        torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
-        predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
-        teacher_layers = teacher.num_layers
-        del teacher
-        seed_everything(args.seed, rank=env.rank)
-
-        # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule.
-        optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
-
-        # 5. The one trained role: the DDP-wrapped Predictor with its optimizer and schedule. Resume (--resume, or
-        #    the run directory's own unfinished run) restores it and the data position.
-        model = wrap_ddp(predictor, env)
-        role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
-            batches.load_state_dict(run_state.data)
-
-        # 6. Config and summary.
-        global_batch = args.batch_size * env.world_size * args.grad_accum
-        config = run_config(
-            args, run_name=start.run_name, variant=VARIANT, world_size=env.world_size, device=str(env.device),
-            backend=env.backend, global_batch=global_batch, num_pairs=len(dataset),
-            num_trajectories=len(dataset.trajectories), micro_batches_per_epoch=batches.batches_per_epoch(),
-            predictor=predictor.predictor_config(), teacher_double_blocks=teacher_layers,
-            context_timestep=context_timestep, environment=environment_summary(),
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        log_summary(f"offline Predictor training ({VARIANT})", {
-            **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
-                                  first_step=run_state.global_step + 1, stop_step=start.stop_step),
-            "model": f"{VARIANT}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}",
-            "data": f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
-                    f"{len(dataset)} pairs; {batches.batches_per_epoch()} micro-batches per rank per epoch",
-            "batch": f"{args.batch_size} per rank x {env.world_size} ranks x {args.grad_accum} accumulation = "
-                     f"{global_batch} global",
-        })
-
-        # 7. Train: the pair step and the shared loop.
-        step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy,
-                          context_timestep=context_timestep, velocity_weight=args.velocity_weight,
-                          hidden_weight=args.hidden_weight)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            train_loop(
-                roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
-                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
-                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
-                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
-            )
-        return 0
-    finally:
-        cleanup_distributed()
+    return train_offline(parse_args(argv), VARIANT, build_data)
 
 
 if __name__ == "__main__":

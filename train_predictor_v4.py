@@ -20,20 +20,18 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
+from typing import Callable
 
 import torch
 
-from predictor_training.checkpoint import RunState, checkpoint_meta, load_training_state
+from predictor_training.data.batches import ResumableBatches
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches
-from predictor_training.distributed import (
-    DistEnv,
-    cleanup_distributed,
-    init_distributed,
-    log0,
-    seed_everything,
-    wrap_ddp,
-)
-from predictor_training.flags import (
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.pair_step import pair_step
+from predictor_training.runtime.checkpoint import checkpoint_meta
+from predictor_training.runtime.distributed import DistEnv, log0, seed_everything, wrap_ddp
+from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
     add_optimization_args,
@@ -45,21 +43,13 @@ from predictor_training.flags import (
     format_pairs,
     parse_recipe_args,
 )
-from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
-from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import build_optimizer_and_schedule
-from predictor_training.pair_step import pair_step
-from predictor_training.precision import precision_policy
-from predictor_training.predictor import build_predictor
-from predictor_training.roles import Role
-from predictor_training.run_directory import (
-    environment_summary,
-    plan_run,
-    report_run_start,
-    run_config,
-    write_train_config,
-)
-from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.logger import log_summary, recipe_summary_rows
+from predictor_training.runtime.optim import build_optimizer_and_schedule
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import environment_summary, plan_run, run_config, write_train_config
+from predictor_training.teacher.source import describe_teacher, load_teacher
 
 VARIANT = "v4"
 
@@ -71,9 +61,10 @@ PRESETS = {
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The v4 offline recipe: every default below is the recipe (train.md § Configuration)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentParser:
+    """The offline recipe's flags (v4 and disca): every default below is the recipe (train.md § Configuration);
+    `experiment` names the variant's runs."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     add_teacher_args(parser)
     add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
@@ -81,12 +72,21 @@ def parse_args(argv=None) -> argparse.Namespace:
                           block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    add_run_args(parser, experiment="predictor_v4_prefeature", precision="fp32master", ckpt_every=100, keep_last=20,
+    add_run_args(parser, experiment=experiment, precision="fp32master", ckpt_every=100, keep_last=20,
                  log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
-    args = parse_recipe_args(parser, argv, PRESETS)
-    check_args(parser, args)
+    return parser
+
+
+def finish_offline_args(parser: argparse.ArgumentParser, argv, presets: dict) -> argparse.Namespace:
+    """--preset / --config applied, then the cross-flag checks (an error names the flag and exits 2)."""
+    args = parse_recipe_args(parser, argv, presets)
+    check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     return args
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return finish_offline_args(offline_parser(__doc__, experiment="predictor_v4_prefeature"), argv, PRESETS)
 
 
 def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
@@ -101,21 +101,17 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
                            verify=args.verify_dataset, env=env)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+OfflineData = Callable[[argparse.Namespace, DistEnv], tuple[PairDataset, ResumableBatches, float]]
+
+
+def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineData) -> int:
+    """The offline recipe of both variants; `build_data(args, env)` -> (pairs, this rank's batches, the dataset's
+    context timestep) is what differs between them."""
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args)
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
         # 2. Data (see build_data).
@@ -127,7 +123,7 @@ def main(argv=None) -> int:
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
-        predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
+        predictor = build_predictor(teacher, variant, args.source_blocks, args.gradient_checkpointing)
         teacher_layers = teacher.num_layers
         del teacher
         seed_everything(args.seed, rank=env.rank)
@@ -139,16 +135,13 @@ def main(argv=None) -> int:
         #    the run directory's own unfinished run) restores it and the data position.
         model = wrap_ddp(predictor, env)
         role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
-            batches.load_state_dict(run_state.data)
+        meta = checkpoint_meta(variant, args.source_blocks, args.precision)
+        run_state = resume_roles(start, [role], batches, meta)
 
         # 6. Config and summary.
         global_batch = args.batch_size * env.world_size * args.grad_accum
         config = run_config(
-            args, run_name=start.run_name, variant=VARIANT, world_size=env.world_size, device=str(env.device),
+            args, run_name=start.run_name, variant=variant, world_size=env.world_size, device=str(env.device),
             backend=env.backend, global_batch=global_batch, num_pairs=len(dataset),
             num_trajectories=len(dataset.trajectories), micro_batches_per_epoch=batches.batches_per_epoch(),
             predictor=predictor.predictor_config(), teacher_double_blocks=teacher_layers,
@@ -156,10 +149,10 @@ def main(argv=None) -> int:
         )
         if env.is_main:
             write_train_config(start.run_dir, config)
-        log_summary(f"offline Predictor training ({VARIANT})", {
+        log_summary(f"offline Predictor training ({variant})", {
             **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
                                   first_step=run_state.global_step + 1, stop_step=start.stop_step),
-            "model": f"{VARIANT}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}",
+            "model": f"{variant}, source blocks {list(args.source_blocks)}, pairs {format_pairs(args.pairs)}",
             "data": f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
                     f"{len(dataset)} pairs; {batches.batches_per_epoch()} micro-batches per rank per epoch",
             "batch": f"{args.batch_size} per rank x {env.world_size} ranks x {args.grad_accum} accumulation = "
@@ -170,18 +163,13 @@ def main(argv=None) -> int:
         step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy,
                           context_timestep=context_timestep, velocity_weight=args.velocity_weight,
                           hidden_weight=args.hidden_weight)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            train_loop(
-                roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
-                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
-                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
-                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
-            )
-        return 0
-    finally:
-        cleanup_distributed()
+        run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
+                     config=config, meta=meta)
+    return 0
+
+
+def main(argv=None) -> int:
+    return train_offline(parse_args(argv), VARIANT, build_data)
 
 
 if __name__ == "__main__":

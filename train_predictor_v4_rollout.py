@@ -4,9 +4,9 @@ Stage 2 after offline teacher forcing: the Predictor starts from an offline v4 c
 weights only; the optimizer and LR schedule start fresh) and learns on the states it visits itself. Per optimizer
 step every rank rolls out ONE whole trajectory (case, action) of the sample table: chunk 0 F-F-F-F without
 gradients, chunks 1..7 under the schedule it will run in (`--replace_steps`, as the eval's: 1,2,3 = F-P-P-P,
-1,2 = F-P-P-F, 1,3 = F-P-F-P) with a per-chunk backward of chunk_loss / 7 (`predictor_training/self_rollout.py`).
+1,2 = F-P-P-F, 1,3 = F-P-F-P) with a per-chunk backward of chunk_loss / 7 (`predictor_training/predictor/self_rollout.py`).
 `--context_mode incremental` builds every chunk's context from cached per-frame K/V instead of an exact prefill
-(predictor_training/frame_kv_cache.py), as the eval's `--context_modes` runs it.
+(predictor_training/teacher/frame_kv_cache.py), as the eval's `--context_modes` runs it.
 The Teacher labels are computed online on the student's own latents; no stored Teacher trajectory is read, only
 the offline dataset's case files (image condition + exact text K/V of every layer).
 
@@ -30,30 +30,24 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from predictor_training.ar_rollout import RolloutConfig
-from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
 from predictor_training.data.dataset_config import (
     DATASET_CONFIG_NAME,
-    config_field,
-    read_dataset_config,
-    recorded_sample_table,
+    resolve_teacher_source,
 )
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.distributed import (
+from predictor_training.runtime.distributed import (
     DistEnv,
     all_gather_objects,
-    cleanup_distributed,
-    init_distributed,
     log0,
-    seed_everything,
     wrap_ddp,
 )
-from predictor_training.eval.methods import Schedule, parse_replace_steps
-from predictor_training.flags import (
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, parse_replace_steps, Schedule
+from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
     add_optimization_args,
@@ -65,23 +59,23 @@ from predictor_training.flags import (
     parse_subset_cases,
     parse_recipe_args,
 )
-from predictor_training.frame_kv_cache import CONTEXT_MODES
-from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.optim import build_optimizer_and_schedule
-from predictor_training.precision import precision_policy
-from predictor_training.predictor import build_predictor
-from predictor_training.roles import Role
-from predictor_training.run_directory import (
+from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
+from predictor_training.runtime.logger import log_summary, recipe_summary_rows
+from predictor_training.data.trajectory_dataset import trajectory_batches
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.optim import build_optimizer_and_schedule
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.predictor.model import build_predictor
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import (
     environment_summary,
     plan_run,
-    report_run_start,
     run_config,
     subset_tag,
     write_train_config,
 )
-from predictor_training.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
-from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
+from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
+from predictor_training.teacher.source import describe_teacher, load_teacher
 
 VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
@@ -118,14 +112,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                               "--subset_seed) or comma-separated case ids; default: every case (overfit8: 8)")
     rollout.add_argument("--subset_seed", type=int, default=20260721,
                          help="seed of the --subset_cases choice (default %(default)s, the overfit8 run's)")
-    rollout.add_argument("--replace_steps", type=parse_replace_steps, default=(1, 2, 3),
+    rollout.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
                          help="steps the Predictor runs in every trained chunk, as the eval's --replace_steps: "
                               "1,2,3 = F-P-P-P (default), 1,2 = F-P-P-F, 1,3 = F-P-F-P; the others are Full "
                               "Teacher steps, where gradients stop. The run name and checkpoints record it")
     rollout.add_argument("--context_mode", choices=CONTEXT_MODES, default="exact",
                          help="how each chunk's context K/V are built: exact (a Teacher prefill of the selected "
                               "frames, default), incremental (per-frame K/V cached once after each chunk), last_step "
-                              "(the K/V of each chunk's last Full step); predictor_training/frame_kv_cache.py. "
+                              "(the K/V of each chunk's last Full step); predictor_training/teacher/frame_kv_cache.py. "
                               "Recorded in the run name when not exact")
     rollout.add_argument("--init_from", type=Path, default=None,
                          help="Predictor weights to start from: an offline v4 training_latest.pt (its model part only) "
@@ -141,7 +135,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                  keep_last=20, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     args = parse_recipe_args(parser, argv, PRESETS)
-    check_args(parser, args)
+    check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     # Rules only this recipe has.
     if not args.replace_steps:
         parser.error("--replace_steps is empty: a rollout run trains the Predictor on at least one step")
@@ -243,34 +237,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, subset=run_tags(args))
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
-        # 2. Data: one whole trajectory (case, action) per rank per micro-batch; ranks never share one.
-        dataset_config = read_dataset_config(args.dataset_root)
-        sample_table = args.sample_table or recorded_sample_table(args.dataset_root, args.split)
-        dataset = TrajectoryTableDataset(
-            sample_table, dataset_root=args.dataset_root,
-            num_latents=int(config_field(dataset_config, "num_latents", args.dataset_root)),
-            subset_cases=args.subset_cases, subset_seed=args.subset_seed, verify=args.verify_dataset,
-        )
-        batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
-        # The AR loop of the dataset; running latents and Teacher autocast follow --precision.
-        rollout_config = replace(RolloutConfig.from_dataset_config(
-            dataset_config, str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
-            state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
-        ), context_mode=args.context_mode)
-        letters = Schedule(args.replace_steps).letters()
+        # 2. Data: one whole trajectory (case, action) per rank per micro-batch, and the dataset's AR loop (running
+        #    latents and Teacher autocast follow --precision).
+        data = trajectory_batches(args.dataset_root, args.split, env, sample_table=args.sample_table, seed=args.seed,
+                                  num_workers=args.num_workers, verify=args.verify_dataset,
+                                  state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
+                                  subset_cases=args.subset_cases, subset_seed=args.subset_seed,
+                                  context_mode=args.context_mode)
+        dataset, batches, rollout_config = data.dataset, data.batches, data.rollout_config
+        letters = Schedule.for_rollout(args.replace_steps, rollout_config).letters()
         recipe = RECIPE_PREFIX + letters.lower()
 
         # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
@@ -292,17 +272,14 @@ def main(argv=None) -> int:
         model = wrap_ddp(predictor, env)
         role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=recipe)
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
-            batches.load_state_dict(run_state.data)
+        run_state = resume_roles(start, [role], batches, meta)
 
         # 6. Config and summary.
         trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
         config = run_config(
             args, run_name=start.run_name, variant=VARIANT, recipe=recipe, world_size=env.world_size,
             device=str(env.device), backend=env.backend, global_batch=env.world_size * args.grad_accum,
-            sample_table=str(sample_table), num_trajectories=len(dataset), cases=dataset.case_ids,
+            sample_table=str(data.sample_table), num_trajectories=len(dataset), cases=dataset.case_ids,
             num_latents=dataset.num_latents, trained_chunks=trained_chunks, init_meta=init_meta,
             predictor=predictor.predictor_config(), teacher_double_blocks=teacher.num_layers,
             environment=environment_summary(),
@@ -317,7 +294,7 @@ def main(argv=None) -> int:
             "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
                      f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. {'-'.join(letters)}; "
                      f"context {args.context_mode}",
-            "data": f"{sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
+            "data": f"{data.sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
                     f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
                     f"{batches.batches_per_epoch()} per rank per epoch",
             "batch": f"1 trajectory per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
@@ -329,19 +306,9 @@ def main(argv=None) -> int:
                                        replace_steps=tuple(args.replace_steps))
         step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                               settings=settings, env=env)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            train_loop(
-                roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
-                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
-                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
-                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
-                extra_step_check=latent_grad_check(args.replace_steps),
-            )
-        return 0
-    finally:
-        cleanup_distributed()
+        run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
+                     config=config, meta=meta, extra_step_check=latent_grad_check(args.replace_steps))
+    return 0
 
 
 if __name__ == "__main__":

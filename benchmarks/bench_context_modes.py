@@ -8,7 +8,7 @@ For a chunk with n context frames, the context costs:
     last_step     placing n cached frames only
 
 The script times each (best of --repeats, modes interleaved so machine load hits them alike), and prints the
-measured ratio of exact to each mode next to the ratio of their FLOPs (`predictor_training.flops`), for the cost of
+measured ratio of exact to each mode next to the ratio of their FLOPs (`predictor_training.teacher.flops`), for the cost of
 the context alone and for a whole F-F-F-F chunk (context + 4 Full steps). Where measured and FLOP ratios agree, the
 calls run at matmul speed; on the demo world's tiny Teacher they do not (each call costs about the same whatever its
 token count), which is why the demo eval's measured speedups of the cached modes stay far below their bounds.
@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from predictor_training.flops import (
+from predictor_training.teacher.flops import (
     TeacherShape,
     context_assembly_flops,
     context_prefill_flops,
     frame_kv_pass_flops,
     teacher_chunk_step_flops,
 )
-from predictor_training.frame_kv_cache import FrameKVCache
+from predictor_training.teacher.frame_kv_cache import FrameKVCache
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.config import preset_config
 

@@ -5,7 +5,7 @@
 
 For each worker count, ``PairDataset`` -> ``BucketBatchSampler`` -> ``DataLoader(collate_pairs)`` is timed over
 ``--batches`` batches (after ``--warmup`` batches, which absorb worker start-up; workers persist across epochs). When
-``predictor_training.predictor`` is importable, one training step (context projection, forward, loss, backward,
+``predictor_training.predictor.model`` is importable, one training step (context projection, forward, loss, backward,
 AdamW) of a fresh Predictor on a Teacher of preset ``--teacher-preset`` (random weights, CPU fp32) on one such batch
 is timed too, and the loader/step ratio is printed (> 1: the loader keeps up with training). Otherwise the step
 rate is reported as unavailable. Nothing is written except the synthetic dataset, which lives in a temporary folder
@@ -150,8 +150,8 @@ def measure_loader(dataset: PairDataset, args: argparse.Namespace, workers: int)
 
 def measure_train_step(batch: dict, args: argparse.Namespace, context_timestep: float) -> float:
     """Optimizer steps per second of a fresh Predictor on ``batch``: forward (fp32, CPU), loss, backward, AdamW."""
-    from predictor_training.losses import predictor_loss
-    from predictor_training.predictor import build_predictor, text_kv_from_stacked
+    from predictor_training.predictor.loss import predictor_loss
+    from predictor_training.predictor.model import build_predictor, text_kv_from_stacked
     from predictor_training.teacher import WorldPlayTransformer
 
     torch.manual_seed(args.seed)

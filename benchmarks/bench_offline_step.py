@@ -33,17 +33,18 @@ import torch
 
 import train_predictor_disca
 import train_predictor_v4
-from predictor_training.checkpoint import RunState
-from predictor_training.distributed import cleanup_distributed, init_distributed, seed_everything
-from predictor_training.logger import MetricsLogger
-from predictor_training.loop import train_loop
-from predictor_training.losses import predictor_loss
-from predictor_training.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer
-from predictor_training.pair_step import move_batch, pair_step, predict_pairs
-from predictor_training.precision import precision_policy, synchronize
-from predictor_training.predictor import build_predictor
-from predictor_training.roles import Role
-from predictor_training.teacher.source import load_teacher, resolve_teacher_source
+from predictor_training.runtime.checkpoint import RunState
+from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, seed_everything
+from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.runtime.loop import train_loop
+from predictor_training.predictor.loss import predictor_loss
+from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, TwoGroupLRSchedule, build_optimizer
+from predictor_training.predictor.pair_step import move_batch, pair_step, predict_pairs
+from predictor_training.runtime.precision import precision_policy, synchronize
+from predictor_training.predictor.model import build_predictor
+from predictor_training.runtime.roles import Role
+from predictor_training.teacher.source import load_teacher
+from predictor_training.data.dataset_config import resolve_teacher_source
 
 PHASES = ("data", "forward", "backward", "optimizer")
 SCRIPTS = {"v4": train_predictor_v4, "disca": train_predictor_disca}

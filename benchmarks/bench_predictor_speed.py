@@ -2,7 +2,7 @@
 """Predictor step time / full Teacher chunk step time, measured side by side, against the FLOP-count ratio.
 
 The eval reports a FLOP-count bound next to the measured speedup of an accelerated schedule
-(`predictor_training/flops.py`). This benchmark checks that the count predicts real time: on CPU configurations with
+(`predictor_training/teacher/flops.py`). This benchmark checks that the count predicts real time: on CPU configurations with
 8 and 12 Teacher blocks it times one Full chunk step (with context K/V, returning the final hidden, as in the
 rollout) and one Predictor step on the same chunk (v4: context K/V of its source layers + previous-chunk hidden;
 disca: text only), alternating the two calls so that machine load hits both alike, and compares (the fastest of
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from predictor_training.flops import TeacherShape, predictor_step_flops, teacher_chunk_step_flops
-from predictor_training.predictor import build_predictor
+from predictor_training.teacher.flops import TeacherShape, predictor_step_flops, teacher_chunk_step_flops
+from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 
 TOLERANCE = 1.5

@@ -32,10 +32,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from predictor_training.ar_rollout import RolloutInputs, make_initial_noise
-from predictor_training.camera import make_retrieval_points
-from predictor_training.predictor import build_predictor
-from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
+from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 

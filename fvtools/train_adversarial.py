@@ -1,7 +1,7 @@
 """DisCa-style adversarial training of the v4 Predictor: its regression loss plus a conditional discriminator on
 hidden tokens (train.md § 4.4).
 
-Two roles, one loop (predictor_training/loop.py), one checkpoint holding both:
+Two roles, one loop (predictor_training/runtime/loop.py), one checkpoint holding both:
 
 * "predictor": the v4 Predictor exactly as in train_predictor_v4.py (same build, AdamW groups fusion + blocks, warmup +
   cosine schedule, DDP). Per micro-batch:
@@ -10,16 +10,15 @@ Two roles, one loop (predictor_training/loop.py), one checkpoint holding both:
              + w(s) * L_G,   L_G = -mean D(pred_h | t, ctx)                       D's parameters frozen
   w(s) = adv_weight * min(1, s / adv_warmup_steps), s = the Predictor updates done so far (0 at the first step).
   With w(s) = 0 the generator term is not built at all.
-* "discriminator": `HiddenDiscriminator` (predictor_training/adversarial.py) with its own AdamW and cosine schedule
-  over its own updates, due every --discriminator_every steps:
+* "discriminator": `HiddenDiscriminator` (predictor_training/methods/adversarial.py, with its role and `Adversary`)
+  with its own AdamW and cosine schedule over its own updates, due every --discriminator_every steps:
       L_D = mean relu(1 - D(h_T | t, ctx)) + mean relu(1 + D(sg(pred_h) | t, ctx))     hinge
             + r1_weight / 2 * r1_every * E |dD(h_T)/dh_T|^2      lazy R1 on real, on every r1_every-th D update
   Real = the Teacher's final hidden of the step, fake = the Predictor's (detached); the condition is the step's
   timestep and a context summary (the mean over context tokens of the raw V of the later source block, heads
-  concatenated: [B, D]; the same context K/V the Predictor attends to).
-  D's gradients are averaged over ranks by the loop (grad_sync "all_reduce") instead of a DDP wrapper: D runs three
-  forwards per update (real, fake, and R1's input-gradient pass with create_graph), which DDP's reducer does not
-  support. The Predictor's adversarial term uses D only through `functional_call` with detached parameters.
+  concatenated: [B, D]; the same context K/V the Predictor attends to). D's gradients are averaged over ranks by
+  the loop, without a DDP wrapper (`build_discriminator_role` says why). The Predictor's adversarial term uses D only
+  through `functional_call` with detached parameters.
 
 Neither loss reaches the other role's parameters; the loop also refuses gradients on a role that is not due.
 
@@ -27,11 +26,11 @@ Neither loss reaches the other role's parameters; the loop also refuses gradient
   The discriminator is initialised from its own random stream (seed, DISCRIMINATOR_STREAM) and draws nothing
   during training, so with --adv_weight 0 the Predictor's weights and losses equal train_predictor_v4.py's bit
   for bit (tests/test_fvtools_adversarial.py).
---data rollout: on-policy, as train_predictor_v4_rollout.py (predictor_training/self_rollout.py): one trajectory per
-  rank per step, chunk 0 F-F-F-F, chunks 1.. under --replace_steps; every Predictor step gives a fake (its predicted
-  hidden) and a real (the Teacher's hidden on the same state the Predictor visited). The generator term is added
-  to each chunk's loss before that chunk's backward; D trains on all of the trajectory's pairs after it.
-  Needs --init_from (an offline v4 checkpoint).
+--data rollout: on-policy, as train_predictor_v4_rollout.py (`trajectory_dataset.trajectory_batches`, then
+  predictor/self_rollout.py): one trajectory per rank per step, chunk 0 F-F-F-F, chunks 1.. under --replace_steps;
+  every Predictor step gives a fake (its predicted hidden) and a real (the Teacher's hidden on the same state the
+  Predictor visited). The generator term is added to each chunk's loss before that chunk's backward; D trains on
+  all of the trajectory's pairs after it. Needs --init_from (an offline v4 checkpoint).
 
 Health monitors in train_log.jsonl: discriminator/{loss, accuracy, real_logit_mean, fake_logit_mean, r1,
 r1_applied}, adversarial/{weight, generator_loss}, monitor/{hidden_std, teacher_hidden_std, hidden_std_ratio}
@@ -57,38 +56,38 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from predictor_training.adversarial import (
-    HiddenDiscriminator,
-    adversarial_weight,
-    discriminator_loss,
-    generator_loss,
-    r1_penalty,
-)
-from predictor_training.ar_rollout import RolloutConfig
-from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
-from predictor_training.data.dataset_config import (
-    DATASET_CONFIG_NAME,
-    config_field,
-    read_dataset_config,
-    recorded_sample_table,
-)
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
 from predictor_training.data.pair_dataset import v4_pair_batches
-from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.distributed import (
-    DistEnv,
-    cleanup_distributed,
-    init_distributed,
-    log0,
-    maybe_no_sync,
-    seed_everything,
-    wrap_ddp,
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, trajectory_batches
+from predictor_training.methods.adversarial import (
+    DISCRIMINATOR,
+    PREDICTOR,
+    Adversary,
+    adversarial_metrics,
+    build_discriminator,
+    build_discriminator_role,
+    context_summary,
 )
-from predictor_training.eval.methods import Schedule, parse_replace_steps
-from predictor_training.flags import (
+from predictor_training.predictor.loss import predictor_loss
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.pair_step import move_batch, predict_pairs_with_context
+from predictor_training.predictor.self_rollout import (
+    ChunkGraph,
+    SelfRolloutSettings,
+    train_trajectory,
+    trajectory_for_row,
+)
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
+from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
+from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
+from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
+from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
     add_optimization_args,
@@ -100,31 +99,21 @@ from predictor_training.flags import (
     format_pairs,
     parse_recipe_args,
 )
-from predictor_training.logger import MetricsLogger, log_summary, recipe_summary_rows
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.losses import predictor_loss
-from predictor_training.optim import WarmupCosineSchedule, build_optimizer, build_optimizer_and_schedule
-from predictor_training.pair_step import move_batch, predict_pairs_with_context
-from predictor_training.precision import precision_policy
-from predictor_training.predictor import build_predictor
-from predictor_training.random_streams import stream_seed
-from predictor_training.roles import Role
-from predictor_training.run_directory import (
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.logger import log_summary, recipe_summary_rows
+from predictor_training.runtime.optim import build_optimizer_and_schedule
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import (
     environment_summary,
     format_lr,
     plan_run,
-    report_run_start,
     run_config,
     write_train_config,
 )
-from predictor_training.scheduler import FlowMatchEulerScheduler
-from predictor_training.self_rollout import ChunkGraph, SelfRolloutSettings, train_trajectory, trajectory_for_row
-from predictor_training.teacher import ContextKV
-from predictor_training.teacher.source import describe_teacher, load_teacher, resolve_teacher_source
+from predictor_training.teacher.source import describe_teacher, load_teacher
 
 VARIANT = "v4"
-PREDICTOR, DISCRIMINATOR = "predictor", "discriminator"  # the roles
-DISCRIMINATOR_STREAM = 0xD15C  # the discriminator's initialisation stream: stream_seed(seed, DISCRIMINATOR_STREAM)
 DATA_MODES = ("offline", "rollout")
 
 # The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker;
@@ -135,9 +124,25 @@ PRESETS = {
     "demo": ["--experiment", "predictor_v4_adversarial_demo", "--source_blocks", "1,10", "--precision", "fp32",
              "--max_steps", "120", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
              "--batch_size", "8", "--adv_weight", "0.01", "--adv_warmup_steps", "20", "--discriminator_lr", "1e-3",
-             "--r1_every", "4",
-             "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0"],
+             "--r1_every", "4", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0"],
 }
+
+
+def number(kind: type, flag: str, expected: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse `type=` for `flag`: `kind(text)`, refused unless `is_valid(value)` (written so that NaN fails it)
+    with an error naming the flag, the value and the `expected` range."""
+    def parse(text: str):
+        value = kind(text)
+        if not is_valid(value):
+            raise argparse.ArgumentTypeError(f"{flag}={value!r}: expected {expected}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid float value: 'x'" names the type by it
+    return parse
+
+
+def at_least(kind: type, flag: str, low: int) -> Callable[[str], float]:
+    """`number` for `flag` >= `low`."""
+    return number(kind, flag, f">= {low}", lambda value: value >= low)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -154,7 +159,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="Predictor weights to start from: a v4 training_latest.pt (its 'predictor' role) or a "
                            "predictor_step_XXXXX.safetensors; optional with --data offline (default: a fresh "
                            "Predictor, as train_predictor_v4.py), required with --data rollout; not with --resume")
-    data.add_argument("--replace_steps", type=parse_replace_steps, default=(1, 2, 3),
+    data.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
                       help="--data rollout: the steps the Predictor runs in every trained chunk (1,2,3 = F-P-P-P, "
                            "default; as the eval's --replace_steps)")
     data.add_argument("--sample_table", type=Path, default=None,
@@ -166,66 +171,53 @@ def parse_args(argv=None) -> argparse.Namespace:
                           block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    adversarial = parser.add_argument_group("adversarial")
-    adversarial.add_argument("--adv_weight", type=float, default=0.01,
-                             help="weight of the Predictor's adversarial loss -mean D(pred_hidden) after the warm-up; "
-                                  "0 = the v4 regression recipe exactly (the discriminator still trains and is "
-                                  "logged) (default %(default)g)")
-    adversarial.add_argument("--adv_warmup_steps", type=int, default=100,
-                             help="Predictor updates over which the adversarial weight rises linearly from 0 to "
-                                  "--adv_weight; 0 = full weight from the first step (default %(default)s)")
-    adversarial.add_argument("--discriminator_lr", type=float, default=1e-4,
-                             help="peak LR of the discriminator's AdamW (cosine to 0 over its own updates, no "
-                                  "warmup) (default %(default)g)")
-    adversarial.add_argument("--discriminator_every", type=int, default=1,
-                             help="update the discriminator every N loop steps (the Predictor updates every step) "
-                                  "(default %(default)s)")
-    adversarial.add_argument("--discriminator_width", type=int, default=256,
-                             help="width of the discriminator's token layers (default %(default)s)")
-    adversarial.add_argument("--discriminator_adam_beta1", type=float, default=0.0,
-                             help="discriminator AdamW beta1 (default %(default)g)")
-    adversarial.add_argument("--discriminator_adam_beta2", type=float, default=0.99,
-                             help="discriminator AdamW beta2 (default %(default)g)")
-    adversarial.add_argument("--discriminator_weight_decay", type=float, default=0.0,
-                             help="discriminator AdamW weight decay (default %(default)g)")
-    adversarial.add_argument("--discriminator_grad_clip", type=float, default=1.0,
-                             help="global gradient-norm clip of the discriminator; -1 = measure only "
-                                  "(default %(default)g)")
-    adversarial.add_argument("--r1_weight", type=float, default=1.0,
-                             help="gamma of the R1 penalty gamma/2 E|dD(real)/d real|^2 on the Teacher hiddens; "
-                                  "0 = none (default %(default)g)")
-    adversarial.add_argument("--r1_every", type=int, default=16,
-                             help="lazy R1: applied on every N-th discriminator update (the first included), "
-                                  "weighted by N (default %(default)s)")
+    adv = parser.add_argument_group("adversarial")
+    adv.add_argument("--adv_weight", default=0.01, type=at_least(float, "--adv_weight", 0),
+                     help="weight of the Predictor's adversarial loss -mean D(pred_hidden) after the warm-up; 0 = "
+                          "the v4 regression recipe exactly (the discriminator still trains and is logged) "
+                          "(default %(default)g)")
+    adv.add_argument("--adv_warmup_steps", default=100, type=at_least(int, "--adv_warmup_steps", 0),
+                     help="Predictor updates over which the adversarial weight rises linearly from 0 to --adv_weight; "
+                          "0 = full weight from the first step (default %(default)s)")
+    adv.add_argument("--discriminator_lr", default=1e-4,
+                     type=number(float, "--discriminator_lr", "> 0", lambda v: v > 0),
+                     help="peak LR of the discriminator's AdamW (cosine to 0 over its own updates, no warmup) "
+                          "(default %(default)g)")
+    adv.add_argument("--discriminator_every", default=1, type=at_least(int, "--discriminator_every", 1),
+                     help="update the discriminator every N loop steps, N <= --max_steps (the Predictor updates every "
+                          "step) (default %(default)s)")
+    adv.add_argument("--discriminator_width", default=256, type=at_least(int, "--discriminator_width", 1),
+                     help="width of the discriminator's token layers (default %(default)s)")
+    for flag, default in (("--discriminator_adam_beta1", 0.0), ("--discriminator_adam_beta2", 0.99)):
+        adv.add_argument(flag, default=default, type=number(float, flag, "in [0, 1)", lambda v: 0 <= v < 1),
+                         help=f"discriminator AdamW {flag[-5:]} (default %(default)g)")
+    adv.add_argument("--discriminator_weight_decay", default=0.0,
+                     type=at_least(float, "--discriminator_weight_decay", 0),
+                     help="discriminator AdamW weight decay (default %(default)g)")
+    adv.add_argument("--discriminator_grad_clip", default=1.0,
+                     type=number(float, "--discriminator_grad_clip", "> 0, or -1", lambda v: v == -1 or v > 0),
+                     help="global gradient-norm clip of the discriminator; -1 = measure only (default %(default)g)")
+    adv.add_argument("--r1_weight", default=1.0, type=at_least(float, "--r1_weight", 0),
+                     help="gamma of the R1 penalty gamma/2 E|dD(real)/d real|^2 on the Teacher hiddens; 0 = none "
+                          "(default %(default)g)")
+    adv.add_argument("--r1_every", default=16, type=at_least(int, "--r1_every", 1),
+                     help="lazy R1: applied on every N-th discriminator update (the first included), weighted by N "
+                          "(default %(default)s)")
     add_run_args(parser, experiment="predictor_v4_adversarial", precision="fp32master", ckpt_every=100,
                  keep_last=20, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     args = parse_recipe_args(parser, argv, PRESETS)
-    check_args(parser, args)
-    # Rules only this recipe has.
+    check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
+    check_adversarial_args(parser, args)
+    return args
+
+
+def check_adversarial_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The rules only this recipe has, across flags (`parser.error`, exit 2, with every problem found)."""
     problems = []
-    if not args.adv_weight >= 0:
-        problems.append(f"--adv_weight={args.adv_weight!r}: expected >= 0")
-    if not args.adv_warmup_steps >= 0:
-        problems.append(f"--adv_warmup_steps={args.adv_warmup_steps!r}: expected >= 0")
-    if not args.discriminator_lr > 0:
-        problems.append(f"--discriminator_lr={args.discriminator_lr!r}: expected > 0")
-    if not 1 <= args.discriminator_every <= args.max_steps:
+    if args.discriminator_every > args.max_steps:
         problems.append(f"--discriminator_every={args.discriminator_every!r}: expected in [1, max_steps="
                         f"{args.max_steps}]")
-    if not args.discriminator_width >= 1:
-        problems.append(f"--discriminator_width={args.discriminator_width!r}: expected >= 1")
-    for flag in ("discriminator_adam_beta1", "discriminator_adam_beta2"):
-        if not 0 <= getattr(args, flag) < 1:
-            problems.append(f"--{flag}={getattr(args, flag)!r}: expected in [0, 1)")
-    if not args.discriminator_weight_decay >= 0:
-        problems.append(f"--discriminator_weight_decay={args.discriminator_weight_decay!r}: expected >= 0")
-    if not (args.discriminator_grad_clip == -1 or args.discriminator_grad_clip > 0):
-        problems.append(f"--discriminator_grad_clip={args.discriminator_grad_clip!r}: expected > 0, or -1")
-    if not args.r1_weight >= 0:
-        problems.append(f"--r1_weight={args.r1_weight!r}: expected >= 0")
-    if not args.r1_every >= 1:
-        problems.append(f"--r1_every={args.r1_every!r}: expected >= 1")
     if args.data == "rollout":
         if not args.replace_steps:
             problems.append("--replace_steps is empty: a rollout run trains the Predictor on at least one step")
@@ -244,7 +236,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             problems.append(f"--init_from={str(args.init_from)!r}: no such file")
     if problems:
         parser.error("; ".join(problems))
-    return args
 
 
 def run_tag(args: argparse.Namespace) -> str:
@@ -254,79 +245,6 @@ def run_tag(args: argparse.Namespace) -> str:
     return f"{data}_adv{args.adv_weight:g}_dlr{format_lr(args.discriminator_lr)}"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The adversarial pieces every step uses
-# ---------------------------------------------------------------------------------------------------------------
-def context_summary(context: ContextKV) -> Tensor:
-    """The discriminator's context condition [B, D]: the mean over context tokens of the raw V of the last layer of
-    `context` (the later source block), heads concatenated; detached, FP32. context: ContextKV whose layers hold
-    [B, heads, S, head_dim]."""
-    values = context.layers[-1].rope_v.detach().float()
-    return values.mean(dim=2).flatten(1)
-
-
-def hidden_monitors(pred_hidden: Tensor, target_hidden: Tensor) -> dict[str, float]:
-    """Std of the Predictor's hidden against the Teacher's (a flat output shows as hidden_std_ratio -> 0)."""
-    with torch.no_grad():
-        ours, theirs = float(pred_hidden.detach().float().std()), float(target_hidden.detach().float().std())
-    return {"monitor/hidden_std": ours, "monitor/teacher_hidden_std": theirs,
-            "monitor/hidden_std_ratio": ours / max(theirs, 1e-12)}
-
-
-class Adversary:
-    """The discriminator's side of a step, and the Predictor's adversarial weight.
-
-    predictor_role / discriminator_role: this run's roles (their update counts drive the weight warm-up and the lazy
-    R1 cadence, and are restored on resume). discriminator: the raw HiddenDiscriminator (no DDP wrapper).
-    """
-
-    def __init__(self, discriminator: HiddenDiscriminator, predictor_role: Role, discriminator_role: Role, *,
-                 adv_weight: float, adv_warmup_steps: int, r1_weight: float, r1_every: int):
-        self.discriminator = discriminator
-        self.predictor_role = predictor_role
-        self.discriminator_role = discriminator_role
-        self.adv_weight = adv_weight
-        self.adv_warmup_steps = adv_warmup_steps
-        self.r1_weight = r1_weight
-        self.r1_every = r1_every
-
-    def check_due(self, due: frozenset[str]) -> None:
-        if PREDICTOR not in due or not due <= {PREDICTOR, DISCRIMINATOR}:
-            raise ValueError(f"the adversarial recipe trains {PREDICTOR!r} every step and {DISCRIMINATOR!r} on its "
-                             f"cadence; the loop says {sorted(due)} are due")
-
-    def weight(self) -> float:
-        """The adversarial weight of this step: warm-up over the Predictor updates done so far."""
-        return adversarial_weight(self.predictor_role.updates, self.adv_weight, self.adv_warmup_steps)
-
-    def generator_term(self, pred_hidden: Tensor, timestep: Tensor, condition: Tensor) -> Tensor:
-        """-mean D(pred_hidden | timestep, condition) with D's parameters frozen (gradient reaches the Predictor
-        only). pred_hidden [B, N, D], timestep [B], condition [B, D]."""
-        return generator_loss(self.discriminator, pred_hidden.float(), timestep.float(), condition)
-
-    def discriminator_pass(self, real: Tensor, fake: Tensor, timestep: Tensor, condition: Tensor, *,
-                           train: bool) -> dict[str, float]:
-        """Hinge loss of D on real [B, N, D] vs detached fake [B, N, D] (+ lazy R1 on real): backward into D when
-        `train` (D is due), else measured without gradients. Returns the discriminator/* metrics."""
-        real, fake, timestep = real.detach().float(), fake.detach().float(), timestep.detach().float()
-        if not train:
-            with torch.no_grad():
-                _, metrics = discriminator_loss(self.discriminator, real, fake, timestep, condition)
-            return {**metrics, "discriminator/r1_applied": 0.0}
-        loss, metrics = discriminator_loss(self.discriminator, real, fake, timestep, condition)
-        # Lazy R1: on every r1_every-th update of D (counted from its first), weighted by r1_every.
-        apply_r1 = self.r1_weight > 0 and self.discriminator_role.updates % self.r1_every == 0
-        if apply_r1:
-            penalty = r1_penalty(self.discriminator, real, timestep, condition)
-            loss = loss + 0.5 * self.r1_weight * self.r1_every * penalty
-            metrics["discriminator/r1"] = float(penalty.detach())
-        loss.backward()
-        return {**metrics, "discriminator/r1_applied": float(apply_r1)}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# --data offline: the v4 pair step plus the adversarial terms
-# ---------------------------------------------------------------------------------------------------------------
 class AdversarialPairStep:
     """`step_fn` of the loop for --data offline: one micro-batch of stored pairs.
 
@@ -370,17 +288,12 @@ class AdversarialPairStep:
             "regression_loss": float(regression["loss"]),
             "hidden_mse": float(regression["hidden_mse"]),
             "velocity_mse": float(regression["velocity_mse"]),
-            "adversarial/weight": weight,
-            "adversarial/generator_loss": (float(generator.detach()) if generator is not None
-                                           else -metrics["discriminator/fake_logit_mean"]),
-            **hidden_monitors(pred_hidden, batch["target_hidden"]),
+            **adversarial_metrics(weight, None if generator is None else float(generator.detach()), metrics,
+                                  pred_hidden, batch["target_hidden"]),
         })
         return metrics
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# --data rollout: the on-policy trajectory plus the adversarial terms
-# ---------------------------------------------------------------------------------------------------------------
 class AdversarialRolloutStep:
     """`step_fn` of the loop for --data rollout: one trajectory (case, action) per call.
 
@@ -435,37 +348,23 @@ class AdversarialRolloutStep:
         d_metrics = self.adversary.discriminator_pass(real, fake, torch.cat(timesteps), torch.cat(conditions),
                                                       train=DISCRIMINATOR in due)
         regression = metrics.pop("loss")
-        generator = (sum(generator_terms) / len(generator_terms) if generator_terms
-                     else -d_metrics["discriminator/fake_logit_mean"])
+        generator = sum(generator_terms) / len(generator_terms) if generator_terms else None
         metrics.update(d_metrics)
         metrics.update({
             "loss": regression + weight * generator if generator_terms else regression,
             "regression_loss": regression,
-            "adversarial/weight": weight,
-            "adversarial/generator_loss": generator,
-            **hidden_monitors(fake, real),
+            **adversarial_metrics(weight, generator, d_metrics, fake, real),
         })
         return metrics
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# main
-# ---------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, subset=run_tag(args))
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
         # 2. Data: the v4 offline batches, or one whole trajectory per rank per micro-batch.
@@ -479,17 +378,11 @@ def main(argv=None) -> int:
                          "micro-batches per rank per epoch")
             per_rank = f"{args.batch_size} pairs"
         else:
-            dataset_config = read_dataset_config(args.dataset_root)
-            sample_table = args.sample_table or recorded_sample_table(args.dataset_root, args.split)
-            dataset = TrajectoryTableDataset(
-                sample_table, dataset_root=args.dataset_root,
-                num_latents=int(config_field(dataset_config, "num_latents", args.dataset_root)),
-                verify=args.verify_dataset)
-            batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
-            rollout_config = RolloutConfig.from_dataset_config(
-                dataset_config, str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
-                state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
-            data_text = (f"{sample_table}: {len(dataset)} trajectories, chunks 1.. "
+            data = trajectory_batches(args.dataset_root, args.split, env, sample_table=args.sample_table,
+                                      seed=args.seed, num_workers=args.num_workers, verify=args.verify_dataset,
+                                      state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
+            dataset, batches = data.dataset, data.batches
+            data_text = (f"{data.sample_table}: {len(dataset)} trajectories, chunks 1.. "
                          f"{'-'.join(Schedule(args.replace_steps).letters())}; {batches.batches_per_epoch()} per "
                          "rank per epoch")
             per_rank = "1 trajectory"
@@ -511,49 +404,34 @@ def main(argv=None) -> int:
             init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR,
                                            expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
 
-        # 4. The discriminator, from its own random stream: the global RNG (the Predictor's, the data's) is left
-        #    exactly as the v4 recipe leaves it. The same weights on every rank.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(stream_seed(args.seed, DISCRIMINATOR_STREAM))
-            discriminator = HiddenDiscriminator(predictor.hidden_size, width=args.discriminator_width)
-        discriminator = discriminator.to(env.device)
-
-        # 5. Optimizers and schedules: the Predictor's as the v4 recipe's; the discriminator's AdamW with a cosine
-        #    over its own updates.
+        # 4. The roles: the DDP-wrapped Predictor every step, with the v4 recipe's optimizer and schedule; the
+        #    discriminator on its cadence, built from its own random stream (the global RNG is left as the v4 recipe
+        #    leaves it). Resume restores both and the data position.
+        discriminator = build_discriminator(predictor.hidden_size, width=args.discriminator_width, seed=args.seed,
+                                            device=env.device)
         optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
-        d_optimizer = build_optimizer({DISCRIMINATOR: list(discriminator.parameters())},
-                                      {DISCRIMINATOR: args.discriminator_lr},
-                                      betas=(args.discriminator_adam_beta1, args.discriminator_adam_beta2),
-                                      weight_decay=args.discriminator_weight_decay)
-        d_schedule = WarmupCosineSchedule(d_optimizer, warmup_steps=0,
-                                          max_steps=args.max_steps // args.discriminator_every)
-
-        # 6. The roles: the DDP-wrapped Predictor every step; the discriminator on its cadence, its gradients
-        #    averaged over ranks by the loop. Resume restores both and the data position.
+        discriminator_role = build_discriminator_role(
+            discriminator, lr=args.discriminator_lr, weight_decay=args.discriminator_weight_decay,
+            betas=(args.discriminator_adam_beta1, args.discriminator_adam_beta2),
+            grad_clip=args.discriminator_grad_clip, every=args.discriminator_every, max_steps=args.max_steps)
         model = wrap_ddp(predictor, env)
         predictor_role = Role(PREDICTOR, predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        discriminator_role = Role(DISCRIMINATOR, discriminator, d_optimizer, d_schedule,
-                                  every=args.discriminator_every, grad_clip=args.discriminator_grad_clip,
-                                  grad_sync="all_reduce")
         roles = [predictor_role, discriminator_role]
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=roles, expect=meta)
-            batches.load_state_dict(run_state.data)
-        adversary = Adversary(discriminator, predictor_role, discriminator_role, adv_weight=args.adv_weight,
-                              adv_warmup_steps=args.adv_warmup_steps, r1_weight=args.r1_weight,
-                              r1_every=args.r1_every)
+        run_state = resume_roles(start, roles, batches, meta)
+        adversary = Adversary(predictor_role, discriminator_role, adv_weight=args.adv_weight,
+                              adv_warmup_steps=args.adv_warmup_steps, r1_weight=args.r1_weight, r1_every=args.r1_every)
 
-        # 7. Config and summary.
+        # 5. Config and summary.
         global_batch_items = (args.batch_size if args.data == "offline" else 1) * env.world_size * args.grad_accum
+        discriminator_params = sum(p.numel() for p in discriminator.parameters())
         config = run_config(
             args, run_name=start.run_name, variant=VARIANT, recipe=f"adversarial_{args.data}",
             world_size=env.world_size, device=str(env.device), backend=env.backend, global_batch=global_batch_items,
             num_items=len(dataset), micro_batches_per_epoch=batches.batches_per_epoch(), init_meta=init_meta,
             predictor=predictor.predictor_config(), teacher_double_blocks=teacher_layers,
             discriminator={"hidden_size": predictor.hidden_size, "width": args.discriminator_width,
-                           "parameters": sum(p.numel() for p in discriminator.parameters())},
+                           "parameters": discriminator_params},
             environment=environment_summary(),
         )
         if env.is_main:
@@ -566,12 +444,12 @@ def main(argv=None) -> int:
             "adversarial": f"+ w * -mean D(pred_h), w -> {args.adv_weight:g} over {args.adv_warmup_steps} updates; "
                            f"D: hinge + R1 {args.r1_weight:g} every {args.r1_every} D updates, lr "
                            f"{args.discriminator_lr:g}, every {args.discriminator_every} steps, width "
-                           f"{args.discriminator_width} ({config['derived']['discriminator']['parameters']:,} params)",
+                           f"{args.discriminator_width} ({discriminator_params:,} params)",
             "data": data_text,
             "batch": f"{per_rank} per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
         })
 
-        # 8. Train: the step of the data mode and the shared loop.
+        # 6. Train: the step of the data mode and the shared loop.
         if args.data == "offline":
             step_fn = AdversarialPairStep(model=model, predictor=predictor, policy=policy,
                                           context_timestep=context_timestep, adversary=adversary,
@@ -581,20 +459,11 @@ def main(argv=None) -> int:
                                            predictor_autocast_dtype=policy.autocast_dtype,
                                            replace_steps=tuple(args.replace_steps))
             step_fn = AdversarialRolloutStep(model=model, teacher=teacher, dataset=dataset,
-                                             rollout_config=rollout_config, settings=settings,
+                                             rollout_config=data.rollout_config, settings=settings,
                                              adversary=adversary, source_blocks=args.source_blocks, env=env)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            train_loop(
-                roles=roles, batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
-                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
-                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
-                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
-            )
-        return 0
-    finally:
-        cleanup_distributed()
+        run_training(args, start, env, roles=roles, batches=batches, step_fn=step_fn, run_state=run_state,
+                     config=config, meta=meta)
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Per micro-batch every rank takes one clip (video latents, or a Teacher F-F-F-F s
 `--chunks_per_clip` of its chunks, each at its own noise level sigma drawn from `--sigma_sampler` inside
 [--sigma_min, --sigma_max]. Chunk c is noised, `x = (1 - sigma) x0 + sigma n`, and the model predicts the velocity
 `n - x0` given the clip's clean history as context, built exactly as in the AR loop (memory selection on the clip's
-cameras, context prefill at timestep 14, compacted RoPE; `predictor_training/teacher_forcing.py`), with the clip's
+cameras, context prefill at timestep 14, compacted RoPE; `predictor_training/rollout/teacher_forcing.py`), with the clip's
 camera/action and text conditioning. Loss: the FP32 mean squared error, averaged over the trained chunks, with one
 backward per chunk (only the last chunk's backward of the last micro-batch reduces gradients across ranks).
 
@@ -27,45 +27,45 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.ar_rollout import RolloutConfig
-from predictor_training.checkpoint import RunState, load_training_state
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.runtime.checkpoint import RunState
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.teacher_samples import TeacherSampleDataset
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.distributed import DistEnv, cleanup_distributed, init_distributed, log0, seed_everything
-from predictor_training.flags import (
+from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.flags import (
     add_method_model_args,
     add_method_optimization_args,
     add_run_args,
-    add_sigma_args,
     add_tracker_args,
     check_args,
     parse_recipe_args,
 )
-from predictor_training.flow_matching import add_noise, sample_sigmas, velocity_target
-from predictor_training.fsdp import gradient_sync
-from predictor_training.logger import MetricsLogger, log_summary, method_summary_rows
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.method_model import (
+from predictor_training.methods.flow_matching import add_sigma_args, add_noise, sample_sigmas, velocity_target
+from predictor_training.runtime.fsdp import gradient_sync
+from predictor_training.runtime.logger import log_summary, method_summary_rows
+from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.methods.method_model import (
     MethodModel,
     build_method_model,
     dry_run_report,
     export_method_model,
     method_meta,
 )
-from predictor_training.precision import precision_policy
-from predictor_training.random_streams import ALL_RANKS, stream_generator, stream_seed
-from predictor_training.run_directory import (
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
+from predictor_training.runtime.run_directory import (
     environment_summary,
     method_run_name,
     plan_run,
-    report_run_start,
     run_config,
     write_train_config,
 )
 from predictor_training.teacher.source import TeacherSource, describe_teacher
-from predictor_training.teacher_forcing import TeacherForcedClip, draw_training_chunks
+from predictor_training.rollout.teacher_forcing import TeacherForcedClip, draw_training_chunks
+from predictor_training.teacher.config import DISTILLED_SHIFT
 
 METHOD = "df_sft"
 ROLE = "student"
@@ -100,7 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--verify_dataset", action="store_true",
                       help="check size and sha256 of every dataset file before training (each tensor's checksum is "
                            "checked when it is read in any case)")
-    add_sigma_args(parser, sampler="uniform", sigma_min=0.0, sigma_max=1.0, shift=5.0, logit_mean=0.0, logit_std=1.0)
+    add_sigma_args(parser, sampler="uniform", sigma_min=0.0, sigma_max=1.0, shift=DISTILLED_SHIFT, logit_mean=0.0, logit_std=1.0)
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
                           gradient_checkpointing=True, context_grad=True)
     add_method_optimization_args(parser, lr=1e-4, max_steps=2000, warmup_steps=100, grad_accum=1, weight_decay=0.01,
@@ -194,17 +194,9 @@ def main(argv=None) -> int:
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, naming=method_run_name)
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
         # 2. Data: one clip per rank per micro-batch.
@@ -216,10 +208,7 @@ def main(argv=None) -> int:
         method_model = build_method_model(source, args, env, policy, role_name=ROLE)
         log0(describe_teacher(source, method_model.model))
         meta = method_meta(METHOD, args)
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=[method_model.role], expect=meta)
-            batches.load_state_dict(run_state.data)
+        run_state = resume_roles(start, [method_model.role], batches, meta)
 
         # 4. Config and summary.
         config = run_config(
@@ -242,21 +231,11 @@ def main(argv=None) -> int:
 
         # 5. Train, then export the result (a LoRA file or a Teacher folder).
         step_fn = DiffusionForcingStep(method_model, rollout_config, args, env, run_state)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            run_state = train_loop(
-                roles=[method_model.role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
-                run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
-                grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
-                log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
-                progress=not args.no_progress,
-            )
+        run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
+                                 run_state=run_state, config=config, meta=meta)
         exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} model: {exported}")
-        return 0
-    finally:
-        cleanup_distributed()
+    return 0
 
 
 if __name__ == "__main__":

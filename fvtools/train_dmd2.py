@@ -15,7 +15,7 @@ Rollout (`--rollout`): `self` (Self-Forcing) generates every chunk on the genera
 scores see that same history as context. `data` (teacher forcing) gives the generator and the scores the clip's
 data latents as history. Either way the scores see the generator's chunk x̂ as the chunk's clean latents, noised at
 a sigma drawn inside [--score_sigma_min, --score_sigma_max] (resampled, never clamped), with the chunk's camera,
-action and text and the history's context, exactly as the AR loop builds them (predictor_training/score_models.py).
+action and text and the history's context, exactly as the AR loop builds them (methods/score_models.py).
 
 Per chunk, from ONE generator sample x̂ (FastVideo draws a second rollout for the critic; we do not):
 
@@ -33,10 +33,12 @@ temporal-delta energy ratios, whole clip and per chunk).
 Real score (`--real_score`): a df_sft run's exported model folder (or the run folder), or a LoRA file on
 --teacher. `--real_score teacher` (the raw distilled Teacher, which was trained only at sigma in [0.625, 1]) needs
 `--allow_raw_teacher_score` and --score_sigma_min >= 0.625. The fake score starts as a copy of the real score: a
-LoRA adapter (`--fake_score_train lora`) or every parameter of a copy (`full`, tiny models only: not sharded).
+LoRA adapter (`--fake_score_train lora`) or every parameter of a copy (`full`, tiny models only: not sharded). The
+models and roles are built in predictor_training/methods/dmd2_models.py, the losses in methods/dmd2.py.
 
     python fvtools/train_dmd2.py --teacher TEACHER --dataset_root VIDEO_LATENTS --real_score DF_SFT_RUN/model \\
         --init_from ROLLOUT_RUN/training_latest.pt
+    python fvtools/train_dmd2.py --dry_run worldplay_480p_i2v      # parameter counts at real size, no memory
     bash tools/launch_fvtools_dmd2.sh        # 8 GPUs; without GPU and data: the CPU demo
 """
 
@@ -49,71 +51,38 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.adapters import (
-    AdapterWeights,
-    add_lora,
-    adapter,
-    copy_lora,
-    load_lora,
-    lora_parameters,
-    read_lora_header,
-)
-from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.checkpoint import RunState, checkpoint_meta, load_model_weights, load_training_state
+from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.distribution_matching import critic_loss, dmd_generator_loss, dmd_gradient
-from predictor_training.distributed import (
-    DistEnv,
-    cleanup_distributed,
-    init_distributed,
-    log0,
-    seed_everything,
-    wrap_ddp,
-)
-from predictor_training.eval.methods import Schedule, parse_replace_steps
-from predictor_training.flags import (
-    add_loss_args,
-    add_method_model_args,
-    add_method_optimization_args,
-    add_run_args,
-    add_tracker_args,
-    check_args,
-    parse_recipe_args,
-    parse_source_blocks,
-)
-from predictor_training.flow_matching import SIGMA_SAMPLERS, add_noise, sample_sigmas
-from predictor_training.generation_monitors import collapse_monitors
-from predictor_training.logger import MetricsLogger, log_summary
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.method_model import MethodModel, build_fresh_model, dry_run_report, export_method_model
-from predictor_training.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer
-from predictor_training.precision import precision_policy
-from predictor_training.predictor import build_predictor
-from predictor_training.random_streams import ALL_RANKS, stream_generator, stream_seed
-from predictor_training.roles import Role
-from predictor_training.run_directory import (
-    device_tag,
-    environment_summary,
-    format_lr,
-    plan_run,
-    report_run_start,
-    run_config,
-    write_train_config,
-)
-from predictor_training.scheduler import flow_match_sigmas
-from predictor_training.chunk_generators import CompositeRollout, StudentRollout
-from predictor_training.score_models import ScoreModel
-from predictor_training.self_rollout import SelfRolloutSettings
+from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
+from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
+from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, RAW_TEACHER, REAL, build_predictor_role,
+                                                   build_scores, build_student, resolve_real_score)
+from predictor_training.methods.flow_matching import SIGMA_SAMPLERS, add_noise, sample_sigmas
+from predictor_training.methods.method_model import dry_run_report, export_method_model
+from predictor_training.methods.monitors import collapse_monitors
+from predictor_training.methods.score_models import ScoreModel
+from predictor_training.predictor.self_rollout import SelfRolloutSettings
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
+from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR, flow_match_sigmas
+from predictor_training.rollout.teacher_forcing import draw_training_chunks
+from predictor_training.runtime.checkpoint import RunState, checkpoint_meta
+from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.flags import (add_loss_args, add_method_model_args, add_method_optimization_args,
+                                             add_run_args, add_tracker_args, check_args, parse_recipe_args,
+                                             parse_source_blocks)
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.logger import log_summary
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, plan_run,
+                                                     run_config, write_train_config)
+from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
-from predictor_training.teacher_forcing import clip_text_kv, draw_training_chunks
 
 METHOD = "dmd2"
-FAKE = "fake_score"
-REAL = "real_score"
-RAW_TEACHER = "teacher"  # --real_score teacher: the distilled Teacher itself
-RAW_TEACHER_SIGMA_MIN = 0.625  # the distilled 4-step schedule at shift 5 saw sigma in [0.625, 1] only
-PREDICTOR_VARIANT = "v4"
 
 PRESETS = {
     # The CPU demo on the demo world: DMD2 on the F-P-P-P composite (blocks 1,10 of the 12-block world Teacher,
@@ -127,6 +96,24 @@ PRESETS = {
 }
 
 
+def _in_range(kind, ok, expected: str):
+    """A `type=` for a flag whose value alone must satisfy `ok`; argparse names the flag in its error."""
+    def parse(text: str):
+        value = kind(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # a non-number reads "invalid int value: 'x'"
+    return parse
+
+
+AT_LEAST_ONE = _in_range(int, lambda value: value >= 1, ">= 1")
+POSITIVE = _in_range(float, lambda value: value > 0, "> 0")
+NON_NEGATIVE = _in_range(float, lambda value: value >= 0, ">= 0")
+ADAM_BETA = _in_range(float, lambda value: 0 <= value < 1, "in [0, 1)")
+GRAD_CLIP = _in_range(float, lambda value: value == -1 or value > 0, "> 0, or -1")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The dmd2 recipe: every default below is the recipe (train.md § 4.3)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,7 +122,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="video-latent dataset (tools/build_video_latent_dataset.py: video_dataset_config.json): "
                            "the clips' conditioning, and their latents as history with --rollout data; required")
     data.add_argument("--split", type=str, default="train", help="manifest split to train on (default %(default)s)")
-    data.add_argument("--chunks_per_clip", type=int, default=4,
+    data.add_argument("--chunks_per_clip", type=AT_LEAST_ONE, default=4,
                       help="--generator student --rollout data: chunks of each clip trained per micro-batch "
                            "(default %(default)s; the self rollout and the Predictor composite run every chunk)")
     data.add_argument("--num_workers", type=int, default=2,
@@ -150,10 +137,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="self: Self-Forcing, every chunk on the generator's own detached history (also the "
                           "scores' context); data: teacher forcing, the clip's data latents as history "
                           "(default %(default)s)")
-    gen.add_argument("--generator_every", type=int, default=5,
+    gen.add_argument("--generator_every", type=AT_LEAST_ONE, default=5,
                      help="update the generator every N loop steps (the fake score every step); when not due, its "
                           "rollout runs without a graph and only the critic trains (default %(default)s)")
-    gen.add_argument("--anchor_weight", type=float, default=None,
+    gen.add_argument("--anchor_weight", type=NON_NEGATIVE, default=None,
                      help="weight of the regression anchor to the Teacher added to the generator loss (default: 1 "
                           "for --generator predictor, its composite's own Predictor-vs-Teacher loss; 0 for student, "
                           "where it is the mse of the student's x0 estimate against the Teacher's)")
@@ -163,7 +150,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--source_blocks", type=parse_source_blocks, default=parse_source_blocks("1,52"),
                      help="--generator predictor: the Predictor's two source blocks (default 1,52; must match "
                           "--init_from)")
-    gen.add_argument("--replace_steps", type=parse_replace_steps, default=(1, 2, 3),
+    gen.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
                      help="--generator predictor: steps the Predictor runs in every chunk after chunk 0 (default "
                           "1,2,3 = F-P-P-P); the chunk's sample is its final latent, what the user sees")
     gen.add_argument("--fusion_lr", type=float, default=1e-5,
@@ -173,9 +160,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--block_warmup_steps", type=int, default=-1,
                      help="--generator predictor: generator updates with the blocks held at LR 0; -1 = none "
                           "(default %(default)s)")
-    gen.add_argument("--student_steps", type=int, default=4,
+    gen.add_argument("--student_steps", type=AT_LEAST_ONE, default=4,
                      help="--generator student: denoising steps per chunk (default %(default)s)")
-    gen.add_argument("--student_shift", type=float, default=5.0,
+    gen.add_argument("--student_shift", type=POSITIVE, default=DISTILLED_SHIFT,
                      help="--generator student: schedule shift (default %(default)g: the distilled 4-step one)")
     gen.add_argument("--exit_step", choices=("uniform", "last"), default="uniform",
                      help="--generator student: the step whose x0 estimate is the chunk's sample, drawn per chunk "
@@ -188,27 +175,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "'teacher' (the raw distilled Teacher: needs --allow_raw_teacher_score); required")
     scores.add_argument("--allow_raw_teacher_score", action="store_true",
                         help="allow --real_score teacher; its x - sigma v is a sample-like jump, not a posterior "
-                             f"mean, and it is untrained below sigma {RAW_TEACHER_SIGMA_MIN}")
+                             f"mean, and it is untrained below sigma {DISTILLED_SIGMA_FLOOR}")
     scores.add_argument("--fake_score_train", choices=("lora", "full"), default="lora",
                         help="fake score: a LoRA adapter (--lora_rank/--lora_alpha; from the real score's adapter "
                              "when that is a LoRA) on the real score's frozen base, or a full copy of the real score "
                              "(small models only: replicated, not sharded) (default %(default)s)")
-    scores.add_argument("--fake_score_lr", type=float, default=1e-5,
+    scores.add_argument("--fake_score_lr", type=POSITIVE, default=1e-5,
                         help="fake score peak LR (default %(default)g)")
-    scores.add_argument("--fake_score_adam_beta1", type=float, default=0.0,
+    scores.add_argument("--fake_score_adam_beta1", type=ADAM_BETA, default=0.0,
                         help="fake score AdamW beta1 (default %(default)g, as DMD2)")
-    scores.add_argument("--fake_score_adam_beta2", type=float, default=0.999,
+    scores.add_argument("--fake_score_adam_beta2", type=ADAM_BETA, default=0.999,
                         help="fake score AdamW beta2 (default %(default)g)")
-    scores.add_argument("--fake_score_grad_clip", type=float, default=1.0,
+    scores.add_argument("--fake_score_grad_clip", type=GRAD_CLIP, default=1.0,
                         help="fake score gradient-norm clip, -1 = measure only (default %(default)g)")
     scores.add_argument("--score_sigma_sampler", choices=SIGMA_SAMPLERS, default="shifted",
                         help="distribution of the scores' and the critic's noise levels, drawn inside the bounds "
                              "(default %(default)s)")
     scores.add_argument("--score_sigma_min", type=float, default=0.02, help="lowest score sigma (default %(default)g)")
     scores.add_argument("--score_sigma_max", type=float, default=0.98, help="highest score sigma (default %(default)g)")
-    scores.add_argument("--score_sigma_shift", type=float, default=5.0,
+    scores.add_argument("--score_sigma_shift", type=POSITIVE, default=DISTILLED_SHIFT,
                         help="shift of --score_sigma_sampler shifted (default %(default)g)")
-    scores.add_argument("--monitor_every", type=int, default=10,
+    scores.add_argument("--monitor_every", type=AT_LEAST_ONE, default=10,
                         help="every N loop steps, roll out the Teacher F-F-F-F on the same noise and log the "
                              "collapse monitors (default %(default)s)")
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
@@ -251,25 +238,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Rules only this recipe has (parser.error naming the flag and the expected value)."""
-    for flag in ("generator_every", "monitor_every", "chunks_per_clip", "student_steps"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag}={getattr(args, flag)}: expected >= 1")
-    if args.max_steps // args.generator_every < 1:
+    """Cross-flag rules only this recipe has (parser.error naming the flags and the expected values); resolves
+    --real_score into `args.real_score_kind` ("teacher" | "lora" | "model") and `args.real_score_path`."""
+    updates, warmup = args.max_steps // args.generator_every, args.warmup_steps // args.generator_every
+    if updates < 1:
         parser.error(f"--max_steps={args.max_steps} --generator_every={args.generator_every}: the generator would "
                      "never be updated")
-    if args.warmup_steps // args.generator_every >= args.max_steps // args.generator_every:
-        parser.error(f"--warmup_steps={args.warmup_steps}: the generator's warmup "
-                     f"({args.warmup_steps // args.generator_every} updates) must be shorter than its "
-                     f"{args.max_steps // args.generator_every} updates")
-    for flag in ("anchor_weight", "fake_score_lr", "student_shift", "score_sigma_shift"):
-        if not getattr(args, flag) >= 0 or (flag != "anchor_weight" and getattr(args, flag) == 0):
-            parser.error(f"--{flag}={getattr(args, flag)}: expected {'>= 0' if flag == 'anchor_weight' else '> 0'}")
-    for flag in ("fake_score_adam_beta1", "fake_score_adam_beta2"):
-        if not 0 <= getattr(args, flag) < 1:
-            parser.error(f"--{flag}={getattr(args, flag)}: expected in [0, 1)")
-    if not (args.fake_score_grad_clip == -1 or args.fake_score_grad_clip > 0):
-        parser.error(f"--fake_score_grad_clip={args.fake_score_grad_clip}: expected > 0, or -1")
+    if warmup >= updates:
+        parser.error(f"--warmup_steps={args.warmup_steps}: the generator's warmup ({warmup} updates) must be shorter "
+                     f"than its {updates} updates")
     if not 0 <= args.score_sigma_min < args.score_sigma_max <= 1:
         parser.error(f"--score_sigma_min={args.score_sigma_min} --score_sigma_max={args.score_sigma_max}: expected "
                      "0 <= min < max <= 1")
@@ -279,10 +256,11 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error("--real_score teacher: the distilled 4-step Teacher is not a score model (its x - sigma v "
                          "is a sample-like jump, trained only at sigma in [0.625, 1]); train a real score with "
                          "fvtools/train_df_sft.py and pass its model, or add --allow_raw_teacher_score")
-        if args.score_sigma_min < RAW_TEACHER_SIGMA_MIN:
+        if args.score_sigma_min < DISTILLED_SIGMA_FLOOR:
             parser.error(f"--score_sigma_min={args.score_sigma_min} with --real_score teacher: the raw Teacher was "
-                         f"trained only at sigma >= {RAW_TEACHER_SIGMA_MIN} (4 steps at shift 5); expected "
-                         f"--score_sigma_min >= {RAW_TEACHER_SIGMA_MIN}")
+                         f"trained only at sigma >= {DISTILLED_SIGMA_FLOOR} (4 steps at shift 5); expected "
+                         f"--score_sigma_min >= {DISTILLED_SIGMA_FLOOR}")
+        args.real_score_kind, args.real_score_path = RAW_TEACHER, None
     else:
         try:
             args.real_score_kind, args.real_score_path = resolve_real_score(Path(args.real_score))
@@ -291,9 +269,7 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if args.real_score_kind == "lora" and args.fake_score_train == "full":
             parser.error("--fake_score_train full with a LoRA --real_score: a full fake score needs a model folder; "
                          "use --fake_score_train lora (initialised from the real score's adapter)")
-    if args.real_score == RAW_TEACHER:
-        args.real_score_kind, args.real_score_path = RAW_TEACHER, None
-    # The generator.
+    # The generator (check_args has checked --fusion_lr and --blocks_lr > 0).
     if args.generator == "predictor":
         if not args.replace_steps:
             parser.error("--replace_steps is empty: the Predictor must run at least one step")
@@ -306,27 +282,8 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                          "predictor_step_XXXXX.safetensors)")
         if args.init_from is not None and not args.init_from.is_file():
             parser.error(f"--init_from={str(args.init_from)!r}: no such file")
-        for flag in ("fusion_lr", "blocks_lr"):
-            if not getattr(args, flag) > 0:
-                parser.error(f"--{flag}={getattr(args, flag)}: expected > 0")
     elif args.init_from is not None:
         parser.error("--init_from is for --generator predictor; a student starts from the Teacher (--train)")
-
-
-def resolve_real_score(path: Path) -> tuple[str, Path]:
-    """("model", folder with config.json) or ("lora", adapter file) for --real_score (ValueError when neither)."""
-    if path.is_file():
-        read_lora_header(path)  # ValueError unless it is an adapter file
-        return "lora", path
-    if (path / "config.json").is_file():
-        return "model", path
-    if (path / "model" / "config.json").is_file():
-        return "model", path / "model"
-    loras = sorted(path.glob("lora_*.safetensors")) if path.is_dir() else []
-    if len(loras) == 1:
-        return "lora", loras[0]
-    raise ValueError("expected a model folder with config.json, a df_sft run folder with model/ or one "
-                     "lora_*.safetensors, a LoRA adapter file, or 'teacher'")
 
 
 def run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
@@ -346,98 +303,6 @@ def run_name(args: argparse.Namespace, *, world_size: int, device_type: str, sub
     return "_".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Models and roles
-# ---------------------------------------------------------------------------------------------------------------
-def role_schedule(args, optimizer, every: int, *, two_groups: bool):
-    """The role's warmup + cosine over its own updates (max_steps // every; warmup_steps // every)."""
-    updates, warmup = args.max_steps // every, args.warmup_steps // every
-    if two_groups:
-        return TwoGroupLRSchedule(optimizer, warmup_steps=warmup, max_steps=updates,
-                                  block_warmup_steps=args.block_warmup_steps)
-    return WarmupCosineSchedule(optimizer, warmup_steps=warmup, max_steps=updates)
-
-
-def trainable_copy(folder: Path, origin: str, device: torch.device) -> torch.nn.Module:
-    """Every parameter of the model in `folder`, FP32 and trainable."""
-    return load_teacher(TeacherSource(folder, None, origin, None), device, torch.float32).requires_grad_(True).train()
-
-
-def build_scores(args, teacher, env: DistEnv, policy) -> tuple[ScoreModel, ScoreModel, Role]:
-    """(real score, fake score, the fake score's role): the fake score starts equal to the real score."""
-    if args.real_score_kind == RAW_TEACHER:
-        real = ScoreModel(teacher, None, REAL)
-    elif args.real_score_kind == "lora":
-        load_lora(teacher, args.real_score_path, REAL, trainable=False)
-        real = ScoreModel(teacher, REAL, REAL)
-    else:
-        model = load_teacher(TeacherSource(args.real_score_path, None, "--real_score", None), env.device,
-                             policy.frozen_dtype)
-        real = ScoreModel(model, None, REAL)
-    if args.fake_score_train == "lora":
-        if real.adapter_name is not None:
-            copy_lora(real.model, real.adapter_name, FAKE, trainable=True)
-        else:
-            add_lora(real.model, FAKE, args.lora_rank, args.lora_alpha, seed=args.seed)
-        fake = ScoreModel(real.model, FAKE, FAKE)
-        raw_module, parameters = AdapterWeights(real.model, FAKE), lora_parameters(real.model, FAKE)
-        real.model.set_gradient_checkpointing(args.gradient_checkpointing)
-    else:
-        folder = args.teacher if args.real_score_kind == RAW_TEACHER else args.real_score_path
-        model = trainable_copy(folder, "--real_score (fake score copy)", env.device)
-        model.set_gradient_checkpointing(args.gradient_checkpointing)
-        fake = ScoreModel(model, None, FAKE)
-        raw_module, parameters = model, [param for param in model.parameters() if param.requires_grad]
-    optimizer = build_optimizer({FAKE: parameters}, {FAKE: args.fake_score_lr},
-                                betas=(args.fake_score_adam_beta1, args.fake_score_adam_beta2),
-                                weight_decay=args.weight_decay)
-    role = Role(FAKE, raw_module, optimizer, role_schedule(args, optimizer, 1, two_groups=False),
-                grad_clip=args.fake_score_grad_clip, grad_sync="all_reduce")
-    return real, fake, role
-
-
-def build_student(args, teacher, env: DistEnv) -> tuple[ScoreModel, Role, MethodModel]:
-    """The few-step student: adapter "student" on the Teacher, or every parameter of a Teacher-shaped model."""
-    if args.train == "lora":
-        add_lora(teacher, "student", args.lora_rank, args.lora_alpha, seed=args.seed)
-        model, adapter_name = teacher, "student"
-        raw_module, parameters = AdapterWeights(teacher, "student"), lora_parameters(teacher, "student")
-    else:
-        if args.init_weights == "teacher":
-            model = trainable_copy(args.teacher, "--teacher", env.device)
-        else:
-            model = build_fresh_model(TeacherSource(args.teacher, None, "--teacher", None), args.seed).to(env.device)
-            model.requires_grad_(True).train()
-        adapter_name, raw_module = None, model
-        parameters = [param for param in model.parameters() if param.requires_grad]
-    model.set_gradient_checkpointing(args.gradient_checkpointing)
-    optimizer = build_optimizer({"student": parameters}, {"student": args.lr},
-                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    role = Role("student", raw_module, optimizer, role_schedule(args, optimizer, args.generator_every,
-                                                                 two_groups=False),
-                every=args.generator_every, grad_clip=args.grad_clip, grad_sync="all_reduce")
-    return ScoreModel(model, adapter_name, "student"), role, MethodModel(model, role, args.train, adapter_name)
-
-
-def build_predictor_role(args, teacher, env: DistEnv, resuming: bool) -> tuple[torch.nn.Module, Role, dict | None]:
-    """The v4 Predictor on the Teacher (from --init_from unless resuming), DDP-wrapped, and its role."""
-    predictor = build_predictor(teacher, PREDICTOR_VARIANT, args.source_blocks, args.gradient_checkpointing)
-    init_meta = None
-    if not resuming:
-        init_meta = load_model_weights(args.init_from, predictor, expect={
-            "variant": PREDICTOR_VARIANT, "source_blocks": list(args.source_blocks)})
-    groups = predictor.trainable_parameter_groups()
-    optimizer = build_optimizer(groups, {"fusion": args.fusion_lr, "blocks": args.blocks_lr},
-                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    role = Role("predictor", predictor, optimizer, role_schedule(args, optimizer, args.generator_every,
-                                                                 two_groups=True),
-                module=wrap_ddp(predictor, env), every=args.generator_every, grad_clip=args.grad_clip)
-    return predictor, role, init_meta
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The step
-# ---------------------------------------------------------------------------------------------------------------
 class DistributionMatchingStep:
     """`step_fn` of the loop: one clip per call; per generated chunk one sample shared by the critic and (when due)
     the generator, one critic backward and one generator backward.
@@ -458,24 +323,20 @@ class DistributionMatchingStep:
         self.trace: list[dict] | None = None
 
     def start_generator(self, item, noise, data, memory_seed, generator, shared):
+        """The generator on this clip (`chunk_generators`); a student's chunks and exit steps are drawn here."""
         args = self.args
         if args.generator == "predictor":
             return CompositeRollout(self.teacher, self.generator_role.module, item, noise, memory_seed, self.config,
                                     self.settings, self.env.device, data if args.rollout == "data" else None)
         num_chunks = noise.shape[2] // self.config.chunk_latents
-        if args.rollout == "self":
-            chunks = list(range(num_chunks))
-        else:
-            chunks = draw_training_chunks(num_chunks, args.chunks_per_clip, generator, shared)
-        if args.exit_step == "last":
-            exit_steps = [args.student_steps - 1] * num_chunks
-        else:
-            exit_steps = torch.randint(0, args.student_steps, (num_chunks,), generator=shared).tolist()
+        chunks = (list(range(num_chunks)) if args.rollout == "self" else
+                  draw_training_chunks(num_chunks, args.chunks_per_clip, generator, shared))
+        exit_steps = ([args.student_steps - 1] * num_chunks if args.exit_step == "last" else
+                      torch.randint(0, args.student_steps, (num_chunks,), generator=shared).tolist())
         history = noise.clone() if args.rollout == "self" else data
-        teacher_clip = None
-        if args.anchor_weight > 0:
-            teacher_clip = ScoreModel(self.teacher, None, "teacher").clip(history, item, self.config, self.env.device,
-                                                                         memory_seed=memory_seed)
+        anchor_target = ScoreModel(self.teacher, None, "teacher")  # the Teacher's x0 estimate at the same state
+        teacher_clip = (anchor_target.clip(history, item, self.config, self.env.device, memory_seed=memory_seed)
+                        if args.anchor_weight > 0 else None)
         return StudentRollout(self.student, item, noise, history, memory_seed, self.config, self.env.device,
                               sigmas=self.student_sigmas, exit_steps=exit_steps, chunks=chunks,
                               self_history=args.rollout == "self", context_grad=args.context_grad,
@@ -495,6 +356,7 @@ class DistributionMatchingStep:
         if FAKE not in due:
             raise ValueError(f"dmd2 trains the role {FAKE!r} every step; the loop says {sorted(due)}")
         generator_due = self.generator_role.name in due
+        # 1. This micro-step's streams, the clip's noise, the generator and the scores on the clip.
         counters = (args.seed, self.run_state.micro_step, env.rank)
         generator = stream_generator(*counters)
         shared = stream_generator(args.seed, self.run_state.micro_step, ALL_RANKS)
@@ -506,6 +368,7 @@ class DistributionMatchingStep:
         history = data if args.rollout == "data" else noise.clone()
         real_clip = self.real.clip(history, item, self.config, env.device, memory_seed=memory_seed)
         fake_clip = self.fake.clip(history, item, self.config, env.device, memory_seed=memory_seed)
+        # 2. Chunk by chunk: one sample, the critic's backward, the generator's backward when due.
         chunks = rollout.chunks
         totals: dict[str, list[float]] = {}
         samples = []
@@ -525,7 +388,8 @@ class DistributionMatchingStep:
                     velocity = fake_clip.velocity(chunk_index, critic_input, critic_sigma)
                     loss_critic = critic_loss(velocity, critic_noise, detached)
                     (loss_critic / len(chunks)).backward()
-                metrics = {"critic_loss": float(loss_critic.detach()), "critic/sigma": float(critic_sigma[0]), **chunk.metrics}
+                metrics = {"critic_loss": float(loss_critic.detach()), "critic/sigma": float(critic_sigma[0]),
+                           **chunk.metrics}
                 if chunk.anchor is not None:
                     metrics["anchor_loss"] = float(chunk.anchor.detach())
                 # Generator: the DMD gradient of the same sample, plus the anchor.
@@ -551,56 +415,31 @@ class DistributionMatchingStep:
             for key, value in metrics.items():
                 totals.setdefault(key, []).append(value)
             del chunk
+        # 3. Chunk means; on monitor steps the collapse monitors against the Teacher's F-F-F-F of the same noise.
         result = {key: sum(values) / len(values) for key, values in totals.items()}
         result["loss"] = result["critic_loss"] + result.get("generator_loss", 0.0)
         if (self.run_state.global_step + 1) % args.monitor_every == 0:
-            teacher_chunks = self.teacher_reference(item, noise, data, memory_seed, chunks)
-            monitors = collapse_monitors(torch.cat(samples, dim=2), teacher_chunks, self.config.chunk_latents)
+            reference = teacher_chunks(self.teacher, item, noise, memory_seed, chunks, self.config, env.device,
+                                       data if args.rollout == "data" else None)
+            monitors = collapse_monitors(torch.cat(samples, dim=2), reference, self.config.chunk_latents)
             for key, value in monitors.items():  # per-chunk keys name the clip's chunk, not its position here
                 match = re.fullmatch(r"monitor/chunk(\d+)/(\w+)", key)
                 result[f"monitor/chunk{chunks[int(match[1])]}/{match[2]}" if match else key] = value
         return result
 
-    @torch.no_grad()
-    def teacher_reference(self, item, noise, data, memory_seed: int, chunks: list[int]) -> torch.Tensor:
-        """The Teacher's F-F-F-F latents of `chunks` [1, C, 4 len(chunks), H, W] for the same noise and memory
-        points, on its own history (--rollout self) or on the data history (--rollout data)."""
-        with adapter(self.teacher, None):
-            text_kv = clip_text_kv(self.teacher, item, self.env.device, self.config.autocast_dtype, grad=False)
-            inputs = RolloutInputs.from_clip(item, noise, memory_seed)
-            rollout = ARRollout(self.teacher, text_kv, inputs, self.config, device=self.env.device)
-            outputs = []
-            for chunk_index in range(max(chunks) + 1):
-                rollout.run_chunk(chunk_index)
-                frames = rollout.chunk_frames(chunk_index)
-                if chunk_index in chunks:
-                    outputs.append(rollout.latents[:, :, frames].float().clone())
-                if self.args.rollout == "data":
-                    rollout.write_chunk(chunk_index, data[:, :, frames])
-        return torch.cat(outputs, dim=2)
-
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
-        roles = {"teacher": "frozen"}
-        roles.update({"student": args.train} if args.generator == "student" else {"predictor": "predictor"})
-        roles.update({REAL: "frozen", FAKE: args.fake_score_train})
+        generator = {"student": args.train} if args.generator == "student" else {"predictor": "predictor"}
+        roles = {"teacher": "frozen", **generator, REAL: "frozen", FAKE: args.fake_score_train}
         print(dry_run_report(args.dry_run, roles, lora_rank=args.lora_rank, predictor_blocks=args.source_blocks))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, naming=run_name)
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
         # 2. Data: one clip per rank per micro-batch.
@@ -609,7 +448,7 @@ def main(argv=None) -> int:
         rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
 
         # 3. The frozen Teacher; the generator (built on the Teacher before any adapter is added to it); the real
-        #    and fake scores.
+        #    and fake scores. Resume (--resume, or the run directory's own unfinished run) restores both roles.
         source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
         teacher = load_teacher(source, env.device, policy.frozen_dtype)
         log0(describe_teacher(source, teacher))
@@ -633,10 +472,7 @@ def main(argv=None) -> int:
                              f"{args.student_shift:g}, exit step {args.exit_step}"
         real, fake, fake_role = build_scores(args, teacher, env, policy)
         roles = [generator_role, fake_role]
-        run_state = RunState()
-        if resuming:
-            run_state = load_training_state(start.resume_path, roles=roles, expect=meta)
-            batches.load_state_dict(run_state.data)
+        run_state = resume_roles(start, roles, batches, meta)
 
         # 4. Config and summary.
         trainable = {role.name: sum(param.numel() for param in role.parameters) for role in roles}
@@ -669,22 +505,12 @@ def main(argv=None) -> int:
         step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
                                            teacher=teacher, real=real, fake=fake, generator_role=generator_role,
                                            student=student)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            run_state = train_loop(
-                roles=roles, batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
-                max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
-                ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
-                metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
-            )
+        run_state = run_training(args, start, env, roles=roles, batches=batches, step_fn=step_fn,
+                                 run_state=run_state, config=config, meta=meta)
         if student_model is not None:
-            exported = export_method_model(student_model, start.run_dir, {**meta, "step": run_state.global_step},
-                                           env)
+            exported = export_method_model(student_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
             log0(f"exported the trained {args.train} student: {exported}")
-        return 0
-    finally:
-        cleanup_distributed()
+    return 0
 
 
 if __name__ == "__main__":

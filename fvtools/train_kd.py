@@ -6,7 +6,7 @@ and trains `--chunks_per_clip` of its chunks. For chunk c it draws one of the st
 levels sigma_k (default the real distilled schedule: 4 steps at shift 5, sigma = 1, .9375, .8333, .625), feeds the
 teacher's state x at sigma_k, and regresses the student's clean estimate `x - sigma_k v` onto the teacher's final
 latents of the chunk: loss `0.5 mse` (FP32). The student's context is its own prefill of the teacher's earlier
-final latents, built exactly as in the AR loop (`predictor_training/teacher_forcing.py`). One backward per chunk.
+final latents, built exactly as in the AR loop (`predictor_training/rollout/teacher_forcing.py`). One backward per chunk.
 
 The student is a LoRA on the teacher (`--train lora`) or every parameter of a model of its architecture
 (`--train full`, from the teacher's weights by default). Before and after training, the student's own
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.atomic_io import write_json_atomic
-from predictor_training.checkpoint import RunState, load_training_state
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.checkpoint import RunState
 from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
-from predictor_training.distributed import DistEnv, cleanup_distributed, init_distributed, log0, seed_everything
-from predictor_training.flags import (
+from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.flags import (
     add_method_model_args,
     add_method_optimization_args,
     add_run_args,
@@ -39,30 +39,31 @@ from predictor_training.flags import (
     check_args,
     parse_recipe_args,
 )
-from predictor_training.flow_matching import x0_from_velocity
-from predictor_training.fsdp import gradient_sync
-from predictor_training.logger import MetricsLogger, log_summary, method_summary_rows
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.method_model import (
+from predictor_training.methods.flow_matching import x0_from_velocity
+from predictor_training.runtime.fsdp import gradient_sync
+from predictor_training.runtime.logger import log_summary, method_summary_rows
+from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.methods.method_model import (
     MethodModel,
     build_method_model,
     dry_run_report,
     export_method_model,
     method_meta,
 )
-from predictor_training.precision import precision_policy
-from predictor_training.random_streams import ALL_RANKS, stream_generator, stream_seed
-from predictor_training.run_directory import (
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
+from predictor_training.runtime.run_directory import (
     environment_summary,
     method_run_name,
     plan_run,
-    report_run_start,
     run_config,
     write_train_config,
 )
-from predictor_training.scheduler import flow_match_sigmas
+from predictor_training.rollout.scheduler import flow_match_sigmas
+from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import TeacherSource, describe_teacher
-from predictor_training.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
+from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
 
 METHOD = "kd"
 ROLE = "student"
@@ -100,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     student = parser.add_argument_group("student schedule")
     student.add_argument("--student_steps", type=int, default=4,
                          help="the student's denoising steps per chunk (default %(default)s)")
-    student.add_argument("--student_shift", type=float, default=5.0,
+    student.add_argument("--student_shift", type=float, default=DISTILLED_SHIFT,
                          help="the student's schedule shift (default %(default)g); its noise levels must be among "
                               "the cache's stored ones")
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
@@ -222,17 +223,9 @@ def main(argv=None) -> int:
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, naming=method_run_name)
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
         # 2. Data: one cached sample per rank per micro-batch; the evaluation split.
@@ -247,10 +240,7 @@ def main(argv=None) -> int:
         method_model = build_method_model(source, args, env, policy, role_name=ROLE)
         log0(describe_teacher(source, method_model.model))
         meta = method_meta(METHOD, args)
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=[method_model.role], expect=meta)
-            batches.load_state_dict(run_state.data)
+        run_state = resume_roles(start, [method_model.role], batches, meta)
 
         # 4. Config and summary; the student's distance to the teacher before training (a fresh run only).
         config = run_config(
@@ -281,16 +271,8 @@ def main(argv=None) -> int:
 
         # 5. Train; measure again; export the student (a LoRA file or a Teacher folder).
         step_fn = CausalKDStep(method_model, rollout_config, state_indices, args, env, run_state)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            run_state = train_loop(
-                roles=[method_model.role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
-                run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
-                grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
-                log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
-                progress=not args.no_progress,
-            )
+        run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
+                                 run_state=run_state, config=config, meta=meta)
         report["after"] = {**few_step_distance(method_model.model, eval_dataset, args.eval_samples, **distance),
                            "step": run_state.global_step}
         if env.is_main:
@@ -299,9 +281,7 @@ def main(argv=None) -> int:
              f"{report['after']['mse']:.5f} after step {run_state.global_step} ({eval_path})")
         exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} student: {exported}")
-        return 0
-    finally:
-        cleanup_distributed()
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Roles. The policy trains (a LoRA on the Teacher, `--train lora`, or every parameter of a Teacher-shaped model,
 `--train full`, one process only). The old policy samples: a second LoRA adapter (or a frozen copy of the model),
 equal to the policy at the start and refreshed after every policy update by `old <- d old + (1 - d) policy`, with d
-from `--old_decay_schedule` (`predictor_training.diffusion_nft.old_policy_decay`); it is saved in the checkpoint. The
+from `--old_decay_schedule` (`predictor_training.methods.nft.old_policy_decay`); it is saved in the checkpoint. The
 reference is the frozen start (the Teacher without adapter, or a frozen copy of the initial weights).
 
 One micro-batch = one group. Every rank takes one dataset clip (a (case, action) condition: first frame, cameras,
@@ -11,18 +11,18 @@ actions, text) and samples `--samples_per_group` K videos from it with the old p
 (`--sample_steps` steps at `--sample_shift`, default the distilled 4-step shift-5 schedule), each from its own
 noise and memory points drawn from the stream (seed, micro-step, rank, sample): a resume regenerates the same
 samples. The samples are decoded (`--vae`, default the VAE that encoded the dataset) and scored by `--rewards
-name:weight,...` (`predictor_training/rewards.py`, which also says how to add one); the weighted sum is the reward.
-Groups are never split across ranks: every rank's K rewards are all-gathered, the group-normalised advantages
+name:weight,...` (`predictor_training/methods/rewards.py`, which also says how to add one); the weighted sum is the
+reward. Groups are never split across ranks: every rank's K rewards are all-gathered, the group-normalised advantages
 A = (r - mean_group) / (std_group + 1e-4) are computed on the whole [ranks x groups, K] table (identical on every
 rank), and the logged reward and advantage statistics are global.
 
 Training pass. For each sample, `--chunks_per_sample` of its chunks are noised, one sigma per chunk (`--sigma_*`),
 x_t = (1 - sigma) x0 + sigma n, and the policy, old policy and reference predict the velocity with the sample's
-own history as context, exactly as in the AR loop (`predictor_training/teacher_forcing.py`). Loss per chunk:
-`nft_loss(v_policy, v_old, x_t, x0, sigma, A; --beta, --adv_clip)` (predictor_training/diffusion_nft.py) +
+own history as context, exactly as in the AR loop (`predictor_training/rollout/teacher_forcing.py`). Loss per chunk:
+`nft_loss(v_policy, v_old, x_t, x0, sigma, A; --beta, --adv_clip)` (predictor_training/methods/nft.py) +
 `--kl_weight * mse(v_policy, v_reference)`, one backward per chunk. Every `--monitor_every` steps (and at step 1
 and --max_steps) the current policy and the reference roll out from the same noise: their collapse monitors
-(`generation_monitors.collapse_monitors`) and rewards are logged under monitor/. After training the same
+(`predictor_training.methods.monitors.collapse_monitors`) and rewards are logged under monitor/. After training the same
 comparison runs on `--eval_clips` clips of `--eval_split` (nft_eval.json).
 
     python fvtools/train_nft.py --teacher /models/worldplay/transformer --dataset_root /data/video_latents \\
@@ -33,53 +33,41 @@ comparison runs on `--eval_clips` clips of `--eval_split` (nft_eval.json).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
-import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
-import torch.distributed as dist
 
-from predictor_training.adapters import AdapterWeights, adapter, copy_lora
-from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.atomic_io import write_json_atomic
-from predictor_training.checkpoint import RunState, load_training_state
-from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
-from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.diffusion_nft import OLD_DECAY_SCHEDULES, OldPolicy, group_advantages, nft_loss, \
-    old_policy_decay
-from predictor_training.distributed import DistEnv, all_gather_objects, cleanup_distributed, init_distributed, log0, \
-    seed_everything
-from predictor_training.eval.runtime import VaeDecoder
-from predictor_training.flags import (
-    add_method_model_args,
-    add_method_optimization_args,
-    add_run_args,
-    add_sigma_args,
-    add_tracker_args,
-    check_args,
-    parse_recipe_args,
-)
-from predictor_training.flow_matching import add_noise, sample_sigmas
-from predictor_training.generation_monitors import collapse_monitors
-from predictor_training.logger import MetricsLogger, log_summary, method_summary_rows
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.method_model import MethodModel, build_method_model, dry_run_report, export_method_model, \
+from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
+from predictor_training.methods.flow_matching import add_noise, add_sigma_args, sample_sigmas
+from predictor_training.methods.method_model import build_method_model, dry_run_report, export_method_model, \
     method_meta
-from predictor_training.precision import precision_policy
-from predictor_training.random_streams import ALL_RANKS, stream_generator, stream_seed
-from predictor_training.rewards import REFERENCE_KINDS, TOTAL, RewardScorer, VideoRewards, describe_rewards, \
-    parse_reward_weights
-from predictor_training.run_directory import environment_summary, launch_world, method_run_name, plan_run, \
-    report_run_start, run_config, write_train_config
+from predictor_training.methods.monitors import collapse_monitors
+from predictor_training.methods.nft import OLD_DECAY_SCHEDULES, OldPolicy, PolicyModels, evaluate_against_reference, \
+    gathered, group_advantages, group_statistics, nft_loss, old_policy_decay
+from predictor_training.methods.rewards import REFERENCE_KINDS, TOTAL, RewardScorer, VideoRewards, \
+    default_vae_folder, describe_rewards, holds_vae, parse_reward_weights
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
+from predictor_training.runtime.checkpoint import RunState
+from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.flags import add_method_model_args, add_method_optimization_args, add_run_args, \
+    add_tracker_args, check_args, parse_recipe_args
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.logger import log_summary, method_summary_rows
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
+from predictor_training.runtime.run_directory import environment_summary, launch_world, method_run_name, plan_run, \
+    run_config, write_train_config
+from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import TeacherSource, describe_teacher
-from predictor_training.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
+from predictor_training.video.vae_decoder import VaeDecoder
 
 METHOD = "nft"
 ROLE = "policy"
-OLD_ADAPTER = "old_policy"
 # Stream ids after (seed, micro-step, rank): what each draw of a step uses.
 NOISE_STREAM, MEMORY_STREAM, TRAIN_STREAM, EVAL_STREAM = 1, 2, 3, 4
 EVAL_NAME = "nft_eval.json"
@@ -94,6 +82,35 @@ PRESETS = {
              "--no-gradient_checkpointing", "--ckpt_every", "10", "--keep_last", "2", "--tracker", "none",
              "--num_workers", "0"],
 }
+
+
+def checked(kind: type, flag: str, ok: Callable, expected: str):
+    """A `type=` for --flag: `kind(text)`, refused unless `ok(value)`, naming the flag, the value and `expected`."""
+    def parse(text: str):
+        value = kind(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"--{flag}={text}: expected {expected}")
+        return value
+
+    parse.__name__ = kind.__name__  # a non-number still reads "invalid int value: 'x'"
+    return parse
+
+
+def at_least(flag: str, low: int, why: str = ""):
+    return checked(int, flag, lambda value: value >= low, f">= {low}{why}")
+
+
+def positive(flag: str):
+    return checked(float, flag, lambda value: value > 0, "> 0")
+
+
+def reward_weights(text: str) -> str:
+    """`type=` of --rewards: the text itself, once `parse_reward_weights` accepts it."""
+    try:
+        parse_reward_weights(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--rewards={text!r}: {error}") from None
+    return text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,20 +128,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--eval_split", type=str, default="holdout",
                       help="split on which, after training, the policy and the reference roll out from the same "
                            "noise and are scored (nft_eval.json) (default %(default)s)")
-    data.add_argument("--eval_clips", type=int, default=8,
+    data.add_argument("--eval_clips", type=at_least("eval_clips", 0), default=8,
                       help="clips of --eval_split scored after training, 0 = none (default %(default)s)")
     sampling = parser.add_argument_group("sampling (the old policy's AR rollout)")
-    sampling.add_argument("--samples_per_group", type=int, default=8,
+    sampling.add_argument("--samples_per_group", default=8,
+                          type=at_least("samples_per_group", 2, " (advantages compare the samples of one group)"),
                           help="K: videos sampled per clip (one group = one condition), >= 2 (default %(default)s)")
-    sampling.add_argument("--sample_steps", type=int, default=4,
+    sampling.add_argument("--sample_steps", type=at_least("sample_steps", 1), default=4,
                           help="denoising steps per chunk of the rollout (default %(default)s: the distilled schedule)")
-    sampling.add_argument("--sample_shift", type=float, default=5.0,
+    sampling.add_argument("--sample_shift", type=positive("sample_shift"), default=DISTILLED_SHIFT,
                           help="schedule shift of the rollout (default %(default)g)")
-    rewards = parser.add_argument_group("rewards (predictor_training/rewards.py)")
-    rewards.add_argument("--rewards", type=str, default="reference_agreement:1,smoothness:0.1",
+    rewards = parser.add_argument_group("rewards (predictor_training/methods/rewards.py)")
+    rewards.add_argument("--rewards", type=reward_weights, default="reference_agreement:1,smoothness:0.1",
                          help="name:weight,... of registered rewards, summed into the reward (default "
                               f"%(default)s). Registered: {describe_rewards()}")
-    rewards.add_argument("--reward_frames", type=int, default=8,
+    rewards.add_argument("--reward_frames", type=at_least("reward_frames", 1), default=8,
                          help="frames a 'sampled_frames' reward reads, spread evenly (default %(default)s)")
     rewards.add_argument("--reference_video", choices=REFERENCE_KINDS, default="data_latents",
                          help="the reference of the reference rewards: the clip's own latents decoded by --vae "
@@ -133,30 +151,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     rewards.add_argument("--ground_truth", type=Path, default=None,
                          help="folder of ground-truth videos, <clip_id>/ (PNG frames) or <clip_id>.mp4, with the "
                               "decoded videos' frame count and size (--reference_video ground_truth)")
-    rewards.add_argument("--vae", type=Path, default=None,
+    rewards.add_argument("--vae", default=None, type=checked(Path, "vae", holds_vae, "a VAE folder with config.json "
+                                                                  "(or a folder with vae/config.json)"),
                          help="VAE folder (AutoencoderKLHunyuanVideo15, or a pipeline folder with vae/) that "
                               "decodes the samples; default: the encoders folder recorded in the dataset's "
                               "video_dataset_config.json (the VAE that made the latents)")
     nft = parser.add_argument_group("NFT loss")
-    nft.add_argument("--beta", type=float, default=1.0,
+    nft.add_argument("--beta", type=positive("beta"), default=1.0,
                      help="beta of the positive/negative policies v+- (default %(default)g)")
-    nft.add_argument("--adv_clip", type=float, default=5.0,
+    nft.add_argument("--adv_clip", type=positive("adv_clip"), default=5.0,
                      help="advantage clip c: r = clip(A / 2c + 1/2, 0, 1) (default %(default)g)")
-    nft.add_argument("--kl_weight", type=float, default=1e-4,
+    nft.add_argument("--kl_weight", type=checked(float, "kl_weight", lambda value: value >= 0, ">= 0"), default=1e-4,
                      help="weight of mse(v_policy, v_reference), the KL term to the reference (default %(default)g)")
     nft.add_argument("--old_decay_schedule", choices=OLD_DECAY_SCHEDULES, default="ramp_slow",
                      help="decay d(u) of old <- d old + (1 - d) policy after the u-th update: zero (on-policy), "
                           "ramp_slow min(0.001u, 0.5), ramp_delayed 0 until u = 75 then min(0.0075(u - 75), 0.999), "
                           "constant --old_decay (default %(default)s)")
-    nft.add_argument("--old_decay", type=float, default=0.0,
+    nft.add_argument("--old_decay", default=0.0,
+                     type=checked(float, "old_decay", lambda value: 0 <= value < 1, "in [0, 1)"),
                      help="the decay of --old_decay_schedule constant, in [0, 1) (default %(default)g)")
-    nft.add_argument("--chunks_per_sample", type=int, default=2,
+    nft.add_argument("--chunks_per_sample", type=at_least("chunks_per_sample", 1), default=2,
                      help="chunks of each sample trained per step, each at its own noise level (default "
                           "%(default)s; the sample's chunk count caps it)")
-    nft.add_argument("--monitor_every", type=int, default=20,
+    nft.add_argument("--monitor_every", type=at_least("monitor_every", 1), default=20,
                      help="every N steps (and at step 1 and --max_steps) roll out the policy and the reference from "
                           "the same noise and log their collapse monitors and rewards (default %(default)s)")
-    add_sigma_args(parser, sampler="uniform", sigma_min=0.2, sigma_max=1.0, shift=5.0, logit_mean=0.0, logit_std=1.0)
+    add_sigma_args(parser, sampler="uniform", sigma_min=0.2, sigma_max=1.0, shift=DISTILLED_SHIFT, logit_mean=0.0,
+                   logit_std=1.0)
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
                           gradient_checkpointing=True, context_grad=True)
     add_method_optimization_args(parser, lr=3e-4, max_steps=1000, warmup_steps=20, grad_accum=1, weight_decay=0.0,
@@ -164,95 +185,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=100, keep_last=5, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
     args = parse_recipe_args(parser, argv, PRESETS)
-    if args.dry_run is not None:
-        return args
+    if args.dry_run is None:
+        check_nft_args(parser, args)
+    return args
+
+
+def check_nft_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rules that span flags (each flag's own range is its `type=`); `parser.error` names flag, value, expectation."""
     missing = [f"--{flag}" for flag in ("teacher", "dataset_root") if getattr(args, flag) is None]
     if missing:
         parser.error(f"{' and '.join(missing)} missing (or pass --dry_run CONFIG)")
     check_args(parser, args, dataset_config_name=VIDEO_CONFIG_NAME)
-    # Rules only this recipe has.
-    if args.samples_per_group < 2:
-        parser.error(f"--samples_per_group={args.samples_per_group}: expected >= 2 (advantages compare the samples "
-                     "of one group)")
-    if args.eval_clips < 0:
-        parser.error(f"--eval_clips={args.eval_clips}: expected >= 0")
-    for flag in ("sample_steps", "reward_frames", "chunks_per_sample", "monitor_every"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag}={getattr(args, flag)}: expected >= 1")
-    for flag in ("sample_shift", "beta", "adv_clip"):
-        if not getattr(args, flag) > 0:
-            parser.error(f"--{flag}={getattr(args, flag)}: expected > 0")
-    if not args.kl_weight >= 0:
-        parser.error(f"--kl_weight={args.kl_weight}: expected >= 0")
-    if not 0 <= args.old_decay < 1:
-        parser.error(f"--old_decay={args.old_decay}: expected in [0, 1)")
-    try:
-        weights = parse_reward_weights(args.rewards)
-    except ValueError as error:
-        parser.error(f"--rewards={args.rewards!r}: {error}")
-    if RewardScorer(weights).needs_reference and args.reference_video == "none":
+    if RewardScorer(parse_reward_weights(args.rewards)).needs_reference and args.reference_video == "none":
         parser.error(f"--rewards={args.rewards!r} compares with a reference video; --reference_video none has none")
     if args.reference_video == "ground_truth" and (args.ground_truth is None or not args.ground_truth.is_dir()):
         parser.error(f"--reference_video ground_truth: --ground_truth={args.ground_truth}: expected a folder of "
                      "ground-truth videos")
-    if args.vae is not None and not ((args.vae / "config.json").is_file() or (args.vae / "vae/config.json").is_file()):
-        parser.error(f"--vae={args.vae}: expected a VAE folder with config.json (or a folder with vae/config.json)")
     world_size, _ = launch_world(args.backend)
     if args.train == "full" and world_size > 1:
         parser.error(f"--train full on {world_size} ranks: the old policy and the reference are unsharded copies "
                      "of the model, which this recipe keeps on one process only; use --train lora")
-    return args
-
-
-def default_vae_folder(dataset_root: Path) -> Path:
-    """The encoders folder a video-latent dataset records (its VAE made the latents)."""
-    config_path = dataset_root / VIDEO_CONFIG_NAME
-    folder = Path(json.loads(config_path.read_text(encoding="utf-8"))["encoders"]["folder"])
-    if not ((folder / "config.json").is_file() or (folder / "vae" / "config.json").is_file()):
-        raise FileNotFoundError(f"{config_path} records the encoders folder {folder}, which holds no VAE; pass --vae")
-    return folder
-
-
-class PolicyModels:
-    """The policy, the old policy and the reference on one method model.
-
-    lora: one frozen base with the adapters "policy" (trained) and "old_policy" (frozen, a copy of the policy's
-    start); the reference is the base with no adapter. full: the trained model plus two frozen copies of its
-    initial weights (old policy, reference). `running(name)` yields the model to call for "policy", "old" or
-    "reference" (switching the adapter for its duration in lora mode)."""
-
-    def __init__(self, method_model: MethodModel):
-        self.method_model = method_model
-        model = method_model.model
-        if method_model.mode == "lora":
-            copy_lora(model, method_model.adapter, OLD_ADAPTER, trainable=False)
-            self.old_module = AdapterWeights(model, OLD_ADAPTER)
-            self.modules = {"policy": model, "old": model, "reference": model}
-            self.adapters = {"policy": method_model.adapter, "old": OLD_ADAPTER, "reference": None}
-        else:
-            old, reference = (copy.deepcopy(model).requires_grad_(False) for _ in range(2))
-            self.old_module = old
-            self.modules = {"policy": model, "old": old, "reference": reference}
-            self.adapters = None
-
-    @contextlib.contextmanager
-    def running(self, name: str):
-        model = self.modules[name]
-        if self.adapters is None:
-            yield model
-        else:
-            with adapter(model, self.adapters[name]):
-                yield model
-
-
-def gathered(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """values [...] of every rank stacked in rank order -> [world, ...] (all_gather; [1, ...] on one process)."""
-    if not env.distributed:
-        return values[None]
-    local = values.to(env.device)
-    parts = [torch.empty_like(local) for _ in range(env.world_size)]
-    dist.all_gather(parts, local)
-    return torch.stack(parts).cpu()
 
 
 class NftStep:
@@ -299,6 +251,10 @@ class NftStep:
                                         self.sample_config, device=device).run().float().cpu()
                               for index in samples])
 
+    def eval_rollout(self, item: dict, role: str, clip_index: int) -> torch.Tensor:
+        """One rollout of `role` for held-out clip `clip_index`, from the noise of stream (seed, EVAL_STREAM, clip)."""
+        return self.sample(item, role, range(1), (self.args.seed, EVAL_STREAM, clip_index))
+
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         if due != {ROLE}:
             raise ValueError(f"nft trains the role {ROLE!r} every step; the loop says {sorted(due)}")
@@ -311,24 +267,14 @@ class NftStep:
         table = gathered(torch.stack([scores[name] for name in names]), self.env)  # [world, rewards + 1, K]
         advantages_all = group_advantages(table[:, names.index(TOTAL)].double()).float()  # [world, K]
         advantages = advantages_all[self.env.rank]
-        metrics = {}
-        for index, name in enumerate(names):
-            metrics[f"reward/{name}/mean"] = float(table[:, index].mean())
-            metrics[f"reward/{name}/std"] = float(table[:, index].std(unbiased=False))
-        flat_groups = (table[:, names.index(TOTAL)].std(dim=1, unbiased=False) == 0).float().mean()
-        metrics.update({"advantage/abs_mean": float(advantages_all.abs().mean()),
-                        "advantage/abs_max": float(advantages_all.abs().max()),
-                        "advantage/std": float(advantages_all.std(unbiased=False)),
-                        "advantage/flat_groups": float(flat_groups),
-                        "old_policy/decay": old_policy_decay(args.old_decay_schedule,
-                                                             self.run_state.global_step + 1, args.old_decay),
+        metrics = group_statistics(table, names, advantages_all)
+        metrics.update({"old_policy/decay": old_policy_decay(args.old_decay_schedule, step, args.old_decay),
                         "samples/checksum": float(samples.double().sum())})
         # 2. The training pass: chunks of each sample noised at one sigma each, three velocities, one backward each.
         metrics.update(self.train_on(item, samples, advantages))
         # 3. Monitors: the current policy against the reference from sample 0's noise.
         if step == 1 or step % args.monitor_every == 0 or step == args.max_steps:
-            policy_video, reference_video = self.sample(item, "policy", range(1)), self.sample(item, "reference",
-                                                                                               range(1))
+            policy_video, reference_video = (self.sample(item, role, range(1)) for role in ("policy", "reference"))
             metrics.update(collapse_monitors(policy_video, reference_video))
             both = self.rewards(torch.cat([policy_video, reference_video]), item)[TOTAL]
             metrics.update({"monitor/reward": float(both[0]), "monitor/reference_reward": float(both[1])})
@@ -381,33 +327,6 @@ class NftStep:
                 "sigma/mean": sum(sigmas_seen) / len(sigmas_seen)}
 
 
-@torch.no_grad()
-def evaluate_against_reference(step_fn: NftStep, dataset: VideoLatentDataset, count: int, env: DistEnv) -> dict:
-    """The policy and the reference each roll out once from the same noise (stream (seed, EVAL_STREAM, clip)) on
-    the first `count` clips of `dataset`, split over the ranks (the LoRA/one-process models run no collectives):
-    every reward's mean for both, and the collapse monitors of the policy's latents against the reference's."""
-    mine = range(env.rank, min(count, len(dataset)), env.world_size)
-    rows = []
-    for index in mine:
-        item = dataset[index]
-        counters = (step_fn.args.seed, EVAL_STREAM, index)
-        pair = torch.cat([step_fn.sample(item, role, range(1), counters) for role in ("policy", "reference")])
-        scores = step_fn.rewards(pair, item)
-        rows.append({"clip_id": item["clip_id"], "latents": pair,
-                     "rewards": {name: [float(value) for value in values] for name, values in scores.items()}})
-    rows = [row for part in all_gather_objects(rows) for row in part]
-    names = list(rows[0]["rewards"])
-    report = {"clips": [row["clip_id"] for row in rows], "reward_policy": {}, "reward_reference": {}}
-    for name in names:
-        report["reward_policy"][name] = sum(row["rewards"][name][0] for row in rows) / len(rows)
-        report["reward_reference"][name] = sum(row["rewards"][name][1] for row in rows) / len(rows)
-    policy_latents = torch.cat([row["latents"][:1] for row in rows])
-    reference_latents = torch.cat([row["latents"][1:] for row in rows])
-    report["monitors"] = collapse_monitors(policy_latents, reference_latents)
-    report["policy_wins"] = sum(row["rewards"][TOTAL][0] > row["rewards"][TOTAL][1] for row in rows)
-    return report
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
@@ -418,17 +337,9 @@ def main(argv=None) -> int:
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     start = plan_run(args, naming=method_run_name)
-    if args.print_run_dir:
-        return report_run_start(start)
-    if start.kind == "finished":
-        log0(start.describe())
-        return 0
-    env = init_distributed(args.backend)
-    try:
-        if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
-        log0(start.describe())
-        seed_everything(args.seed, rank=env.rank)
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
 
         # 2. Data: one clip (one group's condition) per rank per micro-batch; the clips scored after training.
@@ -452,10 +363,7 @@ def main(argv=None) -> int:
 
         meta = {**method_meta(METHOD, args), "samples_per_group": args.samples_per_group,
                 "old_decay_schedule": args.old_decay_schedule, "rewards": args.rewards}
-        run_state = RunState()
-        if start.resume_path is not None:
-            run_state = load_training_state(start.resume_path, roles=[method_model.role], expect=meta)
-            batches.load_state_dict(run_state.data)
+        run_state = resume_roles(start, [method_model.role], batches, meta)
 
         # 5. Config and summary.
         config = run_config(
@@ -481,20 +389,14 @@ def main(argv=None) -> int:
                     f"[{args.sigma_min}, {args.sigma_max}]",
         })
 
-        # 6. Train, then export the policy (a LoRA file or a Teacher folder).
+        # 6. Train; then the policy against the reference from the same noise on held-out clips; then export the
+        #    policy (a LoRA file or a Teacher folder).
         step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype)
-        with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                           experiment=args.experiment_name or start.run_name, config=config,
-                           swanlab_mode=args.swanlab_mode) as metrics_logger:
-            run_state = train_loop(
-                roles=[method_model.role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
-                run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
-                grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
-                log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
-                progress=not args.no_progress,
-            )
+        run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
+                                 run_state=run_state, config=config, meta=meta)
         if eval_dataset is not None:
-            report = {**evaluate_against_reference(step_fn, eval_dataset, args.eval_clips, env),
+            report = {**evaluate_against_reference(step_fn.eval_rollout, step_fn.rewards, eval_dataset,
+                                                   args.eval_clips, env),
                       "split": args.eval_split, "step": run_state.global_step}
             if env.is_main:
                 write_json_atomic(start.run_dir / EVAL_NAME, report)
@@ -505,9 +407,7 @@ def main(argv=None) -> int:
                  f"{report['monitors']['monitor/temporal_ratio']:.4f} ({start.run_dir / EVAL_NAME})")
         exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} policy: {exported}")
-        return 0
-    finally:
-        cleanup_distributed()
+    return 0
 
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save, save_file
 
-from predictor_training.ar_rollout import (
+from predictor_training.rollout.ar_rollout import (
     RolloutConfig,
     RolloutInputs,
     build_cond_latents,
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.camera import (
+from predictor_training.rollout.camera import (
     load_pose,
     make_retrieval_points,
     memory_candidate_distances,
@@ -38,7 +38,7 @@ from predictor_training.camera import (
 )
 from predictor_training.conformance.calls import DECOMPRESSED_WEIGHTS_ENTRY
 from predictor_training.conformance.trajectory import recorded_chunk_tensors
-from predictor_training.scheduler import FlowMatchEulerScheduler
+from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
 

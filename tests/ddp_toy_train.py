@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
-from predictor_training.roles import Role
-from predictor_training.checkpoint import RunState, load_training_state
-from predictor_training.distributed import (
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.checkpoint import RunState, load_training_state
+from predictor_training.runtime.distributed import (
     all_gather_objects,
     cleanup_distributed,
     init_distributed,
@@ -31,10 +31,11 @@ from predictor_training.distributed import (
     seed_everything,
     wrap_ddp,
 )
-from predictor_training.atomic_io import write_json_atomic
-from predictor_training.logger import MetricsLogger
-from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import TwoGroupLRSchedule, build_optimizer
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.data.batches import ResumableBatches
+from predictor_training.runtime.loop import train_loop
+from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer
 
 
 class ToyPredictor(nn.Module):

@@ -13,7 +13,7 @@ random number comes from a generator seeded by (step, micro-batch, rank), so a r
 Rank 0 writes what the test compares into OUT as torch files.
 
 The phase loop trains the same model as one FSDP role ("teacher", grad_sync "none") through the shared
-`predictor_training.loop.train_loop` and its checkpoints: LOOP_STEPS steps uninterrupted (OUT/full), and stopped at
+`predictor_training.runtime.loop.train_loop` and its checkpoints: LOOP_STEPS steps uninterrupted (OUT/full), and stopped at
 LOOP_CUT then resumed with `load_training_state` into a model of another init (OUT/cut); plus the refusals (an FSDP
 role with grad_sync "ddp" / "all_reduce" or an EMA, a NaN in one rank's shard, inference weights from the shards, an
 FSDP checkpoint into an unsharded role), recorded in OUT/loop.pt.
@@ -32,14 +32,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from predictor_training.checkpoint import RunState, load_training_state, save_inference_weights
-from predictor_training.checkpoint import save_training_state as save_loop_training_state
-from predictor_training.distributed import cleanup_distributed, init_distributed
-from predictor_training.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
-from predictor_training.logger import MetricsLogger
-from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import TwoGroupLRSchedule, build_optimizer
-from predictor_training.roles import EMA, Role
+from predictor_training.runtime.checkpoint import RunState, load_training_state, save_inference_weights
+from predictor_training.runtime.checkpoint import save_training_state as save_loop_training_state
+from predictor_training.runtime.distributed import cleanup_distributed, init_distributed
+from predictor_training.runtime.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
+from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.data.batches import ResumableBatches
+from predictor_training.runtime.loop import train_loop
+from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer
+from predictor_training.runtime.roles import EMA, Role
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 STEPS = 4

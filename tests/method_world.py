@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from predictor_training.data import video_latent_build as vb
-from predictor_training.data import video_latent_demo as vd
+from predictor_training.world import video_latent_demo as vd
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 
@@ -25,5 +25,5 @@ def write_method_world(root: Path) -> dict[str, Path]:
         height=vd.DEMO_HEIGHT, width=vd.DEMO_WIDTH, num_frames=vd.DEMO_NUM_FRAMES, dtype="float32", device="cpu",
         demo=root / "demo", demo_clips=3, demo_holdout=1,
     )
-    assert vb.run(options) == 0
+    assert vb.run(options, prepare_demo=vd.prepare_demo_inputs) == 0
     return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}

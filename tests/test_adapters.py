@@ -1,4 +1,4 @@
-"""LoRA adapters on the Teacher (predictor_training/adapters.py) and the Teacher's activation checkpointing.
+"""LoRA adapters on the Teacher (predictor_training/teacher/adapters.py) and the Teacher's activation checkpointing.
 
 Tiny preset on CPU, FP32. Covered: targets, bit-identical zero-effect of a fresh adapter, switching (context
 manager, None = base, nesting, exceptions) without touching requires_grad, exact adapter parameters and gradient
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from predictor_training.adapters import (
+from predictor_training.teacher.adapters import (
     LORA_TARGETS,
     LORA_TARGETS_WITHOUT_PROPE,
     LoraSpec,

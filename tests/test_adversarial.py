@@ -1,16 +1,16 @@
-"""DisCa-style adversarial pieces (predictor_training/adversarial.py): the discriminator separates real from fake
+"""DisCa-style adversarial pieces (predictor_training/methods/adversarial.py): the discriminator separates real from fake
 hidden tokens on a toy, neither side's loss reaches the other side's parameters, R1 trains D, the weight warms up."""
 
 import torch
 
-from predictor_training.adversarial import (
+from predictor_training.methods.adversarial import (
     HiddenDiscriminator,
     adversarial_weight,
     discriminator_loss,
     generator_loss,
     r1_penalty,
 )
-from predictor_training.random_streams import stream_generator
+from predictor_training.runtime.random_streams import stream_generator
 
 HIDDEN, TOKENS, BATCH = 16, 12, 32
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import predictor_training.conformance.trajectory as trajectory_check
-from predictor_training.ar_rollout import (
+from predictor_training.rollout.ar_rollout import (
     ARRollout,
     RolloutConfig,
     RolloutInputs,
@@ -23,7 +23,7 @@ from predictor_training.ar_rollout import (
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.camera import make_retrieval_points
+from predictor_training.rollout.camera import make_retrieval_points
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

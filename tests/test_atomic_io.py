@@ -8,8 +8,8 @@ import stat
 import pytest
 import torch
 
-from predictor_training.atomic_io import atomic_write, write_bytes_atomic, write_text_atomic
-from predictor_training.checkpoint import save_inference_weights
+from predictor_training.runtime.io import atomic_write, write_bytes_atomic, write_text_atomic
+from predictor_training.runtime.checkpoint import save_inference_weights
 
 
 def current_umask() -> int:

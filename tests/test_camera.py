@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from predictor_training import camera
-from predictor_training.camera import (
+from predictor_training.rollout import camera
+from predictor_training.rollout.camera import (
     PoseError,
     load_pose,
     make_retrieval_points,

@@ -14,9 +14,9 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from predictor_training import checkpoint as ckpt
-from predictor_training.roles import Role
-from predictor_training.checkpoint import (
+from predictor_training.runtime import checkpoint as ckpt
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.checkpoint import (
     CheckpointMismatchError,
     NonFiniteError,
     RunState,
@@ -27,7 +27,7 @@ from predictor_training.checkpoint import (
     save_inference_weights,
     save_training_state,
 )
-from predictor_training.optim import TwoGroupLRSchedule, build_optimizer
+from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 META = {"variant": "v4", "source_blocks": [1, 52], "precision": "fp32master"}

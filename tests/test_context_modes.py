@@ -1,4 +1,4 @@
-"""Context modes of the AR loop (predictor_training/frame_kv_cache.py): where `exact` and `incremental` must agree
+"""Context modes of the AR loop (predictor_training/teacher/frame_kv_cache.py): where `exact` and `incremental` must agree
 they do, to float round-off; cached K/V are re-placed at their compacted RoPE position and their own ProPE camera;
 `last_step` caches without an extra pass; the cache's memory is what the formula says."""
 
@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from predictor_training.ar_rollout import ARRollout, RolloutConfig, StepOutput
-from predictor_training.frame_kv_cache import CONTEXT_MODES, FrameKVCache, cache_bytes_per_frame
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, StepOutput
+from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, FrameKVCache, cache_bytes_per_frame
 from predictor_training.teacher.layers import apply_rope
 from tests.test_ar_rollout import _tiny_inputs, _tiny_text_kv, tiny_teacher  # noqa: F401 (a fixture)
 

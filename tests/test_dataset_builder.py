@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import predictor_training.conformance.trajectory as trajectory_check
-from predictor_training.ar_rollout import RolloutConfig, RolloutInputs, make_initial_noise, record_rollout
-from predictor_training.camera import make_retrieval_points, pose_to_input, select_aligned_memory_frames
+from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs, make_initial_noise, record_rollout
+from predictor_training.rollout.camera import make_retrieval_points, pose_to_input, select_aligned_memory_frames
 from predictor_training.data import builder
 from predictor_training.data.encoders import EncodedCaseError, load_encoded_case
 from predictor_training.data.pair_dataset import PairDataset

@@ -11,7 +11,7 @@ import torch
 
 from predictor_training.data.encoders import ENCODER_COMPONENTS, load_encoded_case
 from predictor_training.data.sample_table import STANDARD_ACTIONS, read_cases, read_sample_table
-from predictor_training.demo import DEMO_SOURCE_SIZE, make_demo_scenes
+from predictor_training.world.demo_assets import DEMO_SOURCE_SIZE, make_demo_scenes
 from predictor_training.teacher import WorldPlayTransformer, zero_initialised_entries
 
 TOOL_PATH = Path(__file__).resolve().parents[1] / "tools" / "make_demo_assets.py"

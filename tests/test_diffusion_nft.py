@@ -1,12 +1,12 @@
-"""DiffusionNFT's loss (predictor_training/diffusion_nft.py) on a toy: a linear velocity policy v = w0 + w1 x_t,
+"""DiffusionNFT's loss (predictor_training/methods/nft.py) on a toy: a linear velocity policy v = w0 + w1 x_t,
 a 10-step Euler sampler from N(0, 1), reward -(x - 3)^2, 16 groups x 8 samples, beta 0.1, advantage clip 5."""
 
 from __future__ import annotations
 
 import torch
 
-from predictor_training.diffusion_nft import group_advantages, nft_loss
-from predictor_training.random_streams import stream_generator
+from predictor_training.methods.nft import group_advantages, nft_loss
+from predictor_training.runtime.random_streams import stream_generator
 
 GROUPS, PER_GROUP, BETA, CLIP = 16, 8, 0.1, 5.0
 

@@ -1,4 +1,4 @@
-"""DMD2's losses (predictor_training/distribution_matching.py) on 1-D Gaussians: data N(2, 0.5^2), a generator
+"""DMD2's losses (predictor_training/methods/dmd2.py) on 1-D Gaussians: data N(2, 0.5^2), a generator
 x = b + a z starting at N(-1, 1.5^2). With exact posterior-mean scores it converges to (2, 0.5); with a learned critic
 updated every step and the generator every 5th, close to it; with the two scores swapped it moves away (the sign)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from predictor_training.distribution_matching import critic_loss, dmd_generator_loss, dmd_gradient
-from predictor_training.flow_matching import sample_sigmas
-from predictor_training.random_streams import stream_generator
+from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
+from predictor_training.methods.flow_matching import sample_sigmas
+from predictor_training.runtime.random_streams import stream_generator
 
 DATA_MEAN, DATA_STD = 2.0, 0.5
 BATCH, SIGMA_MIN, SIGMA_MAX = 4096, 0.02, 0.98

@@ -22,7 +22,7 @@ from predictor_training.data.encoders import (
     save_encoded_case,
 )
 from predictor_training.data.sample_table import read_cases
-from predictor_training.demo import (
+from predictor_training.world.demo_assets import (
     TinyEncoderSizes,
     build_tiny_encoder_pipeline,
     build_tiny_tokenizer,

@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from predictor_training.camera import pose_string_to_json
-from predictor_training.checkpoint import save_inference_weights
-from predictor_training.distributed import init_distributed
+from predictor_training.rollout.camera import pose_string_to_json
+from predictor_training.runtime.checkpoint import save_inference_weights
+from predictor_training.runtime.distributed import init_distributed
 from predictor_training.eval import (
     REFERENCE,
     REUSE_HIDDEN,
@@ -31,25 +31,23 @@ from predictor_training.eval import (
     HiddenReuse,
     PredictorMethod,
     ReferenceMethod,
-    Schedule,
-    Stopwatch,
-    TimedRollout,
-    VaeDecoder,
     VelocityReuse,
     default_run_name,
     label_checkpoints,
     load_predictor,
     parse_context_modes,
-    parse_replace_steps,
     read_predictor_checkpoint,
     resolve_dtype,
     resolve_teacher,
     rollout_config_for,
     run_evaluation,
 )
+from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.eval.timing import Stopwatch, TimedRollout
+from predictor_training.video.vae_decoder import VaeDecoder
 from predictor_training.eval.methods import REPEAT_FIRST_FRAME
 from predictor_training.eval.reports import side_by_side_scale_for
-from predictor_training.flops import (
+from predictor_training.teacher.flops import (
     TeacherShape,
     context_assembly_flops,
     context_prefill_flops,
@@ -58,11 +56,11 @@ from predictor_training.flops import (
     teacher_chunk_step_flops,
     text_prefill_flops,
 )
-from predictor_training.predictor import build_predictor
+from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.video_io import read_video, write_video
+from predictor_training.video.io import read_video, write_video
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOL = REPO_ROOT / "tools" / "eval_predictor.py"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from predictor_training.flow_matching import (
+from predictor_training.methods.flow_matching import (
     add_noise,
     chunk_sigmas,
     sample_sigmas,
@@ -14,7 +14,7 @@ from predictor_training.flow_matching import (
     velocity_target,
     x0_from_velocity,
 )
-from predictor_training.scheduler import flow_match_sigmas
+from predictor_training.rollout.scheduler import flow_match_sigmas
 
 
 def test_the_shift_matches_the_schedule_and_inverts():

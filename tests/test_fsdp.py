@@ -1,4 +1,4 @@
-"""FSDP2 full-parameter training (predictor_training/fsdp.py).
+"""FSDP2 full-parameter training (predictor_training/runtime/fsdp.py).
 
 1. In-process (no process group): `is_fsdp`, the refusal to shard without one, and the full-state-dict helpers on a
    plain Teacher (name-keyed optimizer state, plain integer-id optimizer state accepted, checks).
@@ -28,9 +28,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from predictor_training.checkpoint import read_training_state
-from predictor_training.distributed import DistEnv
-from predictor_training.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
+from predictor_training.runtime.checkpoint import read_training_state
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
 from predictor_training.teacher import StateDictMismatchError
 from tests.fsdp_worker import (
     CUT_AT,

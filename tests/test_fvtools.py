@@ -17,8 +17,8 @@ import torch
 
 import fvtools.train_df_sft as df_sft
 import fvtools.train_kd as kd
-from predictor_training.adapters import load_lora, read_lora_header
-from predictor_training.checkpoint import RunState, read_training_state
+from predictor_training.teacher.adapters import load_lora, read_lora_header
+from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.data.ode_cache import (
     COMPLETE_MARKER,
     CacheJob,
@@ -28,9 +28,9 @@ from predictor_training.data.ode_cache import (
     build_cache,
 )
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.distributed import DistEnv
-from predictor_training.method_model import build_method_model
-from predictor_training.precision import precision_policy
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.methods.method_model import build_method_model
+from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource
 from tests.method_world import write_method_world
@@ -263,8 +263,8 @@ def test_df_sft_fsdp_two_ranks_resume_equals_an_uninterrupted_run(world, tmp_pat
 def test_training_chunks_agree_on_chunk_zero_across_ranks():
     """Whether chunk 0 (no context prefill) is trained is the same on every rank, so FSDP ranks call the blocks in
     the same order; the other chunks differ by rank, and each chunk is equally likely overall."""
-    from predictor_training.random_streams import ALL_RANKS, stream_generator
-    from predictor_training.teacher_forcing import draw_training_chunks
+    from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator
+    from predictor_training.rollout.teacher_forcing import draw_training_chunks
 
     counts = torch.zeros(8)
     for step in range(400):

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import fvtools.train_adversarial as adversarial
+import predictor_training.methods.adversarial as adversarial_methods
+import predictor_training.runtime.launch as launch
 import train_predictor_v4
-from predictor_training.checkpoint import read_training_state
+from predictor_training.runtime.checkpoint import read_training_state
 from tests.test_offline_training import read_log, train_args, write_tiny_dataset
 from tests.two_ranks import assert_finished, run_two_ranks
 
@@ -48,7 +50,7 @@ def captured_wiring(monkeypatch, argv: list[str]) -> dict:
         captured.update(kwargs)
         return kwargs["run_state"]
 
-    monkeypatch.setattr(adversarial, "train_loop", capture)
+    monkeypatch.setattr(launch, "train_loop", capture)  # main() reaches the loop through run_training
     assert adversarial.main(argv) == 0
     return captured
 
@@ -134,13 +136,13 @@ def test_one_step_gives_gradients_only_where_each_loss_may_reach(tiny_dataset, t
 def test_lazy_r1_only_on_its_cadence(tiny_dataset, tmp_path, monkeypatch):
     """D every 2 steps, R1 on every 2nd D update (its 1st, 3rd, ...): steps 2 and 6 of 6, and nowhere else."""
     calls = []
-    penalty = adversarial.r1_penalty
+    penalty = adversarial_methods.r1_penalty
 
     def counting_r1(*args, **kwargs):
         calls.append(True)
         return penalty(*args, **kwargs)
 
-    monkeypatch.setattr(adversarial, "r1_penalty", counting_r1)
+    monkeypatch.setattr(adversarial_methods, "r1_penalty", counting_r1)  # Adversary calls it
     run_dir = tmp_path / "r1"
     adversarial.main(adversarial_args(tiny_dataset, run_dir, "--discriminator_every", "2", "--r1_every", "2",
                                       "--r1_weight", "10", steps=6))

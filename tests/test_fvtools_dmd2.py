@@ -15,13 +15,14 @@ import pytest
 import torch
 
 import fvtools.train_dmd2 as dmd2
-from predictor_training.adapters import add_lora, save_lora
-from predictor_training.checkpoint import RunState, checkpoint_meta, read_training_state, save_inference_weights
+from predictor_training.teacher.adapters import add_lora, save_lora
+from predictor_training.runtime.checkpoint import RunState, checkpoint_meta, read_training_state, save_inference_weights
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.distributed import DistEnv
-from predictor_training.flow_matching import add_noise
-from predictor_training.precision import precision_policy
-from predictor_training.predictor import build_predictor
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
+from predictor_training.methods.flow_matching import add_noise
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource, load_teacher
 from tests.method_world import write_method_world
@@ -82,10 +83,10 @@ def _build(world, tmp_path, *extra):
     teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), CPU, torch.float32)
     student = None
     if args.generator == "predictor":
-        _, generator_role, _ = dmd2.build_predictor_role(args, teacher, ENV, resuming=False)
+        _, generator_role, _ = build_predictor_role(args, teacher, ENV, resuming=False)
     else:
-        student, generator_role, _ = dmd2.build_student(args, teacher, ENV)
-    real, fake, fake_role = dmd2.build_scores(args, teacher, ENV, policy)
+        student, generator_role, _ = build_student(args, teacher, ENV)
+    real, fake, fake_role = build_scores(args, teacher, ENV, policy)
     step = dmd2.DistributionMatchingStep(
         args=args, env=ENV, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
         teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
@@ -119,11 +120,11 @@ def test_one_step_gives_gradients_only_to_the_trainable_roles(world, tmp_path, e
     dataset = VideoLatentDataset(world["videos"], "train")
     # The fake score starts equal to the real score (a DMD gradient of 0): one critic update first, as a run has
     # before its first generator step.
-    step(dataset[1], sync=True, due=frozenset({dmd2.FAKE}))
+    step(dataset[1], sync=True, due=frozenset({FAKE}))
     fake_role.step()
     fake_role.zero_grad()
     step.run_state.micro_step += 1
-    metrics = step(dataset[0], sync=True, due=frozenset({generator_role.name, dmd2.FAKE}))
+    metrics = step(dataset[0], sync=True, due=frozenset({generator_role.name, FAKE}))
     for key in ("critic_loss", "generator_loss", "dmd_loss", "dmd/grad_rms"):
         assert metrics[key] == metrics[key] and metrics[key] > 0, (key, metrics)
     if args.generator == "predictor":
@@ -139,7 +140,7 @@ def test_one_step_gives_gradients_only_to_the_trainable_roles(world, tmp_path, e
 
 def test_a_step_without_the_generator_trains_only_the_critic(world, tmp_path):
     _, step, generator_role, fake_role, _, _ = _build(world, tmp_path)
-    metrics = step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({dmd2.FAKE}))
+    metrics = step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({FAKE}))
     assert generator_role.parameters_with_grad() == []  # its rollout ran without a graph
     _check_role_grads(fake_role)
     assert "generator_loss" not in metrics and metrics["loss"] == metrics["critic_loss"]
@@ -161,7 +162,7 @@ def test_critic_and_generator_use_the_one_rollout(world, tmp_path, monkeypatch):
     calls = []
     hook = generator_role.raw_module.register_forward_hook(lambda *_: calls.append(1))
     step.trace = []
-    step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({"predictor", dmd2.FAKE}))
+    step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({"predictor", FAKE}))
     hook.remove()
     assert len(produced) == len(step.trace) == 1  # 8 latents: chunk 0 (Teacher) + 1 generated chunk
     assert len(calls) == 3  # F-P-P-P: one rollout, not a second one for the critic

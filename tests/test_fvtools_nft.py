@@ -1,4 +1,4 @@
-"""fvtools/train_nft.py (DiffusionNFT) and predictor_training/rewards.py on tiny models (CPU, single process).
+"""fvtools/train_nft.py (DiffusionNFT) and predictor_training/methods/rewards.py on tiny models (CPU, single process).
 
 Data: the video-latent demo (three procedural clips of 8 latents at 2 x 3, two train, one holdout, through the
 demo's tiny random encoders and VAE); the model: the demo Teacher config (4 blocks, width 64). The NFT loss itself
@@ -15,14 +15,15 @@ import torch
 from torch import nn
 
 import fvtools.train_nft as nft
-from predictor_training.checkpoint import RunState, read_training_state
+from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.diffusion_nft import OldPolicy, old_policy_decay
-from predictor_training.distributed import DistEnv
-from predictor_training.eval.runtime import VaeDecoder
-from predictor_training.method_model import build_method_model
-from predictor_training.precision import precision_policy
-from predictor_training.rewards import REWARDS, RewardScorer, parse_reward_weights, select_frames
+from predictor_training.methods.nft import OldPolicy, PolicyModels, old_policy_decay
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.video.vae_decoder import VaeDecoder
+from predictor_training.methods.method_model import build_method_model
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.methods.rewards import REWARDS, RewardScorer, VideoRewards, default_vae_folder, \
+    parse_reward_weights, select_frames
 from predictor_training.teacher.source import TeacherSource
 from tests.method_world import write_method_world
 from tests.two_ranks import assert_finished, run_two_ranks
@@ -153,10 +154,10 @@ def _step(world, tmp_path, *extra: str):
     args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
     source = TeacherSource(args.teacher, None, "--teacher", None)
     method_model = build_method_model(source, args, ENV, precision_policy("fp32", CPU), role_name=nft.ROLE)
-    models = nft.PolicyModels(method_model)
+    models = PolicyModels(method_model)
     method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
-    decoder = VaeDecoder.from_folder(nft.default_vae_folder(args.dataset_root), CPU, torch.float32, tiling=False)
-    rewards = nft.VideoRewards(RewardScorer(parse_reward_weights(args.rewards)), decoder, args.reference_video, None)
+    decoder = VaeDecoder.from_folder(default_vae_folder(args.dataset_root), CPU, torch.float32, tiling=False)
+    rewards = VideoRewards(RewardScorer(parse_reward_weights(args.rewards)), decoder, args.reference_video, None)
     step = nft.NftStep(models, rewards, args, ENV, RunState(), None)
     return step, method_model, models
 

@@ -1,10 +1,10 @@
-"""Collapse monitors (predictor_training/generation_monitors.py): a static video and a flat one show at once."""
+"""Collapse monitors (predictor_training/methods/monitors.py): a static video and a flat one show at once."""
 
 import pytest
 import torch
 
-from predictor_training.generation_monitors import collapse_monitors, temporal_delta_energy
-from predictor_training.random_streams import stream_generator
+from predictor_training.methods.monitors import collapse_monitors, temporal_delta_energy
+from predictor_training.runtime.random_streams import stream_generator
 
 
 def teacher_latents():

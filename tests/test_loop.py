@@ -14,13 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
-from predictor_training.roles import Role
+from predictor_training.runtime.roles import Role
 from tests.two_ranks import assert_finished, run_two_ranks
-from predictor_training.checkpoint import NonFiniteError, RunState, read_training_state, save_training_state
-from predictor_training.distributed import DistEnv
-from predictor_training.logger import MetricsLogger, resolve_swanlab_mode
-from predictor_training.loop import ResumableBatches, replica_mismatches, role_fingerprints, train_loop
-from predictor_training.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer, lr_multiplier
+from predictor_training.runtime.checkpoint import NonFiniteError, RunState, read_training_state, save_training_state
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.logger import MetricsLogger, resolve_swanlab_mode
+from predictor_training.data.batches import ResumableBatches
+from predictor_training.runtime.loop import replica_mismatches, role_fingerprints, train_loop
+from predictor_training.runtime.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer, lr_multiplier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOY_SCRIPT = Path(__file__).with_name("ddp_toy_train.py")

@@ -16,9 +16,9 @@ import torch
 import torchvision
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from predictor_training import video_metrics as M
-from predictor_training.video_folder_metrics import compare_video_folders, pair_videos
-from predictor_training.video_io import read_video, side_by_side, write_video
+from predictor_training.video import metrics as M
+from predictor_training.video.folder_metrics import compare_video_folders, pair_videos
+from predictor_training.video.io import read_video, side_by_side, write_video
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_PATH = REPO_ROOT / "tools" / "compute_video_metrics.py"

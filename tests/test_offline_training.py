@@ -22,7 +22,7 @@ import torch
 
 import train_predictor_disca
 import train_predictor_v4
-from predictor_training.checkpoint import CheckpointMismatchError, read_training_state
+from predictor_training.runtime.checkpoint import CheckpointMismatchError, read_training_state
 from predictor_training.data.shards import append_jsonl, make_manifest_entry, write_safetensors_atomic
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import teacher_config_sha256

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from predictor_training.optim import TwoGroupLRSchedule, build_optimizer, count_group_params, lr_multiplier
+from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer, count_group_params, lr_multiplier
 
 # warmup 4, max 12, block delay 2. Warmup: (step+1)/4. Cosine over the 8 steps after warmup:
 # progress p = (step - 4) / 8, multiplier 0.5 * (1 + cos(pi * p)).

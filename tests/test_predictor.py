@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from predictor_training.losses import predictor_loss
-from predictor_training.predictor import (
+from predictor_training.predictor.loss import predictor_loss
+from predictor_training.predictor.model import (
     build_predictor,
     build_predictor_from_config,
     text_kv_from_stacked,

@@ -16,18 +16,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
-from predictor_training.checkpoint import (
+from predictor_training.runtime.checkpoint import (
     TRAINING_STATE_FORMAT,
     capture_rng_state,
     RunState,
     load_training_state,
     read_training_state,
 )
-from predictor_training.distributed import DistEnv, cleanup_distributed, init_distributed, maybe_no_sync, wrap_ddp
-from predictor_training.logger import MetricsLogger
-from predictor_training.loop import ResumableBatches, train_loop
-from predictor_training.optim import TwoGroupLRSchedule, build_optimizer
-from predictor_training.roles import EMA, Role
+from predictor_training.runtime.distributed import DistEnv, cleanup_distributed, init_distributed, maybe_no_sync, wrap_ddp
+from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.data.batches import ResumableBatches
+from predictor_training.runtime.loop import train_loop
+from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer
+from predictor_training.runtime.roles import EMA, Role
 
 SINGLE = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None, is_main=True)
 META = {"variant": "toy", "source_blocks": [0, 1], "precision": "fp32"}

@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from predictor_training.ar_rollout import (
+from predictor_training.rollout.ar_rollout import (
     ARRollout,
     RolloutConfig,
     RolloutInputs,
     build_cond_latents,
     make_initial_noise,
 )
-from predictor_training.camera import make_retrieval_points, select_aligned_memory_frames
-from predictor_training.loop import one_item_per_rank_batches
-from predictor_training.predictor import build_predictor
-from predictor_training.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
-from predictor_training.scheduler import (
+from predictor_training.rollout.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.rollout.scheduler import (
     FlowMatchEulerScheduler,
     differentiable_euler_step,
     flow_match_sigmas,
@@ -152,7 +152,7 @@ def write_sample_table(folder: Path, case_ids, actions=(0, 1, 2, 3), num_latents
     """A sample table (train.jsonl) whose pose files have `num_latents` latents (the standard ones have 32)."""
     from PIL import Image
 
-    from predictor_training.camera import pose_string_to_json
+    from predictor_training.rollout.camera import pose_string_to_json
     from predictor_training.data.sample_table import SampleRow, sample_seed
     from predictor_training.data.sample_table import write_sample_table as write_rows
 
@@ -181,7 +181,7 @@ def trainable_grads(predictor) -> dict[str, torch.Tensor | None]:
 def write_rollout_setup(root: Path, num_latents: int, case_ids, actions) -> dict[str, Path]:
     """Teacher folder, dataset root (case files + dataset_config.json, no trajectories), sample table and a
     predictor_step safetensors to start from. Returns their paths."""
-    from predictor_training.checkpoint import save_inference_weights
+    from predictor_training.runtime.checkpoint import save_inference_weights
     from predictor_training.teacher.source import teacher_config_sha256
     from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 
@@ -543,7 +543,7 @@ def test_09_only_the_last_chunk_all_reduces(ddp_report):
 # 11. Smoke: 1-step and 2-step DDP runs, resume = uninterrupted; then a 20-step overfit whose loss falls
 # ---------------------------------------------------------------------------------------------------------------
 def test_11a_ddp_smoke_one_and_two_steps_and_resume(ddp_report):
-    from predictor_training.checkpoint import read_inference_metadata, read_training_state
+    from predictor_training.runtime.checkpoint import read_inference_metadata, read_training_state
 
     root = ddp_report["root"]
     smoke, full, cut = root / "smoke_1step", root / "full_2step", root / "cut_resumed"
@@ -601,7 +601,7 @@ def test_12_finite_metrics_falling_step_losses_and_peak_memory_logged(overfit_ru
 
 
 def test_resume_refuses_a_bf16_master_state(tmp_path):
-    from predictor_training.checkpoint import check_fp32_training_state
+    from predictor_training.runtime.checkpoint import check_fp32_training_state
 
     def state(dtype):
         return {"roles": {"predictor": {
@@ -623,8 +623,9 @@ def ddp_checks(root: Path) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import train_predictor_v4_rollout as trainer
-    from predictor_training.checkpoint import CheckpointMismatchError, load_model_weights
-    from predictor_training.distributed import all_gather_objects, init_distributed, wrap_ddp
+    from predictor_training.runtime import launch
+    from predictor_training.runtime.checkpoint import CheckpointMismatchError, load_model_weights
+    from predictor_training.runtime.distributed import all_gather_objects, init_distributed, wrap_ddp
     from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 
     torch.set_num_threads(1)
@@ -695,9 +696,9 @@ def ddp_checks(root: Path) -> None:
     del model
 
     # 3. The trainer itself: a 1-step smoke run, a 2-step run, and a 1-step run resumed to step 2, all under this
-    #    process group (the runner's init/cleanup are bypassed so that the group is made once).
-    trainer.init_distributed = lambda backend: env
-    trainer.cleanup_distributed = lambda: None
+    #    process group (the run start's init/cleanup are bypassed so that the group is made once).
+    launch.init_distributed = lambda backend: env
+    launch.cleanup_distributed = lambda: None
     common = ["--init_from", str(paths["init"]), "--max_steps", "2", "--scheduler_warmup_steps", "1",
               "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "1"]
     trainer.main(trainer_args(paths, root / "smoke_1step", *common, "--stop_at_step", "1"))

@@ -12,7 +12,7 @@ import pytest
 import train_predictor_disca
 import train_predictor_v4
 import train_predictor_v4_rollout
-from predictor_training.run_directory import format_lr, run_name, subset_tag
+from predictor_training.runtime.run_directory import format_lr, run_name, subset_tag
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

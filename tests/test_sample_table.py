@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor_training.camera import pose_to_input
+from predictor_training.rollout.camera import pose_to_input
 from predictor_training.data.sample_table import (
     DEFAULT_SPLIT_SIZES,
     STANDARD_ACTIONS,

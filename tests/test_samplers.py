@@ -95,7 +95,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_resume_through_resumable_batches_replays_the_rest_of_the_epoch():
-    from predictor_training.loop import ResumableBatches
+    from predictor_training.data.batches import ResumableBatches
 
     n_ctx_list = [4] * 40 + [8] * 24 + [20] * 33
     dataset = list(range(len(n_ctx_list)))

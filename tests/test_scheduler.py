@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from predictor_training.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
+from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
 
 SET_A = Path(__file__).parent / "data" / "conformance" / "worldplay_tiny_A"
 NUM_STEPS = 4

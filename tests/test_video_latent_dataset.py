@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from predictor_training.data import video_latent_build as vb
-from predictor_training.data import video_latent_demo as vd
+from predictor_training.world import video_latent_demo as vd
 from predictor_training.data import video_latents as vl
 from predictor_training.data.builder import MANIFEST_FILE, PARTS_DIR
 from predictor_training.data.shards import (
@@ -30,8 +30,8 @@ from predictor_training.data.shards import (
     read_jsonl,
     verify_file,
 )
-from predictor_training.loop import ResumableBatches
-from predictor_training.video_io import read_video, write_video
+from predictor_training.data.batches import ResumableBatches
+from predictor_training.video.io import read_video, write_video
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOL = REPO_ROOT / "tools" / "build_video_latent_dataset.py"
@@ -69,7 +69,7 @@ def demo(tmp_path_factory, one_thread):
 @pytest.fixture(scope="module")
 def single_build(demo, tmp_path_factory, one_thread):
     out = tmp_path_factory.mktemp("single") / "VDS"
-    assert vb.run(_options(demo, out)) == 0
+    assert vb.run(_options(demo, out), prepare_demo=vd.prepare_demo_inputs) == 0
     return out
 
 
@@ -131,7 +131,7 @@ def test_latents_follow_the_pipeline_scaling(single_build, demo):
 
 def test_interrupted_build_resumes_and_skips_finished_clips(demo, single_build, tmp_path, capsys):
     out = tmp_path / "VDS"
-    assert vb.run(_options(demo, out, stop_after=2)) == 0
+    assert vb.run(_options(demo, out, stop_after=2), prepare_demo=vd.prepare_demo_inputs) == 0
     assert "clips built 2, skipped 0" in capsys.readouterr().out
     assert not (out / MANIFEST_FILE).exists()
     assert sorted(path.name for path in (out / "clips").iterdir()) == ["clip000.safetensors", "clip001.safetensors"]
@@ -141,7 +141,7 @@ def test_interrupted_build_resumes_and_skips_finished_clips(demo, single_build, 
         handle.write('{"file":"clips/clip002.safetens')
     (out / "clips" / "clip002.safetensors.tmp").write_bytes(b"partial")
 
-    assert vb.run(_options(demo, out)) == 0
+    assert vb.run(_options(demo, out), prepare_demo=vd.prepare_demo_inputs) == 0
     assert "clips built 3, skipped 2" in capsys.readouterr().out
     after = _snapshot(out)
     for name, value in finished.items():
@@ -150,14 +150,15 @@ def test_interrupted_build_resumes_and_skips_finished_clips(demo, single_build, 
     assert not list(out.rglob("*.tmp")) and not (out / PARTS_DIR).exists()
 
     # a finished dataset: everything is skipped
-    assert vb.run(_options(demo, out)) == 0
+    assert vb.run(_options(demo, out), prepare_demo=vd.prepare_demo_inputs) == 0
     assert "clips built 0, skipped 5" in capsys.readouterr().out
 
 
 def test_resume_refuses_a_folder_built_with_other_settings(demo, single_build):
     before = _snapshot(single_build)
     with pytest.raises(vl.VideoDatasetInputError) as error:
-        vb.run(_options(demo, single_build, storage_dtype="bfloat16", vision_crop="target"))
+        vb.run(_options(demo, single_build, storage_dtype="bfloat16", vision_crop="target"),
+               prepare_demo=vd.prepare_demo_inputs)
     message = str(error.value)
     assert str(single_build / vl.CONFIG_NAME) in message
     assert "storage_dtype: existing 'keep', requested 'bfloat16'" in message

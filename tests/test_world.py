@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor_training.camera import POSE_STRING_K, parse_pose_string, pose_string_to_json, pose_to_input
+from predictor_training.rollout.camera import POSE_STRING_K, parse_pose_string, pose_string_to_json, pose_to_input
 from predictor_training.data.video_latent_build import read_clip_plan
-from predictor_training.video_io import read_video
+from predictor_training.video.io import read_video
 from predictor_training.world import (
     Box,
     WorldConfigError,

@@ -13,7 +13,7 @@ from PIL import Image
 
 from predictor_training.data.sample_table import read_sample_table
 from predictor_training.teacher import WorldPlayTransformer
-from predictor_training.video_io import read_video
+from predictor_training.video.io import read_video
 from predictor_training.world.assets import WORLD_TEACHER_DEPTH, WORLD_WEIGHTS
 from predictor_training.world.shipped import demo_split_clips, load_shipped_world, scene_case_id
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from predictor_training.video_io import write_video
+from predictor_training.video.io import write_video
 from predictor_training.world.vae import ClipVideo, ClipWindows, frames_to_tensor, psnr, world_vae_config
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "train_world_vae.py"
@@ -64,6 +64,36 @@ def test_windows_are_a_pure_function_of_the_index(tmp_path):
     assert all(start + length <= 21 for start, length in spans)
     item = windows[1]
     assert item["clip_id"] == "clip1" and item["frames"].shape[2] == spans[1][1]
+
+
+def test_batched_windows_and_the_batch_safe_attention_mask(tmp_path):
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+
+    from predictor_training.world.vae import build_world_vae, causal_attention_mask
+
+    original = HunyuanVideo15AttnBlock.prepare_causal_attention_mask
+    for frames, hw in ((1, 6), (3, 4)):
+        expected = original(frames, hw, torch.float32, torch.device("cpu"))
+        assert torch.equal(causal_attention_mask(frames, hw, torch.float32, torch.device("cpu")), expected)
+    vae = build_world_vae(world_vae_config(4, (8, 8, 8, 8)), 0).eval()
+    x = torch.rand(2, 3, 9, 16, 24) * 2 - 1
+    with torch.no_grad():  # a batch of two gives each video's own latents
+        batched = vae.encode(x).latent_dist.mode()
+        single = torch.cat([vae.encode(x[i:i + 1]).latent_dist.mode() for i in range(2)])
+    torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-5)
+
+    clips = _clips(tmp_path, 3, 21)
+    windows = ClipWindows(clips, num_frames=21, short=5, long_min=13, long_fraction=0.5, windows_per_clip=4, seed=3,
+                          windows_per_item=2, long_windows_per_item=1)
+    assert len(windows) == 6
+    seen = set()
+    for index in range(len(windows)):
+        item, again = windows[index], windows[index]
+        assert torch.equal(item["frames"], again["frames"])
+        start, length = windows.window(index)
+        assert item["frames"].shape[:3] == ((2 if length == 5 else 1), 3, length)
+        seen.add(item["clip_id"])
+    assert seen <= {clip.clip_id for clip in clips} and len(seen) > 1
 
 
 def test_training_lowers_the_loss_and_exports_a_scaled_vae(tmp_path):

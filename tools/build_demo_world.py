@@ -34,9 +34,11 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from predictor_training.atomic_io import write_json_atomic
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.world.clips import WorldSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd", "ship")
@@ -52,7 +54,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--teacher_from", choices=("df_sft", "kd"), default="df_sft",
                         help="which model the ship stage ships as the world Teacher (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (default %(default)s)")
+    world = parser.add_argument_group("world (render stage; tools/render_world.py's flags, same defaults)")
+    for name, value in asdict(WorldSettings()).items():
+        if name not in ("seed", "video_format"):
+            world.add_argument(f"--{name}", type=int, default=value, help="(default %(default)s)")
     parser.add_argument("--vae_steps", type=int, default=2000, help="VAE optimizer steps (default %(default)s)")
+    vae = parser.add_argument_group("VAE (tools/train_world_vae.py's flags)")
+    vae.add_argument("--vae_latent_channels", type=int, default=16, help="(default %(default)s)")
+    vae.add_argument("--vae_block_out_channels", type=str, default="8,16,32,32", help="(default %(default)s)")
+    vae.add_argument("--vae_lr", type=float, default=1.5e-3, help="(default %(default)g)")
+    vae.add_argument("--vae_grad_accum", type=int, default=2, help="(default %(default)s)")
+    vae.add_argument("--vae_long_fraction", type=float, default=0.3, help="(default %(default)g)")
+    vae.add_argument("--vae_eval_every", type=int, default=0,
+                     help="held-out whole-clip PSNR every this many steps (default %(default)s: at the end only)")
+    vae.add_argument("--vae_ckpt_every", type=int, default=250, help="(default %(default)s)")
     parser.add_argument("--df_sft_steps", type=int, default=5000, help="df_sft optimizer steps (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
@@ -82,10 +97,15 @@ def run(command: list[str], log: Path) -> None:
 def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
     python = sys.executable
     if stage == "render":
-        return [[python, "tools/render_world.py", "--out", str(out / "render"), "--seed", str(args.seed)]]
+        world = [f"--{name}={getattr(args, name)}" for name in asdict(WorldSettings()) if name not in ("seed", "video_format")]
+        return [[python, "tools/render_world.py", "--out", str(out / "render"), "--seed", str(args.seed), *world]]
     if stage == "vae":
         return [[python, "tools/train_world_vae.py", "--clips", str(out / "render" / "train.jsonl"), "--holdout",
                  str(out / "render" / "holdout.jsonl"), "--max_steps", str(args.vae_steps), "--seed", str(args.seed),
+                 "--num_frames", str(args.num_frames), "--latent_channels", str(args.vae_latent_channels),
+                 "--block_out_channels", args.vae_block_out_channels, "--lr", str(args.vae_lr),
+                 "--grad_accum", str(args.vae_grad_accum), "--long_fraction", str(args.vae_long_fraction),
+                 "--eval_every", str(args.vae_eval_every), "--ckpt_every", str(args.vae_ckpt_every),
                  "--output_dir", str(out / "vae_run"), "--no_progress"]]
     if stage == "encoders":
         code = ("import json,sys; from predictor_training.world.assets import write_world_encoders, "
@@ -99,7 +119,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
         render = out / "render"
         return [[python, "tools/build_video_latent_dataset.py", "--clips",
                  f"{render / 'train.jsonl'},{render / 'holdout.jsonl'}", "--encoders", str(out / "encoders"),
-                 "--out", str(out / "video_latents"), "--height", "32", "--width", "48", "--num_frames", "125",
+                 "--out", str(out / "video_latents"), "--height", str(args.height), "--width", str(args.width),
+                 "--num_frames", str(args.num_frames),
                  "--dtype", "float32", "--storage_dtype", "float32", "--device", "cpu"]]
     if stage == "df_sft":
         return [[python, "fvtools/train_df_sft.py", "--teacher", str(out / "teacher_config"), "--dataset_root",

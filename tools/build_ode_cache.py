@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 
 from predictor_training.data.ode_cache import CacheJob, CacheSettings, STORAGE_DTYPES, build_cache, video_clip_seed
-from predictor_training.data.shards import sha256_file
+from predictor_training.runtime.io import sha256_file
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.distributed import cleanup_distributed, init_distributed, log0
+from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, log0
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
+from predictor_training.teacher.config import DISTILLED_SHIFT
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     source.add_argument("--num_latents", type=int, default=32, help="--samples: latents per video (default 32)")
     ode = parser.add_argument_group("the teacher's ODE")
     ode.add_argument("--steps", type=int, default=32, help="teacher denoising steps per chunk (default %(default)s)")
-    ode.add_argument("--shift", type=float, default=5.0, help="schedule shift (default %(default)g)")
+    ode.add_argument("--shift", type=float, default=DISTILLED_SHIFT, help="schedule shift (default %(default)g)")
     ode.add_argument("--store_grid", type=int, default=4,
                      help="keep the states on this many-step grid of the same shift, which must divide --steps "
                           "(default %(default)s: the 4-step student's noise levels; --store_grid = --steps keeps all)")

@@ -2,7 +2,7 @@ r"""Build the Predictor training dataset: the Teacher's F-F-F-F rollouts, stored
 
 Per case (image-caption pair): one text prefill (text K/V of every double block, valid tokens only) and the
 image-condition latent -> ``cases/{case_id}.safetensors``. Per trajectory (case x camera action, one sample-table
-row): the 8-chunk autoregressive rollout of ``predictor_training.ar_rollout`` with noise and memory points from the
+row): the 8-chunk autoregressive rollout of ``predictor_training.rollout.ar_rollout`` with noise and memory points from the
 row's seed, recorded step by step -> ``trajectories/{case_id}__a{action_id}.safetensors``. Layout: data.md.
 
 Demo (CPU, seconds):
@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from predictor_training.ar_rollout import RolloutConfig
+from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.data.builder import DTYPES, run
 
 

@@ -26,7 +26,7 @@ resume: a clip whose file matches a known entry (size, sha256, tensor list) made
 A folder built with other settings is refused, listing the differing fields.
 
 This file is the command line; the builder is ``predictor_training.data.video_latent_build`` (``run``), the
-demo inputs ``predictor_training.data.video_latent_demo``, the reader ``predictor_training.data.video_latents``.
+demo inputs ``predictor_training.world.video_latent_demo``, the reader ``predictor_training.data.video_latents``.
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ from pathlib import Path
 
 from predictor_training.data.encoders import VISION_CROPS
 from predictor_training.data.video_latent_build import ENCODER_DTYPES, STORAGE_DTYPES, run
-from predictor_training.data.video_latent_demo import (
+from predictor_training.world.video_latent_demo import (
     DEMO_ENCODERS_DIR,
     DEMO_HEIGHT,
     DEMO_NUM_FRAMES,
     DEMO_WIDTH,
     demo_tables,
+    prepare_demo_inputs,
 )
 
 
@@ -127,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    return run(parse_args(argv))
+    return run(parse_args(argv), prepare_demo=prepare_demo_inputs)
 
 
 if __name__ == "__main__":

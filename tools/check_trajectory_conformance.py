@@ -6,7 +6,7 @@
 
 DIR holds config.json, weights.safetensors.xz (or weights.safetensors), vectors.safetensors (the text-side inputs),
 trajectory.safetensors and trajectory.json. The check loads the model into our Teacher (float32, CPU), runs the text
-prefill on the stored encoder stand-ins, then the whole rollout of ``predictor_training.ar_rollout`` - the loop the
+prefill on the stored encoder stand-ins, then the whole rollout of ``predictor_training.rollout.ar_rollout`` - the loop the
 dataset builder uses - on its OWN running state (every chunk's context comes from our own earlier chunks), with the
 stored memory points (``retr.points``; regenerated from trajectory.json's retrieval seed when absent). It compares
 every recorded float tensor elementwise, ``|got - ref| <= atol + rtol * |ref|`` with that README's section 11 tiers

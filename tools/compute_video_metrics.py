@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Compare every video in TEST_DIR with its partner in REF_DIR: PSNR (full / frame-mean), SSIM, LPIPS-AlexNet,
-pixel MSE / RMSE / MAE and temporal-delta MSE (definitions: predictor_training/video_metrics.py and train.md).
+pixel MSE / RMSE / MAE and temporal-delta MSE (definitions: predictor_training/video/metrics.py and train.md).
 
 Videos are mp4 (or .mov/.mkv/.avi/.webm) files or folders of PNG frames, paired by their path relative to the root
 with the video suffix dropped (ref/case1/act0.mp4 pairs with test/case1/act0.mp4 or the frame folder
@@ -22,8 +22,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from predictor_training.video_folder_metrics import compare_video_folders, pair_videos, resolve_device
-from predictor_training.video_metrics import LpipsWeightsError
+from predictor_training.video.folder_metrics import compare_video_folders, pair_videos, resolve_device
+from predictor_training.video.metrics import LpipsWeightsError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,7 +35,7 @@ from predictor_training.data.encoders import (
     jobs_from_cases,
 )
 from predictor_training.data.sample_table import read_cases
-from predictor_training.distributed import barrier, cleanup_distributed, init_distributed, log0
+from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed, log0
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

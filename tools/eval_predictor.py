@@ -37,18 +37,12 @@ import sys
 from pathlib import Path
 
 from predictor_training.data.sample_table import SPLIT_NAMES
-from predictor_training.distributed import cleanup_distributed, init_distributed, print0
-from predictor_training.eval import (
-    DTYPES,
-    Schedule,
-    parse_context_modes,
-    parse_replace_steps,
-    run_evaluation,
-    settings_from_args,
-)
+from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, print0
+from predictor_training.eval import DTYPES, parse_context_modes, run_evaluation, settings_from_args
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, parse_replace_steps, Schedule
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
-from predictor_training.frame_kv_cache import CONTEXT_MODES
-from predictor_training.video_metrics import LpipsWeightsError
+from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
+from predictor_training.video.metrics import LpipsWeightsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
 DEMO_CONFIG_NAME = "demo_config.json"  # its optional "ground_truth" key names the demo's ground-truth folder
@@ -85,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     method.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
                         "(predictor_step_XXXXX.safetensors or training_latest.pt); repeat to compare several in one "
                         "run (they share the reference and reuse rollouts)")
-    method.add_argument("--replace_steps", type=str, default="1,2,3", help="denoising steps replaced in every "
+    method.add_argument("--replace_steps", type=str, default=",".join(map(str, DEFAULT_REPLACE_STEPS)), help="denoising steps replaced in every "
                         "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
                         "and the schedule applies to chunks 1.. (train.md § What is compared); schedule: chunk 0 follows it too "

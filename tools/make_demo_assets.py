@@ -21,7 +21,7 @@ which scenes go to which split):
 
     D/teacher/            WorldPlayTransformer.from_preset("demo"), upstream zero-initialised layers given small random
                           values (`randomize_zero_initialised_`) so every path affects the output; save_pretrained
-    D/encoders/           tiny random diffusers-format HunyuanVideo-1.5 i2v encoders (predictor_training.demo)
+    D/encoders/           tiny random diffusers-format HunyuanVideo-1.5 i2v encoders (predictor_training.world.demo_assets)
     D/images/{case}.png   procedural source images (96 x 160)
     D/cases.jsonl         case_id, source_image (relative to D), caption
     D/samples/            poses/*.json, train.jsonl, holdout25.jsonl, holdout50.jsonl (4 standard actions per case;
@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from predictor_training.camera import pose_string_to_json
+from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.data.encoders import (
     CaseEncoder,
     check_or_write_encode_config,
@@ -69,7 +69,7 @@ from predictor_training.data.sample_table import (
     write_sample_table,
     write_standard_pose_files,
 )
-from predictor_training.demo import (
+from predictor_training.world.demo_assets import (
     DEMO_HEIGHT,
     DEMO_NUM_LATENTS,
     DEMO_TEACHER_PRESET,
@@ -78,9 +78,9 @@ from predictor_training.demo import (
     make_demo_scenes,
     save_tiny_encoders,
 )
-from predictor_training.eval.runtime import video_key
+from predictor_training.video.ground_truth import video_key
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
-from predictor_training.video_io import write_video
+from predictor_training.video.io import write_video
 from predictor_training.world.assets import WORLD_WEIGHTS, write_world_encoders
 from predictor_training.world.clips import FPS, render_clip
 from predictor_training.world.shipped import ShippedWorld, demo_split_clips, load_shipped_world, scene_case_id

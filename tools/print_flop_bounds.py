@@ -5,7 +5,7 @@
     python tools/print_flop_bounds.py --teacher predictor_training/world/weights/teacher --height 4 --width 6
 
 A bound is the reference's DiT FLOPs (F-F-F-F, exact context) divided by the schedule's under a mode
-(`predictor_training.flops.rollout_flops`; the VAE decode is outside it). Chunk 0 runs F-F-F-F in every schedule, as
+(`predictor_training.teacher.flops.rollout_flops`; the VAE decode is outside it). Chunk 0 runs F-F-F-F in every schedule, as
 in the eval. Chunk c has min(4c, memory_frames) context frames (the memory rule of the AR loop). The cache memory is
 what the incremental and last_step modes hold: K and V of every layer for every frame a later chunk can select.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.eval.methods import Schedule, parse_replace_steps
-from predictor_training.flops import TeacherShape, flop_speedup_bound, rollout_flops
-from predictor_training.frame_kv_cache import CONTEXT_MODES, cache_bytes_per_frame
-from predictor_training.predictor import build_predictor
+from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.teacher.flops import TeacherShape, flop_speedup_bound, rollout_flops
+from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, cache_bytes_per_frame
+from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
 

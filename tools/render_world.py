@@ -40,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--height", type=int, default=DEFAULTS.height)
     parser.add_argument("--width", type=int, default=DEFAULTS.width)
     parser.add_argument("--num_frames", type=int, default=DEFAULTS.num_frames, help="4k+1 (k+1 latents)")
+    parser.add_argument("--revisit_paths", type=int, default=DEFAULTS.revisit_paths,
+                        help="the last this many of each scene's --paths_per_scene paths come back exactly to earlier "
+                        "cameras (turn away and back, forward and back, loops, look-around); also every other new "
+                        "path of a train scene (default %(default)s: generator paths only)")
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
     parser.add_argument("--video_format", choices=VIDEO_FORMATS, default=DEFAULTS.video_format,
                         help="png: a folder of PNG frames per clip; mp4: lossless H.264 RGB")
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
     settings = WorldSettings(
         num_scenes=args.num_scenes, paths_per_scene=args.paths_per_scene, holdout_scenes=args.holdout_scenes,
         holdout_paths=args.holdout_paths, height=args.height, width=args.width, num_frames=args.num_frames,
-        seed=args.seed, video_format=args.video_format,
+        seed=args.seed, video_format=args.video_format, revisit_paths=args.revisit_paths,
     )
     start = time.perf_counter()
     try:

@@ -21,29 +21,30 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from predictor_training.atomic_io import write_json_atomic
-from predictor_training.checkpoint import RunState, load_model_weights, load_training_state
-from predictor_training.distributed import cleanup_distributed, init_distributed, log0, seed_everything
-from predictor_training.flags import (
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.checkpoint import RunState, load_model_weights, load_training_state
+from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, log0, seed_everything
+from predictor_training.runtime.flags import (
     add_method_optimization_args,
     add_run_args,
     add_tracker_args,
     check_args,
     parse_recipe_args,
 )
-from predictor_training.logger import MetricsLogger
-from predictor_training.loop import one_item_per_rank_batches, train_loop
-from predictor_training.optim import WarmupCosineSchedule, build_optimizer
-from predictor_training.roles import Role
-from predictor_training.run_directory import format_lr, plan_run, report_run_start, run_config, write_train_config
-from predictor_training.video_io import read_video
+from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.runtime.loop import train_loop
+from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import format_lr, plan_run, report_run_start, run_config, write_train_config
+from predictor_training.video.io import read_video
 from predictor_training.world.vae import (
     ClipVideo,
     ClipWindows,
     build_world_vae,
     latent_std,
     psnr,
-    reconstruction_psnr,
+    reconstruction_scores,
     world_vae_config,
 )
 
@@ -62,7 +63,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="shortest long window, 4k+1; long windows run up to the whole clip (default %(default)s)")
     data.add_argument("--long_fraction", type=float, default=0.3,
                       help="share of long windows (default %(default)g)")
-    data.add_argument("--eval_clips", type=int, default=8, help="held-out clips scored at the end (default %(default)s)")
+    data.add_argument("--eval_clips", type=int, default=8,
+                      help="held-out clips scored at the end, per group: when the holdout table sits in a rendered "
+                      "world (world_config.json beside it), this many clips of held-out scenes and this many new paths "
+                      "of train scenes, evenly spaced over each group; else the table's first clips (default "
+                      "%(default)s)")
+    data.add_argument("--eval_every", type=int, default=0,
+                      help="also score the first --eval_clips of those held-out clips every this many steps "
+                      "(vae_eval_log.jsonl; default %(default)s: only at the end)")
+    data.add_argument("--windows_per_item", type=int, default=1,
+                      help="short windows per micro-batch (a batch of one length; default %(default)s). On CPU a batch "
+                      "of >= 2 runs Conv3d through oneDNN instead of torch's slow path: 4 cost about what 1 costs")
+    data.add_argument("--long_windows_per_item", type=int, default=None,
+                      help="long windows per micro-batch (default: --windows_per_item)")
     data.add_argument("--num_workers", type=int, default=0, help="DataLoader workers (default %(default)s)")
     model = parser.add_argument_group("model")
     model.add_argument("--latent_channels", type=int, default=16, help="latent channels (default %(default)s)")
@@ -93,6 +106,66 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as error:
         parser.error(f"--block_out_channels={args.block_out_channels}: {error}")
     return args
+
+
+def eval_groups(holdout: Path, count: int) -> dict[str, list[ClipVideo]]:
+    """The held-out clips scored at the end, by group (see --eval_clips)."""
+    clips = read_clip_table(holdout)
+    config_path = holdout.parent / "world_config.json"
+    if not config_path.is_file():
+        return {"holdout": clips[:count]}
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    held_out_scenes = set(config["splits"]["holdout"]["held_out_scenes"])
+    scene_of = {clip["clip_id"]: clip["scene_index"] for clip in config["clips"]}
+    groups = {"held_out_scenes": [clip for clip in clips if scene_of.get(clip.clip_id) in held_out_scenes],
+              "new_paths": [clip for clip in clips if scene_of.get(clip.clip_id) not in held_out_scenes]}
+
+    def spaced(items: list) -> list:
+        if len(items) <= count:
+            return items
+        return [items[(index * len(items)) // count] for index in range(count)]
+
+    return {name: spaced(items) for name, items in groups.items() if items}
+
+
+def score_groups(vae, groups: dict[str, list[ClipVideo]], device: torch.device) -> dict:
+    """Whole-clip reconstruction figures of each group (`reconstruction_scores`), per clip and averaged."""
+    report: dict = {}
+    all_scores = []
+    for name, clips in groups.items():
+        scores = reconstruction_scores(vae, [read_video(clip.video) for clip in clips], device)
+        all_scores += scores
+        report[f"{name}_psnr"] = {clip.clip_id: round(score["psnr"], 3) for clip, score in zip(clips, scores)}
+        for key in scores[0]:
+            report[f"{name}_{key}_mean"] = sum(score[key] for score in scores) / len(scores)
+    report["holdout_psnr_mean"] = sum(score["psnr"] for score in all_scores) / len(all_scores)
+    report["holdout_first_frame_psnr_mean"] = sum(score["first_frame_psnr"] for score in all_scores) / len(all_scores)
+    report["holdout_colour_error_mean"] = sum(score["colour_error"] for score in all_scores) / len(all_scores)
+    return report
+
+
+class PeriodicEval:
+    """`extra_step_check`: every `every` steps, whole-clip PSNR of a few held-out clips -> vae_eval_log.jsonl."""
+
+    def __init__(self, vae, clips: list[ClipVideo], every: int, path: Path, device: torch.device, is_main: bool):
+        self.vae, self.clips, self.every, self.path, self.device, self.is_main = vae, clips, every, path, device, is_main
+        self.videos = None
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.is_main or self.every <= 0 or step % self.every:
+            return
+        if self.videos is None:
+            self.videos = [read_video(clip.video) for clip in self.clips]
+        was_training = self.vae.training
+        self.vae.eval()
+        scores = reconstruction_scores(self.vae, self.videos, self.device)
+        self.vae.train(was_training)
+        record = {"step": step, **{key: sum(score[key] for score in scores) / len(scores) for key in scores[0]},
+                  "clips": [clip.clip_id for clip in self.clips]}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        log0(f"step {step}: held-out whole-clip PSNR {record['psnr']:.2f} dB (first frame "
+             f"{record['first_frame_psnr']:.2f} dB, colour error {record['colour_error']:.4f})")
 
 
 def vae_run_name(args, *, world_size: int, device_type: str, subset: str = "") -> str:
@@ -180,7 +253,9 @@ def main(argv=None) -> int:
                 start.run_dir.mkdir(parents=True, exist_ok=True)
             clips = read_clip_table(args.clips)
             dataset = ClipWindows(clips, num_frames=args.num_frames, short=args.short, long_min=args.long_min,
-                                  long_fraction=args.long_fraction, windows_per_clip=8, seed=args.seed)
+                                  long_fraction=args.long_fraction, windows_per_clip=8, seed=args.seed,
+                                  windows_per_item=args.windows_per_item,
+                                  long_windows_per_item=args.long_windows_per_item)
             batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
             optimizer = build_optimizer({ROLE: list(vae.parameters())}, {ROLE: args.lr},
                                         betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
@@ -197,6 +272,11 @@ def main(argv=None) -> int:
             log0(f"world VAE: {sum(p.numel() for p in vae.parameters()):,} parameters; {len(clips)} training clips; "
                  f"steps {run_state.global_step + 1}..{start.stop_step}")
             step_fn = VaeStep(vae, args.kl_weight, args.seed, run_state, env.device)
+            periodic = None
+            if args.holdout is not None and args.eval_every > 0:
+                watched = [clip for group in eval_groups(args.holdout, args.eval_clips).values() for clip in group]
+                periodic = PeriodicEval(vae, watched[:args.eval_clips], args.eval_every,
+                                        start.run_dir / "vae_eval_log.jsonl", env.device, env.is_main)
             with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
                                experiment=args.experiment_name or start.run_name, config=config,
                                swanlab_mode=args.swanlab_mode) as metrics_logger:
@@ -204,7 +284,7 @@ def main(argv=None) -> int:
                            run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
                            grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
                            log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, extra_step_check=periodic)
             if start.stop_step < args.max_steps:
                 return 0
         # Finish: the latent scale, held-out PSNR of whole clips, the diffusers folder.
@@ -215,11 +295,11 @@ def main(argv=None) -> int:
             vae.register_to_config(scaling_factor=1.0 / std)
             report = {"latent_std": std, "scaling_factor": 1.0 / std}
             if args.holdout is not None:
-                held = read_clip_table(args.holdout)[:args.eval_clips]
-                scores = reconstruction_psnr(vae, [read_video(clip.video) for clip in held], env.device)
-                report["holdout_psnr"] = {clip.clip_id: round(score, 3) for clip, score in zip(held, scores)}
-                report["holdout_psnr_mean"] = sum(scores) / len(scores)
-                log0(f"held-out full-clip PSNR {report['holdout_psnr_mean']:.2f} dB over {len(scores)} clips")
+                groups = eval_groups(args.holdout, args.eval_clips)
+                report.update(score_groups(vae, groups, env.device))
+                log0(f"held-out full-clip PSNR {report['holdout_psnr_mean']:.2f} dB over "
+                     f"{sum(len(group) for group in groups.values())} clips "
+                     + ", ".join(f"{name} {report[f'{name}_psnr_mean']:.2f} dB" for name in groups))
             write_json_atomic(start.run_dir / EVAL_NAME, report)
             save_vae_folder(vae, start.run_dir / "vae")
             log0(f"world VAE saved: {start.run_dir / 'vae'} (scaling_factor {1.0 / std:.4f})")

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 
 from predictor_training.conformance import TIERS
-from predictor_training.data.shards import sha256_bytes
+from predictor_training.runtime.io import sha256_bytes
 from predictor_training.teacher import (
     ContextKV,
     LayerContextKV,
@@ -322,7 +322,7 @@ def chunk_cases(model, cset: ConformanceSet, tol: float, groups: list[str]) -> l
 # 4. Scheduler, pose and retrieval cases
 # ---------------------------------------------------------------------------------------------------------------
 def scheduler_cases(cset: ConformanceSet) -> list[CaseResult]:
-    from predictor_training.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
+    from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
 
     params = cset.info["scheduler"]
     num_steps, shift = int(params["num_inference_steps"]), float(params["shift"])
@@ -350,7 +350,7 @@ def scheduler_cases(cset: ConformanceSet) -> list[CaseResult]:
 
 
 def pose_cases(cset: ConformanceSet) -> list[CaseResult]:
-    from predictor_training.camera import load_pose, pose_string_to_json, pose_to_input
+    from predictor_training.rollout.camera import load_pose, pose_string_to_json, pose_to_input
 
     def compare_pose(prefix: str, label: str, converted) -> list[CaseResult]:
         viewmats, Ks, action = converted
@@ -368,7 +368,7 @@ def pose_cases(cset: ConformanceSet) -> list[CaseResult]:
 
 
 def retrieval_cases(cset: ConformanceSet) -> list[CaseResult]:
-    from predictor_training.camera import (
+    from predictor_training.rollout.camera import (
         make_retrieval_points,
         memory_candidate_distances,
         select_aligned_memory_frames,

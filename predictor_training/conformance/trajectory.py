@@ -3,7 +3,7 @@
 Format: section "Full F-F-F-F trajectory" of ``tests/data/conformance/README.md`` (called "README" below). A folder
 holds config.json, weights.safetensors.xz (or weights.safetensors), vectors.safetensors (the text-side inputs),
 trajectory.safetensors and trajectory.json. ``check_trajectory`` loads the model into our Teacher (float32, CPU),
-runs the text prefill on the stored encoder stand-ins, then the whole rollout of ``predictor_training.ar_rollout`` -
+runs the text prefill on the stored encoder stand-ins, then the whole rollout of ``predictor_training.rollout.ar_rollout`` -
 the loop the dataset builder uses - on its OWN running state (every chunk's context comes from our own earlier
 chunks), with the stored memory points (``retr.points``; regenerated from trajectory.json's retrieval seed when
 absent). ``compare_with_golden`` compares every recorded float tensor elementwise, ``|got - ref| <= atol + rtol *
@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
-from predictor_training.ar_rollout import (
+from predictor_training.rollout.ar_rollout import (
     RolloutConfig,
     RolloutInputs,
     TrajectoryRecorder,
@@ -34,7 +34,7 @@ from predictor_training.ar_rollout import (
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.camera import make_retrieval_points
+from predictor_training.rollout.camera import make_retrieval_points
 from predictor_training.conformance import TIERS
 from predictor_training.teacher import WorldPlayTransformer, load_state_dict_strict
 

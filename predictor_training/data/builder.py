@@ -5,7 +5,7 @@
 
 * ``read_plan``: read and validate every input (sample tables, pose files, encoder outputs) before any work;
 * ``build_case_tensors`` / ``build_trajectory``: the text prefill of a case and the F-F-F-F rollout of one
-  sample-table row (``predictor_training.ar_rollout``), as the tensors stored in the shards;
+  sample-table row (``predictor_training.rollout.ar_rollout``), as the tensors stored in the shards;
 * ``dataset_config``, ``write_or_check_config``: what determines the stored tensors, and the resume guard;
 * ``known_entries``, ``finished_entry``, ``merge_manifest``: the manifest parts, what a resume skips, the merge;
 * ``estimate_trajectory_bytes``, ``estimate_case_bytes``, ``dry_run``: the size estimate;
@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from predictor_training.ar_rollout import (
+from predictor_training.rollout.ar_rollout import (
     ARRollout,
     RolloutConfig,
     RolloutInputs,
     TrajectoryRecorder,
     record_rollout,
 )
-from predictor_training.camera import pose_to_input
+from predictor_training.rollout.camera import pose_to_input
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.encoders import load_encoded_case
 from predictor_training.data.sample_table import check_disjoint_splits, read_sample_table
@@ -42,21 +42,21 @@ from predictor_training.data.shards import (
     ShardVerificationError,
     TensorChecksums,
     append_jsonl,
-    canonical_json,
     file_tensor_crc32,
     load_tensors,
     make_manifest_entry,
     read_jsonl,
-    sha256_json,
     verify_file,
     write_bytes_atomic,
     write_jsonl_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.distributed import barrier, cleanup_distributed, init_distributed
-from predictor_training.precision import autocast
-from predictor_training.scheduler import flow_match_sigmas, sigmas_to_timesteps
+from predictor_training.runtime.io import canonical_json, sha256_json
+from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed
+from predictor_training.runtime.precision import autocast
+from predictor_training.rollout.scheduler import flow_match_sigmas, sigmas_to_timesteps
 from predictor_training.teacher import TextKV, WorldPlayTransformer
+from predictor_training.teacher.config import DISTILLED_STEPS
 from predictor_training.teacher.source import TeacherSource, load_teacher
 
 BUILDER_VERSION = "1"
@@ -420,7 +420,7 @@ def context_sizes(num_latents: int, chunk_latents: int, memory_frames: int) -> l
 
 
 def estimate_trajectory_bytes(channels, height, width, hidden, num_latents, prefeature_layers, storage_bytes=2,
-                              chunk_latents=4, num_steps=4, memory_frames=20) -> int:
+                              chunk_latents=4, num_steps=DISTILLED_STEPS, memory_frames=20) -> int:
     """Tensor bytes of one trajectory file (plus about 120 header bytes per tensor)."""
     tokens_per_frame = height * width
     latent = channels * chunk_latents * tokens_per_frame * storage_bytes

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from predictor_training.teacher.source import TeacherSource
+
 DATASET_CONFIG_NAME = "dataset_config.json"
 
 
@@ -50,3 +52,27 @@ def recorded_sample_table(root: str | Path, split: str) -> Path:
     if not matching[0].is_file():
         raise FileNotFoundError(f"{where}: recorded sample table {matching[0]} does not exist; pass --sample_table")
     return matching[0]
+
+
+def resolve_teacher_source(
+    teacher: Path | None, action_ckpt: Path | None, dataset_root: Path | None
+) -> TeacherSource:
+    """--teacher given: that folder (+ --action_ckpt if given). Else the dataset's recorded folder and action
+    checkpoint (an explicit --action_ckpt replaces the recorded one). With a dataset, its config hash is kept so
+    `load_teacher` refuses a Teacher of another architecture than the one that made the data."""
+    record = None if dataset_root is None else dataset_teacher_record(dataset_root)
+    expected_sha = None if record is None else record["config_sha256"]
+    if teacher is not None:
+        return TeacherSource(Path(teacher), action_ckpt, "--teacher", expected_sha)
+    if record is None:
+        raise ValueError("no Teacher: pass --teacher DIR (or a --dataset_root whose dataset_config.json records one)")
+    where = Path(dataset_root) / DATASET_CONFIG_NAME
+    folder = Path(record["folder"])
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{where}: teacher.folder={str(folder)!r} has no config.json; pass --teacher DIR")
+    if action_ckpt is None and record["action_ckpt"] is not None:
+        action_ckpt = Path(record["action_ckpt"])
+        if not action_ckpt.is_file():
+            raise FileNotFoundError(f"{where}: teacher.action_ckpt={str(action_ckpt)!r} does not exist; "
+                                    "pass --action_ckpt FILE")
+    return TeacherSource(folder, action_ckpt, f"teacher.folder of {where}", expected_sha)

@@ -38,7 +38,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from predictor_training.atomic_io import write_bytes_atomic
+from predictor_training.runtime.io import write_bytes_atomic
 
 ENCODED_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
 IGNORED_FIELDS = ("latent",)  # written by the upstream trainer's producer (video latent), not needed here

@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
-from predictor_training.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
 from predictor_training.data.builder import (
     MANIFEST_FILE,
     PARTS_DIR,
@@ -58,16 +58,16 @@ from predictor_training.data.shards import (
     append_jsonl,
     load_tensors,
     read_jsonl,
-    sha256_json,
     verify_file,
     write_bytes_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.distributed import barrier
-from predictor_training.random_streams import stream_seed
-from predictor_training.scheduler import flow_match_sigmas
+from predictor_training.runtime.io import sha256_json
+from predictor_training.runtime.distributed import barrier
+from predictor_training.runtime.random_streams import stream_seed
+from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.teacher.source import teacher_config_sha256
-from predictor_training.teacher_forcing import TEXT_ENCODER_FIELDS, clip_text_kv
+from predictor_training.rollout.teacher_forcing import TEXT_ENCODER_FIELDS, clip_text_kv
 
 CACHE_CONFIG_NAME = "ode_cache_config.json"
 COMPLETE_MARKER = "COMPLETE"

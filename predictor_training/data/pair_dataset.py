@@ -54,8 +54,8 @@ from predictor_training.data.shards import (
     read_jsonl,
     verify_file,
 )
-from predictor_training.distributed import DistEnv
-from predictor_training.loop import ResumableBatches
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.data.batches import ResumableBatches
 
 DEFAULT_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (1, 2), (2, 3))
 MANIFEST_NAME = "manifest.jsonl"

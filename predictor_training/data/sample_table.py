@@ -6,7 +6,7 @@ A table is a JSONL file with one row per (case_id, action_id)::
      "action_id": 2, "pose": "poses/action2_forward_left.json", "seed": 1829301145}
 
 * ``source_image``: absolute, or relative to the table's folder.
-* ``pose``: an inference-format pose JSON (see ``predictor_training.camera``), relative to the table's folder.
+* ``pose``: an inference-format pose JSON (see ``predictor_training.rollout.camera``), relative to the table's folder.
 * ``seed``: derived from (seed_base, case_id, action_id) only (``sample_seed``), so a rollout is reproducible and does
   not depend on the row order or on which other cases are in the table.
 
@@ -38,8 +38,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from predictor_training.atomic_io import write_text_atomic
-from predictor_training.camera import load_pose, pose_string_to_json
+from predictor_training.runtime.io import write_text_atomic
+from predictor_training.rollout.camera import load_pose, pose_string_to_json
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ so it can be created in the parent process and pickled into DataLoader workers.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import zlib
@@ -37,11 +36,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
-from predictor_training import atomic_io
+from predictor_training.runtime import io as atomic_io
+from predictor_training.runtime.io import HASH_BLOCK_BYTES, canonical_json, sha256_bytes, sha256_file
 
 MANIFEST_KINDS = ("case", "trajectory")
 TENSOR_CHECKSUM_FIELD = "tensor_crc32"
-_HASH_BLOCK_BYTES = 1 << 22
 
 
 class ShardVerificationError(RuntimeError):
@@ -56,29 +55,6 @@ class TensorChecksumError(ShardVerificationError):
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"`` (the spelling used in manifests and configs)."""
     return str(dtype).removeprefix("torch.")
-
-
-def canonical_json(record: Any) -> str:
-    """One-line JSON with sorted keys and no spaces (the byte form used for manifests)."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_json(record: Any) -> str:
-    """Hex sha256 of `canonical_json(record)`: a fingerprint of a config that ignores key order."""
-    return sha256_bytes(canonical_json(record).encode("utf-8"))
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_HASH_BLOCK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def crc32_hex(data) -> str:
@@ -126,7 +102,7 @@ def file_tensor_crc32(path: str | os.PathLike) -> dict[str, str]:
             handle.seek(start + begin)
             value, remaining = 0, end - begin
             while remaining > 0:
-                block = handle.read(min(remaining, _HASH_BLOCK_BYTES))
+                block = handle.read(min(remaining, HASH_BLOCK_BYTES))
                 if not block:
                     raise ShardVerificationError(f"{path}: tensor {name!r} ends past the end of the file")
                 value = zlib.crc32(block, value)

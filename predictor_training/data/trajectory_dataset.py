@@ -23,13 +23,20 @@ tensors come from ``load_case(case_id)``, on demand, from one of two sources:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from predictor_training.camera import pose_to_input
-from predictor_training.data.dataset_config import config_field, read_dataset_config
+from predictor_training.rollout.camera import pose_to_input
+from predictor_training.data.batches import ResumableBatches, one_item_per_rank_batches
+from predictor_training.data.dataset_config import (
+    DATASET_CONFIG_NAME,
+    config_field,
+    read_dataset_config,
+    recorded_sample_table,
+)
 from predictor_training.data.pair_dataset import (
     check_files_exist,
     read_manifest,
@@ -38,6 +45,8 @@ from predictor_training.data.pair_dataset import (
 )
 from predictor_training.data.sample_table import SampleRow, read_sample_table
 from predictor_training.data.shards import load_tensors
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.runtime.distributed import DistEnv
 
 CASE_TENSORS = ("image_cond", "text_k", "text_v")
 ENCODED_TENSORS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
@@ -191,3 +200,37 @@ class TrajectoryTableDataset(Dataset):
         if missing:
             raise KeyError(f"{path}: missing tensor(s) {missing}; expected {list(ENCODED_TENSORS)}")
         return {name: loaded[name] for name in ENCODED_TENSORS}
+
+
+@dataclass
+class TrajectoryBatches:
+    """What an on-policy recipe trains on: the trajectories of a split, one per rank per micro-batch, and the AR
+    loop's settings of the dataset they come from."""
+
+    dataset: TrajectoryTableDataset
+    batches: ResumableBatches
+    sample_table: Path
+    rollout_config: RolloutConfig
+
+
+def trajectory_batches(dataset_root: str | Path, split: str, env: DistEnv, *, sample_table: Path | None, seed: int,
+                       num_workers: int, verify: bool, state_dtype: torch.dtype, autocast_dtype: torch.dtype | None,
+                       subset_cases: int | list[str] | None = None, subset_seed: int = 0,
+                       context_mode: str = "exact") -> TrajectoryBatches:
+    """The rollout recipe's (and adversarial --data rollout's) data: `sample_table` (default: the one the dataset
+    recorded for `split`) as trajectories, one whole trajectory per rank per micro-batch (ranks never share one),
+    and the dataset's AR loop (`RolloutConfig.from_dataset_config`) with the given running-latent dtype, Teacher
+    autocast and context mode."""
+    dataset_config = read_dataset_config(dataset_root)
+    sample_table = sample_table or recorded_sample_table(dataset_root, split)
+    dataset = TrajectoryTableDataset(
+        sample_table, dataset_root=dataset_root,
+        num_latents=int(config_field(dataset_config, "num_latents", dataset_root)),
+        subset_cases=subset_cases, subset_seed=subset_seed, verify=verify,
+    )
+    batches = one_item_per_rank_batches(dataset, env, seed=seed, num_workers=num_workers)
+    rollout_config = replace(RolloutConfig.from_dataset_config(
+        dataset_config, str(Path(dataset_root) / DATASET_CONFIG_NAME),
+        state_dtype=state_dtype, autocast_dtype=autocast_dtype,
+    ), context_mode=context_mode)
+    return TrajectoryBatches(dataset, batches, Path(sample_table), rollout_config)

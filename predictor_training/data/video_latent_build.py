@@ -2,13 +2,13 @@
 
 ``tools/build_video_latent_dataset.py`` is the command line around this module. The layout of what it writes, the
 stored tensors and the VAE scaling convention: ``predictor_training.data.video_latents`` (module docstring) and
-data.md, section "Video-latent dataset"; the ``--demo`` inputs: ``predictor_training.data.video_latent_demo``.
+data.md, section "Video-latent dataset"; the ``--demo`` inputs are made by ``predictor_training.world.video_latent_demo``.
 
 Input is one or more clip tables (JSONL, one clip per line; the split of a clip is its table's file stem)::
 
     {"clip_id": "c0001", "video": "videos/c0001.mp4", "pose": "poses/c0001.json", "caption": "A red car ..."}
 
-``video`` is a folder of PNG frames or an mp4 (``predictor_training.video_io``), ``pose`` a WorldPlay pose JSON
+``video`` is a folder of PNG frames or an mp4 (``predictor_training.video.io``), ``pose`` a WorldPlay pose JSON
 with one entry per latent frame (``camera.pose_to_input``); relative paths are relative to the table's folder.
 
 Sections: 1. options; 2. clip tables (the plan, validated before any work); 3. encoding one clip; 4. config,
@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from predictor_training.camera import PoseError, pose_to_input
+from predictor_training.rollout.camera import PoseError, pose_to_input
 from predictor_training.data.builder import (
     PARTS_DIR,
     drop_torn_tail,
@@ -40,12 +40,10 @@ from predictor_training.data.encoders import CaseEncoder, validate_encoded_case
 from predictor_training.data.shards import (
     TENSOR_CHECKSUM_FIELD,
     append_jsonl,
-    sha256_file,
-    sha256_json,
     write_bytes_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.data.video_latent_demo import prepare_demo_inputs
+from predictor_training.runtime.io import sha256_file, sha256_json
 from predictor_training.data.video_latents import (
     CHUNK_LATENTS,
     CLIP_TENSORS,
@@ -56,8 +54,8 @@ from predictor_training.data.video_latents import (
     VideoDatasetInputError,
     latents_for_frames,
 )
-from predictor_training.distributed import all_gather_objects, barrier, cleanup_distributed, init_distributed
-from predictor_training.video_io import VIDEO_SUFFIXES, list_frame_files, read_video
+from predictor_training.runtime.distributed import all_gather_objects, barrier, cleanup_distributed, init_distributed
+from predictor_training.video.io import VIDEO_SUFFIXES, list_frame_files, read_video
 
 BUILDER_VERSION = "1"
 TABLE_FIELDS = ("clip_id", "video", "pose", "caption")
@@ -484,16 +482,20 @@ def merge_clip_manifest(root: Path, plan: ClipPlan) -> list[dict]:
 # =============================================================================================================
 # 5. The build
 # =============================================================================================================
-def run(options) -> int:
+def run(options, prepare_demo=None) -> int:
     """Build (or resume) the video-latent dataset in ``options.out``; ``torchrun``-aware. Returns the exit status.
 
-    ``options``: a ``VideoBuildOptions`` or the command line's namespace with the same fields.
+    ``options``: a ``VideoBuildOptions`` or the command line's namespace with the same fields. ``prepare_demo``:
+    with ``options.demo`` set, the function that writes the demo inputs first (rank 0), called as
+    ``prepare_demo(demo, clips, holdout, seed)`` (``world.video_latent_demo.prepare_demo_inputs``).
     """
     env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
     try:
         if options.demo is not None:
+            if prepare_demo is None:
+                raise ValueError("run: options.demo is set but no prepare_demo function was given")
             if env.is_main:
-                prepare_demo_inputs(options.demo, options.demo_clips, options.demo_holdout, options.demo_seed)
+                prepare_demo(options.demo, options.demo_clips, options.demo_holdout, options.demo_seed)
             barrier()
         plan = read_clip_plan(options.clips, options.num_frames)  # every rank, so every rank fails alike
         if options.check_only:

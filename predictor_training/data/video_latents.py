@@ -2,7 +2,7 @@
 
 Per clip: VAE latents + camera/action + caption encoder outputs + first-frame condition. Built by
 ``predictor_training.data.video_latent_build`` (``run``; command line ``tools/build_video_latent_dataset.py``, demo
-inputs ``predictor_training.data.video_latent_demo``). This module also holds what the builder and the demo share
+inputs ``predictor_training.world.video_latent_demo``). This module also holds what the builder and the demo share
 with the reader: the file and tensor names below, ``latents_for_frames`` and ``VideoDatasetInputError``.
 
 Layout (fields and commands: data.md, section "Video-latent dataset")::

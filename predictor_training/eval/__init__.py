@@ -16,7 +16,7 @@ The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default
 `chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
 exactly "the Predictor replaced by a copy".
 
-Context modes (`EvalSettings.context_modes`, `--context_modes`; predictor_training/frame_kv_cache.py): the methods
+Context modes (`EvalSettings.context_modes`, `--context_modes`; predictor_training/teacher/frame_kv_cache.py): the methods
 above use the exact context (every chunk re-prefills its context). For every other mode M the reference and each
 Predictor run once more with that mode, as `reference@M` and `predictor_<ckpt>@M` (`with_context_mode`), scored,
 timed and FLOP-counted against the exact reference F-F-F-F.
@@ -24,7 +24,7 @@ timed and FLOP-counted against the exact reference F-F-F-F.
 Timings (CUDA synchronised around every timed call; perf_counter on the CPU; a warm-up rollout runs first and is
 not counted): text prefill, context prefill, Full step, Predictor / reuse step, VAE decode, the rollout, and the
 end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
-FLOP-count bound of `predictor_training.flops` (DiT work only: the VAE decode is the same for every method).
+FLOP-count bound of `predictor_training.teacher.flops` (DiT work only: the VAE decode is the same for every method).
 
 Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by rank 0 except the per-video files:
 
@@ -55,16 +55,15 @@ from predictor_training.eval.methods import (
     Method,
     PredictorMethod,
     ReferenceMethod,
-    Schedule,
     VelocityReuse,
     add_context_modes,
     context_mode_name,
     make_step_fn,
     method_step_kind,
     parse_context_modes,
-    parse_replace_steps,
     with_context_mode,
 )
+from predictor_training.rollout.schedule import Schedule, parse_replace_steps
 from predictor_training.eval.reports import (
     aggregate_results,
     format_markdown_table,
@@ -78,7 +77,6 @@ from predictor_training.eval.run import (
     EVAL_CONFIG_NAME,
     PRECISION_DTYPES,
     EvalSettings,
-    PredictorCheckpoint,
     check_or_write_eval_config,
     check_schedule_fits,
     context_modes_tag,
@@ -93,15 +91,11 @@ from predictor_training.eval.run import (
     settings_fingerprint,
     settings_from_args,
 )
-from predictor_training.eval.runtime import (
-    RESULT_FORMAT,
-    RESULT_VERSION,
-    EvalRuntime,
-    Stopwatch,
-    TimedRollout,
-    VaeDecoder,
-    video_key,
-)
+from predictor_training.eval.methods import PredictorCheckpoint
+from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION, EvalRuntime
+from predictor_training.eval.timing import Stopwatch, TimedRollout
+from predictor_training.video.vae_decoder import VaeDecoder
+from predictor_training.video.ground_truth import video_key
 
 __all__ = [
     "DTYPES", "EVAL_CONFIG_NAME", "EXACT_CONTEXT", "PRECISION_DTYPES", "PREDICTOR_PREFIX", "REFERENCE", "RESULT_FORMAT",

@@ -6,7 +6,7 @@
                      h_k = h_{k-1},  v_k = final_layer(h_{k-1}, vec_k)   (what an untrained Predictor computes)
     predictor_<ckpt> a replaced step k runs the Predictor (see `PredictorMethod`)
 
-Context modes (`--context_modes`, predictor_training/frame_kv_cache.py): every method above runs with the exact
+Context modes (`--context_modes`, predictor_training/teacher/frame_kv_cache.py): every method above runs with the exact
 context (each chunk re-prefills its selected context frames: the reference). For another mode M, the reference and
 each Predictor also run once more with the context K/V of mode M, as `reference@M` and `predictor_<ckpt>@M`
 (`with_context_mode`); the reuse baselines are not repeated. Every metric and speedup stays measured against the
@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
-from predictor_training.ar_rollout import StepCall, StepFn, StepOutput
-from predictor_training.frame_kv_cache import CONTEXT_MODES, check_context_mode
-from predictor_training.predictor import Predictor
+from predictor_training.rollout.ar_rollout import StepCall, StepFn, StepOutput
+from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, check_context_mode
+from predictor_training.predictor.model import Predictor
 from predictor_training.teacher import WorldPlayTransformer
-
-if TYPE_CHECKING:
-    from predictor_training.eval.run import PredictorCheckpoint
-    from predictor_training.eval.runtime import Stopwatch
+from predictor_training.eval.timing import Stopwatch
+from predictor_training.rollout.schedule import Schedule
 
 REFERENCE = "reference"
 REUSE_VELOCITY = "reuse_velocity"
@@ -47,67 +46,34 @@ CONTEXT_MODE_SEPARATOR = "@"  # method key of a method under another context mod
 
 
 # =============================================================================================================
-# 1. Schedule
+# 1. The Predictor checkpoints an evaluation compares
 # =============================================================================================================
-def parse_replace_steps(text: str) -> tuple[int, ...]:
-    """"1,2,3" -> (1, 2, 3); "" or "none" -> () (every method then equals the reference)."""
-    text = str(text).strip()
-    if text in ("", "none"):
-        return ()
-    try:
-        steps = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as error:
-        raise ValueError(f"--replace_steps {text!r}: expected comma-separated step indices like '1,2,3'") from error
-    return steps
-
-
 @dataclass(frozen=True)
-class Schedule:
-    """Which denoising steps of which chunks are replaced.
+class PredictorCheckpoint:
+    """One `--ckpt`: an inference file (`predictor_step_XXXXX.safetensors`) or a `training_latest.pt`.
 
-    replace_steps: steps k in 1..num_steps-1 (step 0 has no previous step to reuse or anchor on), ascending.
-    chunk0_full: chunk 0 stays F-F-F-F (train.md § What is compared) when True; otherwise chunk 0 follows the schedule too.
+    run_name: the training run directory's name; step: the checkpoint's optimizer step; meta: variant,
+    source_blocks, precision (+ step); predictor_config: `Predictor.predictor_config()` saved with the run config;
+    label: unique name within this eval (`ckptstep300`, or `<run>_ckptstep300` across runs); panel: the short
+    side-by-side label (`ckptstep300`, or `#<position in --ckpt> ckptstep300` across runs).
     """
 
-    replace_steps: tuple[int, ...]
-    num_steps: int = 4
-    chunk0_full: bool = True
-
-    def __post_init__(self):
-        steps = tuple(self.replace_steps)
-        if list(steps) != sorted(set(steps)):
-            raise ValueError(f"replace_steps {list(steps)} must be ascending without repeats")
-        bad = [step for step in steps if not 1 <= step < self.num_steps]
-        if bad:
-            raise ValueError(
-                f"replace_steps {list(steps)}: {bad} outside 1..{self.num_steps - 1} (step 0 is always Full: "
-                "the replaced steps need the previous step's output)"
-            )
-
-    def replaces(self, chunk_index: int, step_index: int) -> bool:
-        if chunk_index == 0 and self.chunk0_full:
-            return False
-        return step_index in self.replace_steps
-
-    def letters(self) -> str:
-        """'FPPP' for (1, 2, 3)."""
-        return "".join("P" if step in self.replace_steps else "F" for step in range(self.num_steps))
+    path: Path
+    run_name: str
+    step: int
+    meta: dict
+    predictor_config: dict
+    run_flags: dict
+    label: str = ""
+    panel: str = ""
 
     @property
-    def tag(self) -> str:
-        """Run-name part: 'fppp' (chunk 0 Full) or 'fppp_allchunks'."""
-        letters = self.letters().lower()
-        return letters if self.chunk0_full or not self.replace_steps else f"{letters}_allchunks"
+    def method(self) -> str:
+        return f"{PREDICTOR_PREFIX}{self.label}"
 
-    def describe(self) -> str:
-        letters = "-".join(self.letters())
-        if self.chunk0_full:
-            return f"chunk 0 F-F-F-F, later chunks {letters}"
-        return f"every chunk {letters}"
-
-    def to_dict(self) -> dict:
-        return {"replace_steps": list(self.replace_steps), "num_steps": self.num_steps,
-                "chunk0_full": self.chunk0_full, "letters": self.letters()}
+    @property
+    def variant(self) -> str:
+        return self.predictor_config["variant"]
 
 
 # =============================================================================================================

@@ -32,13 +32,13 @@ from typing import Sequence
 import numpy as np
 from torch import Tensor
 
-from predictor_training.atomic_io import atomic_write, write_text_atomic
+from predictor_training.runtime.io import atomic_write, write_text_atomic
 from predictor_training.eval.methods import REFERENCE, Method
 from predictor_training.eval.runtime import GROUND_TRUTH, RESULT_FORMAT, RESULT_VERSION
-from predictor_training.flops import flop_speedup_bound
-from predictor_training.atomic_io import write_json_atomic
-from predictor_training.video_io import side_by_side, write_video
-from predictor_training.video_metrics import LPIPS_METRIC_NAME, aggregate_videos, jsonable
+from predictor_training.teacher.flops import flop_speedup_bound
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.video.io import side_by_side, write_video
+from predictor_training.video.metrics import LPIPS_METRIC_NAME, aggregate_videos, jsonable
 
 # frame-mean PSNR is left out of the table: with chunk 0 F-F-F-F its identical frames make it inf (it is in the CSV)
 TABLE_METRICS = ("psnr_full", "ssim", "<lpips>", "temporal_delta_mse")
@@ -218,7 +218,7 @@ def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: 
     if header.get("context_modes"):
         others = [mode for mode in header["context_modes"] if mode != "exact"]
         lines += ["", f"`@{'` / `@'.join(others)}`: the same method with the context K/V of that context mode "
-                      "(predictor_training/frame_kv_cache.py) instead of the exact per-chunk context prefill; every "
+                      "(predictor_training/teacher/frame_kv_cache.py) instead of the exact per-chunk context prefill; every "
                       "metric, speedup and FLOP bound is still against the exact reference F-F-F-F."]
     if ground_truth_aggregate is not None:
         lines += [

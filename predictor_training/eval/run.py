@@ -22,30 +22,30 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from predictor_training.ar_rollout import RolloutConfig
-from predictor_training.checkpoint import (
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.runtime.checkpoint import (
     load_model_weights,
     read_inference_config,
     read_inference_metadata,
     read_training_state,
 )
-from predictor_training.data.shards import sha256_file, sha256_json
-from predictor_training.distributed import DistEnv, all_gather_objects, barrier, log0
+from predictor_training.runtime.io import sha256_file, sha256_json
+from predictor_training.runtime.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
+    PredictorCheckpoint,
     EXACT_CONTEXT,
-    PREDICTOR_PREFIX,
     REFERENCE,
     REPEAT_FIRST_FRAME,
     HiddenReuse,
     Method,
     PredictorMethod,
     ReferenceMethod,
-    Schedule,
     VelocityReuse,
     add_context_modes,
     context_mode_name,
     parse_context_modes,
 )
+from predictor_training.rollout.schedule import Schedule
 from predictor_training.eval.reports import (
     aggregate_ground_truth,
     aggregate_results,
@@ -53,24 +53,16 @@ from predictor_training.eval.reports import (
     write_reports,
     write_side_by_side,
 )
-from predictor_training.eval.runtime import (
-    RESULT_VERSION,
-    EvalRuntime,
-    VaeDecoder,
-    find_ground_truth_videos,
-    video_key,
-)
-from predictor_training.atomic_io import write_json_atomic
-from predictor_training.predictor import Predictor, build_predictor_from_config
+from predictor_training.eval.runtime import RESULT_VERSION, EvalRuntime
+from predictor_training.video.vae_decoder import VaeDecoder
+from predictor_training.video.ground_truth import find_ground_truth_videos, video_key
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.predictor.model import Predictor, build_predictor_from_config
 from predictor_training.teacher import WorldPlayTransformer
-from predictor_training.teacher.source import (
-    TeacherSource,
-    load_teacher,
-    resolve_teacher_source,
-    teacher_config_sha256,
-)
+from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
+from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.video_metrics import LpipsScorer, jsonable
+from predictor_training.video.metrics import LpipsScorer, jsonable
 
 EVAL_CONFIG_NAME = "eval_config.json"
 MAX_RUN_NAME_LENGTH = 255  # NAME_MAX of Linux file systems
@@ -82,34 +74,6 @@ _STEP_NAME = re.compile(r"^predictor_step_(\d+)\.safetensors$")
 # =============================================================================================================
 # 1. Predictor checkpoints
 # =============================================================================================================
-@dataclass(frozen=True)
-class PredictorCheckpoint:
-    """One `--ckpt`: an inference file (`predictor_step_XXXXX.safetensors`) or a `training_latest.pt`.
-
-    run_name: the training run directory's name; step: the checkpoint's optimizer step; meta: variant,
-    source_blocks, precision (+ step); predictor_config: `Predictor.predictor_config()` saved with the run config;
-    label: unique name within this eval (`ckptstep300`, or `<run>_ckptstep300` across runs); panel: the short
-    side-by-side label (`ckptstep300`, or `#<position in --ckpt> ckptstep300` across runs).
-    """
-
-    path: Path
-    run_name: str
-    step: int
-    meta: dict
-    predictor_config: dict
-    run_flags: dict
-    label: str = ""
-    panel: str = ""
-
-    @property
-    def method(self) -> str:
-        return f"{PREDICTOR_PREFIX}{self.label}"
-
-    @property
-    def variant(self) -> str:
-        return self.predictor_config["variant"]
-
-
 def read_predictor_checkpoint(path: str | Path) -> PredictorCheckpoint:
     """Read a checkpoint's metadata and saved run config (no weights). Errors name the file and the field."""
     path = Path(path).resolve()

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import copy
 
+# The distilled Teacher's sampling schedule, the one home of these numbers: 4 Euler steps per chunk at shift 5
+# (`rollout.scheduler`), and 4 latent frames per chunk.
+DISTILLED_STEPS = 4
+DISTILLED_SHIFT = 5.0
+
 _COMMON_UPSTREAM_FLAGS = {
     "patch_size": [1, 1, 1],
     "concat_condition": True,

@@ -2,8 +2,8 @@
 
 A Teacher is a diffusers-layout folder (config.json + safetensors), optionally with a WorldPlay action checkpoint
 loaded strictly on top. A training run that names none uses the Teacher recorded in its dataset's
-`dataset_config.json`, so the Predictor learns from the Teacher that made the data; whenever a record exists, the
-loaded Teacher's config hash must equal the recorded one.
+`dataset_config.json` (`data.dataset_config.resolve_teacher_source`), so the Predictor learns from the Teacher that
+made the data; whenever a record exists, the loaded Teacher's config hash must equal the recorded one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, dataset_teacher_record
-from predictor_training.data.shards import sha256_json
+from predictor_training.runtime.io import sha256_json
 from predictor_training.teacher.model import WorldPlayTransformer
 
 
@@ -28,30 +27,6 @@ class TeacherSource:
     action_ckpt: Path | None
     origin: str
     expected_config_sha256: str | None
-
-
-def resolve_teacher_source(
-    teacher: Path | None, action_ckpt: Path | None, dataset_root: Path | None
-) -> TeacherSource:
-    """--teacher given: that folder (+ --action_ckpt if given). Else the dataset's recorded folder and action
-    checkpoint (an explicit --action_ckpt replaces the recorded one). With a dataset, its config hash is kept so
-    `load_teacher` refuses a Teacher of another architecture than the one that made the data."""
-    record = None if dataset_root is None else dataset_teacher_record(dataset_root)
-    expected_sha = None if record is None else record["config_sha256"]
-    if teacher is not None:
-        return TeacherSource(Path(teacher), action_ckpt, "--teacher", expected_sha)
-    if record is None:
-        raise ValueError("no Teacher: pass --teacher DIR (or a --dataset_root whose dataset_config.json records one)")
-    where = Path(dataset_root) / DATASET_CONFIG_NAME
-    folder = Path(record["folder"])
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{where}: teacher.folder={str(folder)!r} has no config.json; pass --teacher DIR")
-    if action_ckpt is None and record["action_ckpt"] is not None:
-        action_ckpt = Path(record["action_ckpt"])
-        if not action_ckpt.is_file():
-            raise FileNotFoundError(f"{where}: teacher.action_ckpt={str(action_ckpt)!r} does not exist; "
-                                    "pass --action_ckpt FILE")
-    return TeacherSource(folder, action_ckpt, f"teacher.folder of {where}", expected_sha)
 
 
 def teacher_config_sha256(teacher: WorldPlayTransformer) -> str:

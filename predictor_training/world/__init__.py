@@ -5,6 +5,8 @@
 * ``render``: ``render_frames(scene, c2w, K, height, width)`` -> uint8 [F, H, W, 3] (vectorised torch ray casting),
   ``object_ids``, ``render_intrinsics``, ``contact_sheet``.
 * ``paths``: ``make_pose_string(seed, num_latents)``, ``video_frame_cameras(pose_string, num_frames)``.
+  ``make_revisit_pose_string(seed, num_latents, kind)``: paths that come back exactly to earlier cameras.
+* ``revisits``: ``revisits(pose)`` -> the latents / video frames of a pose JSON whose camera equals an earlier one's.
 * ``clips``: ``WorldSettings``, ``make_world(out, settings)`` -> clip tables for the video-latent builder
   (``tools/render_world.py`` is the command line; data.md, section "Demo world: rendered clips").
 * ``vae``: the world VAE (a small ``AutoencoderKLHunyuanVideo15``), its training windows and PSNR

@@ -2,7 +2,7 @@
 
 * `world_teacher_config(latent_channels)`: the demo Teacher preset (width 64, 2 heads, the tiny encoders' text
   widths) made `WORLD_TEACHER_DEPTH` blocks deep with the VAE's latent channels in and out. At depth 12 a 2-block
-  Predictor step costs about 18-19% of a full step by FLOPs on a 4 x 6 latent grid (`predictor_training/flops.py`).
+  Predictor step costs about 18-19% of a full step by FLOPs on a 4 x 6 latent grid (`predictor_training/teacher/flops.py`).
 * `write_world_encoders(out, vae_folder, captions, seed)`: the tiny random text / glyph / vision encoders of the demo
   (their tokenizer also knows every word of the world's captions) with the trained world VAE in place of the
   demo's random one: a diffusers `HunyuanVideo15ImageToVideoPipeline` folder that `tools/build_video_latent_dataset.py
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.demo import TinyEncoderSizes, save_tiny_encoders
+from predictor_training.world.demo_assets import TinyEncoderSizes, save_tiny_encoders
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.model import WorldPlayTransformer
 

@@ -20,6 +20,13 @@ every clip is independent of the clip counts.
   paths_per_scene + holdout_paths (new path seeds, never used in train, and pose strings that differ from every
   train path of that scene) are in ``holdout``.
 
+Path kinds (``path_kind``): with ``revisit_paths`` = 0 (the default) every path is a generator path
+(``paths.make_pose_string``). Otherwise the last ``revisit_paths`` of a scene's ``paths_per_scene`` paths are revisit
+paths (``paths.make_revisit_pose_string``: turn away and back, forward and back, a loop, a look-around; their camera
+comes back exactly to earlier cameras), the four kinds cycling over (scene, slot), in train scenes and held-out
+scenes alike; and every other held-out new path of a train scene is a revisit path. ``revisits.revisits(pose)``
+lists the latents of a pose JSON whose camera was seen before.
+
 The clip id is ``s{scene:03d}_p{path:02d}``. Every clip's caption is its scene's caption (``WorldScene.caption``).
 Everything is deterministic: the same settings give byte-identical files (on the same machine and library
 versions). The folder is written in a staging folder next to ``out`` (``.{name}.building``) and renamed into place
@@ -38,10 +45,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from predictor_training.camera import POSE_STRING_K, pose_string_to_json
+from predictor_training.rollout.camera import POSE_STRING_K, pose_string_to_json
 from predictor_training.data.shards import write_bytes_atomic
-from predictor_training.video_io import write_video
-from predictor_training.world.paths import video_frame_cameras, make_pose_string
+from predictor_training.video.io import write_video
+from predictor_training.world.paths import REVISIT_KINDS, make_path_pose_string, video_frame_cameras
 from predictor_training.world.render import render_frames
 from predictor_training.world.scene import WorldScene, footprint_distance, make_scene
 
@@ -73,6 +80,7 @@ class WorldSettings:
     num_frames: int = 125
     seed: int = 0
     video_format: str = "png"
+    revisit_paths: int = 0  # the last this many of a scene's paths_per_scene paths come back to earlier cameras
 
     def validate(self) -> None:
         for field in fields(self):
@@ -93,6 +101,11 @@ class WorldSettings:
             raise WorldConfigError(f"height and width must be >= 1, got {self.height} x {self.width}")
         if self.num_frames < 5 or (self.num_frames - 1) % 4:
             raise WorldConfigError(f"num_frames must be 4k+1 with k >= 1 (5, 9, ..., 125), got {self.num_frames}")
+        if not 0 <= self.revisit_paths <= self.paths_per_scene:
+            raise WorldConfigError(f"revisit_paths must be in [0, paths_per_scene={self.paths_per_scene}], got "
+                                   f"{self.revisit_paths}")
+        if self.revisit_paths and self.num_frames < 33:
+            raise WorldConfigError(f"revisit paths need num_frames >= 33 (9 latents), got {self.num_frames}")
         if self.video_format not in VIDEO_FORMATS:
             raise WorldConfigError(f"video_format must be one of {VIDEO_FORMATS}, got {self.video_format!r}")
 
@@ -101,9 +114,13 @@ class WorldSettings:
         return (self.num_frames - 1) // 4 + 1
 
     def recorded(self) -> dict:
-        """The settings as stored (and compared) in ``world_config.json``, with the fixed render constants."""
-        return {"version": WORLD_VERSION, **asdict(self), "fps": FPS, "supersample": SUPERSAMPLE, "shadows": SHADOWS,
-                "path_clearance": PATH_CLEARANCE}
+        """The settings as stored (and compared) in ``world_config.json``, with the fixed render constants.
+        ``revisit_paths`` is recorded only when it is not 0, so worlds made before it existed read back unchanged."""
+        recorded = {"version": WORLD_VERSION, **asdict(self), "fps": FPS, "supersample": SUPERSAMPLE,
+                    "shadows": SHADOWS, "path_clearance": PATH_CLEARANCE}
+        if not self.revisit_paths:
+            del recorded["revisit_paths"]
+        return recorded
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,14 @@ class WorldClip:
     path_seed: int
     pose_string: str
     caption: str
+    path_kind: str = "generator"  # paths.PATH_KINDS; recorded in world_config.json only when not "generator"
+
+    def record(self) -> dict:
+        """The clip's line in ``world_config.json``."""
+        record = asdict(self)
+        if self.path_kind == "generator":
+            del record["path_kind"]
+        return record
 
     def video_path(self, video_format: str) -> str:
         return f"frames/{self.clip_id}" if video_format == "png" else f"videos/{self.clip_id}.mp4"
@@ -149,14 +174,35 @@ def path_is_clear(scene: WorldScene, c2w: np.ndarray, clearance: float = PATH_CL
     return all(footprint_distance(box, x, z) >= clearance for box in scene.boxes for x, _, z in centres)
 
 
+def path_kind(settings: WorldSettings, scene_index: int, path_index: int) -> str:
+    """The kind of path ``path_index`` of scene ``scene_index`` (``paths.PATH_KINDS``).
+
+    Paths p < paths_per_scene (the train paths of train scenes and the paths of held-out scenes): the last
+    ``revisit_paths`` of them are revisit paths, their kinds cycling through ``REVISIT_KINDS`` over (scene, slot), so
+    every kind is in train and in the held-out scenes. The held-out new paths of train scenes (p >= paths_per_scene):
+    when ``revisit_paths`` > 0, every other one (scene_index + j odd, j = p - paths_per_scene) is a revisit path.
+    """
+    if not settings.revisit_paths:
+        return "generator"
+    if path_index < settings.paths_per_scene:
+        slot = path_index - (settings.paths_per_scene - settings.revisit_paths)
+        if slot < 0:
+            return "generator"
+        return REVISIT_KINDS[(scene_index * settings.revisit_paths + slot) % len(REVISIT_KINDS)]
+    extra = path_index - settings.paths_per_scene
+    if (scene_index + extra) % 2 == 0:
+        return "generator"
+    return REVISIT_KINDS[(scene_index // 2 + extra) % len(REVISIT_KINDS)]
+
+
 def choose_path(scene: WorldScene, seed: int, scene_index: int, path_index: int, num_latents: int,
-                exclude: frozenset = frozenset()):
+                exclude: frozenset = frozenset(), kind: str = "generator"):
     """(path seed, pose string) of path ``path_index`` of a scene: the first attempt whose camera stays clear of the
     boxes and whose pose string is not in ``exclude``."""
     num_frames = 4 * (num_latents - 1) + 1
     for attempt in range(MAX_PATH_ATTEMPTS):
         path_seed = derive_seed(seed, "path", scene_index, path_index, attempt)
-        pose_string = make_pose_string(path_seed, num_latents)
+        pose_string = make_path_pose_string(path_seed, num_latents, kind)
         if pose_string not in exclude and path_is_clear(scene, video_frame_cameras(pose_string, num_frames)):
             return path_seed, pose_string
     raise RuntimeError(f"scene {scene_index}: no clear camera path in {MAX_PATH_ATTEMPTS} attempts")  # pragma: no cover
@@ -176,14 +222,15 @@ def plan_world(settings: WorldSettings) -> list[WorldClip]:
         for path_index in range(num_paths):
             split = "holdout" if held_out_scene or path_index >= settings.paths_per_scene else "train"
             exclude = frozenset(train_pose_strings) if split == "holdout" else frozenset()
+            kind = path_kind(settings, scene_index, path_index)
             path_seed, pose_string = choose_path(scene, settings.seed, scene_index, path_index, settings.num_latents,
-                                                 exclude)
+                                                 exclude, kind)
             if split == "train":
                 train_pose_strings.add(pose_string)
             clips.append(WorldClip(
                 clip_id=f"s{scene_index:03d}_p{path_index:02d}", split=split, scene_index=scene_index,
                 scene_seed=seed_of_scene, path_index=path_index, path_seed=path_seed, pose_string=pose_string,
-                caption=scene.caption(),
+                caption=scene.caption(), path_kind=kind,
             ))
     return clips
 
@@ -192,7 +239,7 @@ def split_rule(settings: WorldSettings) -> dict:
     """The split rule as recorded in ``world_config.json``."""
     first_holdout_scene = settings.num_scenes - settings.holdout_scenes
     train_paths = list(range(settings.paths_per_scene))
-    return {
+    rule = {
         "train": {"scenes": list(range(first_holdout_scene)), "paths": train_paths},
         "holdout": {
             "held_out_scenes": list(range(first_holdout_scene, settings.num_scenes)),
@@ -202,6 +249,14 @@ def split_rule(settings: WorldSettings) -> dict:
             ),
         },
     }
+    if settings.revisit_paths:
+        rule["path_kinds"] = (f"paths {settings.paths_per_scene - settings.revisit_paths}..{settings.paths_per_scene - 1}"
+                              f" of every scene are revisit paths, kind = {list(REVISIT_KINDS)}[(scene * "
+                              f"{settings.revisit_paths} + path - {settings.paths_per_scene - settings.revisit_paths})"
+                              f" % {len(REVISIT_KINDS)}]; new path j of a train scene: a generator path when scene + j "
+                              f"is even, else kind {list(REVISIT_KINDS)}[(scene // 2 + j) % {len(REVISIT_KINDS)}]; "
+                              "each clip's path_kind is on its line (absent = generator)")
+    return rule
 
 
 def render_clip(clip: WorldClip, settings: WorldSettings) -> np.ndarray:
@@ -272,7 +327,7 @@ def make_world(out: str | Path, settings: WorldSettings = WorldSettings(), progr
         "counts": {name: len(rows[name]) for name in TABLE_NAMES},
         "intrinsics": "pose JSON K = camera.POSE_STRING_K (1920 x 1080 pixels); frames rendered with its normalised "
                       "focal lengths fx/(2cx), fy/(2cy) times width, height and a centred principal point",
-        "clips": [asdict(clip) for clip in clips],
+        "clips": [clip.record() for clip in clips],
     }
     write_bytes_atomic(staging / CONFIG_NAME, _config_bytes(config))
     staging.rename(out)

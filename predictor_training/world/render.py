@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from predictor_training.camera import POSE_STRING_K
+from predictor_training.rollout.camera import POSE_STRING_K
 from predictor_training.world.scene import WorldScene
 
 LIGHT_DIRECTION = (0.45, -1.0, -0.55)  # towards the light (normalised below): up (-y), right (+x), behind (-z)

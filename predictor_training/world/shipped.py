@@ -27,6 +27,7 @@ from predictor_training.world.assets import WORLD_WEIGHTS
 from predictor_training.world.clips import WorldClip, WorldConfigError, WorldSettings
 
 WORLD_CONFIG_NAME = "world_config.json"
+OPTIONAL_CLIP_FIELDS = frozenset({"path_kind"})  # absent in worlds without revisit paths
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,9 @@ def load_shipped_world(root: str | Path = WORLD_WEIGHTS) -> ShippedWorld:
     clip_fields = {field.name for field in fields(WorldClip)}
     clips = []
     for index, clip in enumerate(config.get("clips", [])):
-        if set(clip) != clip_fields:
-            raise WorldConfigError(f"{config_path}: clips[{index}] must have exactly the fields {sorted(clip_fields)}, "
-                                   f"got {sorted(clip)}")
+        if not clip_fields - OPTIONAL_CLIP_FIELDS <= set(clip) <= clip_fields:
+            raise WorldConfigError(f"{config_path}: clips[{index}] must have the fields {sorted(clip_fields)} "
+                                   f"({sorted(OPTIONAL_CLIP_FIELDS)} optional), got {sorted(clip)}")
         clips.append(WorldClip(**clip))
     if not clips:
         raise WorldConfigError(f"{config_path}: field 'clips' is empty")

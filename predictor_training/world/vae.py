@@ -4,9 +4,12 @@ Config (`world_vae_config`): 3 -> `latent_channels` channels, spatial factor 8 (
 needs four entries for 8x and five for 16x; the last must be divisible by 2 x latent channels), temporal factor 4
 (125 frames -> 32 latents, the causal first frame alone), one layer per block. About 1M parameters.
 
-Training (`tools/train_world_vae.py`): one clip window per micro-batch, batch 1. diffusers 0.42.1 builds the
-mid-block attention's causal mask as [B, S, S] against queries [B, 1, S, C], so any batch > 1 raises a broadcast
-error in SDPA; accumulation gives the larger batch instead. Windows mix short (17 frames) and long (65-125 frames)
+Training (`tools/train_world_vae.py`): `windows_per_item` clip windows of one length per micro-batch. diffusers
+0.42.1 builds the mid-block attention's causal mask as [B, S, S] against queries [B, 1, S, C], so a batch > 1 raises
+a broadcast error in SDPA (and it builds the mask with a Python loop over S). `build_world_vae` therefore installs
+`causal_attention_mask` (one [S, S] mask, built vectorised, broadcast over the batch: the same values) on the class
+once. Batches matter on CPU: for a batch of one small video, torch runs Conv3d through its slow im2col path
+(`slow_conv3d`) instead of oneDNN; 4 windows of 17 frames cost about what 1 window costs (1 thread, 32 x 48). Windows mix short (17 frames) and long (65-125 frames)
 spans, since a VAE trained on short windows only blurs late frames of a full clip. Loss: pixel MSE in [-1, 1] +
 `kl_weight` x KL of the posterior.
 
@@ -28,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from predictor_training.video_io import read_video
+from predictor_training.video.io import read_video
 
 
 def world_vae_config(latent_channels: int = 16, block_out_channels: Sequence[int] = (8, 16, 32, 32)) -> dict:
@@ -44,10 +47,25 @@ def world_vae_config(latent_channels: int = 16, block_out_channels: Sequence[int
             "temporal_compression_ratio": 4}
 
 
+def causal_attention_mask(n_frame: int, n_hw: int, dtype, device, batch_size: int | None = None) -> Tensor:
+    """The mid-block attention's frame-causal mask, [S, S] with S = n_frame * n_hw (0 where the key's frame <= the
+    query's frame, -inf elsewhere): diffusers' values, built without a Python loop and broadcast over any batch."""
+    frame = torch.arange(n_frame * n_hw, device=device) // n_hw
+    return torch.zeros((), dtype=dtype, device=device).masked_fill(frame[None, :] > frame[:, None], float("-inf"))
+
+
+def install_batch_safe_attention_mask() -> None:
+    """Make diffusers' `HunyuanVideo15AttnBlock` accept batches > 1 (see the module docstring); idempotent."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+
+    HunyuanVideo15AttnBlock.prepare_causal_attention_mask = staticmethod(causal_attention_mask)
+
+
 def build_world_vae(config: dict, seed: int):
     """A freshly initialised world VAE (seeded; the global RNG is left as it was)."""
     from diffusers import AutoencoderKLHunyuanVideo15
 
+    install_batch_safe_attention_mask()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoencoderKLHunyuanVideo15(**config)
@@ -76,10 +94,16 @@ class ClipWindows(Dataset):
     probability 1 - long_fraction, else uniform over the allowed long lengths up to the whole clip.
 
     An item: {"clip_id", "start", "frames": float32 [1, 3, L, H, W] in [-1, 1]}. Frames are read once per process
-    and kept (the demo's clips are small)."""
+    and kept (the demo's clips are small).
+
+    `windows_per_item` k > 1: item i holds k windows of one length (k short ones, or `long_windows_per_item` long
+    ones), of the clips perm[(i * k + j) % n] (perm: a fixed permutation of the clips drawn from the seed, so a
+    batch mixes scenes and every clip is used alike), each with its own start: "frames" [k, 3, L, H, W],
+    "clip_id" the first clip's id; there are n * windows_per_clip // k items."""
 
     def __init__(self, clips: Sequence[ClipVideo], *, num_frames: int, short: int, long_min: int,
-                 long_fraction: float, windows_per_clip: int, seed: int):
+                 long_fraction: float, windows_per_clip: int, seed: int, windows_per_item: int = 1,
+                 long_windows_per_item: int | None = None):
         for name, length in (("short", short), ("long_min", long_min)):
             if length < 1 or (length - 1) % 4 or length > num_frames:
                 raise ValueError(f"{name}={length}: a window is 4k+1 frames, at most {num_frames}")
@@ -88,10 +112,17 @@ class ClipWindows(Dataset):
         self.clips = list(clips)
         self.num_frames, self.short, self.long_min = num_frames, short, long_min
         self.long_fraction, self.windows_per_clip, self.seed = long_fraction, windows_per_clip, seed
+        if windows_per_item < 1:
+            raise ValueError(f"windows_per_item={windows_per_item}: expected >= 1")
+        self.windows_per_item = windows_per_item
+        self.long_windows_per_item = windows_per_item if long_windows_per_item is None else long_windows_per_item
+        if not 1 <= self.long_windows_per_item <= windows_per_item:
+            raise ValueError(f"long_windows_per_item={long_windows_per_item}: expected in [1, {windows_per_item}]")
+        self._order = torch.randperm(len(self.clips), generator=torch.Generator().manual_seed(seed)).tolist()
         self._frames: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
-        return len(self.clips) * self.windows_per_clip
+        return max(1, len(self.clips) * self.windows_per_clip // self.windows_per_item)
 
     def window(self, index: int) -> tuple[int, int]:
         """(start, length) of item `index`."""
@@ -113,10 +144,20 @@ class ClipWindows(Dataset):
         return self._frames[clip.clip_id]
 
     def __getitem__(self, index: int) -> dict:
-        clip = self.clips[index % len(self.clips)]
+        if self.windows_per_item == 1:
+            clip = self.clips[index % len(self.clips)]
+            start, length = self.window(index)
+            return {"clip_id": clip.clip_id, "start": start,
+                    "frames": frames_to_tensor(self.frames(clip)[start:start + length])}
         start, length = self.window(index)
-        return {"clip_id": clip.clip_id, "start": start,
-                "frames": frames_to_tensor(self.frames(clip)[start:start + length])}
+        count = self.windows_per_item if length == self.short else self.long_windows_per_item
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index + 7_777_777)
+        clips = [self.clips[self._order[(index * self.windows_per_item + j) % len(self.clips)]] for j in range(count)]
+        starts = [start] + [int(torch.randint(self.num_frames - length + 1, (), generator=generator))
+                            for _ in range(count - 1)]
+        frames = torch.cat([frames_to_tensor(self.frames(clip)[first:first + length])
+                            for clip, first in zip(clips, starts)])
+        return {"clip_id": clips[0].clip_id, "start": start, "frames": frames}
 
 
 @torch.no_grad()
@@ -126,6 +167,23 @@ def reconstruction_psnr(vae, videos: Sequence[np.ndarray], device: torch.device)
     for frames in videos:
         x = frames_to_tensor(frames).to(device)
         scores.append(psnr(vae.decode(vae.encode(x).latent_dist.mode()).sample, x))
+    return scores
+
+
+@torch.no_grad()
+def reconstruction_scores(vae, videos: Sequence[np.ndarray], device: torch.device) -> list[dict[str, float]]:
+    """For each whole video (uint8 [F, H, W, 3]), figures of `decode(encode(x).mode())`: "psnr" over all frames,
+    "first_frame_psnr" of frame 0 (the causal first latent codes it alone; the image condition), "late_psnr" of the
+    last quarter of the frames, and "colour_error": the mean over frames of the largest absolute error of a frame's
+    mean R, G or B, in [0, 1] (a colour cast shows here even when edges are blurred)."""
+    scores = []
+    for frames in videos:
+        x = frames_to_tensor(frames).to(device)
+        y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
+        late = x.shape[2] - max(1, x.shape[2] // 4)
+        colour = ((y - x) / 2).mean(dim=(3, 4)).abs().amax(dim=1).mean().item()
+        scores.append({"psnr": psnr(y, x), "first_frame_psnr": psnr(y[:, :, :1], x[:, :, :1]),
+                       "late_psnr": psnr(y[:, :, late:], x[:, :, late:]), "colour_error": colour})
     return scores
 
 

@@ -1,0 +1,152 @@
+"""Generators of DMD-style methods: one clip's chunks, one sample per chunk, made chunk by chunk so that each chunk
+can be scored and back-propagated before the next one is made (graphs never span chunks).
+
+Both generators have the same interface: `chunks` (the clip's chunk indices they make, ascending), `history`
+[1, C, T, H, W] (their running latents: what later chunks see as context), `sync_context(sync)` (wrap a chunk's
+forward and backward: DDP reduces gradients only when `sync`), `produce(c) -> ChunkSample` (with a graph where grad
+is enabled), `commit(sample)` (after the chunk's backward: the sample, detached, becomes history).
+
+    CompositeRollout  the F-P-P-P composite of the Teacher and the v4 Predictor (`self_rollout.SelfRolloutTrajectory`)
+    StudentRollout    a few-step AR student, a `ScoreModel` run on its own history (Self-Forcing) or on data
+
+`teacher_chunks` is the reference they are compared with (collapse monitors): the Teacher's F-F-F-F of the same
+noise, memory points and history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from predictor_training.teacher.adapters import adapter
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.runtime.distributed import maybe_no_sync
+from predictor_training.methods.flow_matching import x0_from_velocity
+from predictor_training.rollout.scheduler import differentiable_euler_step
+from predictor_training.methods.score_models import ScoreClip, ScoreModel
+from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory
+from predictor_training.rollout.teacher_forcing import clip_text_kv
+
+
+@dataclass
+class ChunkSample:
+    """A generated chunk: sample x̂ [1, C, 4, H, W] (float32, with a graph when the generator is due), anchor: the
+    regression anchor to the Teacher (scalar, or None), metrics: detached floats."""
+
+    chunk_index: int
+    sample: torch.Tensor
+    anchor: torch.Tensor | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class CompositeRollout:
+    """The F-P-P-P composite on one clip (`SelfRolloutTrajectory`): chunk 0 is the Teacher's F-F-F-F, chunks 1..
+    are Teacher step 0 + Predictor steps, each chunk's sample its final latent, the anchor its Predictor-vs-Teacher
+    loss. With `data` [1, C, T, H, W] every chunk is then replaced by the data in the history (teacher forcing)."""
+
+    def __init__(self, teacher, predictor, item, noise, memory_seed: int, config: RolloutConfig,
+                 settings: SelfRolloutSettings, device, data: torch.Tensor | None):
+        self.teacher, self.predictor, self.data = teacher, predictor, data
+        with adapter(teacher, None):
+            text_kv = clip_text_kv(teacher, item, device, config.autocast_dtype, grad=False)
+            inputs = RolloutInputs.from_clip(item, noise, memory_seed)
+            self.trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, config, settings=settings,
+                                                    device=device)
+            self.trajectory.run_chunk_zero()
+        self._write_data(0)
+        self.chunks = self.trajectory.trained_chunks
+        self.graph = None
+
+    @property
+    def history(self) -> torch.Tensor:
+        return self.trajectory.rollout.latents
+
+    def _write_data(self, chunk_index: int) -> None:
+        if self.data is not None:
+            frames = self.trajectory.rollout.chunk_frames(chunk_index)
+            self.trajectory.rollout.write_chunk(chunk_index, self.data[:, :, frames])
+
+    def sync_context(self, sync: bool):
+        """DDP: the chunk's forward and backward reduce gradients only when `sync` (the last chunk)."""
+        return maybe_no_sync(self.predictor, enabled=not sync)
+
+    def produce(self, chunk_index: int) -> ChunkSample:
+        with adapter(self.teacher, None):
+            self.graph = self.trajectory.run_trained_chunk(chunk_index)
+        steps = self.graph.steps
+        metrics = {f"anchor/{name}": sum(float(step.metrics[name]) for step in steps) / len(steps)
+                   for name in ("velocity_mse", "hidden_mse")}
+        return ChunkSample(chunk_index, self.graph.final_latent.float(), self.graph.loss, metrics)
+
+    def commit(self, sample: ChunkSample) -> None:
+        self.trajectory.commit(self.graph)
+        self.graph = None
+        self._write_data(sample.chunk_index)
+
+
+class StudentRollout:
+    """A few-step student on one clip: chunk c from the noise at sigma_0 through the steps before its exit step
+    without a graph, then its x0 estimate at the exit step (with a graph when due) is the chunk's sample, written
+    (detached) into the history with --rollout self. anchor: mse against the Teacher's x0 estimate at the same
+    state (only when `teacher_clip` is given)."""
+
+    def __init__(self, student: ScoreModel, item, noise, history, memory_seed: int, config: RolloutConfig, device,
+                 *, sigmas: torch.Tensor, exit_steps: list[int], chunks: list[int], self_history: bool,
+                 context_grad: bool, teacher_clip: ScoreClip | None):
+        self.clip = student.clip(history, item, config, device, memory_seed=memory_seed, context_grad=context_grad)
+        self.noise, self.sigmas, self.exit_steps = noise, sigmas, exit_steps
+        self.chunks, self.self_history, self.teacher_clip = chunks, self_history, teacher_clip
+
+    @property
+    def history(self) -> torch.Tensor:
+        return self.clip.history
+
+    def sync_context(self, sync: bool):
+        return contextlib.nullcontext()  # the student's gradients are all-reduced by the loop
+
+    def produce(self, chunk_index: int) -> ChunkSample:
+        frames = self.clip.forced.rollout.chunk_frames(chunk_index)
+        latent = self.noise[:, :, frames].to(self.clip.history.device).float()
+        exit_step = self.exit_steps[chunk_index]
+        size = latent.shape[2]
+        with torch.no_grad():
+            for step in range(exit_step):
+                velocity = self.clip.velocity(chunk_index, latent, self.sigmas[step].expand(size))
+                latent = differentiable_euler_step(latent, velocity, self.sigmas, step)
+        sigma = self.sigmas[exit_step].expand(size)
+        velocity = self.clip.velocity(chunk_index, latent, sigma)
+        sample = x0_from_velocity(latent, velocity, sigma[None].to(latent.device))
+        anchor = None
+        if self.teacher_clip is not None:
+            with torch.no_grad():
+                self.teacher_clip.copy_history(self.clip.history, chunk_index)
+                target = self.teacher_clip.x0(chunk_index, latent, sigma)
+            anchor = torch.mean((sample - target) ** 2)
+        return ChunkSample(chunk_index, sample, anchor, {"exit_step": float(exit_step)})
+
+    def commit(self, sample: ChunkSample) -> None:
+        if self.self_history:
+            self.clip.write_chunk(sample.chunk_index, sample.sample)
+
+
+@torch.no_grad()
+def teacher_chunks(teacher, item, noise: torch.Tensor, memory_seed: int, chunks: list[int], config: RolloutConfig,
+                   device, data: torch.Tensor | None = None) -> torch.Tensor:
+    """The Teacher's F-F-F-F latents of `chunks` [1, C, 4 len(chunks), H, W] (float32) for the clip `item`, the noise
+    [1, C, T, H, W] and the memory points of `memory_seed`: on its own history, or on `data` [1, C, T, H, W] (each
+    chunk replaced by the data once made: teacher forcing)."""
+    with adapter(teacher, None):
+        text_kv = clip_text_kv(teacher, item, device, config.autocast_dtype, grad=False)
+        inputs = RolloutInputs.from_clip(item, noise, memory_seed)
+        rollout = ARRollout(teacher, text_kv, inputs, config, device=device)
+        outputs = []
+        for chunk_index in range(max(chunks) + 1):
+            rollout.run_chunk(chunk_index)
+            frames = rollout.chunk_frames(chunk_index)
+            if chunk_index in chunks:
+                outputs.append(rollout.latents[:, :, frames].float().clone())
+            if data is not None:
+                rollout.write_chunk(chunk_index, data[:, :, frames])
+    return torch.cat(outputs, dim=2)

@@ -1,0 +1,163 @@
+"""DMD2's models and roles (fvtools/train_dmd2.py): the frozen real score, the fake score (the critic) that starts
+equal to it, and the generator, a few-step student or the v4 Predictor; each trained one with its AdamW and a warmup +
+cosine over its own updates (`role_schedule`).
+
+    real score   --real_score: the raw distilled Teacher ("teacher"), a LoRA adapter file on the Teacher, or a
+                 model folder (`resolve_real_score`); frozen
+    fake score   --fake_score_train lora: an adapter on the real score's frozen base, copied from the real score's
+                 adapter or fresh; full: every parameter of a copy of the real score (replicated, gradients
+                 all-reduced: tiny models only). Trained every loop step.
+    student      --train lora: adapter "student" on the shared Teacher; full: every parameter of a Teacher-shaped
+                 model (replicated, all-reduced). Trained every --generator_every steps.
+    predictor    the v4 Predictor on the Teacher's --source_blocks (from --init_from unless resuming), DDP-wrapped.
+                 Trained every --generator_every steps, two LR groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from predictor_training.methods.method_model import MethodModel, build_fresh_model
+from predictor_training.methods.score_models import ScoreModel
+from predictor_training.predictor.model import build_predictor
+from predictor_training.runtime.checkpoint import load_model_weights
+from predictor_training.runtime.distributed import DistEnv, wrap_ddp
+from predictor_training.runtime.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer
+from predictor_training.runtime.precision import PrecisionPolicy
+from predictor_training.runtime.roles import Role
+from predictor_training.teacher.adapters import (
+    AdapterWeights,
+    add_lora,
+    copy_lora,
+    load_lora,
+    lora_parameters,
+    read_lora_header,
+)
+from predictor_training.teacher.source import TeacherSource, load_teacher
+
+FAKE = "fake_score"
+REAL = "real_score"
+STUDENT = "student"
+RAW_TEACHER = "teacher"  # --real_score teacher: the distilled Teacher itself
+PREDICTOR_VARIANT = "v4"
+
+
+def resolve_real_score(path: Path) -> tuple[str, Path]:
+    """("model", folder with config.json) or ("lora", adapter file) for --real_score (ValueError when neither)."""
+    if path.is_file():
+        read_lora_header(path)  # ValueError unless it is an adapter file
+        return "lora", path
+    if (path / "config.json").is_file():
+        return "model", path
+    if (path / "model" / "config.json").is_file():
+        return "model", path / "model"
+    loras = sorted(path.glob("lora_*.safetensors")) if path.is_dir() else []
+    if len(loras) == 1:
+        return "lora", loras[0]
+    raise ValueError("expected a model folder with config.json, a df_sft run folder with model/ or one "
+                     "lora_*.safetensors, a LoRA adapter file, or 'teacher'")
+
+
+def role_schedule(args: argparse.Namespace, optimizer, every: int, *, two_groups: bool):
+    """The role's warmup + cosine over its own updates (max_steps // every; warmup_steps // every)."""
+    updates, warmup = args.max_steps // every, args.warmup_steps // every
+    if two_groups:
+        return TwoGroupLRSchedule(optimizer, warmup_steps=warmup, max_steps=updates,
+                                  block_warmup_steps=args.block_warmup_steps)
+    return WarmupCosineSchedule(optimizer, warmup_steps=warmup, max_steps=updates)
+
+
+def build_scores(args: argparse.Namespace, teacher, env: DistEnv, policy: PrecisionPolicy
+                 ) -> tuple[ScoreModel, ScoreModel, Role]:
+    """(real score, fake score, the fake score's role) from --real_score (resolved by the recipe's checks into
+    `args.real_score_kind` / `args.real_score_path`), --fake_score_train and the --fake_score_* optimizer flags. The
+    fake score starts equal to the real score."""
+    # 1. The real score: the Teacher itself, an adapter on it, or a model folder (frozen dtype).
+    if args.real_score_kind == RAW_TEACHER:
+        real = ScoreModel(teacher, None, REAL)
+    elif args.real_score_kind == "lora":
+        load_lora(teacher, args.real_score_path, REAL, trainable=False)
+        real = ScoreModel(teacher, REAL, REAL)
+    else:
+        model = load_teacher(TeacherSource(args.real_score_path, None, "--real_score", None), env.device,
+                             policy.frozen_dtype)
+        real = ScoreModel(model, None, REAL)
+    # 2. The fake score: an adapter on the real score's base, or a trainable FP32 copy of the real score.
+    if args.fake_score_train == "lora":
+        if real.adapter_name is not None:
+            copy_lora(real.model, real.adapter_name, FAKE, trainable=True)
+        else:
+            add_lora(real.model, FAKE, args.lora_rank, args.lora_alpha, seed=args.seed)
+        fake = ScoreModel(real.model, FAKE, FAKE)
+        raw_module, parameters = AdapterWeights(real.model, FAKE), lora_parameters(real.model, FAKE)
+        real.model.set_gradient_checkpointing(args.gradient_checkpointing)
+    else:
+        folder = args.teacher if args.real_score_kind == RAW_TEACHER else args.real_score_path
+        source = TeacherSource(folder, None, "--real_score (fake score copy)", None)
+        model = load_teacher(source, env.device, torch.float32).requires_grad_(True).train()
+        model.set_gradient_checkpointing(args.gradient_checkpointing)
+        fake = ScoreModel(model, None, FAKE)
+        raw_module, parameters = model, [param for param in model.parameters() if param.requires_grad]
+    # 3. Its role: trained every loop step, gradients all-reduced (the frozen base is not DDP-wrapped).
+    optimizer = build_optimizer({FAKE: parameters}, {FAKE: args.fake_score_lr},
+                                betas=(args.fake_score_adam_beta1, args.fake_score_adam_beta2),
+                                weight_decay=args.weight_decay)
+    role = Role(FAKE, raw_module, optimizer, role_schedule(args, optimizer, 1, two_groups=False),
+                grad_clip=args.fake_score_grad_clip, grad_sync="all_reduce")
+    return real, fake, role
+
+
+def build_student(args: argparse.Namespace, teacher, env: DistEnv) -> tuple[ScoreModel, Role, MethodModel]:
+    """(the student as a score model, its role, the `MethodModel` that `export_method_model` writes).
+
+    `method_model.build_method_model` step by step (--train, --init_weights, --lora_rank, --lora_alpha,
+    --gradient_checkpointing, --lr, --adam_beta1/2, --weight_decay, --grad_clip, --seed), but for a generator of a
+    role shared with the scores and updated every --generator_every steps:
+      * lora: the adapter goes on the already loaded `teacher` (which the scores and the anchor share) instead of a
+        second Teacher, and is not made the active adapter (every call selects its own);
+      * full: every parameter is replicated with all-reduced gradients, never FSDP-sharded;
+      * the role is due every --generator_every steps, its warmup + cosine over its own updates (`role_schedule`).
+    """
+    if args.train == "lora":
+        model = teacher
+        add_lora(model, STUDENT, args.lora_rank, args.lora_alpha, seed=args.seed)  # the same on every rank
+        raw_module, adapter_name = AdapterWeights(model, STUDENT), STUDENT
+        parameters = lora_parameters(model, STUDENT)
+    else:
+        source = TeacherSource(args.teacher, None, "--teacher", None)
+        if args.init_weights == "teacher":
+            model = load_teacher(source, env.device, torch.float32)
+        else:
+            model = build_fresh_model(source, args.seed).to(env.device)
+        model.requires_grad_(True).train()
+        raw_module, adapter_name = model, None
+        parameters = [param for param in model.parameters() if param.requires_grad]
+    model.set_gradient_checkpointing(args.gradient_checkpointing)
+    optimizer = build_optimizer({STUDENT: parameters}, {STUDENT: args.lr},
+                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    schedule = role_schedule(args, optimizer, args.generator_every, two_groups=False)
+    role = Role(STUDENT, raw_module, optimizer, schedule, every=args.generator_every, grad_clip=args.grad_clip,
+                grad_sync="all_reduce")
+    return ScoreModel(model, adapter_name, STUDENT), role, MethodModel(model, role, args.train, adapter_name)
+
+
+def build_predictor_role(args: argparse.Namespace, teacher, env: DistEnv, resuming: bool
+                         ) -> tuple[torch.nn.Module, Role, dict | None]:
+    """(the v4 Predictor on the Teacher, its role, the --init_from file's metadata or None when resuming): loaded
+    from --init_from unless a training state is resumed, DDP-wrapped, two LR groups (--fusion_lr, --blocks_lr),
+    due every --generator_every steps."""
+    predictor = build_predictor(teacher, PREDICTOR_VARIANT, args.source_blocks, args.gradient_checkpointing)
+    init_meta = None
+    if not resuming:
+        init_meta = load_model_weights(args.init_from, predictor, expect={
+            "variant": PREDICTOR_VARIANT, "source_blocks": list(args.source_blocks)})
+    groups = predictor.trainable_parameter_groups()
+    optimizer = build_optimizer(groups, {"fusion": args.fusion_lr, "blocks": args.blocks_lr},
+                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    role = Role("predictor", predictor, optimizer, role_schedule(args, optimizer, args.generator_every,
+                                                                 two_groups=True),
+                module=wrap_ddp(predictor, env), every=args.generator_every, grad_clip=args.grad_clip)
+    return predictor, role, init_meta

@@ -1,0 +1,368 @@
+"""On-policy self-rollout of one trajectory under a schedule (F-P-P-P by default; train.md § 2): what runs, and where
+gradients stop.
+
+The schedule is `SelfRolloutSettings.replace_steps` (the eval's `--replace_steps`): the Predictor runs those steps
+of every trained chunk, the Teacher every other step. Step 0 is always Full. A Full step k >= 1 inside a trained
+chunk is a Teacher step on the detached student latent: its velocity advances the latent (no graph), its hidden is
+the next anchor, and gradients stop there. Below, F-P-P-P (replace_steps 1, 2, 3).
+
+One trajectory of T latents = T / 4 chunks. Chunk 0 is the Teacher's F-F-F-F (no gradients): it seeds the
+self-generated history and gives the previous-chunk hidden of steps 1, 2, 3 for chunk 1. Every later chunk c is
+F-P-P-P and trained:
+
+    context    = select_aligned_memory_frames on the camera path, latents read from the DETACHED self history
+    ctx K/V    = Teacher context prefill on them (exact K/V of every layer, no graph)
+    h0, v0     = Teacher step 0 on x0 (the chunk's noise);  x1 = FlowMatchEulerScheduler.step(v0, t0, x0)
+    for k = 1, 2, 3:
+        target_h, target_v = Teacher step k on x_k.detach()             (no graph; a stop-gradient label)
+        pred_h, pred_v     = Predictor(x_k, anchor, prev_chunk_hidden[k], ctx K/V + text K/V of its source layers)
+                             anchor = h0 (k = 1), pred_h1 (k = 2), pred_h2 (k = 3)
+        loss_k             = velocity_weight * mse(pred_v, target_v) + hidden_weight * mse(pred_h, target_h)  (FP32)
+        x_{k+1}            = differentiable_euler_step(x_k, pred_v, sigmas, k)
+    chunk_loss = mean_k loss_k;   (chunk_loss / number_of_trained_chunks).backward()   right away
+    history[c] = x4.detach();     prev_chunk_hidden[k] = pred_h_k.detach()
+
+Gradient paths inside a chunk (one graph over the three Predictor calls):
+    hidden anchor:  pred_h1 -> Predictor step 2 -> pred_h2 -> Predictor step 3
+    latent:         pred_v1 -> x2 -> Predictor step 2 -> pred_v2 -> x3 -> Predictor step 3
+Across chunks nothing flows: each chunk's graph is freed by its own backward.
+
+DDP: ``train_trajectory`` runs each trained chunk's three Predictor forwards AND its backward inside
+``no_sync()``, except the last chunk, whose backward all-reduces the gradients accumulated over all chunks once.
+
+Pieces are public so tests can check each claim: ``SelfRolloutTrajectory`` (``run_chunk_zero``,
+``run_trained_chunk`` -> ``ChunkGraph``, ``commit``) and ``train_trajectory`` (the training composition).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs, StepOutput
+from predictor_training.runtime.distributed import maybe_no_sync, unwrap_model
+from predictor_training.predictor.loss import predictor_loss
+from predictor_training.runtime.precision import autocast
+from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
+from predictor_training.teacher import ContextKV, TextKV
+
+FULL_STEP = 0  # F-P-P-P: the Teacher runs step 0, the Predictor every later step
+
+
+# ---- settings and inputs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SelfRolloutSettings:
+    """Loss weights and Predictor precision of the rollout.
+
+    velocity_weight / hidden_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (the recipe's
+    --velocity_weight / --hidden_weight). predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the
+    real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``. replace_steps: the
+    steps the Predictor runs in every trained chunk (ascending, within 1..num_steps-1).
+    """
+
+    velocity_weight: float
+    hidden_weight: float
+    predictor_autocast_dtype: torch.dtype | None = None
+    replace_steps: tuple[int, ...] = (1, 2, 3)
+
+
+# ---- what one trained chunk produces ---------------------------------------------------------------------------
+@dataclass
+class PredictorStep:
+    """One Predictor step k of a trained chunk (all on the rollout device).
+
+    latent [1, C, 4, H, W]: x_k, the student latent entering step k (with graph for k >= 2).
+    teacher_input [1, 2C+1, 4, H, W]: what the Teacher target was computed on (detached x_k | cond).
+    anchor / prev_chunk_hidden / pred_hidden / target_hidden [1, N, D]; pred_velocity / target_velocity
+    [1, C, 4, H, W]. loss: scalar with graph; metrics: detached scalars (loss, hidden_mse, velocity_mse).
+    """
+
+    step_index: int
+    latent: Tensor
+    teacher_input: Tensor
+    anchor: Tensor
+    prev_chunk_hidden: Tensor
+    target_hidden: Tensor
+    target_velocity: Tensor
+    pred_hidden: Tensor
+    pred_velocity: Tensor
+    loss: Tensor
+    metrics: dict[str, Tensor]
+
+
+@dataclass
+class ChunkGraph:
+    """A trained chunk before its backward.
+
+    context: the chunk's context (indices, prefill input, exact K/V); full_hidden / full_velocity: Teacher step 0
+    (h0, v0); steps: the Predictor steps; final_latent [1, C, 4, H, W]: x_n with graph; loss: chunk loss
+    (mean of the step losses) with graph; tracked_latents: {k: x_k} whose ``.grad`` is retained (a Predictor step's
+    input made by the Predictor step before it); full_outputs: the Full Teacher steps of the chunk (step 0 first).
+    """
+
+    chunk_index: int
+    context: ChunkContext
+    full_hidden: Tensor
+    full_velocity: Tensor
+    steps: list[PredictorStep]
+    final_latent: Tensor
+    loss: Tensor
+    tracked_latents: dict[int, Tensor] = field(default_factory=dict)
+    full_outputs: list[StepOutput] = field(default_factory=list)  # the chunk's Full Teacher steps, in order
+
+    def pred_hidden_by_step(self) -> dict[int, Tensor]:
+        return {step.step_index: step.pred_hidden for step in self.steps}
+
+
+# ---- one trajectory --------------------------------------------------------------------------------------------
+class SelfRolloutTrajectory:
+    """The state of one self-rollout trajectory: the history buffer and the previous-chunk hiddens.
+
+    teacher: the frozen WorldPlayTransformer; predictor: the v4 Predictor, plain or DDP-wrapped (it is called as
+    given, so DDP sees every forward); text_kv: all layers, [1, heads, L, d]; inputs / rollout_config: as for
+    ``ARRollout``, whose running latents are the self-generated history (chunk c's slot holds its noise until the
+    chunk is committed, then its detached final latent).
+
+    Order of calls: ``run_chunk_zero()``, then for c = 1..num_chunks-1: ``graph = run_trained_chunk(c)``, backward,
+    ``commit(graph)``.
+    """
+
+    def __init__(
+        self,
+        teacher,
+        predictor: nn.Module,
+        text_kv: TextKV,
+        inputs: RolloutInputs,
+        rollout_config: RolloutConfig = RolloutConfig(),
+        *,
+        settings: SelfRolloutSettings,
+        device: torch.device | str | None = None,
+    ):
+        raw_predictor = unwrap_model(predictor)
+        if raw_predictor.variant != "v4":
+            raise ValueError(f"self-rollout training needs the v4 Predictor (context + previous-chunk hidden), "
+                             f"got variant {raw_predictor.variant!r}")
+        if rollout_config.num_steps < 2:
+            raise ValueError(f"F-P-P-P needs at least 2 denoising steps, got num_steps={rollout_config.num_steps}")
+        steps = tuple(settings.replace_steps)
+        if not steps or list(steps) != sorted(set(steps)) or not all(1 <= k < rollout_config.num_steps for k in steps):
+            raise ValueError(f"replace_steps {list(steps)} must be ascending, without repeats, within "
+                             f"1..{rollout_config.num_steps - 1} (step 0 is always Full)")
+        self.rollout = ARRollout(teacher, text_kv, inputs, rollout_config, recorder=None, device=device)
+        if self.rollout.num_chunks < 2:
+            raise ValueError(f"{inputs.num_latents} latents make {self.rollout.num_chunks} chunk(s); self-rollout "
+                             "training needs chunk 0 plus at least one trained chunk")
+        self.teacher = teacher
+        self.predictor = predictor
+        self.settings = settings
+        self.source_blocks = tuple(raw_predictor.source_blocks)
+        self.predictor_text_kv = self.rollout.text_kv.select(self.source_blocks)
+        self.prev_chunk_hidden: dict[int, Tensor] | None = None
+        self.next_chunk = 0
+
+    # ---- sizes ------------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.rollout.device
+
+    @property
+    def num_chunks(self) -> int:
+        return self.rollout.num_chunks
+
+    @property
+    def trained_chunks(self) -> list[int]:
+        return list(range(1, self.num_chunks))
+
+    @property
+    def predictor_steps(self) -> list[int]:
+        return list(self.settings.replace_steps)
+
+    # ---- chunk 0 -----------------------------------------------------------------------------------------------
+    def run_chunk_zero(self) -> list[StepOutput]:
+        """F-F-F-F of chunk 0 under no_grad (the ARRollout loop): writes its final latent into the history and keeps
+        the Full hidden of steps 1..n-1 as chunk 1's previous-chunk hidden. Returns the Teacher's step outputs."""
+        if self.next_chunk != 0:
+            raise RuntimeError(f"run_chunk_zero must come first; the trajectory is at chunk {self.next_chunk}")
+        with torch.no_grad():
+            outputs = self.rollout.run_chunk(0)
+        self.prev_chunk_hidden = {k: outputs[k].final_hidden for k in self.predictor_steps}
+        self.next_chunk = 1
+        return outputs
+
+    # ---- chunks 1.. --------------------------------------------------------------------------------------------
+    def _teacher_step(self, model_input: Tensor, timestep: Tensor, frame_inputs, context: ChunkContext) -> StepOutput:
+        """One Full-DiT step as a stop-gradient label: no graph, Teacher autocast."""
+        action, viewmats, Ks = frame_inputs
+        with torch.no_grad():
+            return self.rollout.full_step(model_input, timestep, action, viewmats, Ks, context)
+
+    def run_trained_chunk(self, chunk_index: int) -> ChunkGraph:
+        """Forward of trained chunk ``chunk_index`` (module docstring); the caller runs the backward and commits."""
+        if chunk_index != self.next_chunk or chunk_index == 0:
+            raise RuntimeError(f"run_trained_chunk({chunk_index}) called, but the next chunk to run is "
+                               f"{self.next_chunk}")
+        rollout, config, settings = self.rollout, self.rollout.config, self.settings
+        frames = rollout.chunk_frames(chunk_index)
+        frame_range = range(frames.start, frames.stop)
+        state_dtype, model_dtype = config.state_dtype, rollout.model_dtype
+
+        # 1. Context from the detached self-generated history; exact K/V of every layer, without a graph.
+        context = rollout.prefill_context(chunk_index)
+        if context.kv is None:
+            raise RuntimeError(f"chunk {chunk_index} got no context frames; a trained chunk needs history")
+        predictor_context: ContextKV = context.kv.select(self.source_blocks)
+        frame_inputs = rollout.frame_inputs(frame_range)
+        action, viewmats, Ks = frame_inputs
+        cond = rollout.cond[:, :, frames]
+        scheduler = FlowMatchEulerScheduler(shift=config.shift)
+        scheduler.set_timesteps(config.num_steps)
+        timesteps = scheduler.timesteps
+        size = config.chunk_latents
+
+        # 2. Full step 0 on the chunk's noise, advanced by the pipeline's own scheduler.
+        noise = rollout.latents[:, :, frames].clone()
+        step0_timestep = timesteps[FULL_STEP].expand(size).to(device=self.device, dtype=torch.float32)
+        full = self._teacher_step(rollout.model_input(frame_range), step0_timestep, frame_inputs, context)
+        latent = scheduler.step(full.velocity, timesteps[FULL_STEP], noise).to(state_dtype)
+
+        # 3. Steps 1..n-1: Predictor steps keep the latent's and the anchor's graphs from one to the next; a Full
+        #    step advances the detached latent with the Teacher's velocity and hands on its hidden (no graph).
+        anchor = full.final_hidden
+        full_outputs = [full]
+        steps: list[PredictorStep] = []
+        tracked: dict[int, Tensor] = {}
+        for k in range(FULL_STEP + 1, config.num_steps):
+            timestep = timesteps[k].expand(size).to(device=self.device, dtype=torch.float32)
+            # The label is computed on the state the Predictor actually visits, cut from its graph.
+            teacher_input = torch.cat([latent.detach().to(model_dtype), cond.to(model_dtype)], dim=1)
+            target = self._teacher_step(teacher_input, timestep, frame_inputs, context)
+            if k not in self.predictor_steps:
+                full_outputs.append(target)
+                latent = differentiable_euler_step(latent.detach(), target.velocity, scheduler.sigmas, k)
+                latent = latent.to(state_dtype)
+                anchor = target.final_hidden
+                continue
+            predictor_input = torch.cat([latent, cond.to(latent.dtype)], dim=1)
+            prev_hidden = self.prev_chunk_hidden[k]
+            with autocast(self.device, settings.predictor_autocast_dtype):
+                pred_hidden, pred_velocity = self.predictor(
+                    predictor_input, anchor, timestep[None], action, viewmats, Ks, self.predictor_text_kv,
+                    context=predictor_context, prev_chunk_hidden=prev_hidden, rope_start=context.num_frames,
+                )
+            loss, metrics = predictor_loss(
+                pred_hidden, pred_velocity, target.final_hidden, target.velocity,
+                hidden_weight=settings.hidden_weight, velocity_weight=settings.velocity_weight,
+            )
+            steps.append(PredictorStep(
+                step_index=k, latent=latent, teacher_input=teacher_input, anchor=anchor, prev_chunk_hidden=prev_hidden,
+                target_hidden=target.final_hidden, target_velocity=target.velocity, pred_hidden=pred_hidden,
+                pred_velocity=pred_velocity, loss=loss, metrics=metrics,
+            ))
+            # The running buffer of the pipeline holds state_dtype; the cast keeps the same rounding, differentiably.
+            latent = differentiable_euler_step(latent, pred_velocity, scheduler.sigmas, k).to(state_dtype)
+            if k + 1 in self.predictor_steps and latent.requires_grad:
+                tracked[k + 1] = latent
+                latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
+            anchor = pred_hidden
+
+        # 4. Chunk loss: the mean over the Predictor steps.
+        chunk_loss = torch.stack([step.loss for step in steps]).mean()
+        return ChunkGraph(
+            chunk_index=chunk_index, context=context, full_hidden=full.final_hidden, full_velocity=full.velocity,
+            steps=steps, final_latent=latent, loss=chunk_loss, tracked_latents=tracked, full_outputs=full_outputs,
+        )
+
+    def commit(self, graph: ChunkGraph) -> None:
+        """Move a finished chunk into the trajectory state, cut from its graph.
+
+        Both the final latent (next chunks' history, hence their context) and the predicted hiddens (next chunk's
+        previous-chunk hidden) are detached: gradients of a later chunk must not reach this chunk, whose graph is
+        freed by its own backward (and whose loss already accounted for these values).
+        """
+        if graph.chunk_index != self.next_chunk:
+            raise RuntimeError(f"commit of chunk {graph.chunk_index}, but the trajectory is at chunk {self.next_chunk}")
+        self.rollout.write_chunk(graph.chunk_index, graph.final_latent.detach())
+        # Cached context modes store this chunk's per-frame K/V now (its final latent is written).
+        self.rollout.cache_chunk(graph.chunk_index, graph.context, graph.full_outputs)
+        self.prev_chunk_hidden = {k: hidden.detach() for k, hidden in graph.pred_hidden_by_step().items()}
+        self.next_chunk += 1
+
+
+def trajectory_for_row(item: dict, case: dict, *, teacher: nn.Module, predictor: nn.Module, config: RolloutConfig,
+                       settings: SelfRolloutSettings, device: torch.device) -> SelfRolloutTrajectory:
+    """The self-rollout of one sample-table row (`TrajectoryTableDataset` item: seed, viewmats, Ks, action) of
+    `case` (its stored text K/V of every layer and image condition): the row's seed gives the noise and memory
+    points, exactly as the dataset builder and the eval run it."""
+    text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], device, teacher.dtype)
+    inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].to(torch.float32), item["viewmats"],
+                                     item["Ks"], item["action"], state_dtype=config.state_dtype)
+    return SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, config, settings=settings, device=device)
+
+
+# ---- the training composition ----------------------------------------------------------------------------------
+def latent_grad_l1(graph: ChunkGraph) -> dict[int, float]:
+    """{k: sum |d loss / d x_k|} of the tracked latents after the chunk's backward (0.0 where no grad arrived)."""
+    return {k: 0.0 if latent.grad is None else float(latent.grad.detach().float().abs().sum())
+            for k, latent in graph.tracked_latents.items()}
+
+
+def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
+                     chunk_hook: Callable[[ChunkGraph], Tensor | None] | None = None) -> dict[str, float]:
+    """Chunk 0 (no grad), then each trained chunk: forward, ``(chunk_loss / n_trained).backward()``, commit.
+
+    sync: whether this trajectory's backward may all-reduce (the loop's flag; False while accumulating several
+    trajectories). The three Predictor forwards and the backward of every chunk but the last run under
+    ``no_sync()``; the last chunk's backward all-reduces once. Gradients are left in ``.grad`` for the caller's
+    clip/optimizer step. chunk_hook(graph): called with each trained chunk's graph before its backward; a tensor it
+    returns (a scalar with graph, e.g. the adversarial recipe's weighted generator loss on the chunk's predicted
+    hiddens) is added to that chunk's loss for the backward, None adds nothing; the metrics below stay the
+    regression loss's. Returns detached python floats:
+
+    loss (the trajectory loss = mean chunk loss), hidden_mse, velocity_mse, step{k}/{loss,hidden_mse,velocity_mse}
+    (means over the trained chunks), chunk{c}/loss, latent_grad_l1_min (min over chunks and k of sum |grad x_k|;
+    nan when no latent is tracked) and context_frames_mean.
+    """
+    # 1. Chunk 0: the history seed, no parameter is touched.
+    trajectory.run_chunk_zero()
+    trained = trajectory.trained_chunks
+    # Each chunk's backward adds its share, so the gradients equal those of the trajectory-mean loss.
+    divisor = len(trained)
+    per_step: dict[int, dict[str, list[float]]] = {k: {} for k in trajectory.predictor_steps}
+    chunk_losses: dict[int, float] = {}
+    grad_l1: list[float] = []
+    context_frames: list[int] = []
+    # 2. Trained chunks, each freed by its own backward.
+    for chunk_index in trained:
+        all_reduce_now = sync and chunk_index == trained[-1]
+        with maybe_no_sync(trajectory.predictor, enabled=not all_reduce_now):
+            graph = trajectory.run_trained_chunk(chunk_index)
+            extra = None if chunk_hook is None else chunk_hook(graph)
+            ((graph.loss if extra is None else graph.loss + extra) / divisor).backward()
+        chunk_losses[chunk_index] = float(graph.loss.detach())
+        for step in graph.steps:
+            for name, value in step.metrics.items():
+                per_step[step.step_index].setdefault(name, []).append(float(value))
+        grad_l1.extend(latent_grad_l1(graph).values())
+        context_frames.append(graph.context.num_frames)
+        trajectory.commit(graph)
+        del graph
+    # 3. Metrics.
+    metrics: dict[str, float] = {"loss": sum(chunk_losses.values()) / divisor}
+    for name in ("hidden_mse", "velocity_mse"):
+        metrics[name] = _mean([value for step in per_step.values() for value in step[name]])
+    for k, values in per_step.items():
+        for name, series in values.items():
+            metrics[f"step{k}/{name}"] = _mean(series)
+    for chunk_index, value in chunk_losses.items():
+        metrics[f"chunk{chunk_index}/loss"] = value
+    metrics["latent_grad_l1_min"] = min(grad_l1) if grad_l1 else math.nan
+    metrics["context_frames_mean"] = _mean(context_frames)
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)

@@ -1,0 +1,126 @@
+"""Chunk predictions of an AR world model on a known history (teacher forcing), for the generic methods.
+
+Diffusion-forcing SFT and causal KD both train a model (the Teacher with a LoRA, or all parameters of a model of the
+Teacher's architecture) to denoise chunk c of a clip whose earlier frames are known: the clean data latents (SFT) or
+the many-step teacher's final latents (KD). The context of chunk c is built exactly as in the AR loop
+(`ar_rollout.ARRollout`): memory selection on the clip's cameras, the selected frames with their condition channels
+prefilled at the context timestep 14 with compacted RoPE positions 0..n-1, the chunk at RoPE start n. Only the
+chunk's own latents differ: here they are a noised version of the chunk at a noise level the method chooses, one
+per chunk (the model's `chunk_step` takes a timestep per frame).
+
+Gradients flow through the chunk step and, with `context_grad`, through the context prefill too (a model trained
+from scratch must learn to encode its context). The text K/V come from the clip: stored text K/V (a Teacher-sample
+clip: fixed), or encoder outputs that the model prefills itself (under grad when the text stream trains, recomputed
+for every chunk so that each chunk's backward frees its own graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.runtime.precision import autocast
+from predictor_training.teacher import TextKV
+
+TEXT_ENCODER_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states")
+STORED_TEXT_FIELDS = ("text_k", "text_v")
+
+
+def text_source(item: Mapping) -> str:
+    """"encoder" when the clip carries encoder outputs, "stored" when it carries text K/V (ValueError if neither)."""
+    if all(name in item for name in TEXT_ENCODER_FIELDS):
+        return "encoder"
+    if all(name in item for name in STORED_TEXT_FIELDS):
+        return "stored"
+    raise ValueError(f"a clip needs either the encoder outputs {list(TEXT_ENCODER_FIELDS)} or the stored text K/V "
+                     f"{list(STORED_TEXT_FIELDS)}; it has {sorted(item)}")
+
+
+def clip_text_kv(model, item: Mapping, device: torch.device, autocast_dtype: torch.dtype | None, *,
+                 grad: bool) -> TextKV:
+    """The text K/V of every layer for one clip: the model's own text prefill of the encoder outputs (mask type
+    i2v, under `autocast_dtype`), or the stored K/V cast to the model's dtype."""
+    if text_source(item) == "stored":
+        return TextKV.from_layer_stack(item["text_k"], item["text_v"], device, model.dtype)
+    inputs = []
+    for name in TEXT_ENCODER_FIELDS:
+        tensor = item[name].to(device)
+        inputs.append(tensor.to(model.dtype) if tensor.is_floating_point() else tensor)
+    with torch.set_grad_enabled(grad), autocast(device, autocast_dtype):
+        return model.text_prefill(*inputs, mask_type="i2v")
+
+
+def draw_training_chunks(num_chunks: int, count: int, rank_generator: torch.Generator,
+                         shared_generator: torch.Generator) -> list[int]:
+    """`min(count, num_chunks)` distinct chunk indices of a clip, ascending, each chunk equally likely.
+
+    Whether chunk 0 (the only chunk without context, so without a context prefill) is among them comes from
+    `shared_generator`, which must be the same on every rank; the other chunks come from `rank_generator`. Under
+    FSDP every rank then calls the model's blocks in the same order (a prefill for every chunk but chunk 0); ranks
+    that disagree there wait on different all-gathers and fail. That holds when every rank's clip has the same
+    number of chunks (clips of one length, as the AR loop's datasets are).
+    """
+    if num_chunks < 1:
+        raise ValueError(f"a clip needs at least one chunk, got {num_chunks}")
+    count = min(count, num_chunks)
+    with_first = bool(torch.rand((), generator=shared_generator) < count / num_chunks)
+    others = (torch.randperm(num_chunks - 1, generator=rank_generator) + 1)[: count - int(with_first)]
+    return sorted(([0] if with_first else []) + others.tolist())
+
+
+class TeacherForcedClip:
+    """One clip of a teacher-forced batch: a known history and the model that predicts its chunks.
+
+    history [1, C, T, H, W] (clean data, or a teacher's final latents); item: the clip's image_cond
+    [1, C, 1, H, W], viewmats [T, 4, 4], Ks [T, 3, 3], action [T] and its text (`text_source`); memory_seed: seed of
+    the memory-retrieval points (`make_retrieval_points`). text_grad: the text prefill runs under grad (the text
+    stream trains); context_grad: the context prefill runs under grad.
+    """
+
+    def __init__(self, model, history: Tensor, item: Mapping, config: RolloutConfig, device: torch.device, *,
+                 memory_seed: int, text_grad: bool, context_grad: bool):
+        self.model = model
+        self.device = device
+        self.text_grad = bool(text_grad) and text_source(item) == "encoder"
+        self.context_grad = bool(context_grad)
+        self.item = item
+        self.autocast_dtype = config.autocast_dtype
+        text_kv = clip_text_kv(model, item, device, config.autocast_dtype, grad=False)
+        # The running latents of the AR loop start as the known history: every chunk is already final.
+        inputs = RolloutInputs.from_clip(item, history.float(), memory_seed)
+        self.rollout = ARRollout(model, text_kv, inputs, config, device=device)
+        self._fixed_text = None if self.text_grad else self.rollout.text_kv
+
+    @property
+    def num_chunks(self) -> int:
+        return self.rollout.num_chunks
+
+    def chunk_latents(self, chunk_index: int) -> Tensor:
+        """The known latents of chunk ``chunk_index`` [1, C, 4, H, W] (float32)."""
+        return self.rollout.latents[:, :, self.rollout.chunk_frames(chunk_index)].float()
+
+    def text_kv(self) -> TextKV:
+        """This chunk's text K/V (a fresh graph per call when the text stream trains)."""
+        if self._fixed_text is not None:
+            return self._fixed_text
+        return clip_text_kv(self.model, self.item, self.device, self.autocast_dtype, grad=True)
+
+    def predict_velocity(self, chunk_index: int, noisy: Tensor, sigma: Tensor) -> Tensor:
+        """The model's velocity [1, C, 4, H, W] (float32) for chunk ``chunk_index`` whose latents are ``noisy``
+        [1, C, 4, H, W] at noise level ``sigma`` (per frame [4], timestep 1000 sigma), given the clip's history."""
+        rollout = self.rollout
+        frames = rollout.chunk_frames(chunk_index)
+        text_kv = self.text_kv()
+        context = rollout.prefill_context(chunk_index, grad=self.context_grad, text_kv=text_kv)
+        cond = rollout.cond[:, :, frames].to(rollout.model_dtype)
+        model_input = torch.cat([noisy.to(rollout.model_dtype), cond], dim=1)
+        action, viewmats, Ks = rollout.frame_inputs(range(frames.start, frames.stop))
+        timestep = (1000.0 * sigma).to(device=self.device, dtype=torch.float32)
+        with rollout.autocast():
+            velocity = self.model.chunk_step(model_input, timestep, action, viewmats, Ks, text_kv,
+                                             context_kv=context.kv, rope_start=context.num_frames)
+        return velocity.float()
+

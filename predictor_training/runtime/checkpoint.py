@@ -1,0 +1,529 @@
+"""Training checkpoints (`training_latest.pt`) and inference weights (`predictor_step_XXXXX.safetensors`).
+
+* `training_latest.pt` holds everything a lossless resume needs: the FP32 model state of the unwrapped module,
+  the optimizer, the LR schedule, the run state (global/micro step, epoch, data position), the RNG states of
+  every rank (python, numpy, torch CPU, CUDA), the config and `meta` (variant, source_blocks, precision).
+  It loads with `torch.load(weights_only=True)`: everything in it is tensors or plain python values.
+* `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata.
+* Every write is atomic (temp file in the same folder, fsync, `os.replace`), and nothing non-finite is ever
+  written, so the last good checkpoint survives a crash, a SIGKILL or a NaN.
+* A role whose module is FSDP2-sharded (`predictor_training.runtime.fsdp`) is saved as its full, unsharded state (gathered
+  with `full_state_dicts`; the same model keys and shapes as a plain module, the optimizer state keyed by parameter
+  name) and loaded back into the shards with `load_full_state_dicts`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from predictor_training.runtime.distributed import all_gather_objects, barrier, current_rank, unwrap_model
+from predictor_training.runtime.io import atomic_write
+from predictor_training.runtime.io import redact_secrets
+from predictor_training.runtime.roles import module_is_fsdp
+
+TRAINING_STATE_NAME = "training_latest.pt"
+TRAINING_STATE_FORMAT = "predictor_training.training_state"
+TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
+INFERENCE_FORMAT = "predictor_training.inference_weights"
+REQUIRED_META_KEYS = ("precision",)  # a Predictor recipe adds variant and source_blocks (`checkpoint_meta`)
+
+
+class NonFiniteError(RuntimeError):
+    """A loss, gradient norm or weight is NaN/Inf; raised before anything is stepped or written."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint was saved for a different variant / source blocks / precision / world size than requested."""
+
+
+def checkpoint_meta(variant: str, source_blocks, precision: str, **extra) -> dict:
+    """What identifies a run's checkpoints; saved as `meta` and required back on resume (the `expect` dict): a
+    checkpoint of another variant, other source blocks or another precision mode is refused. `extra`: more keys a
+    recipe requires (e.g. recipe="rollout_fppp")."""
+    return {"variant": variant, "source_blocks": [int(block) for block in source_blocks], "precision": precision,
+            **extra}
+
+
+def inference_weights_name(step: int, role: str = "predictor") -> str:
+    """`predictor_step_00300.safetensors` for step 300 of the role "predictor" (`<role>_step_XXXXX.safetensors`)."""
+    return f"{role}_step_{step:05d}.safetensors"
+
+
+@dataclass
+class RunState:
+    """Loop position saved in every checkpoint.
+
+    global_step: optimizer updates done. micro_step: micro-batches consumed (global_step * grad_accum on an
+    uninterrupted run). epoch: current data epoch. data: `ResumableBatches.state_dict()` (epoch + position).
+    """
+
+    global_step: int = 0
+    micro_step: int = 0
+    epoch: int = 0
+    data: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "RunState":
+        return cls(
+            global_step=int(state["global_step"]),
+            micro_step=int(state["micro_step"]),
+            epoch=int(state["epoch"]),
+            data=dict(state["data"]),
+        )
+
+
+# ------------------------------------------------------------------------------------------------ RNG
+def capture_rng_state() -> dict:
+    """This process's RNG states as plain values and CPU byte tensors (weights_only-loadable)."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
+    cuda_state = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda_state = torch.cuda.get_rng_state(torch.cuda.current_device())
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_name,
+            "keys": np_keys.tolist(),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
+        "torch_cpu": torch.get_rng_state(),
+        "torch_cuda": cuda_state,
+    }
+
+
+def restore_rng_state(state: dict) -> None:
+    """Inverse of `capture_rng_state`; a saved CUDA state on a machine without CUDA is an error."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        (
+            numpy_state["bit_generator"],
+            np.asarray(numpy_state["keys"], dtype=np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch_cpu"])
+    if state["torch_cuda"] is not None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("checkpoint holds a CUDA RNG state but CUDA is not available in this run")
+        torch.cuda.set_rng_state(state["torch_cuda"], torch.cuda.current_device())
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _json_plain(obj, what: str):
+    """`obj` normalised through JSON (tuples -> lists); raises if it is not JSON-representable."""
+    try:
+        return json.loads(json.dumps(obj, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{what} must be JSON-serialisable plain data: {error}") from error
+
+
+def _check_meta(meta: dict) -> dict:
+    missing = [key for key in REQUIRED_META_KEYS if key not in meta]
+    if missing:
+        raise ValueError(f"checkpoint meta is missing {missing}; expected keys {REQUIRED_META_KEYS} (got {sorted(meta)})")
+    return _json_plain(meta, "checkpoint meta")
+
+
+def _check_fp32_master(model: nn.Module, meta: dict) -> None:
+    """Trainable parameters must be FP32 (an FSDP2 shard's dtype is its DTensor's: the sharded master weights)."""
+    if meta["precision"] != "fp32master":
+        return
+    wrong = [f"{name} ({p.dtype})" for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
+    if wrong:
+        raise ValueError(f"precision 'fp32master' but trainable parameters are not float32: {wrong[:5]}")
+
+
+def _non_finite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating tensors holding NaN/Inf; a DTensor is checked on this rank's shard only."""
+    bad = []
+    for name, tensor in tensors.items():
+        if hasattr(tensor, "to_local"):  # DTensor (FSDP2 shard)
+            tensor = tensor.to_local()
+        if torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all()):
+            bad.append(name)
+    return bad
+
+
+def check_finite_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Raise NonFiniteError naming the first few non-finite floating tensors of `tensors`."""
+    bad = _non_finite_names(tensors)
+    if bad:
+        raise NonFiniteError(f"{what}: non-finite values in {len(bad)} tensors, e.g. {bad[:5]}; nothing was written")
+
+
+def _compare_expect(saved_meta: dict, expect: dict, path: Path) -> None:
+    problems = []
+    for key, requested in _json_plain(expect, "expect").items():
+        if key not in saved_meta:
+            problems.append(f"{key}: not recorded in the checkpoint, requested {requested!r}")
+        elif saved_meta[key] != requested:
+            problems.append(f"{key}: saved {saved_meta[key]!r}, requested {requested!r}")
+    if problems:
+        raise CheckpointMismatchError(f"{path} does not match this run: " + "; ".join(problems))
+
+
+_OPTIMIZER_GROUP_KEYS = ("name", "initial_lr", "betas", "weight_decay")
+
+
+def _compare_optimizer_groups(saved_state: dict, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """`optimizer.load_state_dict` (and `load_full_state_dicts`) would silently replace this run's LRs/betas with the
+    saved ones: refuse. Only the groups' hyper-parameters are compared, so integer-id and name-keyed (FSDP) states
+    alike."""
+    saved_groups, current_groups = saved_state["param_groups"], optimizer.param_groups
+    if len(saved_groups) != len(current_groups):
+        raise CheckpointMismatchError(
+            f"{path}: optimizer has {len(saved_groups)} param groups saved, this run builds {len(current_groups)}"
+        )
+    problems = []
+    for index, (saved, current) in enumerate(zip(saved_groups, current_groups)):
+        for key in _OPTIMIZER_GROUP_KEYS:
+            saved_value, current_value = saved.get(key), current.get(key)
+            if isinstance(saved_value, (list, tuple)):
+                saved_value, current_value = list(saved_value), list(current_value)
+            if saved_value != current_value:
+                problems.append(f"group {index} {key}: saved {saved.get(key)!r}, requested {current.get(key)!r}")
+    if problems:
+        raise CheckpointMismatchError(f"{path} does not match this run's optimizer: " + "; ".join(problems))
+
+
+def _name_keyed(optimizer_state: dict) -> bool:
+    """Whether an optimizer state dict names its parameters (`fsdp.full_state_dicts`) instead of numbering them."""
+    return any(isinstance(param, str) for group in optimizer_state["param_groups"] for param in group["params"])
+
+
+def _require_file(path: Path, what: str) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: {path} does not exist; refusing to start from scratch instead")
+
+
+# ------------------------------------------------------------------------------------------------ training state
+def save_training_state(
+    path: str | os.PathLike,
+    *,
+    roles: Sequence,
+    run_state: RunState,
+    config: dict,
+    meta: dict,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Write `training_latest.pt` atomically from rank 0: every role's model (its unwrapped module), optimizer, LR
+    schedule, update count and EMA, plus the run state, every rank's RNG, config and meta. A collective: call it on
+    EVERY rank (it gathers each rank's RNG state and the full state of FSDP-sharded roles, and ends with a barrier).
+
+    roles: `predictor_training.runtime.roles.Role` objects. meta: {"variant": ..., "source_blocks": [...], "precision":
+    ...}; `config` is stored with secrets redacted. Raises NonFiniteError (writing nothing) if a model holds NaN/Inf,
+    on every rank together (an FSDP role's shards are checked on each rank, and the verdict is shared).
+
+    An FSDP-sharded role (`Role.is_fsdp`) is stored as its full state: `fsdp.full_state_dicts` gathers the model
+    (plain `state_dict()` keys, full shapes) and the optimizer (keyed by parameter name) to rank 0. Returns those
+    gathered model states, {role name: full model state}, on rank 0 (e.g. for the role's inference weights, so
+    nothing is gathered twice); {} on the other ranks and for a run without FSDP roles.
+    """
+    # 1. Validate on every rank so that all ranks raise together.
+    meta = _check_meta(meta)
+    model_states = {}
+    sharded_problems = []
+    for role in roles:
+        raw_model = unwrap_model(role.raw_module)
+        _check_fp32_master(raw_model, meta)
+        if module_is_fsdp(raw_model):
+            # Each rank holds other shards: collect, then decide together below (a raise on one rank only would
+            # leave the others waiting in the gather).
+            bad = _non_finite_names(raw_model.state_dict())
+            if bad:
+                sharded_problems.append(f"role {role.name!r} rank {current_rank()}: {len(bad)} tensors, e.g. {bad[:5]}")
+            continue
+        model_states[role.name] = raw_model.state_dict()
+        check_finite_tensors(model_states[role.name], f"save_training_state({path}) role {role.name!r}")
+    fsdp_roles = [role for role in roles if module_is_fsdp(unwrap_model(role.raw_module))]
+    optimizer_states = {}
+    if fsdp_roles:
+        sharded_problems = [problem for problems in all_gather_objects(sharded_problems) for problem in problems]
+        if sharded_problems:
+            raise NonFiniteError(f"save_training_state({path}): non-finite values in FSDP shards: "
+                                 f"{'; '.join(sharded_problems)}; nothing was written")
+        from predictor_training.runtime.fsdp import full_state_dicts  # imports the Teacher: only where a role is sharded
+
+        for role in fsdp_roles:  # collectives, in the roles' order on every rank
+            model_states[role.name], optimizer_states[role.name] = full_state_dicts(role.raw_module, role.optimizer)
+    # 2. Every rank's RNG, so each rank resumes its own noise stream.
+    rng_by_rank = all_gather_objects(capture_rng_state())
+    # 3. Rank 0 writes.
+    full_states = {}
+    if current_rank() == 0:
+        full_states = {role.name: model_states[role.name] for role in fsdp_roles}
+        payload = {
+            "format": TRAINING_STATE_FORMAT,
+            "format_version": TRAINING_STATE_VERSION,
+            "roles": {
+                role.name: {
+                    "model": {name: tensor.detach().cpu() for name, tensor in model_states[role.name].items()},
+                    "optimizer": (optimizer_states[role.name] if role.name in optimizer_states
+                                  else role.optimizer.state_dict()),
+                    "lr_schedule": role.lr_schedule.state_dict(),
+                    "updates": role.updates,
+                    "ema": None if role.ema is None else role.ema.state_dict(),
+                }
+                for role in roles
+            },
+            "run_state": _json_plain(run_state.to_dict(), "run_state"),
+            "rng_by_rank": rng_by_rank,
+            "world_size": len(rng_by_rank),
+            "config": _json_plain(redact_secrets(config), "config"),
+            "meta": meta,
+        }
+
+        def write(tmp_path: Path) -> None:
+            with open(tmp_path, "wb") as handle:
+                torch.save(payload, handle)
+                handle.flush()
+
+        atomic_write(path, write)
+    barrier()
+    return full_states
+
+
+def read_training_state(path: str | os.PathLike) -> dict:
+    """The checkpoint dict (CPU tensors) in the current layout, after checking that the file exists and has our
+    format. A version-1 state (one Predictor: top-level model / optimizer / lr_schedule) comes back as one role
+    named "predictor" whose update count is the global step."""
+    path = Path(path)
+    _require_file(path, "training state")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
+        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    version = payload["format_version"]
+    if version == 1:
+        payload["roles"] = {"predictor": {
+            "model": payload.pop("model"), "optimizer": payload.pop("optimizer"),
+            "lr_schedule": payload.pop("lr_schedule"), "updates": int(payload["run_state"]["global_step"]),
+            "ema": None,
+        }}
+        payload["format_version"] = TRAINING_STATE_VERSION
+    elif version != TRAINING_STATE_VERSION:
+        raise ValueError(f"{path}: format_version {version}, this code reads versions 1 and {TRAINING_STATE_VERSION}")
+    return payload
+
+
+def role_state(payload: dict, role: str | None, path: str | os.PathLike) -> dict:
+    """One role's entry of a training state; `role=None` takes the only role (an error if there are several)."""
+    names = sorted(payload["roles"])
+    if role is None:
+        if len(names) != 1:
+            raise CheckpointMismatchError(f"{path} holds roles {names}; name the one to read")
+        role = names[0]
+    if role not in payload["roles"]:
+        raise CheckpointMismatchError(f"{path} has no role {role!r}; it holds {names}")
+    return payload["roles"][role]
+
+
+def read_training_summary(path: str | os.PathLike) -> dict:
+    """{"step", "config", "meta"} of a training state, memory-mapped so the weights are not read."""
+    path = Path(path)
+    _require_file(path, "training state")
+    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
+        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    return {"step": int(payload["run_state"]["global_step"]), "config": payload["config"], "meta": payload["meta"]}
+
+
+def check_fp32_training_state(payload: dict, path: Path) -> None:
+    """AdamW moments are FP32 in every precision mode (trainable weights are FP32, "fp32master" included), and
+    `optimizer.load_state_dict` would silently cast other moments to the parameters' dtype: refuse a state (e.g.
+    an old BF16 one) that holds anything else."""
+    problems = []
+    for role, entry in payload["roles"].items():
+        for index, state in entry["optimizer"]["state"].items():
+            for name, value in state.items():
+                is_moment = torch.is_tensor(value) and value.is_floating_point() and value.numel() > 1
+                if is_moment and value.dtype != torch.float32:
+                    problems.append(f"role {role} optimizer state {index}.{name} is {value.dtype}")
+    if problems:
+        raise CheckpointMismatchError(f"{path}: not an FP32-master training state ({len(problems)} problems, e.g. "
+                                      f"{problems[:3]}); refusing to resume it")
+
+
+def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dict) -> RunState:
+    """Restore every role (model strict, optimizer, LR schedule, update count, EMA) and this rank's RNG from
+    `path`; returns the RunState.
+
+    roles: this run's `Role`s; the checkpoint must hold exactly these names (a version-1 single-Predictor state
+    loads into a run with one role). expect: meta values this run requires, e.g. {"variant": "v4", "source_blocks":
+    [1, 52], "precision": "fp32master"}; any difference raises CheckpointMismatchError showing saved and requested
+    values. A missing file raises FileNotFoundError. Call it last before `train_loop` so nothing draws random
+    numbers in between.
+
+    A collective where a role is FSDP-sharded: every rank reads the file and loads the saved full state into its
+    shards (`fsdp.load_full_state_dicts`; a name-keyed or a plain integer-id optimizer state). A name-keyed state
+    (saved from an FSDP role) does not load into an unsharded role.
+    """
+    path = Path(path)
+    payload = read_training_state(path)
+    # 1. Refuse a checkpoint made for something else.
+    _compare_expect(payload["meta"], expect, path)
+    check_fp32_training_state(payload, path)
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if payload["world_size"] != world_size:
+        raise CheckpointMismatchError(
+            f"{path} does not match this run: world_size: saved {payload['world_size']}, requested {world_size} "
+            "(the data position and per-rank RNG streams depend on it)"
+        )
+    saved_names = sorted(payload["roles"])
+    if len(roles) == 1 and saved_names == ["predictor"] and roles[0].name != "predictor":
+        payload["roles"] = {roles[0].name: payload["roles"]["predictor"]}  # a version-1 state into one role
+    elif saved_names != sorted(role.name for role in roles):
+        raise CheckpointMismatchError(f"{path} holds roles {saved_names}, this run trains "
+                                      f"{sorted(role.name for role in roles)}")
+    for role in roles:
+        _compare_optimizer_groups(payload["roles"][role.name]["optimizer"], role.optimizer, path)
+        if (payload["roles"][role.name]["ema"] is None) != (role.ema is None):
+            raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved {'without' if role.ema else 'with'} "
+                                          "an EMA; this run has the opposite")
+        if _name_keyed(payload["roles"][role.name]["optimizer"]) and not module_is_fsdp(
+                unwrap_model(role.raw_module)):
+            raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved FSDP-sharded (optimizer state keyed "
+                                          "by parameter name); shard this role with fsdp.shard_model to resume it")
+    # 2. Models, optimizers, schedules, EMAs (FSDP roles: collectives, in the roles' order on every rank).
+    for role in roles:
+        entry = payload["roles"][role.name]
+        raw_model = unwrap_model(role.raw_module)
+        if module_is_fsdp(raw_model):
+            from predictor_training.runtime.fsdp import load_full_state_dicts  # imports the Teacher: only where a role is sharded
+
+            load_full_state_dicts(raw_model, role.optimizer, entry["model"], entry["optimizer"],
+                                  broadcast_from_rank0=False)
+        else:
+            raw_model.load_state_dict(entry["model"], strict=True)
+            role.optimizer.load_state_dict(entry["optimizer"])
+        role.lr_schedule.load_state_dict(entry["lr_schedule"])
+        if role.ema is not None:
+            role.ema.load_state_dict(entry["ema"])
+    # 3. RNG last.
+    restore_rng_state(payload["rng_by_rank"][current_rank()])
+    return RunState.from_dict(payload["run_state"])
+
+
+# ------------------------------------------------------------------------------------------------ inference weights
+def save_inference_weights(
+    path: str | os.PathLike,
+    model_state_or_module: nn.Module | dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.bfloat16,
+    metadata: dict | None = None,
+    config: dict | None = None,
+) -> Path:
+    """Write a safetensors file atomically: floating tensors cast to `dtype`, others unchanged.
+
+    A module contributes its whole (unwrapped) `state_dict()`; pass a dict to choose a subset. An FSDP-sharded
+    module is refused (its state dict holds this rank's shards): pass its full state (`fsdp.full_state_dicts`, or
+    what `save_training_state` returns). `metadata` (e.g. meta + step) and `config` (the run config, secrets
+    redacted, so eval can rebuild the model) are stored as JSON strings in the file header. Non-finite weights raise
+    NonFiniteError and write nothing. Call on one rank only.
+    """
+    if isinstance(model_state_or_module, nn.Module):
+        if module_is_fsdp(unwrap_model(model_state_or_module)):
+            raise ValueError(f"save_inference_weights({path}): the module is FSDP-sharded; pass its full state dict "
+                             "(fsdp.full_state_dicts) instead")
+        state = unwrap_model(model_state_or_module).state_dict()
+    else:
+        state = model_state_or_module
+    tensors = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        if torch.is_floating_point(tensor):
+            tensor = tensor.to(dtype)
+        # clone: safetensors refuses tensors that share storage
+        tensors[name] = tensor.to("cpu").contiguous().clone()
+    check_finite_tensors(tensors, f"save_inference_weights({path})")
+    file_metadata = {
+        "format": INFERENCE_FORMAT,
+        "dtype": str(dtype).removeprefix("torch."),
+        "meta": json.dumps(_json_plain(metadata or {}, "inference metadata")),
+        "config": json.dumps(_json_plain(redact_secrets(config or {}), "inference config")),
+    }
+    return atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=file_metadata))
+
+
+def _read_inference_header(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    _require_file(path, "inference weights")
+    with safetensors.safe_open(str(path), framework="pt") as handle:
+        file_metadata = handle.metadata() or {}
+    if file_metadata.get("format") != INFERENCE_FORMAT:
+        raise ValueError(f"{path} is not a predictor inference file (metadata format != {INFERENCE_FORMAT!r})")
+    return file_metadata
+
+
+def read_inference_metadata(path: str | os.PathLike) -> dict:
+    """The `metadata` dict stored by `save_inference_weights` (meta + step for loop checkpoints)."""
+    return json.loads(_read_inference_header(path)["meta"])
+
+
+def read_inference_config(path: str | os.PathLike) -> dict:
+    """The run config stored by `save_inference_weights` (for rebuilding the model at eval time)."""
+    return json.loads(_read_inference_header(path)["config"])
+
+
+def load_model_weights(
+    path: str | os.PathLike, model: nn.Module, expect: dict | None = None, role: str | None = None
+) -> dict:
+    """Initialise `model` (strict) from a `training_latest.pt` (one role's model only; `role=None` = its only role)
+    or an inference `.safetensors`.
+
+    Values are cast to the model's own dtypes (BF16 file -> FP32 master params). Returns the file's meta; with
+    `expect`, a mismatch (e.g. source_blocks) raises CheckpointMismatchError. Optimizer/schedule are not touched.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        meta = read_inference_metadata(path)
+        state = safetensors.torch.load_file(str(path), device="cpu")
+    elif path.suffix == ".pt":
+        payload = read_training_state(path)
+        meta, state = payload["meta"], role_state(payload, role, path)["model"]
+    else:
+        raise ValueError(f"load_model_weights: {path} must end in .pt (training state) or .safetensors")
+    if expect:
+        _compare_expect(meta, expect, path)
+    unwrap_model(model).load_state_dict(state, strict=True)
+    return meta
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, keep: int = 20, role: str = "predictor") -> list[Path]:
+    """Delete all but the newest `keep` `<role>_step_XXXXX.safetensors` in `run_dir` (-1 keeps all).
+
+    Returns the deleted paths. Other files are never touched.
+    """
+    if keep == -1:
+        return []
+    if keep < 1:
+        raise ValueError(f"prune_checkpoints: keep={keep}; expected >= 1, or -1 to keep all")
+    by_step = []
+    for path in Path(run_dir).iterdir():
+        match = re.match(rf"^{re.escape(role)}_step_(\d{{5,}})\.safetensors$", path.name)
+        if match:
+            by_step.append((int(match.group(1)), path))
+    by_step.sort()
+    doomed = [path for _, path in by_step[:-keep]]
+    for path in doomed:
+        path.unlink()
+    return doomed

@@ -1,0 +1,429 @@
+"""Command-line flags shared by the training recipes: value parsers, flag groups, presets and cross-flag checks.
+
+The recipe's numbers are NOT written here. Every `add_*_args` takes them as required keyword arguments, so each
+entry script's `parse_args()` is the one place where its defaults are written (and `--help` shows them):
+
+    parser = argparse.ArgumentParser(...)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, ...)
+    args = parse_recipe_args(parser, argv, presets={"demo": [...]})   # + --preset, --config FILE.yaml
+    check_args(parser, args)           # cross-flag rules -> parser.error: usage line + message, exit 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from predictor_training.runtime.logger import SWANLAB_MODES, TRACKERS
+from predictor_training.runtime.precision import PRECISIONS
+
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Parsers of list-valued flags
+# ---------------------------------------------------------------------------------------------------------------
+def parse_source_blocks(text: str) -> tuple[int, int]:
+    """"1,52" -> (1, 52). Two distinct non-negative block indices (checked against the Teacher later)."""
+    parts = [part.strip() for part in str(text).split(",") if part.strip()]
+    try:
+        blocks = tuple(int(part) for part in parts)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--source_blocks {text!r}: expected two integers like '1,52'") from error
+    if len(blocks) != 2 or blocks[0] == blocks[1] or min(blocks) < 0:
+        raise argparse.ArgumentTypeError(f"--source_blocks {text!r}: expected two distinct indices >= 0 like '1,52'")
+    return blocks
+
+
+def parse_pairs(text: str) -> tuple[tuple[int, int], ...]:
+    """"0-1,1-2,2-3" -> ((0, 1), (1, 2), (2, 3)): (anchor step, target step) pairs, anchor < target."""
+    pairs = []
+    for part in [part.strip() for part in str(text).split(",") if part.strip()]:
+        pieces = part.split("-")
+        if len(pieces) != 2 or not all(piece.strip().isdigit() for piece in pieces):
+            raise argparse.ArgumentTypeError(f"--pairs {text!r}: item {part!r} is not 'anchor-target' like '0-1'")
+        anchor, target = int(pieces[0]), int(pieces[1])
+        if anchor >= target:
+            raise argparse.ArgumentTypeError(f"--pairs {text!r}: item {part!r} needs anchor < target")
+        pairs.append((anchor, target))
+    if not pairs:
+        raise argparse.ArgumentTypeError(f"--pairs {text!r}: no pair given")
+    if len(set(pairs)) != len(pairs):
+        raise argparse.ArgumentTypeError(f"--pairs {text!r}: a pair is listed twice")
+    return tuple(pairs)
+
+
+def format_pairs(pairs: Sequence[tuple[int, int]]) -> str:
+    """((0, 1), (1, 2)) -> "0-1,1-2" (inverse of parse_pairs)."""
+    return ",".join(f"{anchor}-{target}" for anchor, target in pairs)
+
+
+def parse_subset_cases(text: str) -> int | list[str]:
+    """"8" -> 8 (a seeded choice of 8 cases); "c004,c011" -> those case ids."""
+    parts = [part.strip() for part in str(text).split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"--subset_cases {text!r}: expected a count like 8 or case ids like c004,c011")
+    if len(parts) == 1 and parts[0].isdigit():
+        return int(parts[0])
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Flag groups (the recipe's numbers come from the entry script)
+# ---------------------------------------------------------------------------------------------------------------
+def add_data_args(parser: argparse.ArgumentParser, *, num_workers: int, pairs: str | None) -> None:
+    """--dataset_root, --split, --num_workers, --verify_dataset and (unless pairs=None) --pairs."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset_root", type=Path, required=True,
+                       help="dataset root made by tools/build_predictor_dataset.py (dataset_config.json, "
+                            "manifest.jsonl)")
+    group.add_argument("--split", type=str, default="train", help="manifest split to train on (default %(default)s)")
+    if pairs is not None:
+        group.add_argument("--pairs", type=parse_pairs, default=parse_pairs(pairs),
+                           help=f"supervision pairs 'anchor-target' of denoising steps, comma-separated (default "
+                                f"{pairs}; '0-1,2-3' reproduces the F-P-F-P recipes v1-v3)")
+    group.add_argument("--num_workers", type=int, default=num_workers,
+                       help="DataLoader worker processes per rank, 0 = main process (default %(default)s)")
+    group.add_argument("--verify_dataset", action="store_true",
+                       help="also check size and sha256 of every dataset file against the manifest before training "
+                            "(each tensor's checksum is checked when it is read in any case)")
+
+
+def add_teacher_args(parser: argparse.ArgumentParser) -> None:
+    """--teacher, --action_ckpt (see `data.dataset_config.resolve_teacher_source` for where the defaults come from)."""
+    group = parser.add_argument_group("teacher")
+    group.add_argument("--teacher", type=Path, default=None,
+                       help="Teacher transformer folder (config.json + safetensors); default: the folder recorded in "
+                            "the dataset's dataset_config.json, so the Predictor learns from the Teacher that made "
+                            "the data")
+    group.add_argument("--action_ckpt", type=Path, default=None,
+                       help="WorldPlay action checkpoint loaded strictly on top of --teacher; default: the one "
+                            "recorded in dataset_config.json when --teacher is not given, else none")
+
+
+def add_predictor_args(parser: argparse.ArgumentParser, *, source_blocks: str, gradient_checkpointing: bool) -> None:
+    """--source_blocks, --gradient_checkpointing / --no-gradient_checkpointing."""
+    group = parser.add_argument_group("predictor")
+    group.add_argument("--source_blocks", type=parse_source_blocks, default=parse_source_blocks(source_blocks),
+                       help=f"the two Teacher double blocks copied into the Predictor, 'a,b' (default {source_blocks}; "
+                            "the real Teacher also has '0,53')")
+    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
+                       default=gradient_checkpointing,
+                       help="non-reentrant activation checkpointing of the two Predictor blocks (default %(default)s)")
+    group.add_argument("--no_gradient_checkpointing", dest="gradient_checkpointing", action="store_false",
+                       help=argparse.SUPPRESS)  # the spelling of earlier versions
+
+
+def add_optimization_args(
+    parser: argparse.ArgumentParser,
+    *,
+    fusion_lr: float,
+    blocks_lr: float,
+    max_steps: int,
+    scheduler_warmup_steps: int,
+    block_warmup_steps: int,
+    batch_size: int | None,
+    grad_accum: int,
+    weight_decay: float,
+    adam_beta1: float,
+    adam_beta2: float,
+    grad_clip: float,
+) -> None:
+    """Learning rates, schedule, AdamW, clipping, batch (no --batch_size when batch_size=None) and accumulation."""
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--fusion_lr", type=float, default=fusion_lr,
+                       help="peak LR of the image fusion + residual head group (default %(default)g)")
+    group.add_argument("--blocks_lr", type=float, default=blocks_lr,
+                       help="peak LR of the two copied Teacher blocks (default %(default)g)")
+    _add_length_args(group, max_steps=max_steps)
+    group.add_argument("--scheduler_warmup_steps", type=int, default=scheduler_warmup_steps,
+                       help="linear warmup steps of both groups before the cosine decay (default %(default)s)")
+    group.add_argument("--block_warmup_steps", type=int, default=block_warmup_steps,
+                       help="steps during which the blocks group is held at LR 0 while fusion/head train, then it "
+                            "follows the schedule; -1 = none (default %(default)s)")
+    if batch_size is not None:
+        group.add_argument("--batch_size", type=int, default=batch_size,
+                           help="micro-batch per rank (per GPU) (default %(default)s)")
+    _add_adamw_args(group, grad_accum=grad_accum, weight_decay=weight_decay, adam_beta1=adam_beta1,
+                    adam_beta2=adam_beta2, grad_clip=grad_clip)
+
+
+def _add_length_args(group, *, max_steps: int) -> None:
+    group.add_argument("--max_steps", type=int, default=max_steps,
+                       help="optimizer steps of the schedule: the cosine reaches 0 here (default %(default)s)")
+    group.add_argument("--stop_at_step", type=int, default=-1,
+                       help="end this run at this optimizer step (checkpoint written), keeping the max_steps schedule; "
+                            "-1 = run to max_steps")
+
+
+def _add_adamw_args(group, *, grad_accum: int, weight_decay: float, adam_beta1: float, adam_beta2: float,
+                    grad_clip: float) -> None:
+    group.add_argument("--grad_accum", type=int, default=grad_accum,
+                       help="micro-batches accumulated per optimizer step on each rank (default %(default)s)")
+    group.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay (default %(default)g)")
+    group.add_argument("--adam_beta1", type=float, default=adam_beta1, help="AdamW beta1 (default %(default)g)")
+    group.add_argument("--adam_beta2", type=float, default=adam_beta2, help="AdamW beta2 (default %(default)g)")
+    group.add_argument("--grad_clip", type=float, default=grad_clip,
+                       help="global gradient-norm clip; -1 = measure only (default %(default)g)")
+
+
+def add_method_model_args(
+    parser: argparse.ArgumentParser,
+    *,
+    train: str,
+    init_weights: str,
+    lora_rank: int,
+    lora_alpha: float,
+    gradient_checkpointing: bool,
+    context_grad: bool,
+) -> None:
+    """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt, --train, --init_weights,
+    --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its parameter counts)."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--teacher", type=Path, default=None,
+                       help="Teacher transformer folder (config.json + safetensors), required to train: the base of a "
+                            "LoRA, the start of a full run with --init_weights teacher, or only the config with "
+                            "--init_weights scratch")
+    group.add_argument("--action_ckpt", type=Path, default=None,
+                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (default: none)")
+    group.add_argument("--train", choices=("lora", "full"), default=train,
+                       help="lora: a LoRA adapter on the frozen Teacher's image-stream linears; full: every parameter "
+                            "(FSDP2-sharded under torchrun) (default %(default)s)")
+    group.add_argument("--init_weights", choices=("teacher", "scratch"), default=init_weights,
+                       help="--train full starts from the Teacher's weights or from a fresh seeded initialisation of "
+                            "its config (default %(default)s; a LoRA always sits on the Teacher)")
+    group.add_argument("--lora_rank", type=int, default=lora_rank, help="LoRA rank (default %(default)s)")
+    group.add_argument("--lora_alpha", type=float, default=lora_alpha,
+                       help="LoRA alpha; the update is scaled by alpha / rank (default %(default)g)")
+    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
+                       default=gradient_checkpointing,
+                       help="non-reentrant activation checkpointing of the model's double blocks in the chunk step "
+                            "(default %(default)s)")
+    group.add_argument("--context_grad", action=argparse.BooleanOptionalAction, default=context_grad,
+                       help="back-propagate through the context prefill too, so the model learns to encode its "
+                            "context (default %(default)s)")
+    group.add_argument("--dry_run", type=str, default=None, metavar="CONFIG",
+                       help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
+                            "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
+                            "meta device, and exit")
+
+
+def add_method_optimization_args(
+    parser: argparse.ArgumentParser,
+    *,
+    lr: float,
+    max_steps: int,
+    warmup_steps: int,
+    grad_accum: int,
+    weight_decay: float,
+    adam_beta1: float,
+    adam_beta2: float,
+    grad_clip: float,
+) -> None:
+    """One learning rate with warmup + cosine, AdamW, clipping and accumulation (generic methods)."""
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--lr", type=float, default=lr, help="peak learning rate (default %(default)g)")
+    _add_length_args(group, max_steps=max_steps)
+    group.add_argument("--warmup_steps", type=int, default=warmup_steps,
+                       help="linear warmup steps before the cosine decay (default %(default)s)")
+    _add_adamw_args(group, grad_accum=grad_accum, weight_decay=weight_decay, adam_beta1=adam_beta1,
+                    adam_beta2=adam_beta2, grad_clip=grad_clip)
+
+
+def add_loss_args(parser: argparse.ArgumentParser, *, velocity_weight: float, hidden_weight: float) -> None:
+    """--velocity_weight, --hidden_weight: loss = velocity_weight * mse_v + hidden_weight * mse_h (FP32)."""
+    group = parser.add_argument_group("loss")
+    group.add_argument("--velocity_weight", type=float, default=velocity_weight,
+                       help="weight of mse(pred_velocity, teacher_velocity) (default %(default)g)")
+    group.add_argument("--hidden_weight", type=float, default=hidden_weight,
+                       help="weight of mse(pred_hidden, teacher_final_hidden) (default %(default)g)")
+
+
+def add_run_args(
+    parser: argparse.ArgumentParser,
+    *,
+    experiment: str,
+    precision: str,
+    ckpt_every: int,
+    keep_last: int,
+    log_every: int,
+    seed: int,
+) -> None:
+    """Run name and directory, resume, checkpoint cadence, logging, seed, precision, backend."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--experiment", type=str, default=experiment,
+                       help="first part of the run name (default %(default)s); see train.md § Run names")
+    group.add_argument("--output_root", type=Path, default=Path("checkpoints"),
+                       help="folder that receives the run directory <output_root>/<run name> (default %(default)s)")
+    group.add_argument("--output_dir", type=Path, default=None,
+                       help="use this run directory instead of <output_root>/<run name>")
+    group.add_argument("--print_run_dir", action="store_true",
+                       help="print the run directory these flags give and whether it is new, unfinished or finished, "
+                            "then exit (exit 0: start or continue; 3: already finished; 2: settings differ from the "
+                            "run saved there). The launchers use it before starting torchrun")
+    group.add_argument("--resume", type=Path, default=None,
+                       help="training_latest.pt to resume from (model, optimizer, schedule, steps, data position, "
+                            "RNG); a missing file is an error. Without it, a run directory that already holds an "
+                            "unfinished run with the same settings is continued")
+    group.add_argument("--ckpt_every", type=int, default=ckpt_every,
+                       help="write <role>_step_XXXXX.safetensors (predictor_step_... in the Predictor recipes) + "
+                            "training_latest.pt every N optimizer steps (and always at the last step); -1 = last step "
+                            "only (default %(default)s)")
+    group.add_argument("--keep_last", type=int, default=keep_last,
+                       help="<role>_step_*.safetensors files kept per role (oldest pruned); -1 = keep all "
+                            "(default %(default)s)")
+    group.add_argument("--log_every", type=int, default=log_every,
+                       help="write a train_log.jsonl record every N steps (default %(default)s)")
+    group.add_argument("--seed", type=int, default=seed,
+                       help="seed of the data order and the per-rank RNG streams (default %(default)s)")
+    group.add_argument("--precision", choices=PRECISIONS, default=precision,
+                       help="fp32master: BF16 frozen Teacher, FP32 trainable weights and AdamW state, BF16 autocast; "
+                            "fp32: everything FP32 (CPU demo, exact tests) (default %(default)s)")
+    group.add_argument("--backend", choices=BACKENDS, default="auto",
+                       help="process-group backend: auto = nccl with CUDA, gloo without")
+    group.add_argument("--no_progress", action="store_true", help="no tqdm progress bar")
+
+
+def add_tracker_args(parser: argparse.ArgumentParser, *, tracker: str, project: str) -> None:
+    """--tracker, --swanlab_project, --swanlab_mode, --experiment_name."""
+    group = parser.add_argument_group("tracking")
+    group.add_argument("--tracker", choices=TRACKERS, default=tracker,
+                       help="swanlab: mirror train_log.jsonl to SwanLab from rank 0 (SWANLAB_API_KEY only from the "
+                            "environment or SwanLab's login cache) (default %(default)s)")
+    group.add_argument("--swanlab_project", type=str, default=project, help="SwanLab project (default %(default)s)")
+    group.add_argument("--swanlab_mode", choices=SWANLAB_MODES, default=None,
+                       help="SwanLab mode; default $SWANLAB_MODE, else cloud")
+    group.add_argument("--experiment_name", type=str, default=None,
+                       help="SwanLab experiment name; default: the run directory's name")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Presets
+# ---------------------------------------------------------------------------------------------------------------
+def parse_recipe_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, presets: dict[str, list[str]]
+) -> argparse.Namespace:
+    """Parse `argv` after adding `--preset NAME` and `--config FILE.yaml`, with this precedence: the recipe's
+    defaults < the preset < the config file < the command line.
+
+    A preset is a list of command-line tokens. A config file maps flag names to values; it is turned into tokens
+    too (`config_tokens`), so every value goes through the flag's own type and checks (`fusion_lr: 1e-4` is a float
+    even though YAML reads it as a string) and an unknown or misspelled key is an error with a suggestion. Both are
+    placed before `argv`, and argparse keeps the last value of a flag, so explicit flags always win.
+    """
+    listing = "; ".join(f"{name}: {' '.join(tokens)}" for name, tokens in presets.items())
+    parser.add_argument("--preset", choices=sorted(presets), default=None,
+                        help=f"start from other defaults for some flags ({listing})")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="YAML file of flag values ({flag_name: value}); unknown keys are errors; flags on the "
+                             "command line win over it, it wins over --preset")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--preset", choices=sorted(presets), default=None)
+    chooser.add_argument("--config", type=Path, default=None)
+    chosen, _ = chooser.parse_known_args(argv)
+    tokens = [] if chosen.preset is None else list(presets[chosen.preset])
+    if chosen.config is not None:
+        tokens += config_tokens(parser, chosen.config)
+    return parser.parse_args(tokens + argv)
+
+
+def config_tokens(parser: argparse.ArgumentParser, path: Path) -> list[str]:
+    """The command-line tokens of a YAML config file of flag values (`parser.error` on a bad file or key)."""
+    if not path.is_file():
+        parser.error(f"--config {str(path)!r}: no such file")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as error:
+        parser.error(f"--config {path}: not valid YAML ({error})")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: expected a mapping of flag names to values, got {type(values).__name__}")
+    # argparse has no public listing of its options; `_actions` is the documented-in-practice way to read them.
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    tokens = []
+    for key, value in values.items():
+        if key in ("config", "help") or key not in actions:
+            close = difflib.get_close_matches(str(key), actions, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            parser.error(f"--config {path}: unknown flag {key!r}{hint}")
+        action, flag = actions[key], actions[key].option_strings[0]
+        if action.nargs == 0:  # store_true / store_false / BooleanOptionalAction
+            if not isinstance(value, bool):
+                parser.error(f"--config {path}: {key}={value!r}; expected true or false")
+            if isinstance(action, argparse.BooleanOptionalAction):
+                tokens.append(flag if value else f"--no-{flag.removeprefix('--')}")
+            elif value != action.default:
+                tokens.append(flag)
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(item) for item in value)
+        tokens += [flag, str(value)]
+    return tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Cross-flag rules
+# ---------------------------------------------------------------------------------------------------------------
+def check_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, dataset_config_name: str | None = None
+) -> None:
+    """Rules spanning the groups above; every problem names the flag, its value and what was expected, and goes
+    through `parser.error` (usage line + message, exit 2). Flags a recipe does not have are skipped by name.
+    `dataset_config_name`: the file that marks a built dataset in --dataset_root (e.g. `data.dataset_config.
+    DATASET_CONFIG_NAME`); a recipe with --dataset_root must name it."""
+    problems = []
+    present = vars(args)
+    if "dataset_root" in present and dataset_config_name is None:
+        raise ValueError("check_args: this recipe has --dataset_root; pass dataset_config_name (the file that marks "
+                         "its dataset)")
+
+    def need(flag: str, ok, expected: str) -> None:
+        """`ok(value)` must hold for --flag, when the recipe has it."""
+        if flag in present and not ok(present[flag]):
+            problems.append(f"--{flag}={present[flag]!r}: expected {expected}")
+
+    max_steps = present.get("max_steps")
+    positive = (lambda value: value > 0)
+    need("fusion_lr", positive, "> 0")
+    need("blocks_lr", positive, "> 0")
+    need("lr", positive, "> 0")
+    need("max_steps", lambda value: value >= 1, ">= 1")
+    for flag in ("scheduler_warmup_steps", "warmup_steps"):
+        need(flag, lambda value: 0 <= value < max_steps, f"in [0, max_steps={max_steps})")
+    need("block_warmup_steps", lambda value: value == -1 or 0 <= value < max_steps,
+         f"-1 or in [0, max_steps={max_steps})")
+    need("stop_at_step", lambda value: value == -1 or 1 <= value <= max_steps, f"-1 or in [1, max_steps={max_steps}]")
+    need("batch_size", lambda value: value >= 1, ">= 1")
+    need("grad_accum", lambda value: value >= 1, ">= 1")
+    need("weight_decay", lambda value: value >= 0, ">= 0")
+    need("adam_beta1", lambda value: 0 <= value < 1, "in [0, 1)")
+    need("adam_beta2", lambda value: 0 <= value < 1, "in [0, 1)")
+    need("grad_clip", lambda value: value == -1 or value > 0, "> 0, or -1 for no clipping")
+    need("velocity_weight", lambda value: value >= 0, ">= 0")
+    need("hidden_weight", lambda value: value >= 0, ">= 0")
+    if present.get("velocity_weight") == 0 and present.get("hidden_weight") == 0:
+        problems.append("--velocity_weight=0 and --hidden_weight=0: nothing would be trained")
+    need("ckpt_every", lambda value: value == -1 or value >= 1, ">= 1, or -1 for the last step only")
+    need("keep_last", lambda value: value == -1 or value >= 1, ">= 1, or -1 to keep all")
+    need("log_every", lambda value: value >= 1, ">= 1")
+    need("seed", lambda value: value >= 0, ">= 0")
+    need("num_workers", lambda value: value >= 0, ">= 0")
+    need("resume", lambda value: value is None or value.is_file(),
+         "an existing training_latest.pt (refusing to start from scratch instead)")
+    need("dataset_root", lambda value: (value / dataset_config_name).is_file(),
+         f"a dataset folder with {dataset_config_name}")
+    need("action_ckpt", lambda value: value is None or value.is_file(), "an existing file")
+    need("teacher", lambda value: value is None or (value / "config.json").is_file(), "a folder with config.json")
+    need("lora_rank", lambda value: value >= 1, ">= 1")
+    need("lora_alpha", positive, "> 0")
+    need("sigma_shift", positive, "> 0")
+    need("logit_std", positive, "> 0")
+    if "sigma_min" in present and not 0 <= args.sigma_min < args.sigma_max <= 1:
+        problems.append(f"--sigma_min={args.sigma_min!r} --sigma_max={args.sigma_max!r}: expected 0 <= min < max <= 1")
+    if problems:
+        parser.error("; ".join(problems))

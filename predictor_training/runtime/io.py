@@ -1,0 +1,115 @@
+"""File writes, fingerprints and secrets: the one implementation of each that the toolkit uses.
+
+Atomic writes:
+
+`<name>.tmp` in the target's folder, fsync, `os.replace` over the target, then fsync of the folder so the rename
+itself is durable. A crash (even SIGKILL) at any point leaves the previous target untouched; on an exception the
+temp file is removed and the exception propagates.
+
+The written file gets the ordinary permissions of a new file, 0666 minus the process umask (0644 under umask 022),
+whatever the writer gave its temp file (safetensors' `save_file`, for one, creates 0600 files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+SWANLAB_KEY_ENV = "SWANLAB_API_KEY"
+_SECRET_KEY_MARKERS = ("api_key", "apikey", "token", "secret", "password")
+REDACTED = "<redacted>"
+HASH_BLOCK_BYTES = 1 << 22
+
+
+def _new_file_mode() -> int:
+    """0o666 minus the current umask (os.umask can only be read by setting it, so it is set back at once)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], None]) -> Path:
+    """Write `path` via `write_fn(tmp_path)` into `<path>.tmp` in the same folder, fsync, then `os.replace`.
+    Returns `path` as a Path."""
+    path = Path(path)
+    tmp_path = path.with_name(path.name + ".tmp")
+    try:
+        write_fn(tmp_path)
+        os.chmod(tmp_path, _new_file_mode())
+        with open(tmp_path, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """`data` to `path`, atomically (the folder must exist)."""
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, newline: str | None = None) -> Path:
+    """UTF-8 `text` to `path`, atomically (the folder must exist); `newline` as for `open` ("" writes it as is)."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline=newline))
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> Path:
+    """`json.dump(obj, indent=2)` to `path`, atomically (raises on values JSON cannot hold, NaN included)."""
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return write_text_atomic(path, text)
+
+
+# ------------------------------------------------------------------------------------------------ fingerprints
+def canonical_json(record: Any) -> str:
+    """One-line JSON with sorted keys and no spaces (the byte form used for manifests)."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_json(record: Any) -> str:
+    """Hex sha256 of `canonical_json(record)`: a fingerprint of a config that ignores key order."""
+    return sha256_bytes(canonical_json(record).encode("utf-8"))
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(HASH_BLOCK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+def _looks_secret(key: str) -> bool:
+    lowered = key.lower()
+    return any(marker in lowered for marker in _SECRET_KEY_MARKERS)
+
+
+def redact_secrets(obj):
+    """Copy of a JSON-like `obj` with secret-looking keys dropped and the SwanLab key's value masked anywhere."""
+    secret_value = os.environ.get(SWANLAB_KEY_ENV, "")
+    if isinstance(obj, dict):
+        return {key: redact_secrets(value) for key, value in obj.items() if not _looks_secret(str(key))}
+    if isinstance(obj, (list, tuple)):
+        return [redact_secrets(value) for value in obj]
+    if isinstance(obj, str) and secret_value and secret_value in obj:
+        return REDACTED
+    return obj

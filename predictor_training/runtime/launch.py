@@ -1,0 +1,106 @@
+"""The start and the end every recipe's `main()` shares, as three named calls:
+
+    start = plan_run(args)                       # run directory named from the flags: fresh / continue / finished
+    if (code := early_exit(args, start)) is not None:
+        return code                              # --print_run_dir, or nothing left to do
+    with distributed_run(args, start) as env:    # process group, run directory, the start line, seeds
+        ...                                      # the recipe: data, models, roles, resume, config, step function
+        run_state = run_training(args, start, env, roles=..., batches=..., step_fn=..., run_state=...,
+                                 config=..., meta=...)   # the metrics logger around the shared loop
+    return 0
+
+`resume_roles` is the resume every recipe does the same way: load the training state into the roles and put the
+batch stream back at its position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+
+from predictor_training.runtime.checkpoint import RunState, load_training_state
+from predictor_training.runtime.distributed import (
+    DistEnv,
+    all_gather_objects,
+    cleanup_distributed,
+    init_distributed,
+    log0,
+    seed_everything,
+)
+from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.runtime.loop import BatchStream, train_loop
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart, report_run_start
+
+
+def early_exit(args: argparse.Namespace, start: RunStart) -> int | None:
+    """The exit code when this launch has nothing to train (--print_run_dir; a finished run), else None."""
+    if getattr(args, "print_run_dir", False):
+        return report_run_start(start)
+    if start.kind == "finished":
+        log0(start.describe())
+        return 0
+    return None
+
+
+@contextlib.contextmanager
+def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistEnv]:
+    """Join the process group (--backend), make the run directory and take its lock (rank 0: one writer per run
+    directory; a run alive elsewhere ends every rank with one line and exit code 2 before anything is written), log
+    what this launch does and seed python / numpy / torch with `--seed` + rank. The lock and the process group are
+    released however the block ends (and by the kernel when the process dies)."""
+    env = init_distributed(args.backend)
+    lock = RunLock(start.run_dir)
+    try:
+        refusal = None
+        if env.is_main:
+            start.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                lock.acquire()
+            except RunLockedError as error:
+                refusal = str(error)
+        refusal = all_gather_objects(refusal)[0]
+        if refusal is not None:
+            if env.is_main:
+                print(f"error: {refusal}", file=sys.stderr)
+            raise SystemExit(2)
+        pids = all_gather_objects(os.getpid())
+        if env.is_main:
+            lock.record_holders(f"PIDs {', '.join(map(str, pids))}; launcher PID {os.getppid()}")
+        log0(start.describe())
+        seed_everything(args.seed, rank=env.rank)
+        yield env
+    finally:
+        lock.release()
+        cleanup_distributed()
+
+
+def resume_roles(start: RunStart, roles: Sequence[Role], batches: BatchStream | None, meta: dict) -> RunState:
+    """A fresh `RunState`, or the saved one of a resumed / continued run: its roles' weights, optimizers and
+    schedules restored (refusing a checkpoint whose `meta` differs) and `batches` put back at its position."""
+    if start.resume_path is None:
+        return RunState()
+    run_state = load_training_state(start.resume_path, roles=list(roles), expect=meta)
+    if batches is not None:
+        batches.load_state_dict(run_state.data)
+    return run_state
+
+
+def run_training(args: argparse.Namespace, start: RunStart, env: DistEnv, *, roles: Sequence[Role],
+                 batches: BatchStream, step_fn, run_state: RunState, config: dict, meta: dict,
+                 **loop_options) -> RunState:
+    """The shared loop under the run's metrics logger (train_log.jsonl; SwanLab on rank 0 with --tracker swanlab),
+    with the loop flags every recipe has (--max_steps, --grad_accum, --ckpt_every, --keep_last, --log_every,
+    --no_progress). `loop_options`: the loop's other keywords (e.g. `extra_step_check`). Returns the final state."""
+    with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
+                       experiment=args.experiment_name or start.run_name, config=config,
+                       swanlab_mode=args.swanlab_mode) as metrics_logger:
+        return train_loop(
+            roles=list(roles), batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
+            max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
+            ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
+            metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress, **loop_options,
+        )

@@ -1,0 +1,290 @@
+"""The run directory: its name (computed from the flags that ran), whether a launch starts, continues or has
+nothing left to do, and `train_config.json`.
+
+Run names (train.md § Run names):
+
+    <experiment>_blocks<a>-<b>_[<subset>_]<precision>_<N>gpu|cpu_flr<fusion_lr>_blr<blocks_lr>_schedsteps<max_steps>
+        _swarmup<scheduler_warmup_steps>_bwarmup<block_warmup_steps|none>_<tracker|notracker>
+
+A second launch of the same command finds its own directory again: a finished run says so and does nothing, an
+interrupted one continues from its `training_latest.pt`, and a directory whose saved settings differ is refused
+(`RunConflictError`, one line naming the differing flags). While a run trains, it holds `run.lock` in its directory
+(`RunLock`): a second launch of a live run is refused with the PIDs holding it, before it writes anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, read_training_summary
+from predictor_training.runtime.distributed import resolve_backend
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.io import redact_secrets
+
+TRAIN_CONFIG_NAME = "train_config.json"
+
+# Flags that steer one invocation but do not change what the run computes: a continued run may change them.
+RUN_CONTROL_FLAGS = frozenset({
+    "resume", "stop_at_step", "output_dir", "output_root", "print_run_dir", "no_progress", "num_workers",
+    "verify_dataset", "backend", "ckpt_every", "keep_last", "log_every", "swanlab_mode", "experiment_name",
+    "preset", "config",
+})
+
+
+class RunConflictError(RuntimeError):
+    """The run directory holds a run whose saved settings differ from this launch's."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. The name
+# ---------------------------------------------------------------------------------------------------------------
+def format_lr(value: float) -> str:
+    """A learning rate as it is written in run names: 1e-4 -> "1e-4", 5e-4 -> "5e-4", 2.5e-05 -> "2.5e-5"."""
+    mantissa, exponent = f"{value:.6e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def subset_tag(subset_cases: int | list[str] | None, subset_seed: int) -> str:
+    """The run-name part of a case subset: 8 cases with seed 20260721 -> "overfit8_seed20260721"; explicit case
+    ids -> "cases<count>"; no subset -> ""."""
+    if subset_cases is None:
+        return ""
+    if isinstance(subset_cases, int):
+        return f"overfit{subset_cases}_seed{subset_seed}"
+    return f"cases{len(subset_cases)}"
+
+
+def device_tag(world_size: int, device_type: str) -> str:
+    """Total processes and their kind: "8gpu", "2cpu"."""
+    return f"{world_size}{'gpu' if device_type == 'cuda' else 'cpu'}"
+
+
+def run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
+    """The run directory's name from the effective flags (`subset`: the recipe's `subset_tag`, or "")."""
+    blocks = "-".join(str(block) for block in args.source_blocks)
+    bwarmup = "none" if args.block_warmup_steps == -1 else str(args.block_warmup_steps)
+    tracker = "notracker" if args.tracker == "none" else args.tracker
+    parts = [
+        args.experiment, f"blocks{blocks}", *([subset] if subset else []), args.precision,
+        device_tag(world_size, device_type), f"flr{format_lr(args.fusion_lr)}", f"blr{format_lr(args.blocks_lr)}",
+        f"schedsteps{args.max_steps}", f"swarmup{args.scheduler_warmup_steps}", f"bwarmup{bwarmup}", tracker,
+    ]
+    return "_".join(parts)
+
+
+def method_run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
+    """The run directory's name of a generic method (fvtools/) from its effective flags: what trains (a LoRA of
+    rank r, or all parameters from the Teacher or from scratch), precision, world, LR, schedule length and warmup."""
+    model = f"lora{args.lora_rank}" if args.train == "lora" else f"full-{args.init_weights}"
+    tracker = "notracker" if args.tracker == "none" else args.tracker
+    parts = [
+        args.experiment, model, *([subset] if subset else []), args.precision, device_tag(world_size, device_type),
+        f"lr{format_lr(args.lr)}", f"steps{args.max_steps}", f"warmup{args.warmup_steps}", tracker,
+    ]
+    return "_".join(parts)
+
+
+def run_dir_for(args: argparse.Namespace, name: str) -> Path:
+    """--output_dir when given, else <--output_root>/<name>."""
+    return Path(args.output_dir) if args.output_dir is not None else Path(args.output_root) / name
+
+
+def launch_world(backend: str) -> tuple[int, str]:
+    """(world size, device type) this process will train with, known before the process group exists: WORLD_SIZE
+    from torchrun (or the launcher's dry run), else 1; "cuda" when a GPU is visible, unless --backend gloo (which
+    trains on the CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return world_size, "cuda" if resolve_backend(backend) == "nccl" else "cpu"  # init_distributed's own rule
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Start, continue, or nothing to do
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunStart:
+    """What a launch does in `run_dir`.
+
+    kind: "fresh" (no saved state), "resume" (--resume given), "continue" (the directory's own unfinished run with
+    the same settings) or "finished" (it already reached `stop_step`). resume_path: the training state to load
+    (None for "fresh"); saved_step: the step of that state (0 when fresh).
+    """
+
+    run_dir: Path
+    run_name: str
+    kind: str
+    resume_path: Path | None
+    saved_step: int
+    stop_step: int
+
+    def describe(self) -> str:
+        """One line saying what this launch does."""
+        stop_step = self.stop_step
+        if self.kind == "fresh":
+            return f"new run in {self.run_dir}"
+        if self.kind == "resume":
+            return f"resuming from {self.resume_path} (step {self.saved_step}) into {self.run_dir}"
+        if self.kind == "continue":
+            return f"continuing the interrupted run in {self.run_dir} from step {self.saved_step} to {stop_step}"
+        return f"run {self.run_dir} already finished at step {self.saved_step}; nothing to do"
+
+
+def comparable_flags(flags: dict) -> dict:
+    """The flags that decide what a run computes (everything but `RUN_CONTROL_FLAGS`)."""
+    return {name: value for name, value in flags.items() if name not in RUN_CONTROL_FLAGS}
+
+
+def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str) -> RunStart:
+    """Decide what this launch does in `run_dir` (reads only the saved state's small fields, memory-mapped).
+
+    Raises RunConflictError when `run_dir` holds a run saved with other settings, naming each differing flag."""
+    run_dir = Path(run_dir)
+    stop_step = args.max_steps if args.stop_at_step == -1 else args.stop_at_step
+    if args.resume is not None:
+        saved_step = read_training_summary(args.resume)["step"]
+        return RunStart(run_dir, name, "resume", Path(args.resume), saved_step, stop_step)
+    saved_path = run_dir / TRAINING_STATE_NAME
+    if not saved_path.is_file():
+        return RunStart(run_dir, name, "fresh", None, 0, stop_step)
+    saved = read_training_summary(saved_path)
+    saved_flags = comparable_flags(saved["config"]["flags"])
+    current_flags = comparable_flags(plain_flags(args))
+    differing = sorted(name for name in saved_flags.keys() | current_flags.keys()
+                       if saved_flags.get(name) != current_flags.get(name))
+    if differing:
+        details = ", ".join(f"--{name} saved {saved_flags.get(name)!r} now {current_flags.get(name)!r}"
+                            for name in differing)
+        raise RunConflictError(f"{run_dir} holds a run with other settings ({details}); choose another "
+                               f"--output_dir, or pass --resume {saved_path} to continue it with these flags")
+    kind = "finished" if saved["step"] >= stop_step else "continue"
+    return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step)
+
+
+def plan_run(args: argparse.Namespace, *, subset: str = "", naming=run_name) -> RunStart:
+    """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
+    Predictor recipes' `run_name` or the methods' `method_run_name`, with the world it will train in), find its
+    directory, and decide fresh / resume / continue / finished. A directory holding a run with other settings ends
+    the process with one line on stderr and exit code 2 (like a bad flag)."""
+    world_size, device_type = launch_world(args.backend)
+    name = naming(args, world_size=world_size, device_type=device_type, subset=subset)
+    try:
+        return plan_run_start(args, run_dir_for(args, name), name)
+    except RunConflictError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def report_run_start(start: RunStart) -> int:
+    """For --print_run_dir: the run directory on stdout, what a launch would do on stderr; returns the exit code
+    (0: start or continue; 3: already finished, so a launcher has nothing to start; 2: the run is alive in other
+    processes, so a launcher must not start it again)."""
+    holders = RunLock(start.run_dir).holders()
+    if holders is not None:
+        print(f"error: run {start.run_dir} is already running ({holders})", file=sys.stderr)
+        return 2
+    print(start.run_dir)
+    print(start.describe(), file=sys.stderr)
+    return 3 if start.kind == "finished" else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. train_config.json
+# ---------------------------------------------------------------------------------------------------------------
+def _plain(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value
+
+
+def plain_flags(args: argparse.Namespace) -> dict:
+    """Every flag as plain JSON data (paths as strings, tuples as lists), secrets removed."""
+    return redact_secrets(_plain(vars(args)))
+
+
+def run_config(args: argparse.Namespace, **derived) -> dict:
+    """The run's config: {"flags": every flag, "derived": `derived` (run name, world size, global batch, ...)}.
+    It goes to train_config.json, into every checkpoint and to the tracker."""
+    return {"flags": plain_flags(args), "derived": redact_secrets(_plain(derived))}
+
+
+def write_train_config(run_dir: Path, config: dict) -> None:
+    """`run_dir/train_config.json`, atomically (rewritten on resume: it describes this invocation). Rank 0 only."""
+    write_json_atomic(Path(run_dir) / TRAIN_CONFIG_NAME, config)
+
+
+def environment_summary() -> dict[str, str]:
+    """torch version, CUDA devices and OMP threads, for train_config.json."""
+    return {
+        "torch": torch.__version__,
+        "cuda_devices": str(torch.cuda.device_count() if torch.cuda.is_available() else 0),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. One writer per run directory
+# ---------------------------------------------------------------------------------------------------------------
+RUN_LOCK_NAME = "run.lock"
+
+
+class RunLockedError(RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+
+class RunLock:
+    """An exclusive `flock` on `<run_dir>/run.lock`, held for the life of the run.
+
+    The kernel releases it when the holding process dies (kill -9 included), so a crash never leaves a stale lock.
+    The file records who holds it (one line: the PIDs of the ranks on this host and of their launcher) for the
+    refusal message of a second launch; it is rewritten only once the lock is held.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / RUN_LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise `RunLockedError` naming the run and its holders; writes nothing on refusal."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown PIDs"
+            os.close(fd)
+            raise RunLockedError(f"run {self.path.parent} is already running ({holders}); wait for it, or stop "
+                                 "those processes first") from None
+        self._fd = fd
+
+    def holders(self) -> str | None:
+        """Who holds the lock now (the recorded PIDs), or None when nobody does; takes nothing."""
+        if not self.path.is_file():
+            return None
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown PIDs"
+        finally:
+            os.close(fd)  # closing drops a lock taken above
+        return None
+
+    def record_holders(self, text: str) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, (text + "\n").encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
