@@ -7,6 +7,9 @@ import os
 # README.md section 11). MKL's COMPATIBLE path gives the same results on every x86 CPU. Read when MKL loads: this
 # must run before torch is imported, and the environment passes it on to torchrun workers and tool subprocesses.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+# One intra-op thread for the test process and every tool it starts (the tools' automatic choice otherwise depends
+# on the machine's load, and torchrun workers use one thread as well).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -15,16 +15,33 @@ kept); COMPLETE is written last. The builder is ``predictor_training.data.ode_ca
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from predictor_training.data.ode_cache import CacheJob, CacheSettings, STORAGE_DTYPES, build_cache, video_clip_seed
-from predictor_training.runtime.io import sha256_file
+from predictor_training.data.ode_cache import (
+    STORAGE_DTYPES,
+    CacheJob,
+    CacheSettings,
+    build_cache,
+    video_clip_seed,
+)
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, log0
-from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.distributed import (
+    cleanup_distributed,
+    init_distributed,
+    log0,
+)
+from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.io import sha256_file
 from predictor_training.teacher.config import DISTILLED_SHIFT
+from predictor_training.teacher.source import (
+    TeacherSource,
+    describe_teacher,
+    load_teacher,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,6 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="process-group backend under torchrun (auto: nccl with CUDA, else gloo)")
     parser.add_argument("--stop_after", type=int, default=None,
                         help="debug: each rank stops after this many samples (no manifest; rerun to resume)")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     if (args.video_latents is None) == (args.samples is None):
         parser.error("give exactly one condition source: --video_latents ROOT, or --samples TABLES --encoded DIR")
@@ -115,6 +133,7 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="build_ode_cache")
     env = init_distributed(args.backend)
     try:
         jobs, load_condition, inputs = plan_jobs(args)

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.data.builder import DTYPES, run
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.flags import add_threads_arg
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "text tokens kept per case (SigLIP + valid ByT5 + valid LLM)")
     parser.add_argument("--stop_after", type=int, default=None, help="debug: each rank stops after building this "
                         "many trajectories (no manifest is written; rerun to resume)")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
 
     if args.demo is not None:
@@ -116,7 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="build_predictor_dataset")
+    return run(args)
 
 
 if __name__ == "__main__":

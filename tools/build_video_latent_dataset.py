@@ -32,11 +32,18 @@ demo inputs ``predictor_training.world.video_latent_demo``, the reader ``predict
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from predictor_training.data.encoders import VISION_CROPS
-from predictor_training.data.video_latent_build import ENCODER_DTYPES, STORAGE_DTYPES, run
+from predictor_training.data.video_latent_build import (
+    ENCODER_DTYPES,
+    STORAGE_DTYPES,
+    run,
+)
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.world.video_latent_demo import (
     DEMO_ENCODERS_DIR,
     DEMO_HEIGHT,
@@ -89,6 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--demo_holdout", type=int, default=2, help="--demo: how many of them go to holdout.jsonl")
     parser.add_argument("--demo_seed", type=int, default=0, help="--demo: seed of the scenes and of the tiny encoders "
                         "(0 = the encoders of tools/make_demo_assets.py --seed 0)")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
 
     if args.demo is not None:
@@ -128,7 +136,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    return run(parse_args(argv), prepare_demo=prepare_demo_inputs)
+    args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="build_video_latent_dataset")
+    return run(args, prepare_demo=prepare_demo_inputs)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 
 from predictor_training.conformance.calls import CATEGORIES, TIERS, run_conformance
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.flags import add_threads_arg
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tolerance tier of the model tensors: portable (1e-5) or strict (3e-6, float32 CPU)")
     parser.add_argument("--cases", nargs="+", default=None,
                         help=f"run only these categories {list(CATEGORIES)} or groups (e.g. txt_holes chunk_first)")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     if not Path(args.folder).is_dir():
         parser.error(f"folder {str(args.folder)!r}: no such directory")
@@ -49,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="check_conformance")
     results = run_conformance(args.folder, args.tier, args.cases)
     for result in results:
         print(result.line())

@@ -29,7 +29,13 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.conformance.trajectory import TIERS, check_trajectory, print_report
+from predictor_training.conformance.trajectory import (
+    TIERS,
+    check_trajectory,
+    print_report,
+)
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.flags import add_threads_arg
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tests/data/conformance/README.md): strict (3e-6, float32 on CPU) or portable (1e-5, any "
                         "float32 backend)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     if not Path(args.folder).is_dir():
         parser.error(f"folder {str(args.folder)!r}: no such directory")
@@ -48,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="check_trajectory_conformance")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False

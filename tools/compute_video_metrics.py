@@ -19,10 +19,17 @@ aggregate.csv and, with --per_frame, per_frame.csv. Non-finite values are writte
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from predictor_training.video.folder_metrics import compare_video_folders, pair_videos, resolve_device
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.video.folder_metrics import (
+    compare_video_folders,
+    pair_videos,
+    resolve_device,
+)
 from predictor_training.video.metrics import LpipsWeightsError
 
 
@@ -53,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Flags plus the checks argparse cannot make; args.device becomes a torch.device."""
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     for name in ("ref_dir", "test_dir"):
         if not getattr(args, name).is_dir():
@@ -73,6 +81,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
 def main(argv=None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="compute_video_metrics")
     try:
         pairs = pair_videos(args.ref_dir, args.test_dir)
     except ValueError as error:  # REF_DIR and TEST_DIR do not match: a usage error, before anything is loaded

@@ -20,6 +20,7 @@ files are skipped, and `encode_config.json` in --out must match this run's setti
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -35,7 +36,14 @@ from predictor_training.data.encoders import (
     jobs_from_cases,
 )
 from predictor_training.data.sample_table import read_cases
-from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed, log0
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.distributed import (
+    barrier,
+    cleanup_distributed,
+    init_distributed,
+    log0,
+)
+from predictor_training.runtime.flags import add_threads_arg
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -61,6 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--vision_crop", choices=VISION_CROPS, default="bucket",
                         help="crop SigLIP sees: 'bucket' = the 480p bucket nearest the image's aspect ratio (upstream "
                         "inference), 'target' = the same --height x --width crop as the VAE condition")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     for flag in ("height", "width"):
         value = getattr(args, flag)
@@ -75,6 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="encode_cases")
     env = init_distributed("nccl" if args.device == "cuda" else "gloo")
     try:
         # 1. cases (every image must exist) and encoders

@@ -33,14 +33,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from predictor_training.data.sample_table import SPLIT_NAMES
-from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, print0
-from predictor_training.eval import DTYPES, parse_context_modes, run_evaluation, settings_from_args
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, parse_replace_steps, Schedule
+from predictor_training.eval import (
+    DTYPES,
+    parse_context_modes,
+    run_evaluation,
+    settings_from_args,
+)
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
+from predictor_training.rollout.schedule import (
+    DEFAULT_REPLACE_STEPS,
+    Schedule,
+    parse_replace_steps,
+)
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.distributed import (
+    cleanup_distributed,
+    init_distributed,
+    print0,
+)
+from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 from predictor_training.video.metrics import LpipsWeightsError
 
@@ -136,6 +152,7 @@ def demo_ground_truth(parser: argparse.ArgumentParser, demo: Path) -> Path | Non
 
 def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Flags plus the cross-flag rules that need no file beyond the sample table."""
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     ground_truth_origin = "--ground_truth"
     if args.demo is not None:
@@ -178,6 +195,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(parser, argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="eval")
     env = init_distributed(args.backend)
     try:
         try:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -47,7 +48,6 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.data.encoders import (
     CaseEncoder,
     check_or_write_encode_config,
@@ -69,6 +69,14 @@ from predictor_training.data.sample_table import (
     write_sample_table,
     write_standard_pose_files,
 )
+from predictor_training.rollout.camera import pose_string_to_json
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.video.ground_truth import video_key
+from predictor_training.video.io import write_video
+from predictor_training.world.assets import WORLD_WEIGHTS, write_world_encoders
+from predictor_training.world.clips import FPS, render_clip
 from predictor_training.world.demo_assets import (
     DEMO_HEIGHT,
     DEMO_NUM_LATENTS,
@@ -78,12 +86,12 @@ from predictor_training.world.demo_assets import (
     make_demo_scenes,
     save_tiny_encoders,
 )
-from predictor_training.video.ground_truth import video_key
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
-from predictor_training.video.io import write_video
-from predictor_training.world.assets import WORLD_WEIGHTS, write_world_encoders
-from predictor_training.world.clips import FPS, render_clip
-from predictor_training.world.shipped import ShippedWorld, demo_split_clips, load_shipped_world, scene_case_id
+from predictor_training.world.shipped import (
+    ShippedWorld,
+    demo_split_clips,
+    load_shipped_world,
+    scene_case_id,
+)
 
 # Sub-seeds of --seed for each ingredient, so changing one never shifts another.
 _TEACHER_SEED, _TEACHER_ZERO_INIT_SEED, _ENCODER_SEED = 1000, 2000, 3000
@@ -106,6 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random: seed of the scenes, the split, the Teacher and "
                         "the encoders; world: seed of the rows' noise (the encoders keep the world's seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     for flag in ("num_train", "num_holdout25", "num_holdout50"):
         if getattr(args, flag) < 1:
@@ -307,6 +316,7 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="make_demo_assets")
     started = time.time()
     config = build_demo_assets(args.out, args.num_train, args.num_holdout25, args.num_holdout50, args.seed,
                                overwrite=args.overwrite, kind=args.kind, world_weights=args.world_weights)

@@ -19,12 +19,19 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.rollout.schedule import Schedule, parse_replace_steps
-from predictor_training.teacher.flops import TeacherShape, flop_speedup_bound, rollout_flops
-from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, cache_bytes_per_frame
 from predictor_training.predictor.model import build_predictor
+from predictor_training.rollout.schedule import Schedule, parse_replace_steps
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
+from predictor_training.teacher.flops import (
+    TeacherShape,
+    flop_speedup_bound,
+    rollout_flops,
+)
+from predictor_training.teacher.frame_kv_cache import (
+    CONTEXT_MODES,
+    cache_bytes_per_frame,
+)
 
 SCHEDULES = {"F-F-F-F": "", "F-P-P-P": "1,2,3", "F-P-P-F": "1,2", "F-P-F-P": "1,3"}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,8 @@ from predictor_training.runtime.io import redact_secrets
 from predictor_training.runtime.roles import module_is_fsdp
 
 TRAINING_STATE_NAME = "training_latest.pt"
+# The state before the latest one, kept as the fallback when the latest is damaged (e.g. a truncated copy).
+PREVIOUS_TRAINING_STATE_NAME = "training_prev.pt"
 TRAINING_STATE_FORMAT = "predictor_training.training_state"
 TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
 INFERENCE_FORMAT = "predictor_training.inference_weights"
@@ -43,6 +46,10 @@ REQUIRED_META_KEYS = ("precision",)  # a Predictor recipe adds variant and sourc
 
 class NonFiniteError(RuntimeError):
     """A loss, gradient norm or weight is NaN/Inf; raised before anything is stepped or written."""
+
+
+class DamagedTrainingStateError(ValueError):
+    """A training state that cannot be read (truncated, corrupted); the message names the file and the fallback."""
 
 
 class CheckpointMismatchError(ValueError):
@@ -299,9 +306,39 @@ def save_training_state(
                 torch.save(payload, handle)
                 handle.flush()
 
+        keep_previous_state(Path(path))
         atomic_write(path, write)
     barrier()
     return full_states
+
+
+def keep_previous_state(path: Path) -> None:
+    """Before `training_latest.pt` is replaced, the state it holds becomes `training_prev.pt` (a hard link swapped in
+    atomically: at every instant both names hold a complete state, once the run has written two)."""
+    if path.name != TRAINING_STATE_NAME or not path.is_file():
+        return
+    previous = path.with_name(PREVIOUS_TRAINING_STATE_NAME)
+    staged = path.with_name(PREVIOUS_TRAINING_STATE_NAME + ".tmp")
+    staged.unlink(missing_ok=True)
+    os.link(path, staged)
+    os.replace(staged, previous)
+
+
+def load_state_file(path: Path, **load_options) -> dict:
+    """`torch.load` of a training state, with a damaged file reported by name (and the run's previous state, when
+    it has one, offered as the `--resume` to use instead) rather than as the zip reader's traceback."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, **load_options)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        message = f"{path} is damaged and cannot be read ({detail})"
+        previous = path.with_name(PREVIOUS_TRAINING_STATE_NAME)
+        if path.name == TRAINING_STATE_NAME and previous.is_file():
+            message += f"; the run's previous training state is {previous}: continue from it with --resume {previous}"
+        raise DamagedTrainingStateError(message) from None
+    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
+        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    return payload
 
 
 def read_training_state(path: str | os.PathLike) -> dict:
@@ -310,9 +347,7 @@ def read_training_state(path: str | os.PathLike) -> dict:
     named "predictor" whose update count is the global step."""
     path = Path(path)
     _require_file(path, "training state")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
-        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    payload = load_state_file(path)
     version = payload["format_version"]
     if version == 1:
         payload["roles"] = {"predictor": {
@@ -342,9 +377,7 @@ def read_training_summary(path: str | os.PathLike) -> dict:
     """{"step", "config", "meta"} of a training state, memory-mapped so the weights are not read."""
     path = Path(path)
     _require_file(path, "training state")
-    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
-        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+    payload = load_state_file(path, mmap=True)
     return {"step": int(payload["run_state"]["global_step"]), "config": payload["config"], "meta": payload["meta"]}
 
 

@@ -427,3 +427,11 @@ def check_args(
         problems.append(f"--sigma_min={args.sigma_min!r} --sigma_max={args.sigma_max!r}: expected 0 <= min < max <= 1")
     if problems:
         parser.error("; ".join(problems))
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    """--threads of a CPU tool (`runtime.cpu_threads.set_cpu_threads` applies it)."""
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for this process's tensors (default: OMP_NUM_THREADS when set, else the "
+                             "cores free to this process - its CPU affinity less the load of other jobs - split "
+                             "over the ranks on this host; the choice is printed at start)")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, read_training_summary
+from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, DamagedTrainingStateError, read_training_summary
 from predictor_training.runtime.distributed import resolve_backend
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.io import redact_secrets
@@ -176,7 +176,7 @@ def plan_run(args: argparse.Namespace, *, subset: str = "", naming=run_name) -> 
     name = naming(args, world_size=world_size, device_type=device_type, subset=subset)
     try:
         return plan_run_start(args, run_dir_for(args, name), name)
-    except RunConflictError as error:
+    except (RunConflictError, DamagedTrainingStateError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 

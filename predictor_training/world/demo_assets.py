@@ -333,5 +333,11 @@ def build_tiny_encoder_pipeline(sizes: TinyEncoderSizes, seed: int, extra_texts:
 
 
 def save_tiny_encoders(folder, sizes: TinyEncoderSizes, seed: int, extra_texts: Sequence[str] = ()) -> None:
-    """Write the tiny encoders as a diffusers-format folder (model_index.json + seven component folders)."""
-    build_tiny_encoder_pipeline(sizes, seed, extra_texts).save_pretrained(str(folder))
+    """Write the tiny encoders as a diffusers-format folder (model_index.json + seven component folders).
+
+    The encoder folder deliberately has no transformer, scheduler or guider: they are declared optional for this
+    save, so diffusers records them as absent instead of warning that it cannot save None."""
+    pipeline = build_tiny_encoder_pipeline(sizes, seed, extra_texts)
+    absent = [name for name, component in pipeline.components.items() if component is None]
+    pipeline._optional_components = [*pipeline._optional_components, *absent]
+    pipeline.save_pretrained(str(folder))
