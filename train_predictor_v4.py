@@ -25,9 +25,12 @@ from typing import Callable
 import torch
 
 from predictor_training.data.batches import ResumableBatches
-from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, read_dataset_config, resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches
+from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
 from predictor_training.predictor.pair_step import pair_step
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything, wrap_ddp
@@ -39,6 +42,7 @@ from predictor_training.runtime.flags import (
     add_run_args,
     add_teacher_args,
     add_tracker_args,
+    add_validation_args,
     check_args,
     format_pairs,
     parse_recipe_args,
@@ -75,6 +79,7 @@ def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentPar
     add_run_args(parser, experiment=experiment, precision="fp32master", ckpt_every=100, keep_last=20,
                  log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    add_validation_args(parser, val_every=0, val_videos=4)
     return parser
 
 
@@ -125,6 +130,13 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
         predictor = build_predictor(teacher, variant, args.source_blocks, args.gradient_checkpointing)
         teacher_layers = teacher.num_layers
+        # Held-out F-P-P-P videos every --val_every steps keep the whole Teacher (it rolls out the reference).
+        rollout_config = RolloutConfig.from_dataset_config(
+            read_dataset_config(args.dataset_root), str(args.dataset_root / DATASET_CONFIG_NAME),
+            state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
+        validation = predictor_validation(args, teacher=teacher, predictor=predictor,
+                                          teacher_folder=teacher_source.folder, replace_steps=DEFAULT_REPLACE_STEPS,
+                                          rollout_config=rollout_config, env=env, run_dir=start.run_dir)
         del teacher
         seed_everything(args.seed, rank=env.rank)
 
@@ -164,7 +176,7 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
                           context_timestep=context_timestep, velocity_weight=args.velocity_weight,
                           hidden_weight=args.hidden_weight)
         run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
-                     config=config, meta=meta)
+                     config=config, meta=meta, validation=validation)
     return 0
 
 

@@ -55,6 +55,7 @@ from predictor_training.runtime.flags import (
     add_run_args,
     add_teacher_args,
     add_tracker_args,
+    add_validation_args,
     check_args,
     parse_subset_cases,
     parse_recipe_args,
@@ -65,6 +66,7 @@ from predictor_training.data.trajectory_dataset import trajectory_batches
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import precision_policy
+from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (
@@ -134,6 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_args(parser, experiment="predictor_v4_rollout_{schedule}", precision="fp32master", ckpt_every=100,
                  keep_last=20, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    add_validation_args(parser, val_every=0, val_videos=4)
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     # Rules only this recipe has.
@@ -306,8 +309,12 @@ def main(argv=None) -> int:
                                        replace_steps=tuple(args.replace_steps))
         step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                               settings=settings, env=env)
+        validation = predictor_validation(args, teacher=teacher, predictor=predictor,
+                                          teacher_folder=teacher_source.folder, replace_steps=args.replace_steps,
+                                          rollout_config=rollout_config, env=env, run_dir=start.run_dir)
         run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
-                     config=config, meta=meta, extra_step_check=latent_grad_check(args.replace_steps))
+                     config=config, meta=meta, validation=validation,
+                     extra_step_check=latent_grad_check(args.replace_steps))
     return 0
 
 

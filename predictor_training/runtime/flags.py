@@ -411,6 +411,11 @@ def check_args(
     need("ckpt_every", lambda value: value == -1 or value >= 1, ">= 1, or -1 for the last step only")
     need("keep_last", lambda value: value == -1 or value >= 1, ">= 1, or -1 to keep all")
     need("log_every", lambda value: value >= 1, ">= 1")
+    need("val_every", lambda value: value >= 0, ">= 0")
+    need("val_videos", lambda value: value >= 1, ">= 1")
+    need("val_vae", lambda value: value is None or (value / "config.json").is_file(),
+         "a VAE folder with config.json (validation decodes the videos)")
+    need("val_ground_truth", lambda value: value is None or value.is_dir(), "an existing folder")
     need("seed", lambda value: value >= 0, ">= 0")
     need("num_workers", lambda value: value >= 0, ">= 0")
     need("resume", lambda value: value is None or value.is_file(),
@@ -435,3 +440,22 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for this process's tensors (default: OMP_NUM_THREADS when set, else the "
                              "cores free to this process - its CPU affinity less the load of other jobs - split "
                              "over the ranks on this host; the choice is printed at start)")
+
+
+def add_validation_args(parser: argparse.ArgumentParser, *, val_every: int, val_videos: int) -> None:
+    """--val_every, --val_split, --val_videos, --val_vae, --val_ground_truth (held-out quality while training)."""
+    group = parser.add_argument_group("validation (held-out videos while training; train.md § Validation)")
+    group.add_argument("--val_every", type=int, default=val_every,
+                       help="validate every N optimizer steps and at the last step; 0 = never (default %(default)s)")
+    group.add_argument("--val_split", type=str, default=None,
+                       help="held-out split to validate on (default: the first held-out sample table the dataset "
+                            "records, e.g. holdout25)")
+    group.add_argument("--val_videos", type=int, default=val_videos,
+                       help="videos per validation, the first rows of the split, sharded over the ranks (default "
+                            "%(default)s)")
+    group.add_argument("--val_vae", type=Path, default=None,
+                       help="VAE folder that decodes the validation videos (AutoencoderKLHunyuanVideo15); needed "
+                            "with --val_every > 0")
+    group.add_argument("--val_ground_truth", type=Path, default=None,
+                       help="folder of ground-truth videos (<case>__a<action>/ PNG frames or .mp4): also score "
+                            "against the truth")

@@ -31,7 +31,7 @@ from predictor_training.runtime.distributed import (
     seed_everything,
 )
 from predictor_training.runtime.logger import MetricsLogger
-from predictor_training.runtime.loop import BatchStream, train_loop
+from predictor_training.runtime.loop import BatchStream, Validation, train_loop
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart, report_run_start
 
@@ -91,10 +91,11 @@ def resume_roles(start: RunStart, roles: Sequence[Role], batches: BatchStream | 
 
 def run_training(args: argparse.Namespace, start: RunStart, env: DistEnv, *, roles: Sequence[Role],
                  batches: BatchStream, step_fn, run_state: RunState, config: dict, meta: dict,
-                 **loop_options) -> RunState:
+                 validation: Validation | None = None, **loop_options) -> RunState:
     """The shared loop under the run's metrics logger (train_log.jsonl; SwanLab on rank 0 with --tracker swanlab),
     with the loop flags every recipe has (--max_steps, --grad_accum, --ckpt_every, --keep_last, --log_every,
-    --no_progress). `loop_options`: the loop's other keywords (e.g. `extra_step_check`). Returns the final state."""
+    --no_progress) and, given a `validation`, --val_every. `loop_options`: the loop's other keywords (e.g.
+    `extra_step_check`). Returns the final state."""
     with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
                        experiment=args.experiment_name or start.run_name, config=config,
                        swanlab_mode=args.swanlab_mode) as metrics_logger:
@@ -102,5 +103,6 @@ def run_training(args: argparse.Namespace, start: RunStart, env: DistEnv, *, rol
             roles=list(roles), batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env, run_state=run_state,
             max_steps=args.max_steps, stop_at_step=start.stop_step, grad_accum=args.grad_accum,
             ckpt_every=args.ckpt_every, keep_last=args.keep_last, log_every=args.log_every,
-            metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress, **loop_options,
+            metrics_logger=metrics_logger, config=config, meta=meta, progress=not args.no_progress,
+            validation=validation, val_every=getattr(args, "val_every", 0), **loop_options,
         )

@@ -93,6 +93,13 @@ class MetricsLogger:
         if self._swanlab_run is not None:
             self._swanlab_run.log(dict(metrics), step=int(step))
 
+    def log_image(self, step: int, name: str, path: Path) -> None:
+        """Send the image file `path` to SwanLab under `name` at `step` (the file itself stays in the run dir)."""
+        if self.active and self._swanlab_run is not None:
+            import swanlab
+
+            self._swanlab_run.log({name: swanlab.Image(str(path))}, step=int(step))
+
     def discard_after(self, step: int) -> int:
         """On resume: move records with `step` > `step` (from an abandoned run past the checkpoint) out of
         `train_log.jsonl` into `train_log.discarded.jsonl`, so each step appears once. Returns how many moved."""

@@ -29,6 +29,7 @@ single-model keys (`grad_norm`, `lr/<group>`); with several it writes `grad_norm
 
 from __future__ import annotations
 
+import json
 import math
 import resource
 import time
@@ -53,7 +54,8 @@ from predictor_training.runtime.checkpoint import (
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0
 from predictor_training.runtime.precision import synchronize
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.logger import MetricsLogger
+from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.logger import TRAIN_LOG_NAME, MetricsLogger
 
 class BatchStream(Protocol):
     """What the loop needs of its data: the next micro-batch, a resumable position, and the epoch length that every
@@ -63,6 +65,19 @@ class BatchStream(Protocol):
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
     def batches_per_epoch(self) -> int: ...
+
+
+class Validation(Protocol):
+    """Held-out figures of the trained roles at a step (`predictor_training.eval.validation`): a collective that
+    returns the same {name: float} on every rank, and may leave a picture of the step for the tracker."""
+
+    best_metric: str  # the figure best.json ranks by, higher is better
+
+    def __call__(self, step: int) -> dict[str, float]: ...
+    def image(self, step: int) -> Path | None: ...
+
+
+BEST_NAME = "best.json"
 
 
 __all__ = ["train_loop", "NonFiniteError", "RunState", "peak_memory_gib"]
@@ -176,6 +191,8 @@ def train_loop(
     progress: bool = True,
     extra_step_check: Callable[[int, dict[str, float]], None] | None = None,
     stop_at_step: int | None = None,
+    validation: Validation | None = None,
+    val_every: int = 0,
 ) -> RunState:
     """Run loop steps `run_state.global_step + 1 .. stop_at_step (default max_steps)`; returns the final RunState.
 
@@ -262,8 +279,11 @@ def train_loop(
             run_state.epoch = batches.epoch
             synchronize(env.device)  # so step time includes the queued GPU work
             step_time = time.perf_counter() - step_start
-            # 5. Log, checkpoint.
-            if step % log_every == 0 or step == stop_step:
+            # 5. Validate (every val_every steps and at the run's last step), log, checkpoint.
+            figures = {}
+            if validation is not None and val_every > 0 and (step % val_every == 0 or step == max_steps):
+                figures = validation(step)
+            if step % log_every == 0 or step == stop_step or figures:
                 memory_key, memory_gib = peak_memory_gib(env.device)
                 if single:
                     norms = {"grad_norm": grad_norms[roles[0].name]} if grad_norms else {}
@@ -271,8 +291,14 @@ def train_loop(
                     norms = {f"grad_norm/{name}": norm for name, norm in grad_norms.items()}
                     norms.update({f"updates/{role.name}": float(role.updates) for role in roles})
                 record = {**metrics, **norms, **lrs, "epoch": run_state.epoch, "time/step_s": step_time,
-                          "time/data_s": data_time, memory_key: memory_gib}
+                          "time/data_s": data_time, memory_key: memory_gib, **figures}
                 metrics_logger.log(step, record)
+                if figures:
+                    image = validation.image(step)
+                    if image is not None:
+                        metrics_logger.log_image(step, "val/contact_sheet", image)
+                    if env.is_main:
+                        write_best(Path(run_dir), validation.best_metric, roles)
                 if env.is_main:
                     norm_text = " ".join(f"{key} {value:.4g}" for key, value in norms.items())
                     lr_text = " ".join(f"{key} {value:.3e}" for key, value in lrs.items())
@@ -287,6 +313,18 @@ def train_loop(
     finally:
         bar.close()
     return run_state
+
+
+def write_best(run_dir: Path, metric: str, roles: Sequence[Role]) -> None:
+    """best.json: the logged step with the highest `metric` so far (read back from train_log.jsonl, so a resumed run
+    agrees with an uninterrupted one) and the inference weights of that step; no checkpoint is deleted for it."""
+    rows = [json.loads(line) for line in (run_dir / TRAIN_LOG_NAME).read_text().splitlines() if line.strip()]
+    scored = [row for row in rows if metric in row]
+    best = max(scored, key=lambda row: (row[metric], -row["step"]))
+    write_json_atomic(run_dir / BEST_NAME, {
+        "metric": metric, "step": best["step"], "value": best[metric],
+        "weights": [inference_weights_name(best["step"], role.name) for role in roles],
+    })
 
 
 def role_fingerprints(roles: Sequence[Role]) -> dict[str, list[float]]:

@@ -34,7 +34,7 @@ TRAIN_CONFIG_NAME = "train_config.json"
 RUN_CONTROL_FLAGS = frozenset({
     "resume", "stop_at_step", "output_dir", "output_root", "print_run_dir", "no_progress", "num_workers",
     "verify_dataset", "backend", "ckpt_every", "keep_last", "log_every", "swanlab_mode", "experiment_name",
-    "preset", "config",
+    "preset", "config", "val_every", "val_split", "val_videos", "val_vae", "val_ground_truth",
 })
 
 

@@ -1,0 +1,216 @@
+"""Held-out video quality while a Predictor trains, by the eval's own code path (train.md § Validation).
+
+Every `--val_every` steps (and at the last step) the loop calls a `PredictorValidation`: for the first
+`--val_videos` rows of the held-out split, sharded over the ranks, the eval's AR loop (`EvalRuntime.rollout`, the
+row's own seed for noise and memory points) rolls out the training Predictor under the recipe's schedule and
+context mode; the VAE decodes it and `score_video` scores it against the Teacher's F-F-F-F of the same row and,
+with `--val_ground_truth`, against the true video. The reference rollouts and the ground truth are computed once
+per process and reused at every validation. Reported (the same on every rank, gathered): val/psnr_vs_reference,
+val/ssim_vs_reference, their last-chunk values, the same against the truth (val/*_vs_truth), and val/seconds.
+Rank 0 writes a contact sheet of the first row (truth | F-F-F-F | Predictor at evenly spaced frames) as
+`validation/step_XXXXX.png` in the run directory.
+
+Validation changes nothing of the training: it runs without gradients on the unwrapped Predictor in eval mode,
+and every random state (python, numpy, torch) is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from predictor_training.data.dataset_config import (
+    DATASET_CONFIG_NAME,
+    config_field,
+    read_dataset_config,
+    recorded_sample_table,
+)
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, ReferenceMethod
+from predictor_training.eval.runtime import EvalRuntime, score_video
+from predictor_training.eval.timing import Stopwatch
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.schedule import Schedule
+from predictor_training.runtime.distributed import DistEnv, all_gather_objects, unwrap_model
+from predictor_training.runtime.io import atomic_write
+from predictor_training.video.ground_truth import find_ground_truth_videos, load_ground_truth, video_key
+from predictor_training.video.metrics import chunk_frame_ranges
+from predictor_training.video.vae_decoder import VaeDecoder
+
+VALIDATION_DIR = "validation"
+CONTACT_SHEET_COLUMNS = 6
+
+
+def default_val_split(dataset_root: Path) -> str:
+    """The first held-out split the dataset records (sample tables other than train.jsonl, by name)."""
+    tables = [Path(path).stem for path in config_field(read_dataset_config(dataset_root), "sample_tables",
+                                                        dataset_root)]
+    held_out = sorted(name for name in tables if name != "train")
+    if not held_out:
+        raise ValueError(f"{dataset_root}: the dataset records no held-out sample table ({tables}); pass --val_split")
+    return held_out[0]
+
+
+class restored_random_state:
+    """Everything random (python, numpy, torch CPU and CUDA) as it was before the block."""
+
+    def __enter__(self):
+        self.python, self.numpy = random.getstate(), np.random.get_state()
+        self.fork = torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available()
+                                          else [])
+        self.fork.__enter__()
+
+    def __exit__(self, *exc):
+        self.fork.__exit__(*exc)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
+class PredictorValidation:
+    """`validation(step)` -> the gathered val/* figures (see the module docstring); best.json ranks the steps by
+    `best_metric`."""
+
+    best_metric = "val/psnr_vs_reference"
+
+    def __init__(self, *, teacher, predictor, schedule: Schedule, rollout_config: RolloutConfig, dataset_root: Path,
+                 split: str, num_videos: int, vae: Path, ground_truth: Path | None, env: DistEnv, run_dir: Path):
+        self.predictor = predictor
+        self.env = env
+        self.run_dir = Path(run_dir)
+        dataset = TrajectoryTableDataset(
+            recorded_sample_table(dataset_root, split), dataset_root=dataset_root,
+            num_latents=int(config_field(read_dataset_config(dataset_root), "num_latents", dataset_root)),
+        )
+        self.rows = list(range(min(num_videos, len(dataset))))
+        self.mine = self.rows[env.rank::env.world_size]
+        raw = unwrap_model(predictor)
+        label = PredictorCheckpoint(self.run_dir, self.run_dir.name, 0, {}, raw.predictor_config(), {},
+                                    label="training", panel="training")
+        self.method = PredictorMethod(raw, label)
+        self.runtime = EvalRuntime(
+            teacher=teacher, methods=[ReferenceMethod(), self.method], schedule=schedule,
+            rollout_config=rollout_config, decoder=VaeDecoder.from_folder(vae, env.device, torch.float32, False),
+            scorer=None, dataset=dataset, case_source="dataset", device=env.device,
+            state_dtype=rollout_config.state_dtype, chunk_latents=rollout_config.chunk_latents,
+        )
+        self.ground_truth = {}
+        if ground_truth is not None:
+            keys = [video_key(dataset[row]["case_id"], dataset[row]["action_id"]) for row in self.rows]
+            self.ground_truth = find_ground_truth_videos(Path(ground_truth), keys)
+        self.cache: dict[int, dict] = {}  # row -> reference frames, truth, text K/V, case, frame ranges
+        self.split = split
+
+    def describe(self) -> str:
+        truth = "and the ground truth" if self.ground_truth else "(no ground truth)"
+        return (f"{len(self.rows)} videos of {self.split}, against F-F-F-F {truth}, "
+                f"{len(self.mine)} on this rank")
+
+    def _reference(self, row: int) -> dict:
+        """The row's inputs, F-F-F-F frames and ground truth, computed once."""
+        if row not in self.cache:
+            item = self.runtime.dataset[row]
+            case = self.runtime.dataset.load_case(item["case_id"])
+            text_kv, _ = self.runtime.text_kv(case)
+            rollout = self.runtime.rollout(self.runtime.methods[0], text_kv, item, case, Stopwatch(self.env.device))
+            reference = self.runtime.decoder.decode(rollout.latents)
+            ranges = chunk_frame_ranges(item["viewmats"].shape[0], self.runtime.chunk_latents,
+                                        self.runtime.decoder.temporal_compression)
+            key = video_key(item["case_id"], item["action_id"])
+            truth = None
+            if key in self.ground_truth:
+                truth = load_ground_truth(self.ground_truth[key], tuple(reference.shape[:3]))
+            self.cache[row] = {"item": item, "case": case, "text_kv": text_kv, "reference": reference,
+                               "truth": truth, "ranges": ranges}
+        return self.cache[row]
+
+    @torch.no_grad()
+    def __call__(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        raw = self.method.predictor
+        was_training = raw.training
+        raw.eval()
+        scores, sheet = [], None
+        try:
+            with restored_random_state():
+                for row in self.mine:
+                    entry = self._reference(row)
+                    rollout = self.runtime.rollout(self.method, entry["text_kv"], entry["item"], entry["case"],
+                                                   Stopwatch(self.env.device))
+                    frames = self.runtime.decoder.decode(rollout.latents)
+                    record = {"vs_reference": score_video(entry["reference"], frames, None, entry["ranges"],
+                                                          self.env.device)}
+                    if entry["truth"] is not None:
+                        record["vs_truth"] = score_video(entry["truth"], frames, None, entry["ranges"],
+                                                         self.env.device)
+                    scores.append(summarise(record))
+                    if row == self.rows[0]:
+                        sheet = contact_sheet([entry["truth"], entry["reference"], frames])
+        finally:
+            raw.train(was_training)
+        gathered = [score for part in all_gather_objects(scores) for score in part]
+        figures = {key: float(np.mean([score[key] for score in gathered])) for key in gathered[0]}
+        figures["val/videos"] = float(len(gathered))
+        figures["val/seconds"] = max(all_gather_objects(time.perf_counter() - start))
+        if self.env.is_main and sheet is not None:
+            path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: sheet.save(tmp, format="PNG"))
+        return figures
+
+
+    def image(self, step: int) -> Path | None:
+        path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
+        return path if self.env.is_main and path.is_file() else None
+
+
+def summarise(record: dict) -> dict[str, float]:
+    """{val/psnr_vs_reference, val/ssim_vs_reference, val/psnr_last_chunk_vs_reference, ...} of one video."""
+    out = {}
+    for against, scored in record.items():
+        for metric, name in (("psnr_full", "psnr"), ("ssim", "ssim")):
+            out[f"val/{name}_{against}"] = float(scored["metrics"][metric])
+            out[f"val/{name}_last_chunk_{against}"] = float(scored["per_chunk"][-1][metric])
+    return out
+
+
+def contact_sheet(videos: list) -> Image.Image:
+    """Rows of uint8 [F, H, W, 3] videos (None rows skipped) at CONTACT_SHEET_COLUMNS evenly spaced frames."""
+    rows = [video for video in videos if video is not None]
+    frames = rows[0].shape[0]
+    picks = np.linspace(0, frames - 1, CONTACT_SHEET_COLUMNS).round().astype(int)
+    grid = torch.cat([torch.cat([video[index] for index in picks], dim=1) for video in rows], dim=0)
+    return Image.fromarray(grid.numpy())
+
+
+def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, replace_steps,
+                         rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path
+                         ) -> PredictorValidation | None:
+    """The recipe's validation from its flags (None with --val_every 0). Without --val_vae the VAE is the
+    `encoders/vae` folder beside the Teacher's folder, and without --val_ground_truth the truth is its
+    `ground_truth` folder, when they exist (the demo assets' layout). `rollout_config`: the recipe's AR loop (None:
+    the dataset's, in the precision of the Teacher). Built without touching any random state."""
+    if args.val_every <= 0:
+        return None
+    assets = Path(teacher_folder).parent
+    vae = args.val_vae or (assets / "encoders" / "vae")
+    if not (vae / "config.json").is_file():
+        raise FileNotFoundError(f"--val_every {args.val_every}: no VAE to decode the validation videos ({vae} has no "
+                                "config.json); pass --val_vae DIR")
+    truth = args.val_ground_truth
+    if truth is None and (assets / "ground_truth").is_dir():
+        truth = assets / "ground_truth"
+    if rollout_config is None:
+        rollout_config = RolloutConfig.from_dataset_config(
+            read_dataset_config(args.dataset_root), str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
+            state_dtype=teacher.dtype, autocast_dtype=None)
+    schedule = Schedule.for_rollout(replace_steps, rollout_config)
+    split = args.val_split or default_val_split(args.dataset_root)
+    with restored_random_state():
+        return PredictorValidation(teacher=teacher, predictor=predictor, schedule=schedule,
+                                   rollout_config=rollout_config, dataset_root=Path(args.dataset_root), split=split,
+                                   num_videos=args.val_videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir)
