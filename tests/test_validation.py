@@ -76,6 +76,7 @@ def test_validation_leaves_training_unchanged_and_resumes_exactly(setup, tmp_pat
     best_step = max(figures, key=lambda step: figures[step]["val/psnr_vs_reference"])
     assert best["step"] == best_step and best["metric"] == "val/psnr_vs_reference"
     assert (tmp_path / "validated" / "validation" / "step_00003.png").is_file()
+    assert (tmp_path / "validated" / "val_curve.png").is_file()
 
     run(setup, tmp_path / "cut", "--val_every", "1", "--stop_at_step", "2")
     resumed = run(setup, tmp_path / "cut", "--val_every", "1")

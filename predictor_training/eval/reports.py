@@ -33,6 +33,7 @@ import numpy as np
 from torch import Tensor
 
 from predictor_training.runtime.io import atomic_write, write_text_atomic
+from predictor_training.eval.revisits import revisit_table
 from predictor_training.eval.methods import REFERENCE, Method
 from predictor_training.eval.runtime import GROUND_TRUTH, RESULT_FORMAT, RESULT_VERSION
 from predictor_training.teacher.flops import flop_speedup_bound
@@ -284,13 +285,15 @@ def _values(record: dict | None, columns: Sequence[str]) -> list:
 
 
 def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, method_names: Sequence[str],
-                  header: dict, ground_truth_aggregate: dict | None = None) -> dict[str, Path]:
+                  header: dict, ground_truth_aggregate: dict | None = None,
+                  revisits_aggregate: dict | None = None) -> dict[str, Path]:
     """CSV files, aggregate.json, drift.png and table.md (each atomically). Returns {name: path}.
 
     ground_truth_aggregate (`aggregate_ground_truth`, with ground truth only): the CSV files gain `gt_<metric>`
     columns and rows for the reference and `repeat_first_frame` (their against-reference cells empty),
     aggregate.json an "against_ground_truth" section, table.md a second quality table, and drift_ground_truth.png
-    is drawn."""
+    is drawn. revisits_aggregate (`revisits.aggregate_revisits`, when ground-truth poses revisit cameras):
+    aggregate.json gains a "revisits" section and table.md the memory table."""
     compared = [name for name in method_names if name != REFERENCE]
     lpips_key = _lpips_key(aggregate)
     method_labels = {name: name for name in method_names}  # the CSV files keep the full method keys
@@ -369,6 +372,8 @@ def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, metho
     payload = {"header": header, "methods": aggregate}
     if with_truth:
         payload["against_ground_truth"] = ground_truth_aggregate
+    if revisits_aggregate is not None:
+        payload["revisits"] = revisits_aggregate
     write_json_atomic(written["aggregate.json"], jsonable(payload))
     written["drift.png"] = out_dir / "drift.png"
     plot_drift(written["drift.png"], aggregate, compared, lpips_key, header)
@@ -377,8 +382,10 @@ def write_reports(out_dir: Path, results: Sequence[dict], aggregate: dict, metho
         plot_drift(written["drift_ground_truth.png"], ground_truth_aggregate, list(ground_truth_aggregate),
                    lpips_key, header, against="the ground truth")
     written["table.md"] = out_dir / "table.md"
-    write_text_atomic(written["table.md"],
-                      format_markdown_table(aggregate, method_names, header, ground_truth_aggregate))
+    table = format_markdown_table(aggregate, method_names, header, ground_truth_aggregate)
+    if revisits_aggregate is not None:
+        table += revisit_table(revisits_aggregate, header["display_names"])
+    write_text_atomic(written["table.md"], table)
     return written
 
 

@@ -53,6 +53,7 @@ from predictor_training.eval.reports import (
     write_reports,
     write_side_by_side,
 )
+from predictor_training.eval.revisits import aggregate_revisits
 from predictor_training.eval.runtime import RESULT_VERSION, EvalRuntime
 from predictor_training.video.vae_decoder import VaeDecoder
 from predictor_training.video.ground_truth import find_ground_truth_videos, video_key
@@ -475,7 +476,10 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
             header["ground_truth"] = str(Path(settings.ground_truth).resolve())
         if context_modes != (EXACT_CONTEXT,):  # likewise: the header of an exact-only run stays as it was
             header["context_modes"] = list(context_modes)
-        report["written"] = write_reports(out_dir, results, aggregate, method_names, header, aggregate_truth)
+        memory = aggregate_revisits(results)  # with ground truth whose poses revisit earlier cameras
+        report["written"] = write_reports(out_dir, results, aggregate, method_names, header, aggregate_truth,
+                                          memory)
+        report["revisits"] = memory
         report["aggregate"] = aggregate
         report["aggregate_ground_truth"] = aggregate_truth
         report["table"] = (out_dir / "table.md").read_text(encoding="utf-8")

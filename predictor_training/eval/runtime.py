@@ -40,9 +40,11 @@ from predictor_training.teacher.flops import TeacherShape, rollout_flops, text_p
 from predictor_training.runtime.precision import autocast, synchronize
 from predictor_training.teacher import TextKV, WorldPlayTransformer
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.eval.revisits import revisit_scores
 from predictor_training.eval.timing import Stopwatch, TimedRollout, method_timings
 from predictor_training.video.ground_truth import load_ground_truth, repeat_first_frame, video_key
 from predictor_training.video.vae_decoder import VaeDecoder
+from predictor_training.world.revisits import revisit_frames
 from predictor_training.video.metrics import (
     LpipsScorer,
     chunk_frame_ranges,
@@ -216,5 +218,9 @@ class EvalRuntime:
             against[REPEAT_FIRST_FRAME] = score_video(truth, repeat_first_frame(truth), self.scorer, ranges,
                                                       self.device)
             result["against_ground_truth"] = {"video": str(ground_truth), "methods": against}
+            pairs = revisit_frames(item["pose"])  # frames whose camera was seen earlier in the video
+            if pairs:
+                result["revisits"] = revisit_scores({method.name: frames[method.name] for method in self.methods},
+                                                    truth, pairs)
             frames[GROUND_TRUTH] = truth
         return result, frames

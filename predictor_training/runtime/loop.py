@@ -54,7 +54,7 @@ from predictor_training.runtime.checkpoint import (
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0
 from predictor_training.runtime.precision import synchronize
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.io import atomic_write, write_json_atomic
 from predictor_training.runtime.logger import TRAIN_LOG_NAME, MetricsLogger
 
 class BatchStream(Protocol):
@@ -299,6 +299,7 @@ def train_loop(
                         metrics_logger.log_image(step, "val/contact_sheet", image)
                     if env.is_main:
                         write_best(Path(run_dir), validation.best_metric, roles)
+                        plot_validation_curve(Path(run_dir))
                 if env.is_main:
                     norm_text = " ".join(f"{key} {value:.4g}" for key, value in norms.items())
                     lr_text = " ".join(f"{key} {value:.3e}" for key, value in lrs.items())
@@ -325,6 +326,32 @@ def write_best(run_dir: Path, metric: str, roles: Sequence[Role]) -> None:
         "metric": metric, "step": best["step"], "value": best[metric],
         "weights": [inference_weights_name(best["step"], role.name) for role in roles],
     })
+
+
+VAL_CURVE_NAME = "val_curve.png"
+
+
+def plot_validation_curve(run_dir: Path) -> None:
+    """val_curve.png: every logged val/psnr* figure against the step, next to the training loss (read back from
+    train_log.jsonl, so it always shows the whole run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in (run_dir / TRAIN_LOG_NAME).read_text().splitlines() if line.strip()]
+    names = sorted({key for row in rows for key in row if key.startswith("val/psnr")})
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in names:
+        points = [(row["step"], row[name]) for row in rows if name in row]
+        left.plot(*zip(*points), marker="o", label=name.removeprefix("val/"))
+    left.set(xlabel="step", ylabel="PSNR (dB)", title="held-out validation")
+    left.legend(fontsize=8)
+    right.plot([row["step"] for row in rows], [row["loss"] for row in rows], linewidth=0.8)
+    right.set(xlabel="step", ylabel="loss", title="training loss", yscale="log")
+    figure.tight_layout()
+    atomic_write(run_dir / VAL_CURVE_NAME, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    plt.close(figure)
 
 
 def role_fingerprints(roles: Sequence[Role]) -> dict[str, list[float]]:

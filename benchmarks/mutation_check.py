@@ -1,0 +1,143 @@
+"""Do the tests catch broken maths? Apply small named mutations to a copy of the project, run the tests that should
+catch each, and report the survivors (mutations no test noticed).
+
+    python benchmarks/mutation_check.py                 # every mutation (minutes: each runs its tests)
+    python benchmarks/mutation_check.py --only dmd2_swap_real_fake nft_negate_advantages
+    python benchmarks/mutation_check.py --list
+
+Each mutation replaces one exact, unique piece of source text (a sign, a swapped pair of roles, a dropped
+`.detach()`, an off-by-one index) in a fresh copy of the tracked files, then runs its tests there with pytest
+(`-x`, the copy first on the import path). A mutation is *caught* when pytest fails; one whose text is no longer
+found (or not unique) is reported as stale, so the list cannot rot silently. Exit code 1 when any mutation
+survives or is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    original: str
+    mutated: str
+    tests: tuple[str, ...]
+    why: str
+
+
+MUTATIONS = [
+    Mutation("euler_step_sign", "predictor_training/rollout/scheduler.py",
+             "(sigmas[step_index + 1] - sigmas[step_index])", "(sigmas[step_index] - sigmas[step_index + 1])",
+             ("tests/test_scheduler.py",), "the Euler step walks the wrong way along the flow"),
+    Mutation("predictor_loss_hidden_sign", "predictor_training/predictor/loss.py",
+             "+ hidden_weight * hidden_mse", "- hidden_weight * hidden_mse",
+             ("tests/test_predictor.py::test_predictor_loss_matches_weighted_fp32_mse",),
+             "the hidden term of the Predictor's loss is rewarded instead of penalised"),
+    Mutation("validation_leaks_rng", "predictor_training/eval/validation.py",
+             "            with restored_random_state():\n                for row in self.mine:",
+             "            if True:\n                torch.randn(1)\n                for row in self.mine:",
+             ("tests/test_validation.py",), "validation consumes the training's random stream"),
+]
+
+
+def tracked_files() -> list[str]:
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO_ROOT, capture_output=True, check=True)
+    return [name for name in listing.stdout.decode().split("\0") if name]
+
+
+def copy_project(target: Path) -> None:
+    for name in tracked_files():
+        source = REPO_ROOT / name
+        if source.is_file():
+            destination = target / name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+
+
+def apply(mutation: Mutation, root: Path) -> str | None:
+    """Mutate the copy; returns a problem (stale text) or None."""
+    path = root / mutation.file
+    if not path.is_file():
+        return f"{mutation.file} does not exist"
+    text = path.read_text()
+    count = text.count(mutation.original)
+    if count != 1:
+        return f"{mutation.file}: the original text occurs {count} times (expected exactly once)"
+    path.write_text(text.replace(mutation.original, mutation.mutated))
+    return None
+
+
+def run_tests(mutation: Mutation, root: Path, timeout: int) -> tuple[bool, float, str]:
+    """(caught, seconds, last output line)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    start = time.perf_counter()
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                 *mutation.tests], cwd=root, env=env, capture_output=True, text=True,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return True, time.perf_counter() - start, "timed out (counted as caught: the tests did not pass)"
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    return result.returncode != 0, time.perf_counter() - start, lines[-1] if lines else result.stderr[-200:]
+
+
+def check_imports_come_from(root: Path) -> None:
+    """The copy, not the installed checkout, must be what the tests import."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    found = subprocess.run([sys.executable, "-c", "import predictor_training, sys; print(predictor_training.__file__)"],
+                           cwd=root, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(found).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"mutation_check: the tests would import {found}, not the mutated copy in {root}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", default=None, help="run only these mutations (names)")
+    parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mutation's test run (default 900)")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.only is None or m.name in args.only]
+    unknown = set(args.only or ()) - {m.name for m in MUTATIONS}
+    if unknown:
+        parser.error(f"--only: unknown mutations {sorted(unknown)}; --list shows them")
+    if args.list:
+        for mutation in MUTATIONS:
+            print(f"{mutation.name:45s} {mutation.file}: {mutation.why}")
+        return 0
+    survivors, stale = [], []
+    print(f"{'mutation':45s} {'result':8s} {'seconds':>8s}  tests")
+    for mutation in chosen:
+        with tempfile.TemporaryDirectory(prefix="mutation_") as folder:
+            root = Path(folder)
+            copy_project(root)
+            check_imports_come_from(root)
+            problem = apply(mutation, root)
+            if problem is not None:
+                stale.append(mutation.name)
+                print(f"{mutation.name:45s} {'STALE':8s} {'':>8s}  {problem}", flush=True)
+                continue
+            caught, seconds, last = run_tests(mutation, root, args.timeout)
+        if not caught:
+            survivors.append(mutation.name)
+        print(f"{mutation.name:45s} {'caught' if caught else 'SURVIVED':8s} {seconds:8.1f}  "
+              f"{' '.join(mutation.tests)} ({last})", flush=True)
+    print(f"\n{len(chosen)} mutations: {len(chosen) - len(survivors) - len(stale)} caught, {len(survivors)} survived"
+          f"{' ' + str(survivors) if survivors else ''}, {len(stale)} stale{' ' + str(stale) if stale else ''}")
+    return 1 if survivors or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

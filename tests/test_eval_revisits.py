@@ -1,0 +1,40 @@
+"""The eval's memory figures (predictor_training/eval/revisits.py) on frames whose answers are known."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from predictor_training.eval.revisits import aggregate_revisits, frame_psnr, revisit_scores, revisit_table
+from predictor_training.rollout.camera import pose_string_to_json
+from predictor_training.world.revisits import revisit_frames
+
+
+def test_revisit_frames_of_a_turn_away_and_back():
+    pairs = revisit_frames(pose_string_to_json("left-2, right-2"))  # latents 0 1 2 1 0 -> frames 12->4, 16->0
+    assert pairs == {12: 4, 16: 0}
+
+
+def test_a_memoryless_method_is_told_apart_from_one_that_remembers():
+    generator = torch.Generator().manual_seed(0)
+    truth = torch.randint(0, 256, (17, 8, 8, 3), generator=generator, dtype=torch.uint8)
+    truth[12], truth[16] = truth[4], truth[0]  # the true video returns to the views of frames 4 and 0
+    remembers = truth.clone()
+    forgets = truth.clone()
+    forgets[12] = torch.randint(0, 256, (8, 8, 3), generator=generator, dtype=torch.uint8)
+    forgets[16] = torch.randint(0, 256, (8, 8, 3), generator=generator, dtype=torch.uint8)
+    scores = revisit_scores({"remembers": remembers, "forgets": forgets}, truth, {12: 4, 16: 0})
+    assert scores["pairs"] == [[12, 4], [16, 0]]
+    assert math.isinf(scores["methods"]["remembers"]["self_psnr"])
+    assert math.isinf(scores["methods"]["ground_truth"]["self_psnr"])
+    forgot = scores["methods"]["forgets"]
+    assert forgot["self_psnr"] < 12 and forgot["return_minus_first_visit"] < -20
+    expected = (frame_psnr(forgets[12], truth[12]) + frame_psnr(forgets[16], truth[16])) / 2
+    assert abs(forgot["return_psnr_vs_truth"] - expected) < 1e-9
+
+    aggregate = aggregate_revisits([{"revisits": scores}, {"key": "no revisits"}])
+    assert aggregate["num_videos"] == 1 and aggregate["num_pairs"] == 2
+    assert aggregate["methods"]["remembers"]["self_psnr"] == 100.0  # infinite PSNR capped before averaging
+    assert "| forgets |" in revisit_table(aggregate, {})
+    assert aggregate_revisits([{"key": "no revisits"}]) is None
