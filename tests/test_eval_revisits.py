@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from predictor_training.eval.revisits import aggregate_revisits, frame_psnr, revisit_scores, revisit_table
+from predictor_training.eval.revisits import (
+    PSNR_CAP_DB,
+    aggregate_revisits,
+    frame_psnr,
+    revisit_scores,
+    revisit_table,
+)
 from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.world.revisits import revisit_frames
 
@@ -26,8 +30,8 @@ def test_a_memoryless_method_is_told_apart_from_one_that_remembers():
     forgets[16] = torch.randint(0, 256, (8, 8, 3), generator=generator, dtype=torch.uint8)
     scores = revisit_scores({"remembers": remembers, "forgets": forgets}, truth, {12: 4, 16: 0})
     assert scores["pairs"] == [[12, 4], [16, 0]]
-    assert math.isinf(scores["methods"]["remembers"]["self_psnr"])
-    assert math.isinf(scores["methods"]["ground_truth"]["self_psnr"])
+    assert scores["methods"]["remembers"]["self_psnr"] == PSNR_CAP_DB  # identical frames
+    assert scores["methods"]["ground_truth"]["return_minus_first_visit"] == 0.0
     forgot = scores["methods"]["forgets"]
     assert forgot["self_psnr"] < 12 and forgot["return_minus_first_visit"] < -20
     expected = (frame_psnr(forgets[12], truth[12]) + frame_psnr(forgets[16], truth[16])) / 2
@@ -35,6 +39,6 @@ def test_a_memoryless_method_is_told_apart_from_one_that_remembers():
 
     aggregate = aggregate_revisits([{"revisits": scores}, {"key": "no revisits"}])
     assert aggregate["num_videos"] == 1 and aggregate["num_pairs"] == 2
-    assert aggregate["methods"]["remembers"]["self_psnr"] == 100.0  # infinite PSNR capped before averaging
+    assert aggregate["methods"]["forgets"]["self_psnr"] == forgot["self_psnr"]
     assert "| forgets |" in revisit_table(aggregate, {})
     assert aggregate_revisits([{"key": "no revisits"}]) is None

@@ -10,7 +10,7 @@ row's pose file), per method and for the ground truth itself:
     return_minus_first_visit   their difference (0: the return is as good as the first visit)
 
 each the mean over the video's revisiting frames; `aggregate_revisits` averages them over the videos that have
-revisits. PSNR on uint8 frames in [0, 1], as the eval's other metrics.
+revisits. PSNR on uint8 frames in [0, 1], as the eval's other metrics, capped at 100 dB (identical frames).
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from torch import Tensor
 
 from predictor_training.video.metrics import psnr_from_mse
 
+PSNR_CAP_DB = 100.0
 FIGURES = ("self_psnr", "first_visit_psnr_vs_truth", "return_psnr_vs_truth", "return_minus_first_visit")
 
 
 def frame_psnr(a: Tensor, b: Tensor) -> float:
-    """PSNR (dB) of two uint8 frames [H, W, 3]."""
+    """PSNR (dB) of two uint8 frames [H, W, 3], at most PSNR_CAP_DB."""
     mse = ((a.double() - b.double()) / 255.0).pow(2).mean()
-    return float(psnr_from_mse(mse))
+    return min(float(psnr_from_mse(mse)), PSNR_CAP_DB)
 
 
 def revisit_scores(frames: Mapping[str, Tensor], truth: Tensor, pairs: Mapping[int, int]) -> dict:
@@ -50,13 +51,13 @@ def revisit_scores(frames: Mapping[str, Tensor], truth: Tensor, pairs: Mapping[i
 
 def aggregate_revisits(results: Sequence[dict]) -> dict | None:
     """Mean of each method's figures over the videos with revisits: {"num_videos", "num_pairs", "methods"}; None
-    when no video has any. Infinite self PSNRs (identical frames) are capped at 100 dB before averaging."""
+    when no video has any."""
     scored = [result["revisits"] for result in results if result.get("revisits")]
     if not scored:
         return None
     methods = {}
     for name in scored[0]["methods"]:
-        methods[name] = {figure: float(np.mean([min(entry["methods"][name][figure], 100.0) for entry in scored]))
+        methods[name] = {figure: float(np.mean([entry["methods"][name][figure] for entry in scored]))
                          for figure in FIGURES}
     return {"num_videos": len(scored), "num_pairs": sum(len(entry["pairs"]) for entry in scored),
             "methods": methods}
