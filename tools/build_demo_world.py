@@ -68,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     vae.add_argument("--vae_eval_every", type=int, default=0,
                      help="held-out whole-clip PSNR every this many steps (default %(default)s: at the end only)")
     vae.add_argument("--vae_ckpt_every", type=int, default=250, help="(default %(default)s)")
+    vae.add_argument("--vae_windows_per_item", type=int, default=1,
+                     help="short windows per micro-batch (default %(default)s; >= 2 is ~3x faster per window on CPU)")
+    vae.add_argument("--vae_long_windows_per_item", type=int, default=None,
+                     help="long windows per micro-batch (default: --vae_windows_per_item)")
     parser.add_argument("--df_sft_steps", type=int, default=5000, help="df_sft optimizer steps (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
@@ -106,6 +110,9 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--block_out_channels", args.vae_block_out_channels, "--lr", str(args.vae_lr),
                  "--grad_accum", str(args.vae_grad_accum), "--long_fraction", str(args.vae_long_fraction),
                  "--eval_every", str(args.vae_eval_every), "--ckpt_every", str(args.vae_ckpt_every),
+                 "--windows_per_item", str(args.vae_windows_per_item),
+                 *(["--long_windows_per_item", str(args.vae_long_windows_per_item)]
+                   if args.vae_long_windows_per_item is not None else []),
                  "--output_dir", str(out / "vae_run"), "--no_progress"]]
     if stage == "encoders":
         code = ("import json,sys; from predictor_training.world.assets import write_world_encoders, "

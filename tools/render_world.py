@@ -21,7 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from predictor_training.world.clips import VIDEO_FORMATS, WorldConfigError, WorldSettings, make_world, render_clip
+from predictor_training.world.clips import (
+    VIDEO_FORMATS,
+    WorldConfigError,
+    WorldSettings,
+    make_world,
+    render_clip,
+)
 from predictor_training.world.render import contact_sheet
 
 DEFAULTS = WorldSettings()

@@ -21,9 +21,18 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from predictor_training.runtime.io import write_json_atomic
-from predictor_training.runtime.checkpoint import RunState, load_model_weights, load_training_state
-from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, log0, seed_everything
+from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.runtime.checkpoint import (
+    RunState,
+    load_model_weights,
+    load_training_state,
+)
+from predictor_training.runtime.distributed import (
+    cleanup_distributed,
+    init_distributed,
+    log0,
+    seed_everything,
+)
 from predictor_training.runtime.flags import (
     add_method_optimization_args,
     add_run_args,
@@ -31,12 +40,18 @@ from predictor_training.runtime.flags import (
     check_args,
     parse_recipe_args,
 )
+from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.logger import MetricsLogger
-from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.runtime.loop import train_loop
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import format_lr, plan_run, report_run_start, run_config, write_train_config
+from predictor_training.runtime.run_directory import (
+    format_lr,
+    plan_run,
+    report_run_start,
+    run_config,
+    write_train_config,
+)
 from predictor_training.video.io import read_video
 from predictor_training.world.vae import (
     ClipVideo,
