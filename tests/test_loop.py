@@ -142,7 +142,7 @@ def test_single_process_resume_matches_uninterrupted_and_drops_stale_records(tmp
     assert set(full_log[0]) == expected_keys
     names = sorted(p.name for p in full.iterdir())
     assert names == ["predictor_step_00003.safetensors", "predictor_step_00006.safetensors", "train_config.json",
-                     "train_log.jsonl", "training_latest.pt"]
+                     "train_log.jsonl", "training_latest.pt", "training_prev.pt"]
     final_full = safetensors.torch.load_file(str(full / "predictor_step_00006.safetensors"))
     final_cut = safetensors.torch.load_file(str(cut / "predictor_step_00006.safetensors"))
     assert all(torch.equal(final_full[k], final_cut[k]) for k in final_full)

@@ -15,7 +15,6 @@ kept); COMPLETE is written last. The builder is ``predictor_training.data.ode_ca
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -133,7 +132,7 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="build_ode_cache")
+    set_cpu_threads(args.threads, tool="build_ode_cache")
     env = init_distributed(args.backend)
     try:
         jobs, load_condition, inputs = plan_jobs(args)

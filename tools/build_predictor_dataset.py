@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -121,7 +120,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="build_predictor_dataset")
+    set_cpu_threads(args.threads, tool="build_predictor_dataset")
     return run(args)
 
 

@@ -32,7 +32,6 @@ demo inputs ``predictor_training.world.video_latent_demo``, the reader ``predict
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -137,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="build_video_latent_dataset")
+    set_cpu_threads(args.threads, tool="build_video_latent_dataset")
     return run(args, prepare_demo=prepare_demo_inputs)
 
 

@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="check_conformance")
+    set_cpu_threads(args.threads, tool="check_conformance")
     results = run_conformance(args.folder, args.tier, args.cases)
     for result in results:
         print(result.line())

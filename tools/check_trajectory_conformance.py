@@ -45,7 +45,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tier", choices=sorted(TIERS), default="strict", help="tolerance tier (section 11 of "
                         "tests/data/conformance/README.md): strict (3e-6, float32 on CPU) or portable (1e-5, any "
                         "float32 backend)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     if not Path(args.folder).is_dir():
@@ -55,9 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="check_trajectory_conformance")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_cpu_threads(args.threads, tool="check_trajectory_conformance")
     torch.backends.cuda.matmul.allow_tf32 = False
     report = check_trajectory(args.folder, args.tier)
     print_report(report)

@@ -19,7 +19,6 @@ aggregate.csv and, with --per_frame, per_frame.csv. Non-finite values are writte
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -81,7 +80,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
 def main(argv=None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="compute_video_metrics")
+    set_cpu_threads(args.threads, tool="compute_video_metrics")
     try:
         pairs = pair_videos(args.ref_dir, args.test_dir)
     except ValueError as error:  # REF_DIR and TEST_DIR do not match: a usage error, before anything is loaded

@@ -20,7 +20,6 @@ files are skipped, and `encode_config.json` in --out must match this run's setti
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), tool="encode_cases")
+    set_cpu_threads(args.threads, tool="encode_cases")
     env = init_distributed("nccl" if args.device == "cuda" else "gloo")
     try:
         # 1. cases (every image must exist) and encoders

@@ -214,3 +214,82 @@ def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, repl
         return PredictorValidation(teacher=teacher, predictor=predictor, schedule=schedule,
                                    rollout_config=rollout_config, dataset_root=Path(args.dataset_root), split=split,
                                    num_videos=args.val_videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir)
+
+
+class ClipRolloutValidation:
+    """Held-out validation of the generic methods (fvtools): a model's own AR rollout on the first `num_videos`
+    held-out clips of a video-latent dataset, from fixed noise and memory points, decoded by the dataset's VAE and
+    scored against the clip's true video (its stored latents, decoded) and, given a `reference`, against the
+    Teacher's rollout from the same noise (computed once). `extra(latents, reference_latents, item)` adds a
+    method's own figures (collapse monitors, rewards); they are averaged like the rest.
+
+    generate / reference: `(item, noise [1, C, T, H, W], memory_seed) -> latents [1, C, T, H, W]`.
+    collective: every rank rolls out every clip (a sharded model's forwards are collectives); otherwise the clips
+    are sharded over the ranks. best.json ranks the steps by val/psnr_vs_truth."""
+
+    best_metric = "val/psnr_vs_truth"
+
+    def __init__(self, *, generate, reference=None, extra=None, dataset, num_videos: int, vae: Path, env: DistEnv,
+                 run_dir: Path, seed: int, chunk_latents: int, collective: bool = False):
+        self.generate, self.reference, self.extra = generate, reference, extra
+        self.dataset, self.env, self.run_dir, self.seed = dataset, env, Path(run_dir), seed
+        self.chunk_latents = chunk_latents
+        self.rows = list(range(min(num_videos, len(dataset))))
+        self.mine = self.rows if collective else self.rows[env.rank::env.world_size]
+        self.collective = collective
+        self.decoder = VaeDecoder.from_folder(vae, env.device, torch.float32, False)
+        self.cache: dict[int, dict] = {}
+
+    def describe(self) -> str:
+        return (f"{len(self.rows)} held-out clips, own rollout against the truth"
+                f"{' and the Teacher' if self.reference is not None else ''}")
+
+    def _inputs(self, row: int) -> dict:
+        if row not in self.cache:
+            item = self.dataset[row]
+            latents = item["latents"][None].float()
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + row)
+            noise = torch.randn(latents.shape, generator=generator).to(self.env.device)
+            memory_seed = self.seed * 1_000_003 + row
+            truth = self.decoder.decode(latents)
+            ranges = chunk_frame_ranges(latents.shape[2], self.chunk_latents, self.decoder.temporal_compression)
+            entry = {"item": item, "noise": noise, "memory_seed": memory_seed, "truth": truth, "ranges": ranges,
+                     "reference": None, "reference_latents": None}
+            if self.reference is not None:
+                entry["reference_latents"] = self.reference(item, noise.clone(), memory_seed)
+                entry["reference"] = self.decoder.decode(entry["reference_latents"])
+            self.cache[row] = entry
+        return self.cache[row]
+
+    @torch.no_grad()
+    def __call__(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        scores, sheet = [], None
+        with restored_random_state():
+            for row in self.mine:
+                entry = self._inputs(row)
+                latents = self.generate(entry["item"], entry["noise"].clone(), entry["memory_seed"])
+                frames = self.decoder.decode(latents)
+                record = {"vs_truth": score_video(entry["truth"], frames, None, entry["ranges"], self.env.device)}
+                if entry["reference"] is not None:
+                    record["vs_reference"] = score_video(entry["reference"], frames, None, entry["ranges"],
+                                                         self.env.device)
+                figures = summarise(record)
+                if self.extra is not None:
+                    figures.update(self.extra(latents, entry["reference_latents"], entry["item"]))
+                scores.append(figures)
+                if row == self.rows[0]:
+                    sheet = contact_sheet([entry["truth"], entry["reference"], frames])
+        gathered = scores if self.collective else [score for part in all_gather_objects(scores) for score in part]
+        figures = {key: float(np.mean([score[key] for score in gathered])) for key in gathered[0]}
+        figures["val/videos"] = float(len(gathered))
+        figures["val/seconds"] = max(all_gather_objects(time.perf_counter() - start))
+        if self.env.is_main and sheet is not None:
+            path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: sheet.save(tmp, format="PNG"))
+        return figures
+
+    def image(self, step: int) -> Path | None:
+        path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
+        return path if self.env.is_main and path.is_file() else None

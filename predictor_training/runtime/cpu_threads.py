@@ -43,8 +43,11 @@ def choose_cpu_threads(requested: int | None, *, ranks_on_host: int = 1, cores: 
                      f"{ranks_on_host} rank(s) on this host")
 
 
-def set_cpu_threads(requested: int | None, *, ranks_on_host: int = 1, tool: str = "") -> int:
-    """Choose (see `choose_cpu_threads`), apply to torch's intra-op pool, print one line; returns the count."""
+def set_cpu_threads(requested: int | None, *, tool: str, ranks_on_host: int | None = None) -> int:
+    """Choose (see `choose_cpu_threads`; the ranks on this host default to torchrun's LOCAL_WORLD_SIZE, else 1),
+    apply to torch's intra-op pool, print one line; returns the count."""
+    if ranks_on_host is None:
+        ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads, why = choose_cpu_threads(requested, ranks_on_host=ranks_on_host)
     torch.set_num_threads(threads)
     prefix = f"[{tool}] " if tool else ""
