@@ -8,6 +8,13 @@ cameras, context prefill at timestep 14, compacted RoPE; `predictor_training/rol
 camera/action and text conditioning. Loss: the FP32 mean squared error, averaged over the trained chunks, with one
 backward per chunk (only the last chunk's backward of the last micro-batch reduces gradients across ranks).
 
+Context (`--context_noise`): `clean` (default) is teacher forcing on the true history, the context the AR loop
+itself builds at inference; `independent` is the diffusion-forcing variant: every chunk of the clip is noised at
+its own level (drawn like the trained chunks' levels, from its own random stream) and the context prefill sees each
+selected frame noisy, at its own chunk's timestep. Memory points: a Teacher sample (`--data teacher_samples`) selects
+its context with its own seed's points and its dataset's memory settings, exactly the frames the Teacher's rollout
+selected; a video clip (no rollout made it) draws them per micro-step.
+
 What trains (`--train`): a LoRA on the Teacher (the real model: `--train lora`), or every parameter of a model of
 the Teacher's architecture, from the Teacher's weights or from scratch (`--train full --init_weights scratch`, FSDP2
 under torchrun). Data (`--data`): a video-latent dataset (`tools/build_video_latent_dataset.py`), or a Teacher-
@@ -42,7 +49,13 @@ from predictor_training.runtime.flags import (
     check_args,
     parse_recipe_args,
 )
-from predictor_training.methods.flow_matching import add_sigma_args, add_noise, sample_sigmas, velocity_target
+from predictor_training.methods.flow_matching import (
+    add_noise,
+    add_sigma_args,
+    chunk_sigmas,
+    sample_sigmas,
+    velocity_target,
+)
 from predictor_training.runtime.fsdp import gradient_sync
 from predictor_training.runtime.logger import log_summary, method_summary_rows
 from predictor_training.data.batches import one_item_per_rank_batches
@@ -64,7 +77,12 @@ from predictor_training.runtime.run_directory import (
     write_train_config,
 )
 from predictor_training.teacher.source import TeacherSource, describe_teacher
-from predictor_training.rollout.teacher_forcing import TeacherForcedClip, draw_training_chunks
+from predictor_training.rollout.teacher_forcing import (
+    CONTEXT_NOISE_MODES,
+    NoisyContext,
+    TeacherForcedClip,
+    draw_training_chunks,
+)
 from predictor_training.teacher.config import DISTILLED_SHIFT
 
 METHOD = "df_sft"
@@ -100,6 +118,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--verify_dataset", action="store_true",
                       help="check size and sha256 of every dataset file before training (each tensor's checksum is "
                            "checked when it is read in any case)")
+    data.add_argument("--context_noise", choices=CONTEXT_NOISE_MODES, default="clean",
+                      help="clean: the context is the clip's clean history prefilled at the context timestep 14 "
+                           "(teacher forcing, what the AR loop feeds at inference); independent: diffusion forcing, "
+                           "every chunk of the clip noised at its own level drawn from --sigma_sampler in "
+                           "[--sigma_min, --sigma_max], the context prefill seeing each context frame at its chunk's "
+                           "timestep 1000 sigma (default %(default)s)")
     add_sigma_args(parser, sampler="uniform", sigma_min=0.0, sigma_max=1.0, shift=DISTILLED_SHIFT, logit_mean=0.0, logit_std=1.0)
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
                           gradient_checkpointing=True, context_grad=True)
@@ -132,12 +156,24 @@ def build_data(args, env: DistEnv):
     return dataset, one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
 
 
+def build_rollout_config(args, dataset, policy) -> RolloutConfig:
+    """The AR loop's context rules for the teacher-forced clips: for Teacher samples the ones their rollouts ran
+    with (dataset_config.json: memory window, context timestep, chunk size), for video latents the distilled
+    pipeline's defaults."""
+    if args.data == "teacher_samples":
+        return RolloutConfig.from_dataset_config(dataset.config, str(args.dataset_root / DATASET_CONFIG_NAME),
+                                                 state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+    return RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+
+
 class DiffusionForcingStep:
     """`step_fn` of the loop: one clip per call, its chosen chunks each noised at its own sigma, one backward each.
 
-    Every draw (which chunks, their sigmas, the noise, the memory-retrieval points) comes from a generator seeded
-    with (seed, micro-step, rank): a resumed run draws what the uninterrupted run drew, and ranks differ, except
-    whether chunk 0 is trained, which all ranks draw alike (`draw_training_chunks`: FSDP needs the same calls).
+    Every draw (which chunks, their sigmas, the noise, the memory-retrieval points of a video clip, the context's
+    levels and noise under `--context_noise independent`) comes from generators seeded with (seed, micro-step, rank):
+    a resumed run draws what the uninterrupted run drew, and ranks differ, except whether chunk 0 is trained, which
+    all ranks draw alike (`draw_training_chunks`: FSDP needs the same calls). A Teacher sample's memory points are
+    its own seed's (`memory_seed`).
     """
 
     def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, args, env: DistEnv,
@@ -158,16 +194,41 @@ class DiffusionForcingStep:
                                logit_mean=self.args.logit_mean, logit_std=self.args.logit_std)
         return chunks, sigmas
 
+    def memory_seed(self, item: dict, counters: tuple[int, int, int]) -> int:
+        """The seed of the clip's memory-retrieval points. A Teacher sample: the seed its rollout drew them from
+        (the row seed, `RolloutInputs.from_seed`), so the context is the one the Teacher's final latents were made
+        with; a video clip (no rollout behind it): a fresh draw per micro-step."""
+        if self.args.data == "teacher_samples":
+            return int(item["seed"])
+        return stream_seed(*counters, 1)
+
+    def noisy_context(self, history: torch.Tensor, counters: tuple[int, int, int]) -> NoisyContext | None:
+        """`--context_noise independent`: every chunk of the history at its own level (the trained chunks' sampler
+        and bounds), with its own noise, both from the stream (seed, micro-step, rank, 2), so the trained chunks'
+        own draws stay those of `clean`. None for `clean`."""
+        if self.args.context_noise == "clean":
+            return None
+        generator = stream_generator(*counters, 2)
+        chunk_latents = self.rollout_config.chunk_latents
+        levels = sample_sigmas(self.args.sigma_sampler, history.shape[2] // chunk_latents, generator,
+                               sigma_min=self.args.sigma_min, sigma_max=self.args.sigma_max,
+                               shift=self.args.sigma_shift, logit_mean=self.args.logit_mean,
+                               logit_std=self.args.logit_std)
+        sigma = chunk_sigmas(levels[None], chunk_latents)  # [1, T]
+        noise = torch.randn(history.shape, generator=generator).to(history.device)
+        return NoisyContext(latents=add_noise(history, noise, sigma.to(history.device)), sigma=sigma[0])
+
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         if due != {ROLE}:
             raise ValueError(f"df_sft trains the role {ROLE!r} every step; the loop says {sorted(due)}")
         counters = (self.args.seed, self.run_state.micro_step, self.env.rank)
         generator = stream_generator(*counters)
         model = self.method_model.model
+        history = item["latents"][None]
         clip = TeacherForcedClip(
-            model, item["latents"][None], item, self.rollout_config, self.env.device,
-            memory_seed=stream_seed(*counters, 1), text_grad=self.method_model.trains_text_stream,
-            context_grad=self.args.context_grad,
+            model, history, item, self.rollout_config, self.env.device,
+            memory_seed=self.memory_seed(item, counters), text_grad=self.method_model.trains_text_stream,
+            context_grad=self.args.context_grad, noisy_context=self.noisy_context(history.float(), counters),
         )
         shared = stream_generator(self.args.seed, self.run_state.micro_step, ALL_RANKS)
         chunks, sigmas = self.draw(clip.num_chunks, generator, shared)
@@ -201,7 +262,7 @@ def main(argv=None) -> int:
 
         # 2. Data: one clip per rank per micro-batch.
         dataset, batches = build_data(args, env)
-        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+        rollout_config = build_rollout_config(args, dataset, policy)
 
         # 3. The trained model (LoRA on the Teacher, or every parameter) with its optimizer and schedule.
         source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
@@ -225,7 +286,7 @@ def main(argv=None) -> int:
                                   stop_step=start.stop_step),
             "data": f"{args.dataset_root} ({args.data}, split {args.split}): {len(dataset)} clips of "
                     f"{dataset.num_latents} latents; {args.chunks_per_clip} chunks per clip, sigma "
-                    f"{args.sigma_sampler} in [{args.sigma_min}, {args.sigma_max}]",
+                    f"{args.sigma_sampler} in [{args.sigma_min}, {args.sigma_max}]; {args.context_noise} context",
             "batch": f"1 clip per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
         })
 

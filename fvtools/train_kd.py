@@ -6,7 +6,10 @@ and trains `--chunks_per_clip` of its chunks. For chunk c it draws one of the st
 levels sigma_k (default the real distilled schedule: 4 steps at shift 5, sigma = 1, .9375, .8333, .625), feeds the
 teacher's state x at sigma_k, and regresses the student's clean estimate `x - sigma_k v` onto the teacher's final
 latents of the chunk: loss `0.5 mse` (FP32). The student's context is its own prefill of the teacher's earlier
-final latents, built exactly as in the AR loop (`predictor_training/rollout/teacher_forcing.py`). One backward per chunk.
+final latents, built exactly as in the AR loop (`predictor_training/rollout/teacher_forcing.py`) with the sample's own
+memory-retrieval points (its seed's, as the teacher's rollout drew them): past `memory_frames` latents the memory is
+ranked by a Monte-Carlo FOV overlap, and other points could pick other context frames than the ones the teacher's
+target was made with. One backward per chunk.
 
 The student is a LoRA on the teacher (`--train lora`) or every parameter of a model of its architecture
 (`--train full`, from the teacher's weights by default). Before and after training, the student's own
@@ -52,7 +55,7 @@ from predictor_training.methods.method_model import (
     method_meta,
 )
 from predictor_training.runtime.precision import precision_policy
-from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
+from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator
 from predictor_training.runtime.run_directory import (
     environment_summary,
     method_run_name,
@@ -152,7 +155,9 @@ def student_state_indices(steps: int, shift: float, stored_sigmas) -> list[int]:
 class CausalKDStep:
     """`step_fn` of the loop: one cached sample per call; per chosen chunk, one student noise level, one backward.
 
-    Draws (chunks, their noise levels, memory-retrieval points) come from (seed, micro-step, rank)."""
+    Draws (chunks, their noise levels) come from (seed, micro-step, rank); the memory-retrieval points are the
+    cached sample's own (`make_retrieval_points(item["seed"])`, those of the teacher rollout that made its states
+    and target), so the student's context is the one the teacher's target was made with."""
 
     def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, state_indices: list[int], args,
                  env: DistEnv, run_state: RunState):
@@ -171,7 +176,7 @@ class CausalKDStep:
         model = self.method_model.model
         clip = TeacherForcedClip(
             model, item["final"][None], item, self.rollout_config, self.env.device,
-            memory_seed=stream_seed(*counters, 1), text_grad=self.method_model.trains_text_stream,
+            memory_seed=item["seed"], text_grad=self.method_model.trains_text_stream,
             context_grad=self.args.context_grad,
         )
         shared = stream_generator(self.args.seed, self.run_state.micro_step, ALL_RANKS)

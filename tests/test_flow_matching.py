@@ -67,3 +67,76 @@ def test_noise_target_and_x0_agree():
     torch.testing.assert_close(x_sigma[1, :, :4], noise[1, :, :4])  # sigma 1: pure noise
     torch.testing.assert_close(x_sigma[1, :, 4:], x0[1, :, 4:])  # sigma 0: the clean latent
     torch.testing.assert_close(x0_from_velocity(x_sigma, velocity_target(x0, noise), sigma), x0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The convention is the Teacher scheduler's: the exact velocity carries x_sigma along the schedule onto the data
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("steps, shift", [(4, 5.0), (8, 3.0)])
+def test_an_euler_step_of_the_exact_velocity_lands_on_the_next_noise_level(steps, shift):
+    """From x at sigmas[i] = add_noise(x0, noise, sigmas[i]), one Euler step of the scheduler with the target
+    velocity lands on add_noise(x0, noise, sigmas[i + 1]); the last step on x0 itself. A flipped velocity sign, or
+    add_noise with x0 and noise swapped, walks away from the data instead."""
+    from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
+
+    generator = torch.Generator().manual_seed(3)
+    x0 = torch.randn(1, 4, 4, 2, 3, generator=generator)
+    noise = torch.randn(1, 4, 4, 2, 3, generator=generator)
+    velocity = velocity_target(x0, noise)
+    scheduler = FlowMatchEulerScheduler(shift=shift)
+    scheduler.set_timesteps(steps)
+    sigmas = scheduler.sigmas
+    torch.testing.assert_close(sigmas, flow_match_sigmas(steps, shift))
+    x = add_noise(x0, noise, torch.full((1, 4), float(sigmas[0])))
+    torch.testing.assert_close(x, noise)  # sampling starts from pure noise
+    for index in range(steps):
+        level = torch.full((1, 4), float(sigmas[index]))
+        expected = add_noise(x0, noise, torch.full((1, 4), float(sigmas[index + 1])))
+        pure = differentiable_euler_step(x, velocity, sigmas, index)
+        x = scheduler.step(velocity, scheduler.timesteps[index], x)
+        torch.testing.assert_close(x, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(pure, x, rtol=0, atol=0)
+        # the one-step clean estimate from this level is the data (x0_from_velocity = an Euler step to sigma 0)
+        torch.testing.assert_close(x0_from_velocity(add_noise(x0, noise, level), velocity, level), x0,
+                                   rtol=0, atol=1e-5)
+    torch.testing.assert_close(x, x0, rtol=0, atol=1e-5)
+
+
+def test_the_teachers_ar_loop_fed_the_exact_velocity_reproduces_the_data():
+    """The AR loop itself (its scheduler, its write-back): a step hook that returns velocity_target(x0, noise) for
+    the rollout's own noise makes every chunk enter step k at add_noise(x0, noise, sigma_k) and end on x0."""
+    from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs, StepOutput
+    from predictor_training.rollout.teacher_forcing import clip_text_kv
+    from predictor_training.teacher import WorldPlayTransformer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        teacher = WorldPlayTransformer.from_preset("demo").eval().requires_grad_(False)
+    generator = torch.Generator().manual_seed(4)
+    num_latents = 8
+    condition = {
+        "prompt_embeds": torch.randn(1, 3, 32, generator=generator), "prompt_mask": torch.ones(1, 3, dtype=torch.long),
+        "byt5_text_states": torch.randn(1, 2, 32, generator=generator),
+        "byt5_text_mask": torch.ones(1, 2, dtype=torch.long),
+        "vision_states": torch.randn(1, 9, 16, generator=generator),
+    }
+    text_kv = clip_text_kv(teacher, condition, torch.device("cpu"), None, grad=False)
+    Ks = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.6, 0.5], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    inputs = RolloutInputs.from_seed(7, torch.randn(1, 4, 1, 2, 3, generator=generator),
+                                     torch.eye(4, dtype=torch.float64).expand(num_latents, 4, 4).clone(),
+                                     Ks.expand(num_latents, 3, 3).clone(), torch.zeros(num_latents, dtype=torch.long))
+    x0 = torch.randn(1, 4, num_latents, 2, 3, generator=generator)
+    noise = inputs.noise.clone()
+    rollout = ARRollout(teacher, text_kv, inputs, RolloutConfig(state_dtype=torch.float32))
+    entered = []
+
+    def exact(call):
+        frames = rollout.chunk_frames(call.chunk_index)
+        sigma = float(rollout.sigmas[call.step_index])
+        expected = add_noise(x0[:, :, frames], noise[:, :, frames], torch.full((1, 4), sigma))
+        entered.append(float((call.latent.float() - expected).abs().max()))
+        return StepOutput(velocity=velocity_target(x0[:, :, frames], noise[:, :, frames]))
+
+    final = rollout.run(step_fn=exact)
+    assert len(entered) == 2 * 4 and max(entered) < 1e-5, entered
+    torch.testing.assert_close(final.float(), x0, rtol=0, atol=1e-5)

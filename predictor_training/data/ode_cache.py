@@ -4,10 +4,11 @@ Built by ``tools/build_ode_cache.py``; layout, commands and sizes: data.md, sect
 
 Each sample is one condition (first-frame latent, per-latent cameras and actions, text encoder outputs) and a seed.
 The builder runs the teacher's AR loop (``ar_rollout.ARRollout``: memory selection, context prefill at timestep 14,
-the chunk's Euler steps) with ``steps`` steps of the flow-matching schedule at ``shift``, from the seed's noise
-(``RolloutInputs.from_seed``). Of every chunk it keeps the running latents entering the steps that lie on the
-``store_grid``-step schedule of the same shift (``store_grid`` must divide ``steps``, so those noise levels are
-exactly on the teacher's grid; ``store_grid = steps`` keeps every state) and the chunk's final latents.
+the chunk's Euler steps) with ``steps`` steps of the flow-matching schedule at ``shift``, from the seed's noise and
+memory-retrieval points (``RolloutInputs.from_seed``). Of every chunk it keeps the running latents entering the
+steps that lie on the ``store_grid``-step schedule of the same shift (``store_grid`` must divide ``steps``, so those
+noise levels are exactly on the teacher's grid; ``store_grid = steps`` keeps every state) and the chunk's final
+latents.
 
 Conditions come from a video-latent dataset split (its clips' conditions; a clip's seed is
 ``stream_seed(seed, crc32(clip_id))``) or from sample tables with the encoder stage's outputs (each row's seed).
@@ -24,6 +25,11 @@ Layout of ``OUT/``::
     manifest.jsonl                 one entry per sample (bytes, sha256, per-tensor CRC-32, split, inputs)
     manifest_parts/rank{r}.jsonl   only while a build runs or after it was interrupted
     COMPLETE                       written last, after the merged manifest: the cache is finished
+
+A reader that re-runs a chunk on this history (KD's student) must select its context with the sample's own memory
+points, ``make_retrieval_points(seed)`` (``TeacherForcedClip(..., memory_seed=item["seed"])``), and the AR loop's
+default memory settings: past ``memory_frames`` latents the memory ranking is a Monte-Carlo FOV overlap, and other
+points can pick other context frames than the ones the stored states and final latents were made with.
 
 Resume: rerun the same command; finished samples whose files match their entries are kept, the rest built. A folder
 built with other settings is refused, naming the differing fields.
@@ -266,10 +272,11 @@ def video_clip_seed(seed: int, clip_id: str) -> int:
 class OdeCacheDataset(Dataset):
     """The samples of one split of a finished ODE-state cache, sorted by sample_id.
 
-    An item: sample_id (str), seed (int), states [S, C, T, H, W], sigmas [S], final [C, T, H, W] (also under
-    "latents": the known history of teacher forcing), image_cond [1, C, 1, H, W], viewmats [T, 4, 4], Ks [T, 3, 3],
-    action [T] and the encoder outputs (`TEXT_ENCODER_FIELDS`). Every tensor is checked against its manifest CRC-32
-    the first time the process reads it; `verify` also checks size and sha256 of every file up front.
+    An item: sample_id (str), seed (int: the rollout's noise and memory-retrieval points), states [S, C, T, H, W],
+    sigmas [S], final [C, T, H, W] (also under "latents": the known history of teacher forcing), image_cond
+    [1, C, 1, H, W], viewmats [T, 4, 4], Ks [T, 3, 3], action [T] and the encoder outputs (`TEXT_ENCODER_FIELDS`).
+    Every tensor is checked against its manifest CRC-32 the first time the process reads it; `verify` also checks size
+    and sha256 of every file up front.
     """
 
     def __init__(self, root: str | Path, split: str = "train", *, verify: bool = False):

@@ -18,7 +18,10 @@ An item uses the keys and shapes of ``video_latents.VideoLatentDataset`` items w
     image_cond    [1, C, 1, H, W]          the case's reference-image latent (belongs to latent 0)
     text_k, text_v [depth, heads, L, d]    the case's stored text K/V of every double block, valid tokens only
                                            (instead of the encoder outputs of the video dataset)
-    seed          int                      the row's seed (initial noise and memory points)
+    seed          int                      the row's seed: the initial noise and the memory-retrieval points of
+                                           the Teacher's rollout (a trainer re-selecting the context on these
+                                           latents uses it, with ``dataset.config``'s memory settings, to pick the
+                                           frames the Teacher picked)
     case_id (str), action_id (int)
 
 Floating tensors keep the storage dtype (bf16) unless ``float_dtype`` is given.
@@ -122,6 +125,7 @@ class TeacherSampleDataset(Dataset):
     # ---- construction checks ----------------------------------------------------------------------------------------
     def _read_config(self) -> None:
         config = read_dataset_config(self.root)
+        self.config = config  # the build's settings (AR loop, memory window), for a reader that re-runs its context
         where = self.root / DATASET_CONFIG_NAME
         self.num_latents = int(config_field(config, "num_latents", self.root))
         self.chunk_latents = int(config_field(config, "chunk_latents", self.root))
