@@ -25,6 +25,11 @@ Per chunk, from ONE generator sample x̂ (FastVideo draws a second rollout for t
                   velocity_weight mse_v + hidden_weight mse_h against the Teacher's steps; student: mse of its x0
                   estimate against the Teacher's at the same state)
 
+The Predictor's sample is its chunk's final latent with the graph of its Predictor steps; when the schedule ends
+on Full steps (F-P-P-F) those Teacher steps are re-run with a graph to their input latent (chunk_generators.py), so
+the DMD gradient reaches the Predictor through the frozen Teacher. The generator keeps an EMA of its weights
+(`--ema_decay` 0.99 from `--ema_start_step` 200, as Self-Forcing), written next to its raw weights at the run's end.
+
 one backward per chunk; noise and sigmas per rank, control flow (exit steps, which chunks) alike on every rank,
 all from counter-based streams, so a resumed run repeats the uninterrupted one. Every `--monitor_every` steps the
 Teacher's F-F-F-F rollout of the same noise is compared with the generated chunks (collapse monitors: std and
@@ -57,7 +62,8 @@ from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
 from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
 from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, RAW_TEACHER, REAL, build_predictor_role,
-                                                   build_scores, build_student, resolve_real_score)
+                                                   build_scores, build_student, export_generator_ema,
+                                                   resolve_real_score)
 from predictor_training.methods.flow_matching import SIGMA_SAMPLERS, add_noise, sample_sigmas
 from predictor_training.methods.method_model import dry_run_report, export_method_model
 from predictor_training.methods.monitors import collapse_monitors
@@ -79,7 +85,7 @@ from predictor_training.runtime.random_streams import ALL_RANKS, stream_generato
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, plan_run,
                                                      run_config, write_train_config)
-from predictor_training.teacher.config import DISTILLED_SHIFT
+from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
 METHOD = "dmd2"
@@ -111,6 +117,8 @@ AT_LEAST_ONE = _in_range(int, lambda value: value >= 1, ">= 1")
 POSITIVE = _in_range(float, lambda value: value > 0, "> 0")
 NON_NEGATIVE = _in_range(float, lambda value: value >= 0, ">= 0")
 ADAM_BETA = _in_range(float, lambda value: 0 <= value < 1, "in [0, 1)")
+EMA_DECAY = _in_range(float, lambda value: value == -1 or 0 <= value < 1, "in [0, 1), or -1")
+NON_NEGATIVE_INT = _in_range(int, lambda value: value >= 0, ">= 0")
 GRAD_CLIP = _in_range(float, lambda value: value == -1 or value > 0, "> 0, or -1")
 
 
@@ -167,6 +175,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--exit_step", choices=("uniform", "last"), default="uniform",
                      help="--generator student: the step whose x0 estimate is the chunk's sample, drawn per chunk "
                           "alike on every rank: uniform over the steps, or the last (default %(default)s)")
+    gen.add_argument("--ema_decay", type=EMA_DECAY, default=0.99,
+                     help="EMA of the generator's trained weights (Self-Forcing's generator EMA): ema <- decay ema + "
+                          "(1 - decay) param after each generator update, exported next to the raw weights "
+                          "(predictor_ema_step_XXXXX.safetensors, or ema/ for a student); -1 = none "
+                          "(default %(default)g)")
+    gen.add_argument("--ema_start_step", type=NON_NEGATIVE_INT, default=200,
+                     help="loop steps before the EMA starts averaging (before, it copies the weights; counted in "
+                          "generator updates as ema_start_step // generator_every) (default %(default)s)")
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)  # the predictor's anchor
     scores = parser.add_argument_group("scores")
     scores.add_argument("--real_score", type=str, default=None,
@@ -253,13 +269,14 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     # The real score.
     if args.real_score == RAW_TEACHER:
         if not args.allow_raw_teacher_score:
-            parser.error("--real_score teacher: the distilled 4-step Teacher is not a score model (its x - sigma v "
-                         "is a sample-like jump, trained only at sigma in [0.625, 1]); train a real score with "
-                         "fvtools/train_df_sft.py and pass its model, or add --allow_raw_teacher_score")
+            parser.error(f"--real_score teacher: the distilled {DISTILLED_STEPS}-step Teacher is not a score model "
+                         f"(its x - sigma v is a sample-like jump, trained only at sigma in [{DISTILLED_SIGMA_FLOOR}, "
+                         "1]); train a real score with fvtools/train_df_sft.py and pass its model, or add "
+                         "--allow_raw_teacher_score")
         if args.score_sigma_min < DISTILLED_SIGMA_FLOOR:
             parser.error(f"--score_sigma_min={args.score_sigma_min} with --real_score teacher: the raw Teacher was "
-                         f"trained only at sigma >= {DISTILLED_SIGMA_FLOOR} (4 steps at shift 5); expected "
-                         f"--score_sigma_min >= {DISTILLED_SIGMA_FLOOR}")
+                         f"trained only at sigma >= {DISTILLED_SIGMA_FLOOR} ({DISTILLED_STEPS} steps at shift "
+                         f"{DISTILLED_SHIFT:g}); expected --score_sigma_min >= {DISTILLED_SIGMA_FLOOR}")
         args.real_score_kind, args.real_score_path = RAW_TEACHER, None
     else:
         try:
@@ -484,10 +501,13 @@ def main(argv=None) -> int:
         )
         if env.is_main:
             write_train_config(start.run_dir, config)
+        ema_text = ("no EMA" if generator_role.ema is None else
+                    f"EMA decay {args.ema_decay:g} from step {args.ema_start_step} (update "
+                    f"{generator_role.ema.start_update})")
         log_summary("DMD2" + (" + Self-Forcing" if args.rollout == "self" else " (teacher-forced)"), {
             "run dir": str(start.run_dir),
             "generator": f"{generator_text}; updated every {args.generator_every} steps; anchor weight "
-                         f"{args.anchor_weight:g}",
+                         f"{args.anchor_weight:g}; {ema_text}",
             "real score": f"{args.real_score} ({args.real_score_kind}), frozen",
             "fake score": f"{args.fake_score_train} copy of the real score, lr {args.fake_score_lr:g}, every step",
             "trainable": " | ".join(f"{name} {count:,}" for name, count in trainable.items()),
@@ -501,7 +521,7 @@ def main(argv=None) -> int:
         })
 
         # 5. Train; a student is exported like the other methods' models (the Predictor's
-        #    predictor_step_XXXXX.safetensors is what tools/eval_predictor.py reads).
+        #    predictor_step_XXXXX.safetensors is what tools/eval_predictor.py reads); the generator's EMA next to it.
         step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
                                            teacher=teacher, real=real, fake=fake, generator_role=generator_role,
                                            student=student)
@@ -510,6 +530,12 @@ def main(argv=None) -> int:
         if student_model is not None:
             exported = export_method_model(student_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
             log0(f"exported the trained {args.train} student: {exported}")
+        if generator_role.ema is not None:
+            exported = export_generator_ema(generator_role, start.run_dir, run_state.global_step, meta=meta,
+                                            config=config, keep_last=args.keep_last, env=env,
+                                            student_model=student_model)
+            log0(f"exported the generator's EMA (decay {args.ema_decay:g}, {generator_role.ema.updates} updates): "
+                 f"{exported}")
     return 0
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 import fvtools.train_dmd2 as dmd2
@@ -21,6 +22,7 @@ from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
 from predictor_training.methods.flow_matching import add_noise
+from predictor_training.methods.score_models import ScoreClip
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import WorldPlayTransformer
@@ -264,3 +266,237 @@ def test_dry_run_lists_every_role_with_the_predictor_counted_on_its_blocks(capsy
     assert f"role predictor: v4 Predictor on Teacher blocks [1, 2]: {expected:,} trained parameters" in report
     assert [line.split(":")[0] for line in report.splitlines()[2:]] == [
         "role teacher", "role predictor", "role real_score", "role fake_score"]
+
+
+# ---- the DMD gradient reaches the generator through its own output, with the right roles and signs -------------
+def _critic_update(step, fake_role, item) -> None:
+    """One critic update (the fake score starts equal to the real score: a DMD gradient of 0), as a run has before
+    its first generator step; grads cleared, the micro-step advanced."""
+    step(item, sync=True, due=frozenset({FAKE}))
+    fake_role.step()
+    fake_role.zero_grad()
+    step.run_state.micro_step += 1
+
+
+def _generator_grads(step, roles, item) -> tuple[dict, list[torch.Tensor]]:
+    """(metrics, the generator's gradients) of one step with every role due, from zeroed gradients; the weights are
+    not stepped, so a second call with the same micro-step repeats the same draws."""
+    generator_role = roles[0]
+    for role in roles:
+        role.zero_grad()
+    metrics = step(item, sync=True, due=frozenset(role.name for role in roles))
+    return metrics, [torch.zeros_like(param) if param.grad is None else param.grad.clone()
+                     for param in generator_role.parameters]
+
+
+def test_dmd_reaches_the_predictor_when_the_chunk_ends_on_a_full_step(world, tmp_path, monkeypatch):
+    """F-P-P-F (--replace_steps 1,2): the trajectory detaches the latent at the Full step 3, so the composite's final
+    latent has no graph; the sample is recomputed through the (frozen) Teacher's step 3. The Predictor's gradient
+    with DMD differs from the one without (DMD's g zeroed), DMD alone (--anchor_weight 0) back-propagates, and the
+    Teacher gets no gradient."""
+    args, step, generator_role, fake_role, teacher, real = _build(world, tmp_path, "--replace_steps", "1,2")
+    dataset = VideoLatentDataset(world["videos"], "train")
+    _critic_update(step, fake_role, dataset[1])
+    roles = (generator_role, fake_role)
+    metrics, with_dmd = _generator_grads(step, roles, dataset[0])
+    assert metrics["dmd/grad_rms"] > 0 and metrics["anchor_loss"] > 0
+    assert _frozen_grads(teacher, generator_role.parameters + fake_role.parameters) == []
+    monkeypatch.setattr(dmd2, "dmd_gradient", lambda x0_fake, x0_real, sample: torch.zeros_like(sample.float()))
+    _, without_dmd = _generator_grads(step, roles, dataset[0])
+    monkeypatch.undo()
+    difference = sum(float((a - b).abs().sum()) for a, b in zip(with_dmd, without_dmd))
+    assert difference > 1e-6 * sum(float(grad.abs().sum()) for grad in without_dmd), difference
+    step.args.anchor_weight = 0.0  # DMD alone: a graph to back-propagate (it crashed: "does not require grad")
+    metrics, dmd_only = _generator_grads(step, roles, dataset[0])
+    assert "anchor_loss" in metrics and metrics["generator_loss"] == metrics["dmd_loss"]
+    scale = max(float(grad.abs().max()) for grad in with_dmd)
+    for grad, expected in zip(dmd_only, (a - b for a, b in zip(with_dmd, without_dmd))):
+        torch.testing.assert_close(grad, expected, rtol=1e-3, atol=1e-5 * scale)
+    assert all(torch.isfinite(grad).all() for grad in dmd_only)
+
+
+@pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
+def test_the_composite_sample_is_its_final_latent_with_the_predictor_graph(world, tmp_path, replace_steps):
+    """The sample the scores see is the trajectory's final latent, bit for bit: F-P-P-P hands on that very tensor
+    (as before the F-P-P-F fix); F-P-P-F recomputes it with a graph, to the same values."""
+    _, step, generator_role, _, teacher, _ = _build(world, tmp_path, "--replace_steps", replace_steps)
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    data = item["latents"][None].float()
+    noise = torch.randn(data.shape, generator=torch.Generator().manual_seed(3))
+    rollout = dmd2.CompositeRollout(teacher, generator_role.module, item, noise, 5, step.config, step.settings, CPU,
+                                    None)
+    chunk = rollout.produce(1)
+    final = rollout.graph.final_latent
+    if replace_steps == "1,2,3":
+        assert rollout.trailing_full_steps() == [] and chunk.sample is final
+    else:
+        assert rollout.trailing_full_steps() == [3] and not final.requires_grad
+        assert chunk.sample.requires_grad and torch.equal(chunk.sample, final)
+    with torch.no_grad():  # a generator step that is not due: no graph, no recomputation
+        assert rollout.differentiable_sample(rollout.graph) is final
+
+
+def _spy_scores(monkeypatch) -> list[tuple[str, str, torch.Tensor, torch.Tensor]]:
+    """Record every score call (method, score label, input, output) of the step."""
+    calls = []
+    velocity, x0 = ScoreClip.velocity, ScoreClip.x0
+
+    def velocity_spy(self, chunk_index, noisy, sigma):
+        out = velocity(self, chunk_index, noisy, sigma)
+        calls.append(("velocity", self.score.label, noisy.detach().clone(), out.detach().clone()))
+        return out
+
+    def x0_spy(self, chunk_index, noisy, sigma):
+        out = x0(self, chunk_index, noisy, sigma)
+        calls.append(("x0", self.score.label, noisy.detach().clone(), out.detach().clone()))
+        return out
+
+    monkeypatch.setattr(ScoreClip, "velocity", velocity_spy)
+    monkeypatch.setattr(ScoreClip, "x0", x0_spy)
+    return calls
+
+
+@pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
+def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tmp_path, monkeypatch, replace_steps):
+    """The gradient the generator's sample receives is exactly (x0_fake - x0_real) / mean|x̂ - x0_real| / numel per
+    chunk (DMD2's sign and normaliser), with x0_fake from the fake score and x0_real from the real score at the same
+    noisy input: swapping the scores, flipping a sign or letting the critic's loss reach the sample breaks it."""
+    _, step, generator_role, fake_role, _, _ = _build(world, tmp_path, "--replace_steps", replace_steps)
+    dataset = VideoLatentDataset(world["videos"], "train")
+    _critic_update(step, fake_role, dataset[1])
+    calls = _spy_scores(monkeypatch)
+    samples = []
+    loss = dmd2.dmd_generator_loss
+
+    def loss_spy(sample, gradient):
+        sample.retain_grad()
+        samples.append(sample)
+        return loss(sample, gradient)
+
+    monkeypatch.setattr(dmd2, "dmd_generator_loss", loss_spy)
+    step.trace = []
+    step(dataset[0], sync=True, due=frozenset({generator_role.name, FAKE}))
+    x0_calls = {label: (noisy, out) for method, label, noisy, out in calls if method == "x0"}
+    assert len([call for call in calls if call[0] == "x0"]) == 2 and sorted(x0_calls) == ["fake_score", "real_score"]
+    (real_input, x0_real), (fake_input, x0_fake) = x0_calls["real_score"], x0_calls["fake_score"]
+    assert torch.equal(real_input, fake_input)  # one noisy input for both scores
+    assert len(samples) == len(step.trace) == 1
+    sample = step.trace[0]["sample"]
+    assert torch.equal(samples[0].detach(), sample)
+    assert not torch.equal(x0_fake, x0_real)
+    expected = (x0_fake - x0_real) / (sample - x0_real).abs().mean() / sample.numel()
+    torch.testing.assert_close(samples[0].grad, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
+
+
+def test_the_critic_regresses_the_fake_score_onto_noise_minus_sample(world, tmp_path, monkeypatch):
+    """The critic's loss is flow matching of the FAKE score's velocity at the noised sample onto noise - x̂
+    (`critic_loss(velocity, noise, sample)`), on every step, due generator or not."""
+    _, step, generator_role, _, _, _ = _build(world, tmp_path)
+    calls = _spy_scores(monkeypatch)
+    critic_args = []
+    critic_loss = dmd2.critic_loss
+
+    def critic_spy(velocity, noise, sample):
+        critic_args.append((velocity.detach().clone(), noise.clone(), sample.clone()))
+        return critic_loss(velocity, noise, sample)
+
+    monkeypatch.setattr(dmd2, "critic_loss", critic_spy)
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    for due in (frozenset({FAKE}), frozenset({generator_role.name, FAKE})):
+        calls.clear(), critic_args.clear()
+        step.trace = []
+        metrics = step(item, sync=True, due=due)
+        (trace,), ((velocity, noise, sample),) = step.trace, critic_args
+        velocity_calls = [call for call in calls if call[0] == "velocity" and torch.equal(call[2],
+                                                                                          trace["critic_input"])]
+        assert [label for _, label, _, _ in velocity_calls] == ["fake_score"]
+        assert torch.equal(velocity, velocity_calls[0][3])
+        assert torch.equal(noise, trace["critic_noise"]) and torch.equal(sample, trace["sample"])
+        target = trace["critic_noise"] - trace["sample"]
+        assert metrics["critic_loss"] == pytest.approx(float(((velocity - target) ** 2).mean()), rel=1e-6)
+
+
+def test_roles_real_frozen_fake_every_step_generator_at_its_cadence(world, tmp_path):
+    """The real score is frozen (no parameter requires grad or sits in an optimizer) for a model-folder and a LoRA
+    real score; the fake score is due every step; the generator every --generator_every steps, its schedule and EMA
+    counted in its own updates."""
+    for extra in ((), ("--real_score", str(world["real_lora"]), "--fake_score_train", "lora", "--lora_rank", "4",
+                       "--lora_alpha", "4")):
+        args, _, generator_role, fake_role, teacher, real = _build(world, tmp_path, "--generator_every", "3",
+                                                                  "--ema_start_step", "7", *extra)
+        trained = {id(param) for role in (generator_role, fake_role) for param in role.parameters}
+        real_parameters = ([param for name, param in real.model.named_parameters() if ".real_score" in name]
+                           if real.adapter_name else list(real.model.parameters()))
+        assert real_parameters and not any(param.requires_grad for param in real_parameters)
+        assert not any(id(param) in trained for param in real_parameters)
+        assert fake_role.every == 1 and all(fake_role.is_due(step) for step in range(1, 7))
+        assert generator_role.every == 3 and [generator_role.is_due(s) for s in range(1, 7)] == [0, 0, 1, 0, 0, 1]
+        assert generator_role.lr_schedule.max_steps == args.max_steps // 3
+        assert generator_role.ema.decay == 0.99 and generator_role.ema.start_update == 7 // 3
+        assert fake_role.ema is None
+
+
+def test_the_generator_loss_is_applied_only_when_due(world, tmp_path, monkeypatch):
+    """Not due: its rollout runs without a graph and the DMD loss is never formed; due: once per chunk."""
+    _, step, generator_role, fake_role, _, _ = _build(world, tmp_path)
+    losses, produced = [], []
+    loss, produce = dmd2.dmd_generator_loss, dmd2.CompositeRollout.produce
+    monkeypatch.setattr(dmd2, "dmd_generator_loss", lambda *a: losses.append(1) or loss(*a))
+    monkeypatch.setattr(dmd2.CompositeRollout, "produce",
+                        lambda self, c: produced.append(produce(self, c)) or produced[-1])
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    step(item, sync=True, due=frozenset({FAKE}))
+    assert losses == [] and not produced[0].sample.requires_grad and generator_role.parameters_with_grad() == []
+    step(item, sync=True, due=frozenset({generator_role.name, FAKE}))
+    assert losses == [1] and produced[1].sample.requires_grad and generator_role.parameters_with_grad() != []
+
+
+def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):
+    """--ema_decay 0.5 --ema_start_step 1, 3 updates: the EMA copies update 1, then averages updates 2 and 3; the
+    predictor_ema_step_00003.safetensors holds that shadow (BF16) and loads in the eval like the raw weights."""
+    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
+
+    out = tmp_path / "ema"
+    assert dmd2.main(_argv(world, out, "--max_steps", "3", "--generator_every", "1", "--ema_decay", "0.5",
+                           "--ema_start_step", "1", "--keep_last", "1")) == 0
+    saved = read_training_state(out / "training_latest.pt")["roles"]["predictor"]
+    assert saved["ema"]["updates"] == 3 and saved["ema"]["decay"] == 0.5 and saved["ema"]["start_update"] == 1
+    ckpt = read_predictor_checkpoint(out / "predictor_ema_step_00003.safetensors")
+    assert ckpt.step == 3 and ckpt.meta["ema"] == {"decay": 0.5, "start_update": 1, "updates": 3}
+    teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
+    loaded = load_predictor(teacher, ckpt).state_dict()
+    assert loaded.keys() == saved["model"].keys()
+    differs = 0
+    for name, tensor in saved["model"].items():
+        expected = saved["ema"]["shadow"].get(name, tensor)
+        assert torch.equal(loaded[name].float(), expected.to(torch.bfloat16).float()), name
+        differs += not torch.equal(saved["ema"]["shadow"].get(name, tensor), tensor)
+    assert differs > 0  # the average lags the trained weights
+    assert (out / "predictor_step_00003.safetensors").is_file()
+
+
+def test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_stay(world, tmp_path):
+    """--generator student --train lora: export_generator_ema writes ema/lora_student.safetensors holding the EMA's
+    shadow, and leaves the trained adapter in the Teacher untouched."""
+    from predictor_training.methods.dmd2_models import export_generator_ema
+    from predictor_training.methods.method_model import MethodModel
+    from predictor_training.teacher.adapters import lora_state_dict
+
+    args, _, role, _, teacher, _ = _build(world, tmp_path, "--generator", "student", "--train", "lora", "--lora_rank",
+                                          "4", "--lora_alpha", "4", "--ema_decay", "0.5", "--ema_start_step", "0")
+    with torch.no_grad():
+        for param in role.parameters:
+            param.add_(1.0)
+    role.ema.update(role.raw_module)  # shadow = 0.5 (initial) + 0.5 (initial + 1)
+    trained = {name: param.detach().clone() for name, param in role.raw_module.named_parameters()}
+    path = export_generator_ema(role, tmp_path / "run", 7, meta={"method": "dmd2"}, config={}, keep_last=2, env=ENV,
+                                student_model=MethodModel(teacher, role, "lora", "student"))
+    assert path == tmp_path / "run" / "ema" / "lora_student.safetensors"
+    for name, param in role.raw_module.named_parameters():
+        assert torch.equal(param.detach(), trained[name]), name
+    exported = safetensors.torch.load_file(str(path))
+    shadow = {name.replace("/", "."): tensor for name, tensor in role.ema.shadow.items()}  # AdapterWeights' keys
+    trained_state = lora_state_dict(teacher, "student")
+    assert exported.keys() == shadow.keys() == trained_state.keys()
+    for key, tensor in exported.items():
+        assert torch.equal(tensor, shadow[key]) and not torch.equal(tensor, trained_state[key]), key

@@ -6,7 +6,9 @@ Both generators have the same interface: `chunks` (the clip's chunk indices they
 forward and backward: DDP reduces gradients only when `sync`), `produce(c) -> ChunkSample` (with a graph where grad
 is enabled), `commit(sample)` (after the chunk's backward: the sample, detached, becomes history).
 
-    CompositeRollout  the F-P-P-P composite of the Teacher and the v4 Predictor (`self_rollout.SelfRolloutTrajectory`)
+    CompositeRollout  the F-P-P-P composite of the Teacher and the v4 Predictor (`self_rollout.SelfRolloutTrajectory`);
+                      a schedule whose last step is Full (F-P-P-F) re-runs that Teacher step with a graph to its input,
+                      so the sample's gradient reaches the Predictor (`CompositeRollout.differentiable_sample`)
     StudentRollout    a few-step AR student, a `ScoreModel` run on its own history (Self-Forcing) or on data
 
 `teacher_chunks` is the reference they are compared with (collapse monitors): the Teacher's F-F-F-F of the same
@@ -44,7 +46,13 @@ class ChunkSample:
 class CompositeRollout:
     """The F-P-P-P composite on one clip (`SelfRolloutTrajectory`): chunk 0 is the Teacher's F-F-F-F, chunks 1..
     are Teacher step 0 + Predictor steps, each chunk's sample its final latent, the anchor its Predictor-vs-Teacher
-    loss. With `data` [1, C, T, H, W] every chunk is then replaced by the data in the history (teacher forcing)."""
+    loss. With `data` [1, C, T, H, W] every chunk is then replaced by the data in the history (teacher forcing).
+
+    The sample must carry the generator's graph (DMD back-propagates its loss into the sample). The trajectory cuts
+    the graph at every Full step k >= 1 (it advances the detached latent: its Teacher call is a label), so when the
+    schedule ends on Full steps (F-P-P-F) its final latent has no graph. `differentiable_sample` then recomputes
+    those trailing steps from the last Predictor step's output, x_{j+1} = x_j + (sigma_{j+1} - sigma_j) v_T(x_j),
+    with grad to x_j through the frozen Teacher (its parameters get none): the same values, now differentiable."""
 
     def __init__(self, teacher, predictor, item, noise, memory_seed: int, config: RolloutConfig,
                  settings: SelfRolloutSettings, device, data: torch.Tensor | None):
@@ -75,10 +83,45 @@ class CompositeRollout:
     def produce(self, chunk_index: int) -> ChunkSample:
         with adapter(self.teacher, None):
             self.graph = self.trajectory.run_trained_chunk(chunk_index)
+            sample = self.differentiable_sample(self.graph)
         steps = self.graph.steps
         metrics = {f"anchor/{name}": sum(float(step.metrics[name]) for step in steps) / len(steps)
                    for name in ("velocity_mse", "hidden_mse")}
-        return ChunkSample(chunk_index, self.graph.final_latent.float(), self.graph.loss, metrics)
+        return ChunkSample(chunk_index, sample, self.graph.loss, metrics)
+
+    def trailing_full_steps(self) -> list[int]:
+        """The Full steps after the schedule's last Predictor step ([3] for F-P-P-F, [] for F-P-P-P)."""
+        rollout = self.trajectory.rollout
+        return list(range(max(self.trajectory.predictor_steps) + 1, rollout.config.num_steps))
+
+    def differentiable_sample(self, graph) -> torch.Tensor:
+        """The chunk's final latent [1, C, 4, H, W] (float32) with a graph to the Predictor where grad is enabled.
+
+        F-P-P-P (last step a Predictor step): the trajectory's own final latent. A trailing Full step j: recomputed
+        from the last Predictor step k, x_{k+1} = Euler(x_k, pred_v_k), then x_{j+1} = Euler(x_j, v_T(x_j)) with the
+        Teacher on x_j *with* its graph (the trajectory ran the same call on x_j.detach()): identical values, and
+        dL/dx_j = (I + (sigma_{j+1} - sigma_j) dv_T/dx_j)^T dL/dx_{j+1} reaches the Predictor. The Teacher is frozen
+        (requires_grad False), so only the latent path takes gradients. Call with the base Teacher active."""
+        trailing = self.trailing_full_steps()
+        if not trailing or not torch.is_grad_enabled():
+            return graph.final_latent.float()
+        rollout = self.trajectory.rollout
+        config, sigmas, timesteps = rollout.config, rollout.sigmas, rollout.timesteps
+        frames = rollout.chunk_frames(graph.chunk_index)
+        action, viewmats, Ks = rollout.frame_inputs(range(frames.start, frames.stop))
+        cond = rollout.cond[:, :, frames].to(rollout.model_dtype)
+        # 1. The last Predictor step's output, with its graph (the trajectory computed it, then cut it at step j).
+        last = graph.steps[-1]
+        latent = differentiable_euler_step(last.latent, last.pred_velocity, sigmas, last.step_index)
+        latent = latent.to(config.state_dtype)
+        # 2. The trailing Full steps, differentiable in their input latent.
+        for step_index in trailing:
+            timestep = timesteps[step_index].expand(config.chunk_latents).to(device=rollout.device,
+                                                                              dtype=torch.float32)
+            model_input = torch.cat([latent.to(rollout.model_dtype), cond], dim=1)
+            output = rollout.full_step(model_input, timestep, action, viewmats, Ks, graph.context)
+            latent = differentiable_euler_step(latent, output.velocity, sigmas, step_index).to(config.state_dtype)
+        return latent.float()
 
     def commit(self, sample: ChunkSample) -> None:
         self.trajectory.commit(self.graph)

@@ -11,6 +11,11 @@ cosine over its own updates (`role_schedule`).
                  model (replicated, all-reduced). Trained every --generator_every steps.
     predictor    the v4 Predictor on the Teacher's --source_blocks (from --init_from unless resuming), DDP-wrapped.
                  Trained every --generator_every steps, two LR groups.
+
+The generator (student or Predictor) has an EMA of its trained weights in its role's `ema` slot (Self-Forcing's
+generator EMA: decay 0.99 from loop step 200; `--ema_decay`, `--ema_start_step`, -1 = none): updated after each of its
+own updates (`roles.EMA`: ema <- decay ema + (1 - decay) param; before the start it copies the weights), saved in the
+training state, and written next to the raw weights at the end of a run (`export_generator_ema`).
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.methods.method_model import MethodModel, build_fresh_model
+from predictor_training.methods.method_model import MethodModel, build_fresh_model, export_method_model
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.model import build_predictor
-from predictor_training.runtime.checkpoint import load_model_weights
+from predictor_training.runtime.checkpoint import (inference_weights_name, load_model_weights, prune_checkpoints,
+                                                  save_inference_weights)
 from predictor_training.runtime.distributed import DistEnv, wrap_ddp
 from predictor_training.runtime.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.precision import PrecisionPolicy
-from predictor_training.runtime.roles import Role
+from predictor_training.runtime.roles import EMA, Role
 from predictor_training.teacher.adapters import (
     AdapterWeights,
     add_lora,
@@ -43,6 +49,7 @@ REAL = "real_score"
 STUDENT = "student"
 RAW_TEACHER = "teacher"  # --real_score teacher: the distilled Teacher itself
 PREDICTOR_VARIANT = "v4"
+EMA_FOLDER = "ema"  # a student's EMA export: <run_dir>/ema/lora_student.safetensors or <run_dir>/ema/model/
 
 
 def resolve_real_score(path: Path) -> tuple[str, Path]:
@@ -68,6 +75,15 @@ def role_schedule(args: argparse.Namespace, optimizer, every: int, *, two_groups
         return TwoGroupLRSchedule(optimizer, warmup_steps=warmup, max_steps=updates,
                                   block_warmup_steps=args.block_warmup_steps)
     return WarmupCosineSchedule(optimizer, warmup_steps=warmup, max_steps=updates)
+
+
+def generator_ema(args: argparse.Namespace, module: torch.nn.Module) -> EMA | None:
+    """The generator's EMA (--ema_decay, -1 = none), or None. --ema_start_step counts loop steps, as Self-Forcing's
+    `ema_start_step` does; the EMA counts the generator's own updates, so it starts averaging after update
+    ema_start_step // generator_every (before, its shadow copies the weights)."""
+    if args.ema_decay == -1:
+        return None
+    return EMA(module, args.ema_decay, start_update=args.ema_start_step // args.generator_every)
 
 
 def build_scores(args: argparse.Namespace, teacher, env: DistEnv, policy: PrecisionPolicy
@@ -140,7 +156,7 @@ def build_student(args: argparse.Namespace, teacher, env: DistEnv) -> tuple[Scor
                                 betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
     schedule = role_schedule(args, optimizer, args.generator_every, two_groups=False)
     role = Role(STUDENT, raw_module, optimizer, schedule, every=args.generator_every, grad_clip=args.grad_clip,
-                grad_sync="all_reduce")
+                grad_sync="all_reduce", ema=generator_ema(args, raw_module))
     return ScoreModel(model, adapter_name, STUDENT), role, MethodModel(model, role, args.train, adapter_name)
 
 
@@ -159,5 +175,50 @@ def build_predictor_role(args: argparse.Namespace, teacher, env: DistEnv, resumi
                                 betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
     role = Role("predictor", predictor, optimizer, role_schedule(args, optimizer, args.generator_every,
                                                                  two_groups=True),
-                module=wrap_ddp(predictor, env), every=args.generator_every, grad_clip=args.grad_clip)
+                module=wrap_ddp(predictor, env), every=args.generator_every, grad_clip=args.grad_clip,
+                ema=generator_ema(args, predictor))
     return predictor, role, init_meta
+
+
+def ema_state_dict(role: Role) -> dict[str, torch.Tensor]:
+    """The generator's full state dict with its EMA shadow in place of the trained parameters (FP32 shadow; the
+    frozen rest as saved with the raw weights)."""
+    state = dict(role.raw_module.state_dict())
+    missing = sorted(set(role.ema.shadow) - set(state))
+    if missing:
+        raise KeyError(f"role {role.name!r}: EMA entries {missing[:3]} are not in its state dict")
+    state.update(role.ema.shadow)
+    return state
+
+
+def export_generator_ema(role: Role, run_dir: Path, step: int, *, meta: dict, config: dict, keep_last: int,
+                         env: DistEnv, student_model: MethodModel | None = None) -> Path:
+    """Write the generator's EMA weights next to its raw ones (a collective for a student; call on every rank).
+
+    predictor: `predictor_ema_step_XXXXX.safetensors` (inference weights as `predictor_step_XXXXX.safetensors`, BF16,
+    the same meta and run config plus "ema"; tools/eval_predictor.py --ckpt reads it), pruned to --keep_last.
+    student: `export_method_model` of the EMA weights into `<run_dir>/ema/` (lora_student.safetensors or model/): the
+    shadow is copied into the student for the export and the trained weights are put back after it."""
+    if role.ema is None:
+        raise ValueError(f"role {role.name!r} has no EMA to export")
+    ema_meta = {**meta, "role": role.name, "step": step,
+                "ema": {"decay": role.ema.decay, "start_update": role.ema.start_update, "updates": role.ema.updates}}
+    run_dir = Path(run_dir)
+    if student_model is None:
+        path = run_dir / inference_weights_name(step, f"{role.name}_ema")
+        if env.is_main:
+            save_inference_weights(path, ema_state_dict(role), metadata=ema_meta, config=config)
+            prune_checkpoints(run_dir, keep=keep_last, role=f"{role.name}_ema")
+        return path
+    trained = {name: param.detach().clone() for name, param in role.raw_module.named_parameters()
+               if name in role.ema.shadow}
+    if env.is_main:
+        (run_dir / EMA_FOLDER).mkdir(parents=True, exist_ok=True)
+    role.ema.copy_to(role.raw_module)
+    try:
+        return export_method_model(student_model, run_dir / EMA_FOLDER, ema_meta, env)
+    finally:
+        with torch.no_grad():
+            for name, param in role.raw_module.named_parameters():
+                if name in trained:
+                    param.copy_(trained[name])
