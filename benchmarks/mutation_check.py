@@ -229,11 +229,12 @@ MUTATIONS = [
              'start_update=args.ema_start_step',
              ('tests/test_dmd2_signs.py::test_the_dmd2_generator_ema_comes_from_its_flags', 'tests/test_fvtools_dmd2.py::test_roles_real_frozen_fake_every_step_generator_at_its_cadence'),
              'dmd2 ema start in loop steps'),
-    Mutation('dmd2_ema_export_raw_weights', 'predictor_training/methods/dmd2_models.py',
-             'state.update(role.ema.shadow)',
+    Mutation('dmd2_ema_export_raw_weights', 'predictor_training/runtime/roles.py',
+             'state.update(self.shadow)',
              'state.update({})',
-             ('tests/test_fvtools_dmd2.py::test_the_generator_ema_is_exported_next_to_the_raw_weights',),
-             'dmd2 ema export raw weights'),
+             ('tests/test_roles.py::test_roles_step_at_their_cadence_with_their_own_schedule_and_ema',
+              'tests/test_fvtools_dmd2.py::test_the_generator_ema_is_exported_next_to_the_raw_weights'),
+             'the EMA export writes the raw weights'),
 ]
 
 

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -139,7 +140,11 @@ def test_roles_step_at_their_cadence_with_their_own_schedule_and_ema(tmp_path):
     assert sorted(saved["roles"]) == ["critic", "generator"]
     assert saved["roles"]["generator"]["updates"] == 2 and saved["roles"]["generator"]["ema"]["updates"] == 2
     assert sorted(path.name for path in tmp_path.glob("*_step_*.safetensors")) == [
-        "critic_step_00007.safetensors", "generator_step_00007.safetensors"]
+        "critic_step_00007.safetensors", "generator_ema_step_00007.safetensors", "generator_step_00007.safetensors"]
+    # the EMA's inference weights are its shadow, not the trained weights
+    ema_weights = safetensors.torch.load_file(str(tmp_path / "generator_ema_step_00007.safetensors"))
+    for name, shadow in generator.ema.shadow.items():
+        assert torch.equal(ema_weights[name].float(), shadow.bfloat16().float()), name
 
 
 def test_a_role_that_is_not_due_must_hold_no_gradient(tmp_path):

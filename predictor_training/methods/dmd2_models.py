@@ -180,17 +180,6 @@ def build_predictor_role(args: argparse.Namespace, teacher, env: DistEnv, resumi
     return predictor, role, init_meta
 
 
-def ema_state_dict(role: Role) -> dict[str, torch.Tensor]:
-    """The generator's full state dict with its EMA shadow in place of the trained parameters (FP32 shadow; the
-    frozen rest as saved with the raw weights)."""
-    state = dict(role.raw_module.state_dict())
-    missing = sorted(set(role.ema.shadow) - set(state))
-    if missing:
-        raise KeyError(f"role {role.name!r}: EMA entries {missing[:3]} are not in its state dict")
-    state.update(role.ema.shadow)
-    return state
-
-
 def export_generator_ema(role: Role, run_dir: Path, step: int, *, meta: dict, config: dict, keep_last: int,
                          env: DistEnv, student_model: MethodModel | None = None) -> Path:
     """Write the generator's EMA weights next to its raw ones (a collective for a student; call on every rank).
@@ -207,7 +196,7 @@ def export_generator_ema(role: Role, run_dir: Path, step: int, *, meta: dict, co
     if student_model is None:
         path = run_dir / inference_weights_name(step, f"{role.name}_ema")
         if env.is_main:
-            save_inference_weights(path, ema_state_dict(role), metadata=ema_meta, config=config)
+            save_inference_weights(path, role.ema.state_dict_of(role.raw_module), metadata=ema_meta, config=config)
             prune_checkpoints(run_dir, keep=keep_last, role=f"{role.name}_ema")
         return path
     trained = {name: param.detach().clone() for name, param in role.raw_module.named_parameters()

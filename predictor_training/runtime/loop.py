@@ -404,4 +404,12 @@ def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, me
                                    config=config)
             pruned = prune_checkpoints(run_dir, keep=keep_last, role=role.name)
             written.append(inference_path.name + (f" (pruned {len(pruned)})" if pruned else ""))
+            if role.ema is not None:  # the EMA's inference weights beside the raw ones: <role>_ema_step_XXXXX
+                ema = role.ema
+                ema_path = run_dir / inference_weights_name(step, f"{role.name}_ema")
+                save_inference_weights(ema_path, ema.state_dict_of(role.raw_module), config=config, metadata={
+                    **meta, "role": role.name, "step": step,
+                    "ema": {"decay": ema.decay, "start_update": ema.start_update, "updates": ema.updates}})
+                prune_checkpoints(run_dir, keep=keep_last, role=f"{role.name}_ema")
+                written.append(ema_path.name)
         log0(f"checkpoint step {step}: {TRAINING_STATE_NAME}, {', '.join(written)}")

@@ -65,6 +65,16 @@ class EMA:
             if name in self.shadow:
                 self.shadow[name].mul_(decay).add_(param.detach().float(), alpha=1.0 - decay)
 
+    def state_dict_of(self, module: nn.Module) -> dict:
+        """`module`'s full state dict with the shadow in place of its trained parameters (FP32 shadow; the frozen
+        rest as the module holds it): the EMA's inference weights."""
+        state = dict(module.state_dict())
+        missing = sorted(set(self.shadow) - set(state))
+        if missing:
+            raise KeyError(f"EMA entries {missing[:3]} are not in the module's state dict")
+        state.update(self.shadow)
+        return state
+
     @torch.no_grad()
     def copy_to(self, module: nn.Module) -> None:
         """Write the shadow into the module's trainable parameters (e.g. for an EMA evaluation)."""
