@@ -4,6 +4,8 @@
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py resume OUT   # resume the cut run to the end
     torchrun --standalone --nproc_per_node 1 tests/fsdp_worker.py reload OUT   # the 2-rank checkpoint on 1 rank
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py loop   OUT   # an FSDP role in the shared train_loop
+    KILL_AT=writing:2 torchrun ... tests/fsdp_worker.py killed RUN          # the loop, SIGKILLed inside save 2
+    torchrun --standalone --nproc_per_node N tests/fsdp_worker.py reshard SRC DST  # a sharded folder on N ranks
 
 The phases fresh/resume/reload use a loop written here (the FSDP helpers on their own): per step, GRAD_ACCUM
 micro-batches, each a no-grad text and context prefill then a flow-matching loss through `chunk_step`
@@ -17,12 +19,23 @@ The phase loop trains the same model as one FSDP role ("teacher", grad_sync "non
 LOOP_CUT then resumed with `load_training_state` into a model of another init (OUT/cut); plus the refusals (an FSDP
 role with grad_sync "ddp" / "all_reduce" or an EMA, a NaN in one rank's shard, inference weights from the shards, an
 FSDP checkpoint into an unsharded role), recorded in OUT/loop.pt.
+
+The phase killed runs that loop with a checkpoint after every step (sharded: `runtime/sharded_checkpoint.py`),
+resuming from RUN/training_latest.pt when it exists, and SIGKILLs one rank inside a chosen save (env KILL_AT =
+`<point>:<save number of this launch>`): `writing` (rank 1, as DCP's writes start: a partial shard file in the
+staging folder, no .metadata), `staged` (rank 0, the staging folder complete, nothing published), `rotated` (rank 0, inside
+`publish_sharded_folder`: the current folder moved to training_prev.dcp, killed at the rename of the new one), `published` (rank 0, the new folder in
+place, training_latest.pt not yet replaced). torchrun then tears the launch down, as a kill -9 of the job would.
+The phase reshard loads a sharded folder into a model sharded over this launch's ranks (DCP reshards) with
+`load_sharded_roles` and writes it again (DST), so the test can compare the two folders' full states.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
+import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -295,7 +308,7 @@ def loop_step(item: int, *, sync: bool, due, role: Role, env) -> dict[str, float
 
 
 def run_loop(run_dir: Path, env, *, seed: int = 0, stop_at_step: int | None = None, resume: Path | None = None,
-             role: Role | None = None) -> Role:
+             role: Role | None = None, ckpt_every: int = -1) -> Role:
     role = role or fsdp_role(seed, env)
     sampler = torch.utils.data.DistributedSampler(StepItems(), num_replicas=env.world_size, rank=env.rank,
                                                   shuffle=True, seed=3, drop_last=True)
@@ -307,7 +320,7 @@ def run_loop(run_dir: Path, env, *, seed: int = 0, stop_at_step: int | None = No
     with MetricsLogger(run_dir, env) as logger:
         train_loop(roles=[role], batches=batches, step_fn=partial(loop_step, role=role, env=env), run_dir=run_dir,
                    env=env, run_state=run_state, max_steps=LOOP_STEPS, stop_at_step=stop_at_step,
-                   grad_accum=GRAD_ACCUM, ckpt_every=-1, keep_last=-1, metrics_logger=logger,
+                   grad_accum=GRAD_ACCUM, ckpt_every=ckpt_every, keep_last=-1, metrics_logger=logger,
                    config={"model": "tiny"}, meta=LOOP_META, progress=False)
     return role
 
@@ -352,10 +365,98 @@ def loop(out: Path, env) -> None:
         torch.save(checks, out / "loop.pt")
 
 
-def main(phase: str, out: str) -> None:
+# ---------------------------------------------------------------------------------------------------------------
+# 6. Sharded checkpoints: kill -9 inside a save, and another world size
+# ---------------------------------------------------------------------------------------------------------------
+def _die() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_kill(point: str, save_number: int, env) -> None:
+    """Patch the sharded save so that this launch's `save_number`-th save SIGKILLs a rank at `point`."""
+    from predictor_training.runtime import checkpoint, sharded_checkpoint
+
+    calls = {"save": 0}
+    original_save, original_publish = sharded_checkpoint.dcp.save, checkpoint.publish_sharded_folder
+
+    def dcp_save(state, *, checkpoint_id, **kwargs):
+        calls["save"] += 1
+        if point == "writing" and calls["save"] == save_number and env.rank == 1:
+            # A shard file cut off halfway (DCP's own writes are not interruptible from here): the staging folder
+            # holds a partial file and no .metadata, as after a kill inside DCP's write.
+            os.makedirs(checkpoint_id, exist_ok=True)
+            with open(Path(checkpoint_id) / f"__{env.rank}_0.distcp", "wb") as handle:
+                handle.write(os.urandom(4096))
+            _die()
+        return original_save(state, checkpoint_id=checkpoint_id, **kwargs)
+
+    def publish(state_path, keep_tokens):
+        if calls["save"] != save_number:
+            return original_publish(state_path, keep_tokens)
+        if point == "staged":
+            _die()
+        if point == "rotated":  # the real function, killed at its rename of the staged folder
+            real_replace = os.replace
+
+            def replace(source, destination):
+                if str(source).endswith(sharded_checkpoint.WRITING_SUFFIX):
+                    _die()
+                return real_replace(source, destination)
+
+            sharded_checkpoint.os.replace = replace
+        original_publish(state_path, keep_tokens)
+        if point == "published":
+            assert sharded_checkpoint.sharded_folder(state_path).is_dir()
+            _die()
+
+    sharded_checkpoint.dcp.save = dcp_save
+    checkpoint.publish_sharded_folder = publish
+
+
+def killed(out: Path, env) -> None:
+    """The loop with a checkpoint every step, resumed from out/training_latest.pt when it exists; with KILL_AT set,
+    one rank dies inside the chosen save of this launch."""
+    kill_at = os.environ.get("KILL_AT")
+    if kill_at:
+        point, number = kill_at.split(":")
+        arm_kill(point, int(number), env)
+    latest = out / "training_latest.pt"
+    run_loop(out, env, seed=99, resume=latest if latest.exists() else None, ckpt_every=1)
+
+
+def reshard(source: Path, env, destination: str) -> None:
+    """Load the sharded folder `source` into this launch's shards (another world size than it was written with),
+    without the loop state, and write the role again as a sharded folder `destination`."""
+    from predictor_training.runtime.fsdp import named_param_groups
+    from predictor_training.runtime.sharded_checkpoint import load_sharded_roles, save_sharded_roles, publish_sharded_folder
+    from predictor_training.runtime.checkpoint import read_training_state
+
+    payload = read_training_state(source.with_suffix(".pt"))
+    entry = payload["roles"][LOOP_ROLE]
+    role = fsdp_role(seed=99, env=env)
+    load_sharded_roles(source, [role], {LOOP_ROLE: {**entry["sharded"],
+                                                     "param_groups": entry["optimizer"]["param_groups"]}})
+    assert named_param_groups(role.raw_module, role.optimizer) == entry["optimizer"]["param_groups"]
+    state_path = Path(destination) / "training_latest.pt"
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    entries = save_sharded_roles(state_path, [role])
+    if env.is_main:
+        publish_sharded_folder(state_path, set())
+        # The same training state naming the new folder (so this folder can be resharded again).
+        payload["roles"][LOOP_ROLE]["sharded"] = entries[LOOP_ROLE]
+        torch.save(payload, state_path)
+    dist.barrier()
+
+
+def main(phase: str, out: str, *extra: str) -> None:
     env = init_distributed("gloo")
     try:
-        {"fresh": fresh, "resume": resume, "reload": reload, "loop": loop}[phase](Path(out), env)
+        if phase == "reshard":
+            reshard(Path(out), env, *extra)
+        else:
+            {"fresh": fresh, "resume": resume, "reload": reload, "loop": loop, "killed": killed}[phase](Path(out), env)
         # Free the sharded models (FSDP state holds reference cycles) and line the ranks up while the process group
         # is alive: gloo work still referenced at interpreter shutdown can abort the process (SIGABRT,
         # "terminate called without an active exception") after everything was written.

@@ -10,8 +10,9 @@
    forward.
 3. Two gloo ranks, an FSDP role in the shared `train_loop` (tests/fsdp_worker.py `loop`): 4 steps uninterrupted
    against stopped at step 2 and resumed with `load_training_state` (into a model of another init): the same logged
-   losses, grad norms and LRs, bitwise the same final weights and (name-keyed) optimizer state, and inference
-   safetensors of full shapes written from the gathered state. Refused, on every rank alike: grad_sync "ddp" /
+   losses, grad norms and LRs, bitwise the same final weights and (name-keyed) optimizer state, saved sharded (DCP,
+   training_latest.dcp/; more in tests/test_sharded_checkpoint.py), and inference safetensors of full shapes
+   written from the model gathered in BF16. Refused, on every rank alike: grad_sync "ddp" /
    "all_reduce" and an EMA on an FSDP role, a NaN in one rank's shard only (no rank left waiting), inference weights
    from the shards, and the FSDP checkpoint into an unsharded role.
 """
@@ -28,7 +29,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from predictor_training.runtime.checkpoint import read_training_state
+from predictor_training.runtime.checkpoint import read_training_state, role_state
+from predictor_training.runtime.sharded_checkpoint import read_sharded_state, sharded_folder_for
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model
 from predictor_training.teacher import StateDictMismatchError
@@ -192,6 +194,14 @@ def read_log(run_dir: Path) -> list[dict]:
             for record in records]
 
 
+def sharded_role(payload: dict, path: Path) -> dict:
+    """The FSDP role's entry with its model and name-keyed optimizer state read (full tensors) from its folder."""
+    entry = role_state(payload, LOOP_ROLE, path)
+    saved = read_sharded_state(sharded_folder_for(path, entry["sharded"]), LOOP_ROLE)
+    return {**entry, "optimizer": {"state": saved["optimizer"]["state"],
+                                   "param_groups": entry["optimizer"]["param_groups"]}}
+
+
 def test_fsdp_role_in_train_loop_resumes_bit_exact_and_writes_full_inference_weights(tmp_path):
     launch("loop", tmp_path, nproc=2)
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
@@ -205,13 +215,16 @@ def test_fsdp_role_in_train_loop_resumes_bit_exact_and_writes_full_inference_wei
         cut_dir / "training_latest.pt")
     assert full["world_size"] == 2 and full["run_state"] == resumed["run_state"]
     assert full["run_state"]["global_step"] == LOOP_STEPS
-    full_role, resumed_role = full["roles"][LOOP_ROLE], resumed["roles"][LOOP_ROLE]
+    assert full["roles"][LOOP_ROLE]["model"] == {}  # sharded: the model and AdamW state are in the DCP folder
+    full_role, resumed_role = (sharded_role(full, full_dir / "training_latest.pt"),
+                               sharded_role(resumed, cut_dir / "training_latest.pt"))
     assert (full_role["updates"], full_role["ema"]) == (LOOP_STEPS, None)
     assert full_role["lr_schedule"] == resumed_role["lr_schedule"]
     assert_same_state(full_role, resumed_role)
     optimizer_state = full_role["optimizer"]
     assert [group["name"] for group in optimizer_state["param_groups"]] == ["fusion", "blocks"]
-    assert "double_blocks.0.img_attn_q.weight" in optimizer_state["state"]  # name-keyed (fsdp.full_state_dicts)
+    assert "double_blocks.0.img_attn_q.weight" in optimizer_state["state"]  # name-keyed
+    assert "txt_in.input_embedder.weight" not in optimizer_state["state"]  # never had a gradient
 
     # 2. The saved model is the full, plain state dict (not this rank's shards), and it trained.
     initial = build_model(0).state_dict()

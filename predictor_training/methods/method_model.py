@@ -34,7 +34,7 @@ from predictor_training.teacher.adapters import (
     set_active_adapter,
 )
 from predictor_training.runtime.distributed import DistEnv, barrier
-from predictor_training.runtime.fsdp import full_state_dicts, is_fsdp, shard_model
+from predictor_training.runtime.fsdp import gather_full_model_state, is_fsdp, shard_model
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.predictor.model import build_predictor
@@ -129,8 +129,11 @@ def export_method_model(method_model: MethodModel, run_dir: Path, metadata: dict
     """Write the trained result for inference (a collective: call on every rank; rank 0 writes).
 
     lora: `<run_dir>/lora_<adapter>.safetensors` (`save_lora`: FP32, its config in the header). full:
-    `<run_dir>/model/` with config.json and the full FP32 state (gathered from the shards), written to a staging
-    folder and renamed into place, so a reader never sees a half-written model. Returns the path."""
+    `<run_dir>/model/` with config.json and the full FP32 state, written to a staging folder and renamed into
+    place, so a reader never sees a half-written model. Returns the path. A sharded model is gathered for this
+    export only (the training checkpoints are sharded, runtime/sharded_checkpoint.py): the model alone, one tensor
+    at a time onto rank 0's CPU (`fsdp.gather_full_model_state`; 34 GB at 8.6B parameters, no optimizer state);
+    `tools/convert_sharded_checkpoint.py` makes the same weights from a checkpoint without any process group."""
     run_dir = Path(run_dir)
     if method_model.mode == "lora":
         path = run_dir / f"lora_{method_model.adapter}.safetensors"
@@ -138,7 +141,7 @@ def export_method_model(method_model: MethodModel, run_dir: Path, metadata: dict
             save_lora(method_model.model, method_model.adapter, path, metadata)
         barrier()
         return path
-    state, _ = full_state_dicts(method_model.model)
+    state = gather_full_model_state(method_model.model, torch.float32)
     folder = run_dir / MODEL_FOLDER
     if env.is_main:
         staging = run_dir / f".{MODEL_FOLDER}.writing"

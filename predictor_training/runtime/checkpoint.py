@@ -7,9 +7,13 @@
 * `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata.
 * Every write is atomic (temp file in the same folder, fsync, `os.replace`), and nothing non-finite is ever
   written, so the last good checkpoint survives a crash, a SIGKILL or a NaN.
-* A role whose module is FSDP2-sharded (`predictor_training.runtime.fsdp`) is saved as its full, unsharded state (gathered
-  with `full_state_dicts`; the same model keys and shapes as a plain module, the optimizer state keyed by parameter
-  name) and loaded back into the shards with `load_full_state_dicts`.
+* A role whose module is FSDP2-sharded (`predictor_training.runtime.fsdp`) is saved sharded: each rank writes its
+  own shards of the model and optimizer with `torch.distributed.checkpoint` into `training_latest.dcp/` next to the
+  file (`runtime/sharded_checkpoint.py`: staged folder, renamed into place before the `.pt` is replaced, paired by
+  a token; the previous one is kept as `training_prev.dcp/`), and the `.pt` keeps the role's schedule, update
+  count, parameter groups and the folder's token. Nothing is gathered on one rank except the model alone, one
+  tensor at a time in BF16, for the role's inference weights. `sharded=False` writes the old full-state format
+  (`full_state_dicts`), which still loads (`load_full_state_dicts`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ from predictor_training.runtime.distributed import all_gather_objects, barrier, 
 from predictor_training.runtime.io import atomic_write
 from predictor_training.runtime.io import redact_secrets
 from predictor_training.runtime.roles import module_is_fsdp
+from predictor_training.runtime.sharded_checkpoint import (
+    load_sharded_roles,
+    publish_sharded_folder,
+    read_sharded_state,
+    referenced_tokens,
+    save_sharded_roles,
+    sharded_folder_for,
+)
 
 TRAINING_STATE_NAME = "training_latest.pt"
 # The state before the latest one, kept as the fallback when the latest is damaged (e.g. a truncated copy).
@@ -233,6 +245,8 @@ def save_training_state(
     run_state: RunState,
     config: dict,
     meta: dict,
+    sharded: bool = True,
+    inference_dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Write `training_latest.pt` atomically from rank 0: every role's model (its unwrapped module), optimizer, LR
     schedule, update count and EMA, plus the run state, every rank's RNG, config and meta. A collective: call it on
@@ -242,10 +256,12 @@ def save_training_state(
     ...}; `config` is stored with secrets redacted. Raises NonFiniteError (writing nothing) if a model holds NaN/Inf,
     on every rank together (an FSDP role's shards are checked on each rank, and the verdict is shared).
 
-    An FSDP-sharded role (`Role.is_fsdp`) is stored as its full state: `fsdp.full_state_dicts` gathers the model
-    (plain `state_dict()` keys, full shapes) and the optimizer (keyed by parameter name) to rank 0. Returns those
-    gathered model states, {role name: full model state}, on rank 0 (e.g. for the role's inference weights, so
-    nothing is gathered twice); {} on the other ranks and for a run without FSDP roles.
+    An FSDP-sharded role (`Role.is_fsdp`) is stored sharded (`sharded=True`, the default): every rank writes its
+    model and optimizer shards with DCP into `<path stem>.dcp/` (see the module docstring), nothing is gathered for
+    the checkpoint. Returns {role name: the full model state in `inference_dtype`} on rank 0 (the role's inference
+    weights; gathered one tensor at a time, no optimizer state); {} on the other ranks and for a run without FSDP
+    roles. `sharded=False`: the old format, the full FP32 model and optimizer gathered to rank 0 into the `.pt`
+    (the returned model state is then that FP32 state).
     """
     # 1. Validate on every rank so that all ranks raise together.
     meta = _check_meta(meta)
@@ -264,16 +280,24 @@ def save_training_state(
         model_states[role.name] = raw_model.state_dict()
         check_finite_tensors(model_states[role.name], f"save_training_state({path}) role {role.name!r}")
     fsdp_roles = [role for role in roles if module_is_fsdp(unwrap_model(role.raw_module))]
-    optimizer_states = {}
+    optimizer_states, sharded_entries = {}, {}
     if fsdp_roles:
         sharded_problems = [problem for problems in all_gather_objects(sharded_problems) for problem in problems]
         if sharded_problems:
             raise NonFiniteError(f"save_training_state({path}): non-finite values in FSDP shards: "
                                  f"{'; '.join(sharded_problems)}; nothing was written")
-        from predictor_training.runtime.fsdp import full_state_dicts  # imports the Teacher: only where a role is sharded
+        from predictor_training.runtime.fsdp import full_state_dicts, gather_full_model_state, named_param_groups
 
+        if sharded:  # every rank writes its shards into a staging folder (published by rank 0 below)
+            sharded_entries = save_sharded_roles(path, fsdp_roles)
         for role in fsdp_roles:  # collectives, in the roles' order on every rank
-            model_states[role.name], optimizer_states[role.name] = full_state_dicts(role.raw_module, role.optimizer)
+            if sharded:
+                model_states[role.name] = gather_full_model_state(role.raw_module, inference_dtype)
+                optimizer_states[role.name] = {"state": {},
+                                               "param_groups": named_param_groups(role.raw_module, role.optimizer)}
+            else:
+                model_states[role.name], optimizer_states[role.name] = full_state_dicts(role.raw_module,
+                                                                                        role.optimizer)
     # 2. Every rank's RNG, so each rank resumes its own noise stream.
     rng_by_rank = all_gather_objects(capture_rng_state())
     # 3. Rank 0 writes.
@@ -285,12 +309,14 @@ def save_training_state(
             "format_version": TRAINING_STATE_VERSION,
             "roles": {
                 role.name: {
-                    "model": {name: tensor.detach().cpu() for name, tensor in model_states[role.name].items()},
+                    "model": ({} if role.name in sharded_entries else
+                              {name: tensor.detach().cpu() for name, tensor in model_states[role.name].items()}),
                     "optimizer": (optimizer_states[role.name] if role.name in optimizer_states
                                   else role.optimizer.state_dict()),
                     "lr_schedule": role.lr_schedule.state_dict(),
                     "updates": role.updates,
                     "ema": None if role.ema is None else role.ema.state_dict(),
+                    **({"sharded": sharded_entries[role.name]} if role.name in sharded_entries else {}),
                 }
                 for role in roles
             },
@@ -307,6 +333,8 @@ def save_training_state(
                 handle.flush()
 
         keep_previous_state(Path(path))
+        if sharded_entries:  # the new shards into place (the current ones become the previous) before the .pt
+            publish_sharded_folder(path, referenced_tokens(path))
         atomic_write(path, write)
     barrier()
     return full_states
@@ -362,7 +390,8 @@ def read_training_state(path: str | os.PathLike) -> dict:
 
 
 def role_state(payload: dict, role: str | None, path: str | os.PathLike) -> dict:
-    """One role's entry of a training state; `role=None` takes the only role (an error if there are several)."""
+    """One role's entry of a training state; `role=None` takes the only role (an error if there are several). A
+    sharded role's model is read (full, FP32, one process) from its DCP folder into the entry's "model"."""
     names = sorted(payload["roles"])
     if role is None:
         if len(names) != 1:
@@ -370,7 +399,11 @@ def role_state(payload: dict, role: str | None, path: str | os.PathLike) -> dict
         role = names[0]
     if role not in payload["roles"]:
         raise CheckpointMismatchError(f"{path} has no role {role!r}; it holds {names}")
-    return payload["roles"][role]
+    entry = payload["roles"][role]
+    if "sharded" in entry and not entry["model"]:
+        folder = sharded_folder_for(path, entry["sharded"])
+        entry["model"] = read_sharded_state(folder, role, optimizer=False)["model"]
+    return entry
 
 
 def read_training_summary(path: str | os.PathLike) -> dict:
@@ -407,9 +440,12 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
     values. A missing file raises FileNotFoundError. Call it last before `train_loop` so nothing draws random
     numbers in between.
 
-    A collective where a role is FSDP-sharded: every rank reads the file and loads the saved full state into its
-    shards (`fsdp.load_full_state_dicts`; a name-keyed or a plain integer-id optimizer state). A name-keyed state
-    (saved from an FSDP role) does not load into an unsharded role.
+    A collective where a role is FSDP-sharded: every rank reads the file; a sharded role (the default format) is
+    read from the DCP folder holding the file's token (`sharded_checkpoint.sharded_folder_for`: training_latest.dcp,
+    or training_prev.dcp after a save interrupted between its renames) straight into the shards
+    (`load_sharded_roles`); a role saved in the old full format gets `fsdp.load_full_state_dicts` (a name-keyed or
+    a plain integer-id optimizer state). A missing or incomplete folder raises DamagedTrainingStateError on every
+    rank. A name-keyed state (saved from an FSDP role) does not load into an unsharded role.
     """
     path = Path(path)
     payload = read_training_state(path)
@@ -420,7 +456,9 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
     if payload["world_size"] != world_size:
         raise CheckpointMismatchError(
             f"{path} does not match this run: world_size: saved {payload['world_size']}, requested {world_size} "
-            "(the data position and per-rank RNG streams depend on it)"
+            "(the data position and per-rank RNG streams depend on it). The weights alone load at any world size "
+            "(load_model_weights; a sharded role's folder also with sharded_checkpoint.load_sharded_roles, which "
+            "reshards the model and optimizer, or tools/convert_sharded_checkpoint.py)"
         )
     saved_names = sorted(payload["roles"])
     if len(roles) == 1 and saved_names == ["predictor"] and roles[0].name != "predictor":
@@ -437,11 +475,28 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
                 unwrap_model(role.raw_module)):
             raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved FSDP-sharded (optimizer state keyed "
                                           "by parameter name); shard this role with fsdp.shard_model to resume it")
-    # 2. Models, optimizers, schedules, EMAs (FSDP roles: collectives, in the roles' order on every rank).
+    # 2. Sharded roles first: one DCP load for all of them (a collective), the folder found by the .pt's token.
+    sharded_roles = [role for role in roles if "sharded" in payload["roles"][role.name]]
+    if sharded_roles:
+        entry = payload["roles"][sharded_roles[0].name]["sharded"]
+        try:
+            folder, problem = sharded_folder_for(path, entry), ""
+        except FileNotFoundError as error:
+            folder, problem = None, str(error)
+        problems = [text for text in all_gather_objects(problem) if text]
+        if problems:  # on every rank together (a rank that went on would wait in DCP's collectives)
+            raise DamagedTrainingStateError(problems[0])
+        load_sharded_roles(folder, sharded_roles, {
+            role.name: {**payload["roles"][role.name]["sharded"],
+                        "param_groups": payload["roles"][role.name]["optimizer"]["param_groups"]}
+            for role in sharded_roles})
+    # 3. Models, optimizers, schedules, EMAs (FSDP roles: collectives, in the roles' order on every rank).
     for role in roles:
         entry = payload["roles"][role.name]
         raw_model = unwrap_model(role.raw_module)
-        if module_is_fsdp(raw_model):
+        if "sharded" in entry:
+            pass  # loaded above
+        elif module_is_fsdp(raw_model):
             from predictor_training.runtime.fsdp import load_full_state_dicts  # imports the Teacher: only where a role is sharded
 
             load_full_state_dicts(raw_model, role.optimizer, entry["model"], entry["optimizer"],
@@ -452,7 +507,7 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
         role.lr_schedule.load_state_dict(entry["lr_schedule"])
         if role.ema is not None:
             role.ema.load_state_dict(entry["ema"])
-    # 3. RNG last.
+    # 4. RNG last.
     restore_rng_state(payload["rng_by_rank"][current_rank()])
     return RunState.from_dict(payload["run_state"])
 

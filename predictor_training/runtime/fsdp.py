@@ -9,6 +9,8 @@
     optimizer.step(); optimizer.zero_grad()
     model_state, optimizer_state = full_state_dicts(model, optimizer)    # collective; full CPU tensors on rank 0
     load_full_state_dicts(model, optimizer, model_state, optimizer_state) # collective; any world size
+    weights = gather_full_model_state(model, torch.bfloat16)            # collective; the model alone, on rank 0
+    # training checkpoints: sharded with DCP, runtime/sharded_checkpoint.py (via checkpoint.save_training_state)
 
 1. Sharding. `shard_model` calls `fully_shard` on every `double_blocks[i]`, then on the root, on a 1-D device mesh
    over all ranks (`env.device.type`: "cuda" with nccl, "cpu" with gloo). FSDP2 hooks only `nn.Module.__call__`,
@@ -40,8 +42,12 @@
      this keeps one full copy in CPU memory instead of one per rank (8.6 B parameters: ~34 GB weights + ~69 GB
      AdamW moments in FP32). The model may then be materialised from the meta device: build on meta,
      `shard_model`, `model.to_empty(device=env.device)`, then load.
-   Not supported: sharded (per-rank) DCP checkpoints (`dcp.save`), FSDP1, and changing the parameter groups
-   between save and load (refused with the differing names).
+   Not supported: FSDP1, and changing the parameter groups between save and load (refused with the differing
+   names). Training checkpoints of FSDP roles no longer go through these helpers: they are sharded, each rank
+   writing its own shards with `torch.distributed.checkpoint` (`runtime/sharded_checkpoint.py`); these helpers
+   remain for full-state files (a whole-model export, old `training_latest.pt` files that hold the full state).
+   `gather_full_model_state` gathers the model alone, one tensor at a time, cast to the dtype it is written in
+   (the role's BF16 inference weights, the FP32 Teacher-folder export), without the optimizer state.
 4. `is_fsdp(module)` tells the loop that a module is FSDP2-sharded (no DDP wrapper, no `unwrap_model`, state
    through these helpers); `gradient_sync` is the FSDP2 / DDP / plain `no_sync`.
 """
@@ -169,6 +175,29 @@ def _optimizer_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def named_param_groups(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The optimizer's parameter groups with parameter names in `params` (DCP's name-keyed format)."""
+    return [{**{key: value for key, value in group.items() if key != "params"}, "params": names}
+            for group, names in zip(optimizer.param_groups, _optimizer_names(model, optimizer))]
+
+
+def gather_full_model_state(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The model's full state dict on rank 0 as CPU tensors (floating ones cast to `dtype` when given), `{}` on the
+    other ranks. A collective. Gathers one tensor at a time (`DTensor.full_tensor`) and casts it before the next, so
+    rank 0's peak is the model in `dtype` plus one full tensor: no optimizer state, no second FP32 copy."""
+    rank = _rank()
+    state = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach()
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()  # collective, the same order on every rank
+        if rank == 0:
+            if dtype is not None and torch.is_floating_point(tensor):
+                tensor = tensor.to(dtype)
+            state[name] = tensor.to("cpu", copy=True) if tensor.device.type != "cpu" else tensor.clone()
+    return state
 
 
 def full_state_dicts(

@@ -391,8 +391,8 @@ def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, me
     if env.world_size > 1:
         check_replicas_agree(roles, step)
     # The training state goes first: it is a collective and checks finiteness on every rank together. On rank 0 it
-    # returns the full model state it gathered for each FSDP-sharded role; that role's inference weights are written
-    # from it (not from the shards, and without gathering a second time).
+    # returns each FSDP-sharded role's model gathered one tensor at a time in BF16 (the checkpoint itself is
+    # sharded); that role's inference weights are written from it.
     full_states = save_training_state(run_dir / TRAINING_STATE_NAME, roles=roles, run_state=run_state, config=config,
                                       meta=meta)
     if env.is_main:

@@ -15,9 +15,10 @@ Gradient sync (`grad_sync`):
 FSDP2-sharded roles (`predictor_training.runtime.fsdp.shard_model`): raw_module is the sharded model and module is that
 same model (no DDP wrapper), grad_sync is "none" (`train_loop` refuses "ddp" and "all_reduce" for it), the optimizer
 is built after sharding, and the step function covers non-final micro-batches with
-`fsdp.gradient_sync(role.module, enabled=sync)` instead of `maybe_no_sync`. Checkpoints gather its full state
-(`fsdp.full_state_dicts`, once per checkpoint, reused for its inference weights) and a resume loads it back into
-the shards (`fsdp.load_full_state_dicts`). An FSDP role cannot have an EMA (the shadow would be sharded DTensors
+`fsdp.gradient_sync(role.module, enabled=sync)` instead of `maybe_no_sync`. Its checkpoints are sharded with
+torch.distributed.checkpoint, each rank writing its own shards (`runtime/sharded_checkpoint.py`); its inference
+weights come from the model gathered one tensor at a time in BF16, and a resume reads the shards back
+(`sharded_checkpoint.load_sharded_roles`). An FSDP role cannot have an EMA (the shadow would be sharded DTensors
 that neither the checkpoint nor `copy_to` handles): `Role` refuses one.
 """
 
