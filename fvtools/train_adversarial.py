@@ -7,14 +7,16 @@ Two roles, one loop (predictor_training/runtime/loop.py), one checkpoint holding
   cosine schedule, DDP). Per micro-batch:
       pred_h, pred_v = Predictor(...)                                              (BF16 autocast under fp32master)
       loss = velocity_weight mse(pred_v, v_T) + hidden_weight mse(pred_h, h_T)   the v4 regression, FP32
-             + w(s) * L_G,   L_G = -mean D(pred_h | t, ctx)                       D's parameters frozen
+             + w(s) * L_G,   L_G = -mean D(st(pred_h) | t, ctx)                   D's parameters frozen
   w(s) = adv_weight * min(1, s / adv_warmup_steps), s = the Predictor updates done so far (0 at the first step).
   With w(s) = 0 the generator term is not built at all.
 * "discriminator": `HiddenDiscriminator` (predictor_training/methods/adversarial.py, with its role and `Adversary`)
   with its own AdamW and cosine schedule over its own updates, due every --discriminator_every steps:
       L_D = mean relu(1 - D(h_T | t, ctx)) + mean relu(1 + D(sg(pred_h) | t, ctx))     hinge
             + r1_weight / 2 * r1_every * E |dD(h_T)/dh_T|^2      lazy R1 on real, on every r1_every-th D update
-  Real = the Teacher's final hidden of the step, fake = the Predictor's (detached); the condition is the step's
+  Real = the Teacher's final hidden of the step, fake = the Predictor's (detached); D sees the fake as st(pred_h):
+  rounded to the real's dtype (BF16 data or Teacher output: the real's grid), straight-through (identity backward),
+  in both losses, so precision alone cannot tell them apart (`adversarial.on_real_grid`). The condition is the step's
   timestep and a context summary (the mean over context tokens of the raw V of the later source block, heads
   concatenated: [B, D]; the same context K/V the Predictor attends to). D's gradients are averaged over ranks by
   the loop, without a DDP wrapper (`build_discriminator_role` says why). The Predictor's adversarial term uses D only
@@ -277,7 +279,8 @@ class AdversarialPairStep:
             condition = context_summary(context)
             generator = None
             if weight > 0:
-                generator = self.adversary.generator_term(pred_hidden, timestep, condition)
+                generator = self.adversary.generator_term(pred_hidden, timestep, condition,
+                                                          real_dtype=batch["target_hidden"].dtype)
                 loss = loss + weight * generator
             loss.backward()
         # 2. The discriminator on the same real / (detached) fake hiddens.
@@ -329,12 +332,13 @@ class AdversarialRolloutStep:
             terms = []
             for step in graph.steps:
                 timestep = self.timesteps[step.step_index].reshape(1).to(self.env.device)
-                reals.append(step.target_hidden.detach().float())
+                reals.append(step.target_hidden.detach())  # its own dtype: D sees the fake on its grid
                 fakes.append(step.pred_hidden.detach().float())
                 timesteps.append(timestep)
                 conditions.append(condition)
                 if weight > 0:
-                    terms.append(self.adversary.generator_term(step.pred_hidden, timestep, condition))
+                    terms.append(self.adversary.generator_term(step.pred_hidden, timestep, condition,
+                                                               real_dtype=step.target_hidden.dtype))
             if not terms:
                 return None
             term = torch.stack(terms).mean()

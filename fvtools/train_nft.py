@@ -12,18 +12,23 @@ actions, text) and samples `--samples_per_group` K videos from it with the old p
 noise and memory points drawn from the stream (seed, micro-step, rank, sample): a resume regenerates the same
 samples. The samples are decoded (`--vae`, default the VAE that encoded the dataset) and scored by `--rewards
 name:weight,...` (`predictor_training/methods/rewards.py`, which also says how to add one); the weighted sum is the
-reward. Groups are never split across ranks: every rank's K rewards are all-gathered, the group-normalised advantages
-A = (r - mean_group) / (std_group + 1e-4) are computed on the whole [ranks x groups, K] table (identical on every
-rank), and the logged reward and advantage statistics are global.
+reward. Groups are never split across ranks: every rank's K rewards are all-gathered, the advantages
+A = (r - mean_group) / (std + 1e-4) are computed on the whole [ranks x groups, K] table (identical on every rank),
+with std the population std of the whole table (`--advantage_std global`, the reference's default) or of the
+group's own K rewards (`group`), and the logged reward and advantage statistics are global.
 
-Training pass. For each sample, `--chunks_per_sample` of its chunks are noised, one sigma per chunk (`--sigma_*`),
-x_t = (1 - sigma) x0 + sigma n, and the policy, old policy and reference predict the velocity with the sample's
-own history as context, exactly as in the AR loop (`predictor_training/rollout/teacher_forcing.py`). Loss per chunk:
-`nft_loss(v_policy, v_old, x_t, x0, sigma, A; --beta, --adv_clip)` (predictor_training/methods/nft.py) +
-`--kl_weight * mse(v_policy, v_reference)`, one backward per chunk. Every `--monitor_every` steps (and at step 1
-and --max_steps) the current policy and the reference roll out from the same noise: their collapse monitors
-(`predictor_training.methods.monitors.collapse_monitors`) and rewards are logged under monitor/. After training the same
-comparison runs on `--eval_clips` clips of `--eval_split` (nft_eval.json).
+Training pass. For each sample, `--chunks_per_sample` of its chunks are noised, one sigma per chunk,
+x_t = (1 - sigma) x0 + sigma n. By default (`--train_sigmas sampler_grid`) the sigmas are the sampler's own noise
+levels (the non-zero sigmas of --sample_steps at --sample_shift: 1, .9375, .8333, .625 by default), in a random order
+per sample, as the reference trains at its sampler's timesteps; `--train_sigmas range` draws them from `--sigma_*`
+instead, never below the distilled Teacher's lowest trained sigma (0.625) for a policy that starts from it unless
+`--allow_sigma_below_teacher`. The policy, old policy and reference predict the velocity with the sample's own
+history as context, exactly as in the AR loop (`predictor_training/rollout/teacher_forcing.py`). Loss per chunk:
+`nft_objective` (predictor_training/methods/nft.py) = `nft_loss(v_policy, v_old, x_t, x0, sigma, A; --beta,
+--adv_clip)` + `--kl_weight * mse(v_policy, v_reference)`, one backward per chunk. Every `--monitor_every` steps
+(and at step 1 and --max_steps) the current policy and the reference roll out from the same noise: their collapse
+monitors (`predictor_training.methods.monitors.collapse_monitors`) and rewards are logged under monitor/. After
+training the same comparison runs on `--eval_clips` clips of `--eval_split` (nft_eval.json).
 
     python fvtools/train_nft.py --teacher /models/worldplay/transformer --dataset_root /data/video_latents \\
         --rewards reference_agreement:1,smoothness:0.1
@@ -45,11 +50,13 @@ from predictor_training.methods.flow_matching import add_noise, add_sigma_args, 
 from predictor_training.methods.method_model import build_method_model, dry_run_report, export_method_model, \
     method_meta
 from predictor_training.methods.monitors import collapse_monitors
-from predictor_training.methods.nft import OLD_DECAY_SCHEDULES, OldPolicy, PolicyModels, evaluate_against_reference, \
-    gathered, group_advantages, group_statistics, nft_loss, old_policy_decay
+from predictor_training.methods.nft import ADVANTAGE_STDS, OLD_DECAY_SCHEDULES, OldPolicy, PolicyModels, \
+    draw_grid_sigmas, evaluate_against_reference, gathered, group_advantages, group_statistics, nft_objective, \
+    old_policy_decay, sampler_sigma_grid
 from predictor_training.methods.rewards import REFERENCE_KINDS, TOTAL, RewardScorer, VideoRewards, \
     default_vae_folder, describe_rewards, holds_vae, parse_reward_weights
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
 from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
@@ -71,6 +78,10 @@ ROLE = "policy"
 # Stream ids after (seed, micro-step, rank): what each draw of a step uses.
 NOISE_STREAM, MEMORY_STREAM, TRAIN_STREAM, EVAL_STREAM = 1, 2, 3, 4
 EVAL_NAME = "nft_eval.json"
+# Where the training sigmas come from: the sampler's own noise levels, or --sigma_sampler within --sigma_min/max.
+TRAIN_SIGMAS = ("sampler_grid", "range")
+# The --sigma_* flags (flow_matching.add_sigma_args); they apply with --train_sigmas range only.
+RANGE_FLAGS = ("sigma_sampler", "sigma_min", "sigma_max", "sigma_shift", "logit_mean", "logit_std")
 
 PRESETS = {
     # The CPU demo: a rank-16 LoRA on the shipped world Teacher, 4 samples per group (one group per rank), rewarded
@@ -157,6 +168,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                               "decodes the samples; default: the encoders folder recorded in the dataset's "
                               "video_dataset_config.json (the VAE that made the latents)")
     nft = parser.add_argument_group("NFT loss")
+    nft.add_argument("--advantage_std", choices=ADVANTAGE_STDS, default="global",
+                     help="divide the advantages r - mean_group by the std of every reward of the gathered "
+                          "[ranks x groups, K] table (global, the DiffusionNFT default) or of the group's own K "
+                          "rewards (group) (default %(default)s)")
     nft.add_argument("--beta", type=positive("beta"), default=1.0,
                      help="beta of the positive/negative policies v+- (default %(default)g)")
     nft.add_argument("--adv_clip", type=positive("adv_clip"), default=5.0,
@@ -176,8 +191,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     nft.add_argument("--monitor_every", type=at_least("monitor_every", 1), default=20,
                      help="every N steps (and at step 1 and --max_steps) roll out the policy and the reference from "
                           "the same noise and log their collapse monitors and rewards (default %(default)s)")
-    add_sigma_args(parser, sampler="uniform", sigma_min=0.2, sigma_max=1.0, shift=DISTILLED_SHIFT, logit_mean=0.0,
-                   logit_std=1.0)
+    nft.add_argument("--train_sigmas", choices=TRAIN_SIGMAS, default="sampler_grid",
+                     help="noise levels of the trained chunks: the sampler's own (the non-zero sigmas of "
+                          "--sample_steps at --sample_shift, a random order per sample), or range (--sigma_sampler "
+                          "within --sigma_min/--sigma_max) (default %(default)s)")
+    nft.add_argument("--allow_sigma_below_teacher", action="store_true",
+                     help=f"allow --train_sigmas range with --sigma_min below {DISTILLED_SIGMA_FLOOR:g}, the "
+                          "distilled Teacher's lowest trained sigma, for a policy that starts from the Teacher")
+    add_sigma_args(parser, sampler="uniform", sigma_min=DISTILLED_SIGMA_FLOOR, sigma_max=1.0, shift=DISTILLED_SHIFT,
+                   logit_mean=0.0, logit_std=1.0)
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
                           gradient_checkpointing=True, context_grad=True)
     add_method_optimization_args(parser, lr=3e-4, max_steps=1000, warmup_steps=20, grad_accum=1, weight_decay=0.0,
@@ -201,10 +223,32 @@ def check_nft_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.reference_video == "ground_truth" and (args.ground_truth is None or not args.ground_truth.is_dir()):
         parser.error(f"--reference_video ground_truth: --ground_truth={args.ground_truth}: expected a folder of "
                      "ground-truth videos")
+    check_train_sigmas(parser, args)
     world_size, _ = launch_world(args.backend)
     if args.train == "full" and world_size > 1:
         parser.error(f"--train full on {world_size} ranks: the old policy and the reference are unsharded copies "
                      "of the model, which this recipe keeps on one process only; use --train lora")
+
+
+def check_train_sigmas(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--train_sigmas: the --sigma_* flags apply with `range` only; a range reaching below the distilled Teacher's
+    lowest trained sigma is refused for a policy that starts from the Teacher (old policy and reference are the
+    Teacher too), unless --allow_sigma_below_teacher."""
+    if args.train_sigmas == "sampler_grid":
+        changed = [f"--{name}={getattr(args, name)}" for name in RANGE_FLAGS
+                   if getattr(args, name) != parser.get_default(name)]
+        if changed:
+            parser.error(f"{' '.join(changed)} with --train_sigmas sampler_grid: the --sigma_* flags apply with "
+                         "--train_sigmas range only")
+        return
+    if not 0 <= args.sigma_min < args.sigma_max <= 1:
+        parser.error(f"--sigma_min={args.sigma_min} --sigma_max={args.sigma_max}: expected 0 <= min < max <= 1")
+    distilled = args.train == "lora" or args.init_weights == "teacher"
+    if distilled and args.sigma_min < DISTILLED_SIGMA_FLOOR and not args.allow_sigma_below_teacher:
+        parser.error(f"--sigma_min={args.sigma_min} with --train_sigmas range: the policy starts from the distilled "
+                     f"Teacher (--train {args.train}, --init_weights {args.init_weights}), trained only at sigma >= "
+                     f"{DISTILLED_SIGMA_FLOOR:g}; expected --sigma_min >= {DISTILLED_SIGMA_FLOOR:g}, or add "
+                     "--allow_sigma_below_teacher")
 
 
 class NftStep:
@@ -224,6 +268,7 @@ class NftStep:
         self.sample_config = RolloutConfig(num_steps=args.sample_steps, shift=args.sample_shift,
                                            state_dtype=torch.float32, autocast_dtype=autocast_dtype)
         self.clip_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast_dtype)
+        self.sigma_grid = sampler_sigma_grid(args.sample_steps, args.sample_shift)  # [sample_steps]
 
     def counters(self) -> tuple[int, int, int]:
         return self.args.seed, self.run_state.micro_step, self.env.rank
@@ -265,7 +310,8 @@ class NftStep:
         scores = self.rewards(samples, item)
         names = list(scores)
         table = gathered(torch.stack([scores[name] for name in names]), self.env)  # [world, rewards + 1, K]
-        advantages_all = group_advantages(table[:, names.index(TOTAL)].double()).float()  # [world, K]
+        advantages_all = group_advantages(table[:, names.index(TOTAL)].double(),  # [world, K]
+                                          std=args.advantage_std).float()
         advantages = advantages_all[self.env.rank]
         metrics = group_statistics(table, names, advantages_all)
         metrics.update({"old_policy/decay": old_policy_decay(args.old_decay_schedule, step, args.old_decay),
@@ -279,6 +325,15 @@ class NftStep:
             both = self.rewards(torch.cat([policy_video, reference_video]), item)[TOTAL]
             metrics.update({"monitor/reward": float(both[0]), "monitor/reference_reward": float(both[1])})
         return metrics
+
+    def training_sigmas(self, count: int, generator: torch.Generator) -> torch.Tensor:
+        """`count` training noise levels [count] (--train_sigmas): the sampler's grid in a random order, or draws
+        of --sigma_sampler within [--sigma_min, --sigma_max]."""
+        args = self.args
+        if args.train_sigmas == "sampler_grid":
+            return draw_grid_sigmas(self.sigma_grid, count, generator)
+        return sample_sigmas(args.sigma_sampler, count, generator, sigma_min=args.sigma_min, sigma_max=args.sigma_max,
+                             shift=args.sigma_shift, logit_mean=args.logit_mean, logit_std=args.logit_std)
 
     def train_on(self, item: dict, samples: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
         """NFT + KL backward on `--chunks_per_sample` chunks of each sample [K, C, T, H, W] with its advantage [K]."""
@@ -300,9 +355,7 @@ class NftStep:
             if self.models.adapters is not None:
                 clips["old"] = clips["reference"] = clips["policy"]
             chunks = draw_training_chunks(clips["policy"].num_chunks, args.chunks_per_sample, generator, shared)
-            sigmas = sample_sigmas(args.sigma_sampler, len(chunks), generator, sigma_min=args.sigma_min,
-                                   sigma_max=args.sigma_max, shift=args.sigma_shift, logit_mean=args.logit_mean,
-                                   logit_std=args.logit_std)
+            sigmas = self.training_sigmas(len(chunks), generator)
             for chunk_index, sigma in zip(chunks, sigmas.tolist()):
                 x0 = clips["policy"].chunk_latents(chunk_index)
                 noise = torch.randn(x0.shape, generator=generator).to(device)
@@ -315,16 +368,24 @@ class NftStep:
                         v_reference = clips["reference"].predict_velocity(chunk_index, noisy, sigma_frames)
                 with self.models.running("policy"):
                     v_policy = clips["policy"].predict_velocity(chunk_index, noisy, sigma_frames)
-                    nft = nft_loss(v_policy, v_old, noisy, x0, torch.tensor([sigma], device=device),
-                                   advantages[index:index + 1].to(device), beta=args.beta, clip=args.adv_clip)
-                    kl = torch.mean((v_policy - v_reference) ** 2)
-                    ((nft + args.kl_weight * kl) / (samples.shape[0] * len(chunks))).backward()
+                    loss, nft, kl = nft_objective(v_policy, v_old, v_reference, noisy, x0,
+                                                  torch.tensor([sigma], device=device),
+                                                  advantages[index:index + 1].to(device), beta=args.beta,
+                                                  clip=args.adv_clip, kl_weight=args.kl_weight)
+                    (loss / (samples.shape[0] * len(chunks))).backward()
                 nft_terms.append(nft.item())
                 kl_terms.append(kl.item())
                 sigmas_seen.append(sigma)
         nft_mean, kl_mean = sum(nft_terms) / len(nft_terms), sum(kl_terms) / len(kl_terms)
         return {"loss": nft_mean + args.kl_weight * kl_mean, "loss/nft": nft_mean, "kl": kl_mean,
                 "sigma/mean": sum(sigmas_seen) / len(sigmas_seen)}
+
+
+def describe_train_sigmas(args: argparse.Namespace) -> str:
+    if args.train_sigmas == "sampler_grid":
+        grid = ", ".join(f"{sigma:.4g}" for sigma in sampler_sigma_grid(args.sample_steps, args.sample_shift).tolist())
+        return f"on the sampler's grid {{{grid}}}"
+    return f"{args.sigma_sampler} in [{args.sigma_min:g}, {args.sigma_max:g}]"
 
 
 def main(argv=None) -> int:
@@ -384,9 +445,9 @@ def main(argv=None) -> int:
                         f"{args.sample_steps} steps at shift {args.sample_shift:g}; 1 group per rank x "
                         f"{env.world_size} ranks x {args.grad_accum} accumulation",
             "rewards": f"{args.rewards} (reference: {args.reference_video}; decoded by {vae_folder})",
-            "loss": f"nft (beta {args.beta:g}, adv clip {args.adv_clip:g}) + {args.kl_weight:g} mse(v, v_ref); "
-                    f"{args.chunks_per_sample} chunks per sample, sigma {args.sigma_sampler} in "
-                    f"[{args.sigma_min}, {args.sigma_max}]",
+            "loss": f"nft (beta {args.beta:g}, adv clip {args.adv_clip:g}, advantages / {args.advantage_std} "
+                    f"std) + {args.kl_weight:g} mse(v, v_ref); {args.chunks_per_sample} chunks per sample, "
+                    f"sigma {describe_train_sigmas(args)}",
         })
 
         # 6. Train; then the policy against the reference from the same noise on held-out clips; then export the

@@ -40,7 +40,7 @@ def test_mean_reward_rises():
         x0 = sample(old, generator)
         reward = -(x0 - 3) ** 2
         rewards.append(float(reward.mean()))
-        advantage = group_advantages(reward.view(GROUPS, PER_GROUP)).view(-1)
+        advantage = group_advantages(reward.view(GROUPS, PER_GROUP), std="group").view(-1)
         for _ in range(4):
             x_t, t = noised(x0, generator)
             loss = nft_loss(velocity(w, x_t), velocity(old, x_t), x_t, x0, t, advantage, beta=BETA, clip=CLIP)
@@ -63,17 +63,18 @@ def gradient_at_the_old_policy(advantage: torch.Tensor) -> torch.Tensor:
 def test_zero_advantage_gives_no_update_and_nonzero_gives_one():
     size = GROUPS * PER_GROUP
     assert gradient_at_the_old_policy(torch.zeros(size)).abs().max() < 1e-6
-    advantage = group_advantages(torch.randn(GROUPS, PER_GROUP, generator=stream_generator(2))).view(-1)
+    rewards = torch.randn(GROUPS, PER_GROUP, generator=stream_generator(2))
+    advantage = group_advantages(rewards, std="group").view(-1)
     assert gradient_at_the_old_policy(advantage).abs().max() > 1e-3
 
 
 def test_advantages_are_normalised_within_each_group():
     rewards = torch.randn(4, 8, generator=stream_generator(3)) * torch.tensor([[1.0], [10.0], [0.1], [5.0]])
     rewards = rewards + torch.tensor([[0.0], [100.0], [-3.0], [7.0]])
-    advantage = group_advantages(rewards)
+    advantage = group_advantages(rewards, std="group")
     torch.testing.assert_close(advantage.mean(dim=1), torch.zeros(4), atol=1e-5, rtol=0)
     torch.testing.assert_close(advantage.std(dim=1, unbiased=False), torch.ones(4), atol=1e-3, rtol=0)
     # a group's advantages depend on that group only
     changed = rewards.clone()
     changed[1] += 1000
-    torch.testing.assert_close(group_advantages(changed)[[0, 2, 3]], advantage[[0, 2, 3]])
+    torch.testing.assert_close(group_advantages(changed, std="group")[[0, 2, 3]], advantage[[0, 2, 3]])

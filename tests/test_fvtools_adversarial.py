@@ -133,6 +133,33 @@ def test_one_step_gives_gradients_only_where_each_loss_may_reach(tiny_dataset, t
     assert any(not torch.equal(with_d_predictor[name], regression_predictor[name]) for name in trained)
 
 
+def test_discriminator_sees_the_fake_on_the_reals_grid(tiny_dataset, tmp_path, monkeypatch):
+    """The stored real hiddens are BF16, the Predictor's are FP32: every hidden the discriminator is shown (real,
+    fake in its own loss, fake in the generator term) is on the BF16 grid, while the generator term still reaches
+    the Predictor (test_one_step_gives_gradients_only_where_each_loss_may_reach)."""
+    wiring = captured_wiring(monkeypatch, adversarial_args(tiny_dataset, tmp_path / "run", "--adv_weight", "0.5",
+                                                           "--adv_warmup_steps", "0", "--r1_every", "1"))
+    predictor, discriminator = (role.raw_module for role in wiring["roles"])
+    step_fn, batch = wiring["step_fn"], next(wiring["batches"])
+    assert batch["target_hidden"].dtype == torch.bfloat16
+    with torch.no_grad():  # a trained-looking head: pred_hidden = anchor + head(x) leaves the BF16 grid
+        head = predictor.residual_head.fc2
+        head.weight.copy_(1e-3 * torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0)))
+    pred_hiddens, shown = [], []
+    predictor.register_forward_hook(lambda module, inputs, output: pred_hiddens.append(output[0].detach().clone()))
+    discriminator.register_forward_pre_hook(lambda module, inputs: shown.append(inputs[0].detach().clone()))
+    for role in wiring["roles"]:
+        role.zero_grad()
+    step_fn(batch, sync=True, due=frozenset({"predictor", "discriminator"}))
+    (pred_hidden,) = pred_hiddens
+    assert not torch.equal(pred_hidden, pred_hidden.bfloat16().float())  # the raw fake is off the grid
+    assert len(shown) == 4  # generator term, D(real), D(fake), R1 on real
+    assert all(torch.equal(hidden, hidden.bfloat16().float()) for hidden in shown)
+    assert torch.equal(shown[0], pred_hidden.bfloat16().float())  # the generator term's fake, rounded
+    assert torch.equal(shown[2], pred_hidden.bfloat16().float())  # D's fake, rounded
+    assert all(param.grad is not None for param in head.parameters())  # the term still reaches the Predictor
+
+
 def test_lazy_r1_only_on_its_cadence(tiny_dataset, tmp_path, monkeypatch):
     """D every 2 steps, R1 on every 2nd D update (its 1st, 3rd, ...): steps 2 and 6 of 6, and nowhere else."""
     calls = []

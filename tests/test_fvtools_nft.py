@@ -17,7 +17,7 @@ from torch import nn
 import fvtools.train_nft as nft
 from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.methods.nft import OldPolicy, PolicyModels, old_policy_decay
+from predictor_training.methods.nft import OldPolicy, PolicyModels, old_policy_decay, sampler_sigma_grid
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.video.vae_decoder import VaeDecoder
 from predictor_training.methods.method_model import build_method_model
@@ -112,6 +112,31 @@ def test_flags_are_checked(world, tmp_path, capsys):
     assert "--ground_truth=None: expected a folder" in capsys.readouterr().err
 
 
+def test_sigma_and_advantage_flags(world, tmp_path, capsys):
+    """Defaults: the sampler's sigma grid and the global advantage std. A continuous range below the distilled
+    Teacher's lowest trained sigma is refused for a policy that starts from it, unless forced."""
+    args = nft.parse_args(_argv(world, tmp_path))
+    assert (args.train_sigmas, args.advantage_std, args.sigma_min) == ("sampler_grid", "global", 0.625)
+    assert nft.describe_train_sigmas(args) == "on the sampler's grid {1, 0.9375, 0.8333, 0.625}"
+    assert nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range")).sigma_min == 0.625
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2"))
+    error = capsys.readouterr().err
+    assert "--sigma_min=0.2 with --train_sigmas range" in error and "--allow_sigma_below_teacher" in error
+    forced = nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2",
+                                  "--allow_sigma_below_teacher"))
+    assert forced.sigma_min == 0.2
+    scratch = nft.parse_args(_argv(world, tmp_path, "--train", "full", "--init_weights", "scratch", "--train_sigmas",
+                                   "range", "--sigma_min", "0.2"))  # not the distilled Teacher: no floor
+    assert scratch.sigma_min == 0.2
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--sigma_min", "0.7"))
+    assert "--sigma_min=0.7 with --train_sigmas sampler_grid" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--advantage_std", "batch"))
+    assert "invalid choice: 'batch'" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # old policy
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,6 +215,36 @@ def test_one_step_trains_only_the_policy(world, tmp_path, train):
         policy_param = dict(method_model.role.raw_module.named_parameters())[name]
         torch.testing.assert_close(param, 0.001 * frozen_old[name] + 0.999 * policy_param.detach(), rtol=0,
                                    atol=1e-7)
+
+
+def test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid(world, tmp_path, monkeypatch):
+    """The rewards [0, 1] of a group of two: the objective sees sample 0 with A = -0.5/(0.5 + 1e-4) and sample 1 with
+    +0.5/(0.5 + 1e-4) (not negated, not swapped), each chunk at one of the sampler's sigmas."""
+    step, _, _ = _step(world, tmp_path)
+    seen = []
+    objective = nft.nft_objective
+
+    def spy(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs):
+        seen.append((float(t), float(advantage), x0.detach().clone()))
+        return objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs)
+
+    def ranked_rewards(videos, item):  # sample k scores k
+        return {"total": torch.arange(videos.shape[0], dtype=torch.float32)}
+
+    monkeypatch.setattr(nft, "nft_objective", spy)
+    step.rewards = ranked_rewards
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    samples = step.sample(item, "old", range(2))
+    step(item, sync=True, due=frozenset({nft.ROLE}))
+    assert len(seen) == 2  # one chunk per sample
+    expected = 0.5 / (0.5 + 1e-4)
+    assert [advantage for _, advantage, _ in seen] == pytest.approx([-expected, expected])
+    grid = set(sampler_sigma_grid(4, 5.0).tolist())
+    assert all(sigma in grid for sigma, _, _ in seen)
+    for index, (_, _, x0) in enumerate(seen):  # the objective's x0 is a chunk of sample `index`
+        chunk = x0.shape[2]
+        assert any(torch.equal(x0.cpu(), samples[index:index + 1, :, start:start + chunk])
+                   for start in range(0, samples.shape[2], chunk))
 
 
 def test_sampling_is_regenerated_from_its_counters(world, tmp_path):

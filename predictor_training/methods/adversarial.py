@@ -10,6 +10,11 @@ warm-up of the adversarial weight:
 `discriminator_loss` detaches the fake and `generator_loss` runs D with its parameters out of the graph, so neither
 side's loss reaches the other's parameters (tests/test_adversarial.py checks it).
 
+Precision: the real hiddens come in their storage / Teacher dtype (BF16 in a real run), the fake (the Predictor's
+FP32 residual sum) does not, so D could tell them apart by the rounding alone. `Adversary` therefore shows D the fake
+rounded to the real's dtype, with a straight-through estimator (`on_real_grid`: forward the rounded values, backward
+the identity), in both D's loss and the generator term.
+
 A training run (fvtools/train_adversarial.py) has two roles, "predictor" and "discriminator". The discriminator's
 side of it lives here: `build_discriminator` (from its own random stream), `build_discriminator_role` (its AdamW,
 cosine schedule and cadence), `context_summary` (its context condition), `Adversary` (its update and the
@@ -97,6 +102,20 @@ def generator_loss(discriminator: nn.Module, fake: Tensor, timestep: Tensor, con
     return -functional_call(discriminator, frozen, (fake, timestep, context)).mean()
 
 
+def on_real_grid(fake: Tensor, real_dtype: torch.dtype) -> Tensor:
+    """The fake hidden, FP32, with its values rounded to `real_dtype` (e.g. BF16) and a straight-through gradient:
+    forward `fake.to(real_dtype)` exactly (as FP32), backward the identity (the gradient reaches `fake` unrounded).
+    A real dtype at least as fine as FP32 leaves the values unchanged."""
+    fake = fake.float()
+    if not real_dtype.is_floating_point:
+        raise ValueError(f"on_real_grid: the real hiddens' dtype {real_dtype} is not a floating dtype")
+    if torch.finfo(real_dtype).eps <= torch.finfo(torch.float32).eps:
+        return fake
+    rounded = fake.detach().to(real_dtype).float()
+    # (rounded - fake) is exact (Sterbenz: the two are within a factor 2), so the sum is `rounded` exactly.
+    return fake + (rounded - fake.detach())
+
+
 def adversarial_weight(step: int, weight: float, warmup_steps: int) -> float:
     """Linear warm-up of the adversarial loss weight: 0 at step 0, `weight` from `warmup_steps` on."""
     if warmup_steps <= 0:
@@ -182,16 +201,20 @@ class Adversary:
         """The adversarial weight of this step: warm-up over the Predictor updates done so far."""
         return adversarial_weight(self.predictor_role.updates, self.adv_weight, self.adv_warmup_steps)
 
-    def generator_term(self, pred_hidden: Tensor, timestep: Tensor, condition: Tensor) -> Tensor:
-        """-mean D(pred_hidden | timestep, condition) with D's parameters frozen (gradient reaches the Predictor
-        only). pred_hidden [B, N, D], timestep [B], condition [B, D]."""
-        return generator_loss(self.discriminator, pred_hidden.float(), timestep.float(), condition)
+    def generator_term(self, pred_hidden: Tensor, timestep: Tensor, condition: Tensor, *,
+                       real_dtype: torch.dtype) -> Tensor:
+        """-mean D(pred_hidden on the real's grid | timestep, condition) with D's parameters frozen (gradient reaches
+        the Predictor only, through the straight-through rounding to `real_dtype`, the real hiddens' dtype).
+        pred_hidden [B, N, D], timestep [B], condition [B, D]."""
+        return generator_loss(self.discriminator, on_real_grid(pred_hidden, real_dtype), timestep.float(), condition)
 
     def discriminator_pass(self, real: Tensor, fake: Tensor, timestep: Tensor, condition: Tensor, *,
                            train: bool) -> dict[str, float]:
-        """Hinge loss of D on real [B, N, D] vs detached fake [B, N, D] (+ lazy R1 on real): backward into D when
-        `train` (D is due), else measured without gradients. Returns the discriminator/* metrics."""
-        real, fake, timestep = real.detach().float(), fake.detach().float(), timestep.detach().float()
+        """Hinge loss of D on real [B, N, D] (in its own dtype) vs detached fake [B, N, D] rounded to the real's dtype
+        (+ lazy R1 on real): backward into D when `train` (D is due), else measured without gradients. Returns the
+        discriminator/* metrics."""
+        fake = on_real_grid(fake.detach(), real.dtype)
+        real, timestep = real.detach().float(), timestep.detach().float()
         if not train:
             with torch.no_grad():
                 _, metrics = discriminator_loss(self.discriminator, real, fake, timestep, condition)

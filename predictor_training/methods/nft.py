@@ -1,8 +1,10 @@
 """DiffusionNFT: reinforcement on the forward process of a flow model, with no likelihoods; the loss first.
 
 Samples x0 of the frozen old policy are scored by a reward; within each group (the K samples of one condition) the
-rewards become advantages A = (r - mean) / (std + 1e-4). For a noised sample x_t = (1 - t) x0 + t noise, the trained
-policy's velocity v_θ and the old policy's v_old define a positive and a negative policy,
+rewards become advantages A = (r - mean_group) / (std + 1e-4), std over the whole gathered table ("global", the
+reference's default) or over the group ("group"). For a noised sample x_t = (1 - t) x0 + t noise at one of the
+sampler's own noise levels (`sampler_sigma_grid`), the trained policy's velocity v_θ and the old policy's v_old
+define a positive and a negative policy,
 
     v+ = β v_θ + (1 - β) sg(v_old),        v- = (1 + β) sg(v_old) - β v_θ,        x0± = x_t - t v±,
 
@@ -12,7 +14,8 @@ and the loss pulls x0+ towards the sample where the advantage is high and x0- wh
     L = mean[ (c / β) * ( r |x0+ - x0|^2 / w+  +  (1 - r) |x0- - x0|^2 / w- ) ],   w± = sg(mean|x0± - x0|)
 
 At v_θ = v_old a zero advantage (r = 1/2) gives no gradient (the two terms cancel) and a non-zero one does
-(tests/test_diffusion_nft.py). A KL term to a frozen reference, λ mse(v_θ, v_ref), is added by the caller.
+(tests/test_diffusion_nft.py). `nft_objective` adds the KL term to the frozen reference, λ mse(v_θ, sg(v_ref)),
+which pulls the policy towards the reference (tests/test_method_signs_nft_adversarial.py).
 
 The old policy is refreshed after each policy update, old <- d old + (1 - d) policy, with d from a named schedule
 (`old_policy_decay`); `OldPolicy` does this in place on the old policy's own weights and is what a training role
@@ -36,19 +39,51 @@ from torch import Tensor
 from predictor_training.methods.method_model import MethodModel
 from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.rewards import TOTAL
+from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects
 from predictor_training.teacher.adapters import AdapterWeights, adapter, copy_lora
 
 OLD_ADAPTER = "old_policy"
+# How the advantages are scaled: "global" divides by the std of every reward in the gathered table (DiffusionNFT's
+# default, config/base.py sample.global_std = True, applied in flow_grpo/stat_tracking.py), "group" by the std of
+# the group's own K rewards.
+ADVANTAGE_STDS = ("global", "group")
 
 
-def group_advantages(rewards: Tensor, eps: float = 1e-4) -> Tensor:
-    """rewards [G, K] (K samples per group) -> advantages [G, K], normalised within each group."""
+def group_advantages(rewards: Tensor, *, std: str, eps: float = 1e-4) -> Tensor:
+    """rewards [G, K] (K samples per group) -> advantages [G, K] = (r - mean of r's group) / (s + eps), with s the
+    population std of all G x K rewards (std="global") or of r's group (std="group").
+
+    With "group", a group whose K rewards differ only by noise (e.g. the quantisation of decoded frames) gets
+    advantages of full size; "global" scales every group by the spread of the whole table."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, samples per group], got {tuple(rewards.shape)}")
     mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    return (rewards - mean) / (std + eps)
+    if std == "global":
+        scale = rewards.std(unbiased=False)
+    elif std == "group":
+        scale = rewards.std(dim=1, keepdim=True, unbiased=False)
+    else:
+        raise ValueError(f"advantage std {std!r}; expected one of {ADVANTAGE_STDS}")
+    return (rewards - mean) / (scale + eps)
+
+
+def sampler_sigma_grid(num_steps: int, shift: float) -> Tensor:
+    """The noise levels the sampler visits with `num_steps` Euler steps at `shift`, the final 0 excluded -> [num_steps]
+    float32 (4 steps at shift 5: 1, 0.9375, 0.8333, 0.625). NFT trains at these by default, as the reference trains
+    at its sampler's own timesteps (DiffusionNFT scripts/train_nft_sd3.py)."""
+    return flow_match_sigmas(num_steps, shift)[:-1]
+
+
+def draw_grid_sigmas(grid: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """`count` noise levels [count] from `grid` [n]: the grid in a random order (a fresh permutation every n draws),
+    so the first min(count, n) are distinct, as the reference trains each sample on a shuffled subset of its
+    timesteps."""
+    if count < 0 or grid.dim() != 1 or grid.numel() == 0:
+        raise ValueError(f"draw_grid_sigmas: count {count}, grid of shape {tuple(grid.shape)}")
+    orders = [torch.randperm(grid.numel(), generator=generator) for _ in range(-(-count // grid.numel()))]
+    order = torch.cat(orders)[:count] if orders else torch.zeros(0, dtype=torch.long)
+    return grid[order]
 
 
 def nft_loss(v_theta: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor, advantage: Tensor, *,
@@ -73,6 +108,17 @@ def nft_loss(v_theta: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor,
 
     r = torch.clamp(advantage.float().reshape(shape) / (2 * clip) + 0.5, 0.0, 1.0)
     return torch.mean((clip / beta) * (r * weighted(x0_positive) + (1 - r) * weighted(x0_negative)))
+
+
+def nft_objective(v_policy: Tensor, v_old: Tensor, v_reference: Tensor, x_t: Tensor, x0: Tensor, t: Tensor,
+                  advantage: Tensor, *, beta: float, clip: float, kl_weight: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk's training loss: nft_loss + kl_weight * mse(v_policy, sg(v_reference)) -> (loss, nft, kl).
+
+    The KL term's gradient, 2 kl_weight (v_policy - v_reference) / numel, moves the policy towards the frozen
+    reference (not the old policy: that one is the NFT term's anchor). Shapes as `nft_loss`."""
+    nft = nft_loss(v_policy, v_old, x_t, x0, t, advantage, beta=beta, clip=clip)
+    kl = torch.mean((v_policy.float() - v_reference.detach().float()) ** 2)
+    return nft + kl_weight * kl, nft, kl
 
 
 # ---------------------------------------------------------------------------------------------------------------
