@@ -25,11 +25,10 @@ from typing import Callable
 import torch
 
 from predictor_training.data.batches import ResumableBatches
-from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, read_dataset_config, resolve_teacher_source
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
-from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
 from predictor_training.predictor.pair_step import pair_step
 from predictor_training.runtime.checkpoint import checkpoint_meta
@@ -131,13 +130,12 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
         predictor = build_predictor(teacher, variant, args.source_blocks, args.gradient_checkpointing)
         teacher_layers = teacher.num_layers
-        # Held-out F-P-P-P videos every --val_every steps keep the whole Teacher (it rolls out the reference).
-        rollout_config = RolloutConfig.from_dataset_config(
-            read_dataset_config(args.dataset_root), str(args.dataset_root / DATASET_CONFIG_NAME),
-            state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
+        # Held-out F-P-P-P videos every --val_every steps keep the whole Teacher (it rolls out the reference), in
+        # the dataset's AR loop.
         validation = predictor_validation(args, teacher=teacher, predictor=predictor,
                                           teacher_folder=teacher_source.folder, replace_steps=DEFAULT_REPLACE_STEPS,
-                                          rollout_config=rollout_config, env=env, run_dir=start.run_dir)
+                                          rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env,
+                                          run_dir=start.run_dir)
         del teacher
         seed_everything(args.seed, rank=env.rank)
 

@@ -53,7 +53,7 @@ from predictor_training.runtime.checkpoint import (
 )
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0
 from predictor_training.runtime.precision import synchronize
-from predictor_training.runtime.roles import Role
+from predictor_training.runtime.roles import EMA, Role
 from predictor_training.runtime.io import atomic_write, write_json_atomic
 from predictor_training.runtime.logger import TRAIN_LOG_NAME, MetricsLogger
 
@@ -404,7 +404,7 @@ def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, me
                                    config=config)
             pruned = prune_checkpoints(run_dir, keep=keep_last, role=role.name)
             written.append(inference_path.name + (f" (pruned {len(pruned)})" if pruned else ""))
-            if role.ema is not None:  # the EMA's inference weights beside the raw ones: <role>_ema_step_XXXXX
+            if isinstance(role.ema, EMA):  # its inference weights beside the raw ones: <role>_ema_step_XXXXX
                 ema = role.ema
                 ema_path = run_dir / inference_weights_name(step, f"{role.name}_ema")
                 save_inference_weights(ema_path, ema.state_dict_of(role.raw_module), config=config, metadata={
