@@ -26,3 +26,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# The fast tier (`pytest -m "not slow"`, minutes on 2 cores) leaves out whole modules that launch torchrun, train
+# demo-sized models or build datasets and worlds; single slow tests elsewhere carry @pytest.mark.slow themselves.
+SLOW_MODULES = frozenset({
+    "test_conformance_other_sizes.py", "test_context_modes.py", "test_dataset_builder.py", "test_demo_assets.py",
+    "test_eval.py", "test_fsdp.py", "test_fvtools.py", "test_fvtools_adversarial.py", "test_fvtools_dmd2.py",
+    "test_fvtools_nft.py", "test_fvtools_validation.py", "test_kd_memory_points.py", "test_offline_training.py",
+    "test_rollout_training.py", "test_run_lock.py", "test_sharded_checkpoint.py", "test_teacher_samples.py",
+    "test_validation.py", "test_video_latent_dataset.py", "test_world.py", "test_world_shipped.py",
+    "test_world_vae.py", "test_encoders.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
