@@ -10,7 +10,7 @@ the demo the same way on the same kind of CPU, then compare:
     O=checkpoints/predictor_v4_prefeature_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
     D=checkpoints/predictor_disca_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
     python tools/eval_predictor.py --demo demo_data/assets --split holdout25 --replace_steps 1,2,3 \
-        --lpips_random_backbone --ckpt $R/predictor_step_00008.safetensors --ckpt $O/predictor_step_00240.safetensors \
+        --lpips_random_backbone --threads 2 --ckpt $R/predictor_step_00008.safetensors --ckpt $O/predictor_step_00240.safetensors \
         --ckpt $D/predictor_step_00240.safetensors --run_name world_demo_fppp_holdout25
     python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
 

@@ -30,3 +30,12 @@ def test_free_cores_are_split_over_the_ranks(monkeypatch, cores, busy, ranks, ex
     threads, why = choose_cpu_threads(None, ranks_on_host=ranks, cores=cores, busy=busy)
     assert threads == expected
     assert f"{cores} cores" in why and f"{ranks} rank" in why
+
+
+def test_tools_that_make_data_ignore_the_load(monkeypatch):
+    """Their outputs must not depend on what else runs: the thread count changes float rounding."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    quiet = choose_cpu_threads(None, cores=2, busy=0.0, load_aware=False)
+    busy = choose_cpu_threads(None, cores=2, busy=1.7, load_aware=False)
+    assert quiet == busy and quiet[0] == 2
+    assert choose_cpu_threads(None, ranks_on_host=2, cores=16, busy=9.0, load_aware=False)[0] == 8

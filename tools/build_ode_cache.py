@@ -132,7 +132,7 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="build_ode_cache")
+    set_cpu_threads(args.threads, tool="build_ode_cache", load_aware=False)
     env = init_distributed(args.backend)
     try:
         jobs, load_condition, inputs = plan_jobs(args)

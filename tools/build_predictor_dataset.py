@@ -120,7 +120,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="build_predictor_dataset")
+    set_cpu_threads(args.threads, tool="build_predictor_dataset", load_aware=False)
     return run(args)
 
 

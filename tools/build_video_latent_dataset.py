@@ -136,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="build_video_latent_dataset")
+    set_cpu_threads(args.threads, tool="build_video_latent_dataset", load_aware=False)
     return run(args, prepare_demo=prepare_demo_inputs)
 
 

@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="check_conformance")
+    set_cpu_threads(args.threads, tool="check_conformance", load_aware=False)
     results = run_conformance(args.folder, args.tier, args.cases)
     for result in results:
         print(result.line())

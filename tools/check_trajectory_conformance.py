@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="check_trajectory_conformance")
+    set_cpu_threads(args.threads, tool="check_trajectory_conformance", load_aware=False)
     torch.backends.cuda.matmul.allow_tf32 = False
     report = check_trajectory(args.folder, args.tier)
     print_report(report)

@@ -80,7 +80,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
 def main(argv=None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
-    set_cpu_threads(args.threads, tool="compute_video_metrics")
+    set_cpu_threads(args.threads, tool="compute_video_metrics", load_aware=True)
     try:
         pairs = pair_videos(args.ref_dir, args.test_dir)
     except ValueError as error:  # REF_DIR and TEST_DIR do not match: a usage error, before anything is loaded

@@ -83,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="encode_cases")
+    set_cpu_threads(args.threads, tool="encode_cases", load_aware=False)
     env = init_distributed("nccl" if args.device == "cuda" else "gloo")
     try:
         # 1. cases (every image must exist) and encoders

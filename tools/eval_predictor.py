@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(parser, argv)
-    set_cpu_threads(args.threads, tool="eval")
+    set_cpu_threads(args.threads, tool="eval", load_aware=True)
     env = init_distributed(args.backend)
     try:
         try:

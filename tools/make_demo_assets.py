@@ -315,7 +315,7 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    set_cpu_threads(args.threads, tool="make_demo_assets")
+    set_cpu_threads(args.threads, tool="make_demo_assets", load_aware=False)
     started = time.time()
     config = build_demo_assets(args.out, args.num_train, args.num_holdout25, args.num_holdout50, args.seed,
                                overwrite=args.overwrite, kind=args.kind, world_weights=args.world_weights)

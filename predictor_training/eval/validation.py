@@ -16,6 +16,7 @@ and every random state (python, numpy, torch) is restored afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -31,13 +32,16 @@ from predictor_training.data.dataset_config import (
     recorded_sample_table,
 )
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, ReferenceMethod
+from predictor_training.data.video_latents import read_clip_manifest
+from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, ReferenceMethod, make_step_fn
 from predictor_training.eval.runtime import EvalRuntime, score_video
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
 from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, unwrap_model
 from predictor_training.runtime.io import atomic_write
+from predictor_training.runtime.precision import autocast
 from predictor_training.video.ground_truth import find_ground_truth_videos, load_ground_truth, video_key
 from predictor_training.video.metrics import chunk_frame_ranges
 from predictor_training.video.vae_decoder import VaeDecoder
@@ -188,12 +192,13 @@ def contact_sheet(videos: list) -> Image.Image:
 
 
 def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, replace_steps,
-                         rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path
-                         ) -> PredictorValidation | None:
+                         rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path,
+                         autocast_dtype: torch.dtype | None = None) -> PredictorValidation | None:
     """The recipe's validation from its flags (None with --val_every 0). Without --val_vae the VAE is the
     `encoders/vae` folder beside the Teacher's folder, and without --val_ground_truth the truth is its
     `ground_truth` folder, when they exist (the demo assets' layout). `rollout_config`: the recipe's AR loop (None:
-    the dataset's, in the precision of the Teacher). Built without touching any random state."""
+    the dataset's, running latents in the Teacher's dtype, `autocast_dtype` for its calls). Built without touching
+    any random state."""
     if args.val_every <= 0:
         return None
     assets = Path(teacher_folder).parent
@@ -207,7 +212,7 @@ def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, repl
     if rollout_config is None:
         rollout_config = RolloutConfig.from_dataset_config(
             read_dataset_config(args.dataset_root), str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
-            state_dtype=teacher.dtype, autocast_dtype=None)
+            state_dtype=teacher.dtype, autocast_dtype=autocast_dtype)
     schedule = Schedule.for_rollout(replace_steps, rollout_config)
     split = args.val_split or default_val_split(args.dataset_root)
     with restored_random_state():
@@ -216,38 +221,101 @@ def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, repl
                                    num_videos=args.val_videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir)
 
 
+def default_video_val_split(dataset_root: Path, train_split: str = "train") -> str:
+    """The held-out split of a video-latent dataset: the first split of its manifest, by name, other than the
+    training split (e.g. "holdout")."""
+    splits = sorted({entry.split for entry in read_clip_manifest(dataset_root)} - {train_split})
+    if not splits:
+        raise ValueError(f"{dataset_root}: the video-latent dataset has no split besides {train_split!r}; pass "
+                         "--val_split")
+    return splits[0]
+
+
+def own_rollout(model, rollout_config: RolloutConfig, device: torch.device, autocast_dtype):
+    """`generate` of a model that samples by itself (a df_sft / kd student, a Teacher): its AR rollout under
+    `rollout_config` (its step count and shift) from the clip's noise and memory points, its own text prefill."""
+    def generate(item, noise, memory_seed):
+        text_kv = clip_text_kv(model, item, device, autocast_dtype, grad=False)
+        inputs = RolloutInputs.from_clip(item, noise, memory_seed)
+        return ARRollout(model, text_kv, inputs, rollout_config, device=device).run().float().cpu()
+
+    return generate
+
+
+def composite_rollout(teacher, predictor, schedule: Schedule, rollout_config: RolloutConfig, device: torch.device,
+                      autocast_dtype, run_dir: Path):
+    """`generate` of the F-P-P-P composite: the frozen Teacher's AR loop with the eval's own step hook
+    (`PredictorMethod` + `make_step_fn` under `schedule`); `predictor=None` gives the Teacher's own F-F-F-F
+    (`ReferenceMethod`)."""
+    if predictor is None:
+        method = ReferenceMethod()
+    else:
+        raw = unwrap_model(predictor)
+        label = PredictorCheckpoint(Path(run_dir), Path(run_dir).name, 0, {}, raw.predictor_config(), {},
+                                    label="training", panel="training")
+        method = PredictorMethod(raw, label)
+    config = dataclasses.replace(rollout_config, context_mode=method.context_mode)
+    scope = lambda: autocast(device, autocast_dtype)
+
+    def generate(item, noise, memory_seed):
+        text_kv = clip_text_kv(teacher, item, device, autocast_dtype, grad=False)
+        inputs = RolloutInputs.from_clip(item, noise, memory_seed)
+        step_fn = make_step_fn(method, schedule, Stopwatch(device), scope)
+        return ARRollout(teacher, text_kv, inputs, config, device=device).run(step_fn).float().cpu()
+
+    return generate
+
+
+PSNR_CEILING = 100.0  # dB: what ClipRolloutValidation reports for identical videos (PSNR inf, not JSON)
+
+
 class ClipRolloutValidation:
     """Held-out validation of the generic methods (fvtools): a model's own AR rollout on the first `num_videos`
-    held-out clips of a video-latent dataset, from fixed noise and memory points, decoded by the dataset's VAE and
-    scored against the clip's true video (its stored latents, decoded) and, given a `reference`, against the
-    Teacher's rollout from the same noise (computed once). `extra(latents, reference_latents, item)` adds a
-    method's own figures (collapse monitors, rewards); they are averaged like the rest.
+    held-out clips, from fixed noise and memory points (the row's own, drawn from `seed` on a private generator),
+    decoded by the VAE and scored against the clip's true video (`truth(item)`: latents [1, C, T, H, W], by default
+    its stored video latents; decoded once) and, given a `reference`, against the Teacher's rollout from the same
+    noise (computed once). `truth_name` names the truth in the figures (val/psnr_vs_<truth_name>, ...; kd: the
+    teacher's stored final latents, "teacher"). `extra(latents, reference_latents, item)` adds a method's own
+    figures (collapse monitors, rewards); they are averaged like the rest.
 
     generate / reference: `(item, noise [1, C, T, H, W], memory_seed) -> latents [1, C, T, H, W]`.
+    modules: put in eval mode while validating (their training mode is restored after).
     collective: every rank rolls out every clip (a sharded model's forwards are collectives); otherwise the clips
-    are sharded over the ranks. best.json ranks the steps by val/psnr_vs_truth."""
-
-    best_metric = "val/psnr_vs_truth"
+    are sharded over the ranks. best.json ranks the steps by val/psnr_vs_<truth_name>. A PSNR of identical videos
+    (inf: e.g. a fresh LoRA student against the Teacher it is an adapter of) is reported as PSNR_CEILING. Nothing
+    random outside the private generator is drawn: every random state is restored afterwards, and no gradient is
+    recorded."""
 
     def __init__(self, *, generate, reference=None, extra=None, dataset, num_videos: int, vae: Path, env: DistEnv,
-                 run_dir: Path, seed: int, chunk_latents: int, collective: bool = False):
+                 run_dir: Path, seed: int, chunk_latents: int, collective: bool = False, truth=None,
+                 truth_name: str = "truth", modules=(), split: str = "", reference_name: str = "reference"):
         self.generate, self.reference, self.extra = generate, reference, extra
         self.dataset, self.env, self.run_dir, self.seed = dataset, env, Path(run_dir), seed
         self.chunk_latents = chunk_latents
+        self.truth = truth if truth is not None else (lambda item: item["latents"][None].float())
+        self.truth_name, self.reference_name = truth_name, reference_name
+        self.best_metric = f"val/psnr_vs_{truth_name}"
+        self.modules = list(modules)
+        self.split = split
         self.rows = list(range(min(num_videos, len(dataset))))
+        if not self.rows:
+            raise ValueError(f"validation split {split!r} holds no clip")
         self.mine = self.rows if collective else self.rows[env.rank::env.world_size]
         self.collective = collective
-        self.decoder = VaeDecoder.from_folder(vae, env.device, torch.float32, False)
+        with restored_random_state():
+            self.decoder = VaeDecoder.from_folder(vae, env.device, torch.float32, False)
         self.cache: dict[int, dict] = {}
 
     def describe(self) -> str:
-        return (f"{len(self.rows)} held-out clips, own rollout against the truth"
-                f"{' and the Teacher' if self.reference is not None else ''}")
+        reference = f" and the {self.reference_name}" if self.reference is not None else ""
+        spread = "every clip on every rank" if self.collective else f"{len(self.mine)} on this rank"
+        return (f"{len(self.rows)} clips of {self.split or 'the held-out split'}, own rollout against the "
+                f"{self.truth_name}{reference}; {spread}")
 
     def _inputs(self, row: int) -> dict:
         if row not in self.cache:
             item = self.dataset[row]
-            latents = item["latents"][None].float()
+            latents = self.truth(item)
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + row)
             noise = torch.randn(latents.shape, generator=generator).to(self.env.device)
             memory_seed = self.seed * 1_000_003 + row
@@ -265,21 +333,30 @@ class ClipRolloutValidation:
     def __call__(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         scores, sheet = [], None
-        with restored_random_state():
-            for row in self.mine:
-                entry = self._inputs(row)
-                latents = self.generate(entry["item"], entry["noise"].clone(), entry["memory_seed"])
-                frames = self.decoder.decode(latents)
-                record = {"vs_truth": score_video(entry["truth"], frames, None, entry["ranges"], self.env.device)}
-                if entry["reference"] is not None:
-                    record["vs_reference"] = score_video(entry["reference"], frames, None, entry["ranges"],
-                                                         self.env.device)
-                figures = summarise(record)
-                if self.extra is not None:
-                    figures.update(self.extra(latents, entry["reference_latents"], entry["item"]))
-                scores.append(figures)
-                if row == self.rows[0]:
-                    sheet = contact_sheet([entry["truth"], entry["reference"], frames])
+        modes = [module.training for module in self.modules]
+        for module in self.modules:
+            module.eval()
+        try:
+            with restored_random_state():
+                for row in self.mine:
+                    entry = self._inputs(row)
+                    latents = self.generate(entry["item"], entry["noise"].clone(), entry["memory_seed"])
+                    frames = self.decoder.decode(latents)
+                    record = {f"vs_{self.truth_name}": score_video(entry["truth"], frames, None, entry["ranges"],
+                                                                   self.env.device)}
+                    if entry["reference"] is not None:
+                        record[f"vs_{self.reference_name}"] = score_video(entry["reference"], frames, None,
+                                                                          entry["ranges"], self.env.device)
+                    figures = {key: min(value, PSNR_CEILING) if "/psnr" in key else value
+                               for key, value in summarise(record).items()}
+                    if self.extra is not None:
+                        figures.update(self.extra(latents, entry["reference_latents"], entry["item"]))
+                    scores.append(figures)
+                    if row == self.rows[0]:
+                        sheet = contact_sheet([entry["truth"], entry["reference"], frames])
+        finally:
+            for module, mode in zip(self.modules, modes):
+                module.train(mode)
         gathered = scores if self.collective else [score for part in all_gather_objects(scores) for score in part]
         figures = {key: float(np.mean([score[key] for score in gathered])) for key in gathered[0]}
         figures["val/videos"] = float(len(gathered))

@@ -1,10 +1,12 @@
 """How many CPU threads a tool's tensors use, chosen so that jobs sharing a machine do not oversubscribe it.
 
 torch's default is one thread per core, whatever else runs: two such jobs on 2 cores ran one eval video in 309 s
-instead of 11 s. The tools (eval, dataset builders, metrics, the demo assets) call `set_cpu_threads` at start:
-`--threads N` when given, else `OMP_NUM_THREADS` when set (torchrun sets 1 per worker), else the cores this
-process may run on (its CPU affinity) less the ones other jobs keep busy (the 1-minute load average), split over
-the ranks on this host; at least 1. The choice is printed.
+instead of 11 s. The tools call `set_cpu_threads` at start: `--threads N` when given, else `OMP_NUM_THREADS` when
+set (torchrun sets 1 per worker), else the cores this process may run on (its CPU affinity) split over the ranks
+on this host, at least 1 - and for the tools that only measure (the eval, the video metrics), less the cores other
+jobs keep busy (the 1-minute load average). The tools that make data (demo assets, dataset builders, encoders,
+the ODE cache) do not look at the load: the thread count changes float rounding, and their outputs must not
+depend on what else runs on the machine. The choice is printed.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ def available_cores() -> int:
 
 
 def choose_cpu_threads(requested: int | None, *, ranks_on_host: int = 1, cores: int | None = None,
-                       busy: float | None = None) -> tuple[int, str]:
+                       busy: float | None = None, load_aware: bool = True) -> tuple[int, str]:
     """(threads, why). `requested`: --threads (None = choose). `cores` / `busy` default to this machine's affinity
-    and 1-minute load average (given explicitly in tests)."""
+    and 1-minute load average (given explicitly in tests); `load_aware=False` ignores the load."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--threads={requested}: expected >= 1")
@@ -36,6 +38,9 @@ def choose_cpu_threads(requested: int | None, *, ranks_on_host: int = 1, cores: 
         value = int(os.environ[THREADS_ENV])
         return max(1, value), f"{THREADS_ENV}={value}"
     cores = available_cores() if cores is None else cores
+    if not load_aware:
+        return max(1, cores // max(1, ranks_on_host)), (f"{cores} cores in this process's affinity, "
+                                                         f"{ranks_on_host} rank(s) on this host")
     busy = os.getloadavg()[0] if busy is None else busy
     free = max(1, math.floor(cores - busy + 0.5))
     threads = max(1, free // max(1, ranks_on_host))
@@ -43,12 +48,13 @@ def choose_cpu_threads(requested: int | None, *, ranks_on_host: int = 1, cores: 
                      f"{ranks_on_host} rank(s) on this host")
 
 
-def set_cpu_threads(requested: int | None, *, tool: str, ranks_on_host: int | None = None) -> int:
+def set_cpu_threads(requested: int | None, *, tool: str, load_aware: bool, ranks_on_host: int | None = None) -> int:
     """Choose (see `choose_cpu_threads`; the ranks on this host default to torchrun's LOCAL_WORLD_SIZE, else 1),
-    apply to torch's intra-op pool, print one line; returns the count."""
+    apply to torch's intra-op pool, print one line; returns the count. `load_aware`: True for tools that only
+    measure, False for tools that make data."""
     if ranks_on_host is None:
         ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads, why = choose_cpu_threads(requested, ranks_on_host=ranks_on_host)
+    threads, why = choose_cpu_threads(requested, ranks_on_host=ranks_on_host, load_aware=load_aware)
     torch.set_num_threads(threads)
     prefix = f"[{tool}] " if tool else ""
     print(f"{prefix}cpu threads: {threads} ({why}; --threads N to change)", flush=True)

@@ -1,0 +1,495 @@
+"""Per-GPU memory of a recipe's training step at real size, without a GPU: the recipe's own code on fake tensors.
+
+    python tools/estimate_memory.py --recipe v4                          # 8.6B config, batch 16, 20 context frames
+    python tools/estimate_memory.py --recipe v4 --context_frames 0 4 8 12 16 20 --json
+    python tools/estimate_memory.py --recipe disca
+    python tools/estimate_memory.py --recipe rollout --replace_steps 1,2,3 --context_mode incremental
+    python tools/estimate_memory.py --recipe v4 --fit                    # largest batch on 80 GB / 141 GB cards
+
+It builds the Teacher from its config (`--config`, no weights) in BF16 and the Predictor with the recipe's builder,
+the recipe's optimizer (AdamW over its two groups, foreach as on CUDA) and precision policy (fp32master: frozen BF16,
+trainable FP32, BF16 autocast with CUDA's rules), gradient checkpointing, DDP's gradient buckets (`--world_size` > 1),
+then runs the recipe's own step function once (`pair_step`; the rollout's `trajectory_for_row` + `train_trajectory`)
+and the loop's clip + optimizer step, all under FakeTensorMode: nothing of real size is allocated
+(predictor_training/runtime/memory_rehearsal.py says what is modelled and what is not). It prints the per-rank peak
+by category, the phase where it happens, per-phase peaks and the 10 largest tensors alive at the peak; `--json` for
+tools. A recipe's batch is synthetic at the largest shapes the data gives (`--text_tokens`, `--latent_grid`,
+`--context_frames`).
+
+Recipes: v4, disca (offline pair step), rollout (F-P-P-P by default; --replace_steps 1,2 = F-P-P-F; --context_mode
+exact | incremental). Not yet wired here: df_sft, kd, dmd2, adversarial, nft and the eval (see train.md § Memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from predictor_training.runtime.memory_rehearsal import (
+    GIB,
+    DDPBuckets,
+    MemoryReport,
+    Rehearsal,
+    default_dtype,
+    real_values,
+    use_foreach,
+)
+
+RECIPES = ("v4", "disca", "rollout")
+WIRED_LATER = ("df_sft", "kd", "dmd2", "adversarial", "nft", "eval")
+CONTEXT_TIMESTEP = 14.0
+# The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
+USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
+USER_SECONDS_PER_MICRO_BATCH = {"v4": 4.49, "disca": 1.66}
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    try:
+        height, width = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--latent_grid {text!r}: expected HxW like 30x52") from None
+    if height < 1 or width < 1:
+        raise argparse.ArgumentTypeError(f"--latent_grid {text!r}: both sizes must be >= 1")
+    return height, width
+
+
+def parse_blocks(text: str) -> tuple[int, int]:
+    try:
+        blocks = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        blocks = ()
+    if len(blocks) != 2:
+        raise argparse.ArgumentTypeError(f"--source_blocks {text!r}: expected two indices like 1,52")
+    return blocks
+
+
+def parse_steps(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--replace_steps {text!r}: expected indices like 1,2,3") from None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, choices=RECIPES, help="the recipe to rehearse")
+    parser.add_argument("--config", default="worldplay_480p_i2v",
+                        help="Teacher preset (predictor_training/teacher/config.py; default %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=16, help="per-GPU batch of the offline recipes (16)")
+    parser.add_argument("--context_frames", type=int, nargs="+", default=[20],
+                        help="v4: context frames of the batch (buckets of the dataset: 4..20; default 20, the peak)")
+    parser.add_argument("--source_blocks", type=parse_blocks, default=(1, 52), help="Predictor blocks (1,52)")
+    parser.add_argument("--text_tokens", type=int, default=1000, help="text tokens of the longest case (1000)")
+    parser.add_argument("--latent_grid", type=parse_grid, default=(30, 52), help="latent HxW (480x832 -> 30x52)")
+    parser.add_argument("--chunks", type=int, default=8, help="rollout: chunks of one trajectory (8)")
+    parser.add_argument("--replace_steps", type=parse_steps, default=(1, 2, 3),
+                        help="rollout: Predictor steps per chunk (1,2,3 = F-P-P-P; 1,2 = F-P-P-F)")
+    parser.add_argument("--context_mode", choices=("exact", "incremental"), default="exact",
+                        help="rollout: how each chunk's context K/V are built")
+    parser.add_argument("--world_size", type=int, default=8,
+                        help="ranks of the DDP job (> 1 counts DDP's gradient buckets; default 8)")
+    parser.add_argument("--optimizer_steps", type=int, default=1,
+                        help="optimizer steps to run (2 shows a later step, with AdamW moments present)")
+    parser.add_argument("--no_cuda_autocast", action="store_true",
+                        help="leave CPU autocast's own rules (for comparison; the GPU follows CUDA's)")
+    parser.add_argument("--fit", action="store_true",
+                        help="offline recipes: also find the largest per-GPU batch that fits on 80 GB and 141 GB "
+                             "cards (peak + allocator margin + CUDA context), at the largest --context_frames")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per estimate instead of text")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch_size {args.batch_size}: expected >= 1")
+    if any(frames < 0 or frames % 4 for frames in args.context_frames):
+        parser.error(f"--context_frames {args.context_frames}: expected multiples of 4 (whole chunks), >= 0")
+    if args.chunks < 2:
+        parser.error(f"--chunks {args.chunks}: expected >= 2 (chunk 0 plus a trained chunk)")
+    if args.world_size < 1 or args.optimizer_steps < 1:
+        parser.error("--world_size and --optimizer_steps must be >= 1")
+    if not args.replace_steps or not all(1 <= step <= 3 for step in args.replace_steps):
+        parser.error(f"--replace_steps {args.replace_steps}: expected steps within 1..3")
+    return args
+
+
+# ---- shared pieces ---------------------------------------------------------------------------------------------
+def recipe_args(recipe: str) -> argparse.Namespace:
+    """The recipe's own flag defaults (learning rates, betas, clip, loss weights) from its parser."""
+    if recipe in ("v4", "disca"):
+        from train_predictor_v4 import offline_parser
+        return offline_parser("", experiment="rehearsal").parse_args(["--dataset_root", "unused"])
+    import train_predictor_v4_rollout
+    parser_args = ["--dataset_root", "unused"]
+    return _rollout_defaults(train_predictor_v4_rollout, parser_args)
+
+
+def _rollout_defaults(module, argv) -> argparse.Namespace:
+    """The rollout parser's defaults without its file checks (no dataset, no --init_from on this machine)."""
+    import argparse as _argparse
+    captured = {}
+    original = _argparse.ArgumentParser.parse_args
+
+    def capture(self, args=None, namespace=None):
+        captured["parser"] = self
+        raise _Captured
+
+    class _Captured(Exception):
+        pass
+
+    _argparse.ArgumentParser.parse_args = capture
+    try:
+        module.parse_args(argv)
+    except _Captured:
+        pass
+    except SystemExit:
+        pass
+    finally:
+        _argparse.ArgumentParser.parse_args = original
+    if "parser" not in captured:
+        raise RuntimeError("could not read the rollout recipe's defaults")
+    return captured["parser"].parse_args(argv)
+
+
+def build_models(rehearsal: Rehearsal, args, variant: str):
+    """The Teacher (BF16 from its config, as load_teacher leaves it: eval, frozen) and the recipe's Predictor."""
+    from predictor_training.predictor.model import build_predictor
+    from predictor_training.teacher import WorldPlayTransformer
+    with default_dtype(torch.bfloat16):
+        teacher = WorldPlayTransformer.from_preset(args.config)
+    teacher = teacher.eval().requires_grad_(False)
+    rehearsal.label_parameters([teacher])
+    torch.manual_seed(0)
+    predictor = build_predictor(teacher, variant, args.source_blocks, gradient_checkpointing=True)
+    rehearsal.label_parameters([predictor])
+    return teacher, predictor
+
+
+def build_role(rehearsal: Rehearsal, predictor, recipe_flags, world_size: int):
+    from predictor_training.runtime.optim import build_optimizer_and_schedule
+    from predictor_training.runtime.roles import Role
+    optimizer, lr_schedule = build_optimizer_and_schedule(predictor, recipe_flags)
+    use_foreach(optimizer)
+    role = Role("predictor", predictor, optimizer, lr_schedule, module=predictor, grad_clip=recipe_flags.grad_clip)
+    rehearsal.watch_gradients(role.parameters)
+    buckets = DDPBuckets(role.parameters, rehearsal.tracker) if world_size > 1 else None
+    return role, buckets
+
+
+def optimizer_phase(rehearsal: Rehearsal, role, buckets, step: int) -> None:
+    """What the loop does after the micro-batches: DDP leaves bucket views, clip, AdamW, schedule."""
+    from predictor_training.runtime.loop import _grad_norm_and_clip
+    if buckets is not None:
+        buckets.adopt_gradients()
+    with rehearsal.phase("optimizer"):
+        _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
+        role.step()
+        rehearsal.label_optimizer(role.optimizer)
+
+
+# ---- offline (v4, disca) ---------------------------------------------------------------------------------------
+def offline_batch(variant: str, config, *, batch_size: int, n_ctx: int, text_tokens: int, grid, source_blocks,
+                  device: str = "meta"):
+    """A collated batch (`collate_pairs`) at real shapes, storage dtypes as the dataset gives them (BF16 floats), on
+    `device` ("meta": host memory, see rehearse_offline)."""
+    height, width = grid
+    frames, channels, hidden = 4, config.out_channels, config.hidden_size
+    heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
+    tokens = frames * height * width
+    with torch.device(device):
+        return _offline_batch(variant, batch_size, n_ctx, text_tokens, frames, channels, hidden, heads, head_dim,
+                              tokens, height, width, source_blocks)
+
+
+def _offline_batch(variant, batch_size, n_ctx, text_tokens, frames, channels, hidden, heads, head_dim, tokens, height,
+                   width, source_blocks):
+    bf16 = torch.bfloat16
+    batch = {
+        "noisy_input": torch.zeros(batch_size, 2 * channels + 1, frames, height, width, dtype=bf16),
+        "timestep": torch.full((batch_size,), 937.5),
+        "action": torch.zeros(batch_size, frames, dtype=torch.long),
+        "viewmats": torch.eye(4).repeat(batch_size, frames, 1, 1),
+        "Ks": torch.eye(3).repeat(batch_size, frames, 1, 1),
+        "anchor_hidden": torch.zeros(batch_size, tokens, hidden, dtype=bf16),
+        "target_hidden": torch.zeros(batch_size, tokens, hidden, dtype=bf16),
+        "target_velocity": torch.zeros(batch_size, channels, frames, height, width, dtype=bf16),
+        "text_k": torch.zeros(batch_size, 2, heads, text_tokens, head_dim, dtype=bf16),
+        "text_v": torch.zeros(batch_size, 2, heads, text_tokens, head_dim, dtype=bf16),
+        "text_mask": torch.ones(batch_size, text_tokens, dtype=torch.bool),
+    }
+    if variant == "v4":
+        batch.update({
+            "prev_chunk_hidden": torch.zeros(batch_size, tokens, hidden, dtype=bf16),
+            "n_ctx": n_ctx,
+            "ctx_prefeatures": {layer: torch.zeros(batch_size, n_ctx * height * width, hidden, dtype=bf16)
+                                for layer in source_blocks},
+            "ctx_action": torch.zeros(batch_size, n_ctx, dtype=torch.long),
+            "ctx_viewmats": torch.eye(4).repeat(batch_size, n_ctx, 1, 1),
+            "ctx_Ks": torch.eye(3).repeat(batch_size, n_ctx, 1, 1),
+        })
+    return batch
+
+
+def rehearse_offline(args, variant: str, n_ctx: int, *, fake: bool = True, host: str | None = None) -> MemoryReport:
+    """One optimizer step (or --optimizer_steps) of the offline recipe at batch --batch_size, n_ctx context frames.
+    fake=False runs the same on real CPU tensors (tiny configs only: it allocates). host: where the loop's batch
+    lies before pair_step moves it to the device: "meta" (host memory, not counted; the default for fake runs) or
+    "cpu" (the device itself: the batch is counted for the whole step, as on a CPU run)."""
+    host = host or ("meta" if fake else "cpu")
+    from predictor_training.predictor.pair_step import pair_step
+    from predictor_training.runtime.precision import precision_policy
+    flags = recipe_args(variant)
+    name = f"{variant} offline, blocks {list(args.source_blocks)}, batch {args.batch_size}" + \
+        (f", {n_ctx} context frames" if variant == "v4" else "")
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal:
+        policy = precision_policy("fp32master", torch.device("cpu"))
+        teacher, predictor = build_models(rehearsal, args, variant)
+        make_batch = partial(offline_batch, variant, teacher.config, batch_size=args.batch_size, n_ctx=n_ctx,
+                             text_tokens=args.text_tokens, grid=args.latent_grid, source_blocks=args.source_blocks,
+                             device=host)
+        del teacher  # as train_offline: the Predictor keeps only the frozen parts it runs
+        role, buckets = build_role(rehearsal, predictor, flags, args.world_size)
+        step_fn = partial(pair_step, model=predictor, predictor=predictor, policy=policy,
+                          context_timestep=CONTEXT_TIMESTEP, velocity_weight=flags.velocity_weight,
+                          hidden_weight=flags.hidden_weight)
+        for step in range(1, args.optimizer_steps + 1):
+            role.zero_grad()
+            # The device batch is the step's alone (on the GPU the loop's batch stays in pinned host memory, and
+            # pair_step's device copy is what counts): nothing here keeps a reference to it.
+            with rehearsal.phase("forward"):
+                step_fn(make_batch(), sync=True, due=frozenset({"predictor"}))
+            optimizer_phase(rehearsal, role, buckets, step)
+        rehearsal.notes["configuration"] = _configuration(args, variant)
+        rehearsal.notes.update(flop_notes(args, variant, n_ctx if variant == "v4" else None))
+    return rehearsal.report()
+
+
+# ---- rollout -----------------------------------------------------------------------------------------------------
+def rollout_row(args, channels: int):
+    """A sample-table row and its case at real shapes: real small CPU tensors for what the memory selection reads
+    (poses, seed -> points), fake for the case's text K/V (made inside the rehearsal)."""
+    latents = 4 * args.chunks
+    height, width = args.latent_grid
+    angles = torch.linspace(0, 2.0, latents, dtype=torch.float64)
+    viewmats = torch.eye(4, dtype=torch.float64).repeat(latents, 1, 1)
+    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
+    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
+    viewmats[:, 2, 3] = -0.2 * torch.arange(latents, dtype=torch.float64)
+    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(latents, 1, 1)
+    item = {"seed": 7, "viewmats": viewmats, "Ks": Ks, "action": torch.zeros(latents, dtype=torch.long)}
+    image_cond = torch.zeros(1, channels, 1, height, width)
+    return item, image_cond
+
+
+def rehearse_rollout(args) -> MemoryReport:
+    from predictor_training.predictor.self_rollout import (
+        SelfRolloutSettings,
+        train_trajectory,
+        trajectory_for_row,
+    )
+    from predictor_training.rollout.ar_rollout import RolloutConfig
+    from predictor_training.runtime.precision import precision_policy
+    flags = recipe_args("rollout")
+    letters = "".join("P" if step in args.replace_steps else "F" for step in range(4))
+    name = (f"rollout {'-'.join(letters)}, {args.chunks} chunks, context {args.context_mode}, blocks "
+            f"{list(args.source_blocks)}, one trajectory")
+    from predictor_training.teacher.config import preset_config
+    item, image_cond = rollout_row(args, int(preset_config(args.config)["out_channels"]))
+    # The row's seed -> noise and memory points, made on real CPU tensors (small) before the fake mode.
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast) as rehearsal:
+        policy = precision_policy("fp32master", torch.device("cpu"))
+        teacher, predictor = build_models(rehearsal, args, "v4")
+        config = teacher.config
+        heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
+        case = {"text_k": torch.zeros(teacher.num_layers, heads, args.text_tokens, head_dim, dtype=torch.bfloat16),
+                "text_v": torch.zeros(teacher.num_layers, heads, args.text_tokens, head_dim, dtype=torch.bfloat16),
+                "image_cond": image_cond}
+        role, buckets = build_role(rehearsal, predictor, flags, args.world_size)
+        rollout_config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
+                                       context_mode=args.context_mode)
+        settings = SelfRolloutSettings(velocity_weight=flags.velocity_weight, hidden_weight=flags.hidden_weight,
+                                       predictor_autocast_dtype=policy.autocast_dtype,
+                                       replace_steps=tuple(args.replace_steps))
+        context_frames = []
+        for step in range(1, args.optimizer_steps + 1):
+            role.zero_grad()
+            with real_values():
+                trajectory_item = dict(item)
+            trajectory = trajectory_for_row(trajectory_item, case, teacher=teacher, predictor=predictor,
+                                            config=rollout_config, settings=settings, device=torch.device("cpu"))
+            rollout = trajectory.rollout
+            select = rollout.select_context
+
+            def select_on_real_values(chunk_index, select=select):
+                # The memory selection reads poses and Monte-Carlo points: on the GPU it runs on the CPU's real
+                # values; here too (its result decides the context length, hence the memory).
+                with real_values():
+                    indices = select(chunk_index)
+                context_frames.append(len(indices))
+                return indices
+
+            rollout.select_context = select_on_real_values
+            with rehearsal.phase("forward"):
+                train_trajectory(trajectory, sync=True)
+            del trajectory, rollout
+            optimizer_phase(rehearsal, role, buckets, step)
+        rehearsal.notes["configuration"] = _configuration(args, "rollout")
+        rehearsal.notes["context_frames_per_chunk"] = context_frames
+        rehearsal.notes.update(flop_notes(args, "rollout", None))
+    return rehearsal.report()
+
+
+# ---- FLOPs and time --------------------------------------------------------------------------------------------
+PEAK_BF16_TFLOPS = 989.0  # dense BF16 peak of an H100 SXM / H200 (the same tensor cores), TFLOP/s
+# Context frames of chunks 1..7 (memory of 20 frames reached at chunk 5): the v4 offline buckets' mix.
+OFFLINE_CONTEXT_MIX = (4, 8, 12, 16, 20, 20, 20)
+
+
+def _predictor_training_flops(shape, predictor_config, tokens_per_frame, text_tokens, context_frames) -> int:
+    """Forward + backward (2x forward) + the checkpoint recompute of the two blocks, of one Predictor step."""
+    from predictor_training.teacher import flops
+    forward = flops.predictor_step_flops(shape, predictor_config, tokens_per_frame, text_tokens, context_frames)
+    queries = 4 * tokens_per_frame
+    keys = text_tokens + (context_frames * tokens_per_frame if predictor_config["variant"] == "v4" else 0) + queries
+    recompute = 2 * flops.image_block_flops(shape, 4, queries, keys)
+    return 3 * forward + recompute
+
+
+def step_flops(args, recipe: str, context_frames: int | None = None) -> int:
+    """DiT FLOPs of one micro-batch of the recipe (teacher/flops.py counting rules: matmuls only).
+
+    offline: batch x (context projector of the 2 source layers + Predictor forward, backward, recompute);
+    v4 with context_frames None: the mean over the chunks' context mix (4, 8, 12, 16, 20, 20, 20).
+    rollout: one trajectory - chunk 0 F-F-F-F, then per trained chunk the context prefill, the Full steps and the
+    Teacher targets of the Predictor steps (forward only) and the Predictor steps (forward, backward, recompute)."""
+    from predictor_training.teacher import flops
+    from predictor_training.teacher.config import preset_config
+    shape = flops.TeacherShape.from_config(preset_config(args.config))
+    hw = args.latent_grid[0] * args.latent_grid[1]
+    text = args.text_tokens
+    if recipe in ("v4", "disca"):
+        predictor_config = {"variant": recipe, "hidden_size": shape.hidden_size,
+                            "fusion_streams": ["image", "anchor", "prev_chunk"] if recipe == "v4" else
+                            ["image", "anchor"]}
+        mix = [0] if recipe == "disca" else (OFFLINE_CONTEXT_MIX if context_frames is None else [context_frames])
+        per_item = []
+        for frames in mix:
+            projector = 0 if recipe == "disca" else 2 * flops.image_block_flops(
+                shape, frames, frames * hw, frames * hw, kv_only=True)
+            per_item.append(projector + _predictor_training_flops(shape, predictor_config, hw, text, frames))
+        return int(args.batch_size * sum(per_item) / len(per_item))
+    predictor_config = {"variant": "v4", "hidden_size": shape.hidden_size,
+                        "fusion_streams": ["image", "anchor", "prev_chunk"]}
+    context = [0] + [min(4 * chunk, 20) for chunk in range(1, args.chunks)]
+    teacher = flops.rollout_flops(shape, hw, text, context, lambda chunk, step: "full", context_mode=args.context_mode)
+    predictor = sum(len(args.replace_steps) * _predictor_training_flops(shape, predictor_config, hw, text, frames)
+                    for frames in context[1:])
+    return int(teacher["total"] + predictor)
+
+
+def seconds_at(flop_count: int, utilisation: float) -> float:
+    return flop_count / (utilisation * PEAK_BF16_TFLOPS * 1e12)
+
+
+def flop_notes(args, recipe: str, context_frames: int | None) -> dict:
+    count = step_flops(args, recipe, context_frames)
+    notes = {"dit_tflops_per_micro_batch": round(count / 1e12, 1),
+             "seconds_at_40pct_of_989_tflops": round(seconds_at(count, 0.40), 2)}
+    if recipe in USER_SECONDS_PER_MICRO_BATCH and args.config == "worldplay_480p_i2v":
+        mix = step_flops(args, recipe, None)
+        measured = USER_SECONDS_PER_MICRO_BATCH[recipe]
+        notes["user_seconds_per_micro_batch"] = measured
+        notes["utilisation_implied_by_user_time"] = round(mix / (measured * PEAK_BF16_TFLOPS * 1e12), 3)
+    return notes
+
+
+# ---- the largest batch that fits ---------------------------------------------------------------------------------
+CARDS_GB = (80, 141)
+
+
+def card_gib(gigabytes: float) -> float:
+    return gigabytes * 1e9 / GIB
+
+
+def needed_gib(report: MemoryReport) -> float:
+    """What a card must hold: the peak as the allocator counts it, the stated allocator margin, the CUDA context."""
+    from predictor_training.runtime.memory_rehearsal import CUDA_CONTEXT_GIB
+    return report.with_margin_gib() + CUDA_CONTEXT_GIB
+
+
+def largest_batches(args, recipe: str, n_ctx: int, cards_gb=CARDS_GB) -> dict[float, tuple[int, MemoryReport]]:
+    """{card GB: (the largest per-GPU batch whose need fits, its rehearsal)}: a line through the step's peaks at
+    batches 4 and 8 (affine in the batch), then rehearsals around each predicted batch until batch fits and batch + 1
+    does not."""
+    def run(batch: int) -> MemoryReport:
+        return rehearse_offline(argparse.Namespace(**{**vars(args), "batch_size": batch}), recipe, n_ctx)
+
+    def step_need(report: MemoryReport) -> float:  # the step's own peak (not the Teacher load before it)
+        step = max(value for phase, value in report.phase_peaks.items() if phase != "setup")
+        return needed_gib(report) * step / max(report.peak, 1)
+
+    low, high = run(4), run(8)
+    per_item = (step_need(high) - step_need(low)) / 4
+    if per_item <= 0:
+        raise RuntimeError(f"{recipe}: the step's peak does not grow with the batch ({step_need(low):.2f} GiB at 4 "
+                           f"and {step_need(high):.2f} GiB at 8); cannot extrapolate")
+    found = {}
+    for card in cards_gb:
+        batch = max(1, int((card_gib(card) - step_need(low)) / per_item) + 4)
+        report = run(batch)
+        while batch > 1 and needed_gib(report) > card_gib(card):
+            batch -= 1
+            report = run(batch)
+        while needed_gib(report) <= card_gib(card):  # the line may have been low: try one more
+            bigger = run(batch + 1)
+            if needed_gib(bigger) > card_gib(card):
+                break
+            batch, report = batch + 1, bigger
+        found[card] = (batch, report)
+    return found
+
+
+def _configuration(args, recipe: str) -> str:
+    parts = [f"config {args.config}", "fp32master (frozen bf16, trainable fp32, bf16 autocast)",
+             "gradient checkpointing", f"text {args.text_tokens} tokens",
+             f"latents 4x{args.latent_grid[0]}x{args.latent_grid[1]} per chunk",
+             f"DDP buckets {'counted' if args.world_size > 1 else 'none (1 rank)'}",
+             f"autocast rules {'CPU' if args.no_cuda_autocast else 'CUDA (emulated)'}"]
+    if recipe == "rollout":
+        parts.append(f"{args.chunks} chunks, replace_steps {list(args.replace_steps)}, context {args.context_mode}")
+    return "; ".join(parts)
+
+
+def estimate(args) -> list[MemoryReport]:
+    if args.recipe == "rollout":
+        return [rehearse_rollout(args)]
+    frames = args.context_frames if args.recipe == "v4" else [0]
+    return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    for report in estimate(args):
+        print(json.dumps(report.to_json()) if args.json else report.format(), flush=True)
+    if args.fit:
+        if args.recipe == "rollout":
+            print("--fit: the rollout's peak is flat from chunk 5 on (the context stops growing at 20 frames): "
+                  "if 8 chunks fit, any number does", flush=True)
+            return 0
+        n_ctx = max(args.context_frames) if args.recipe == "v4" else 0
+        for card, (batch, report) in largest_batches(args, args.recipe, n_ctx).items():
+            line = {"recipe": args.recipe, "card_gb": card, "context_frames": n_ctx, "largest_batch": batch,
+                    "needs_gib": round(needed_gib(report), 2), "card_gib": round(card_gib(card), 2)}
+            print(json.dumps(line) if args.json else
+                  f"{args.recipe}: largest per-GPU batch on a {card} GB card ({card_gib(card):.1f} GiB): {batch} "
+                  f"(needs {needed_gib(report):.1f} GiB incl. margin and CUDA context)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
