@@ -40,7 +40,25 @@ SLOW_MODULES = frozenset({
 })
 
 
+# Single tests of the other modules that start a tool or torchrun as a subprocess (10-70 s each on a busy 2-core
+# machine, measured with --durations).
+SLOW_TESTS = frozenset({
+    "test_loop.py::test_ddp_two_ranks_resume_matches_uninterrupted",
+    "test_loop.py::test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint",
+    "test_metrics.py::test_cli_runs_as_a_script_and_reports_usage_errors",
+    "test_sample_table.py::test_tool_writes_poses_and_three_disjoint_tables",
+    "test_sample_table.py::test_tool_rejects_bad_cases_before_writing",
+    "test_conformance.py::test_cli_prints_one_line_per_case_and_exit_codes",
+    "test_ar_rollout.py::test_trajectory_tool_command_line",
+    "test_distribution_matching.py::test_learned_critic_at_its_own_cadence",
+    "test_run_names.py::test_bad_flag_on_the_command_line_has_no_traceback",
+    "test_roles.py::test_two_rank_multi_role_resume_matches_uninterrupted_run",
+    "test_checkpoint.py::test_training_state_survives_sigkill_during_write",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SLOW_MODULES:
+        name = f"{item.path.name}::{item.originalname}"
+        if item.path.name in SLOW_MODULES or name in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)

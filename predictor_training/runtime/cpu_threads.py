@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
 
@@ -50,12 +51,12 @@ def choose_cpu_threads(requested: int | None, *, ranks_on_host: int = 1, cores: 
 
 def set_cpu_threads(requested: int | None, *, tool: str, load_aware: bool, ranks_on_host: int | None = None) -> int:
     """Choose (see `choose_cpu_threads`; the ranks on this host default to torchrun's LOCAL_WORLD_SIZE, else 1),
-    apply to torch's intra-op pool, print one line; returns the count. `load_aware`: True for tools that only
+    apply to torch's intra-op pool, print one line on stderr (stdout stays the tool's own); returns the count. `load_aware`: True for tools that only
     measure, False for tools that make data."""
     if ranks_on_host is None:
         ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads, why = choose_cpu_threads(requested, ranks_on_host=ranks_on_host, load_aware=load_aware)
     torch.set_num_threads(threads)
     prefix = f"[{tool}] " if tool else ""
-    print(f"{prefix}cpu threads: {threads} ({why}; --threads N to change)", flush=True)
+    print(f"{prefix}cpu threads: {threads} ({why}; --threads N to change)", file=sys.stderr, flush=True)
     return threads
