@@ -11,9 +11,11 @@ trajectory is also measured with ONE backward over all chunks at the end (every 
 alive at once), whose peak grows with the chunk count.
 
 Memory measure:
-* CPU: the peak of live tensor bytes created during the step, tracked by a TorchDispatchMode that sees every op
-  output (forward, backward, checkpoint recompute) and a finalizer on each new storage (parameters, the Teacher and
-  the inputs made before the step are not counted: this is the step's own working memory);
+* CPU: the peak of live tensor bytes created during the step, tracked by the memory rehearsal's tracker
+  (`predictor_training/runtime/memory_rehearsal.py` MemoryTracker: every op output of the forward, backward and
+  checkpoint recompute, one count per storage; parameters, the Teacher and the inputs made before the step are not
+  counted: this is the step's own working memory; tools/estimate_memory.py gives the whole per-GPU figure at real
+  size);
 * CUDA: `torch.cuda.max_memory_allocated` minus the allocation before the step.
 Step time: wall time of the step (rollout + backward + AdamW), median over --repeats after one warm-up step.
 Prints a table; nothing is written.
@@ -26,46 +28,15 @@ import contextlib
 import statistics
 import sys
 import time
-import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
 from predictor_training.rollout.camera import make_retrieval_points
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.runtime.memory_rehearsal import MemoryTracker
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
-
-
-class LiveTensorBytes(TorchDispatchMode):
-    """Live and peak bytes of the storages created by ops run under this mode (views share one storage)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._sizes: dict[int, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        output = func(*args, **(kwargs or {}))
-        for value in tree_flatten(output)[0]:
-            if isinstance(value, torch.Tensor):
-                self._track(value.untyped_storage())
-        return output
-
-    def _track(self, storage) -> None:
-        key, size = storage.data_ptr(), storage.nbytes()
-        if size == 0 or key in self._sizes:
-            return
-        self._sizes[key] = size
-        self.live += size
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(storage, self._release, key)
-
-    def _release(self, key: int) -> None:
-        self.live -= self._sizes.pop(key, 0)
 
 
 # ---- setup -------------------------------------------------------------------------------------------------------
@@ -162,7 +133,7 @@ def measure(mode: str, teacher, predictor, text_kv, inputs, optimizer, device) -
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    tracker = LiveTensorBytes() if device.type == "cpu" else None
+    tracker = MemoryTracker(answer_host_reads=False) if device.type == "cpu" else None
     start = time.perf_counter()
     with tracker if tracker is not None else contextlib.nullcontext():
         if mode == "per_chunk":

@@ -191,10 +191,34 @@ def copy_image_stream(block: DoubleStreamBlock) -> DoubleStreamBlock:
     `image_forward`; keeping them would leave unused trainable parameters (DDP with find_unused_parameters=False
     fails on those) and dead weight in the checkpoints.
     """
-    copied = copy.deepcopy(block)
+    hidden_size, mlp_width = block.img_attn_q.in_features, block.img_mlp.fc1.out_features
+    rebuildable = type(block) is DoubleStreamBlock and int(hidden_size * (mlp_width / hidden_size)) == mlp_width
+    if not rebuildable:  # a wrapped or modified block: copy it as it is
+        copied = copy.deepcopy(block)
+        for name in [name for name, _ in copied.named_children() if name.startswith("txt_")]:
+            delattr(copied, name)
+        return _float32(copied).requires_grad_(True)
+    # Built on the meta device (no random initialisation, so the caller's RNG stream is untouched) and given FP32
+    # copies of the source weights: the same values as deepcopy + .float(), and it also works on fake tensors,
+    # which can be neither deep-copied nor converted in place (tools/estimate_memory.py).
+    with torch.device("meta"):
+        copied = DoubleStreamBlock(hidden_size, block.heads, mlp_width / hidden_size,
+                                   block.img_attn_q.bias is not None)
     for name in [name for name, _ in copied.named_children() if name.startswith("txt_")]:
         delattr(copied, name)
-    return copied.float().requires_grad_(True)
+    source = block.state_dict()
+    state = {name: source[name].detach().to(torch.float32, copy=True) for name in copied.state_dict()}
+    copied.load_state_dict(state, strict=True, assign=True)
+    return copied.train(block.training).requires_grad_(True)
+
+
+def _float32(module: nn.Module) -> nn.Module:
+    """`module.float()`, skipped when every floating parameter and buffer already is FP32 (so that a module of
+    fake tensors, which cannot be converted in place, passes)."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    if all(tensor.dtype == torch.float32 for tensor in tensors if tensor.is_floating_point()):
+        return module
+    return module.float()
 
 
 @dataclass
@@ -258,9 +282,9 @@ class Predictor(nn.Module):
         self.teacher_num_layers = int(teacher.num_layers)
         self.gradient_checkpointing = gradient_checkpointing
         # 2. Trainable parts (FP32 master weights).
-        self.fusion = ImageFusion(self.hidden_size, FUSION_STREAMS[variant]).float()
+        self.fusion = _float32(ImageFusion(self.hidden_size, FUSION_STREAMS[variant]))
         self.blocks = nn.ModuleList([copy_image_stream(teacher.double_blocks[index]) for index in source_blocks])
-        self.residual_head = ResidualHead(self.hidden_size).float()
+        self.residual_head = _float32(ResidualHead(self.hidden_size))
         # 3. Frozen parts, shared with the Teacher and not registered: out of state_dict, parameters() and DDP.
         self.teacher_frozen = FrozenTeacherParts(teacher, source_blocks if variant == "v4" else None)
 
@@ -504,7 +528,11 @@ def build_predictor(
     Sets `requires_grad=False` on the shared Teacher modules (img_in, time_in, action_in, final_layer, and for v4
     the source blocks). The Predictor is created on the Teacher's device.
     """
-    return Predictor(teacher, variant, source_blocks, gradient_checkpointing).to(teacher.img_in.proj.weight.device)
+    predictor = Predictor(teacher, variant, source_blocks, gradient_checkpointing)
+    device = teacher.img_in.proj.weight.device
+    if any(tensor.device != device for tensor in list(predictor.parameters()) + list(predictor.buffers())):
+        predictor = predictor.to(device)
+    return predictor
 
 
 def build_predictor_from_config(

@@ -117,6 +117,14 @@ class ChunkGraph:
     def pred_hidden_by_step(self) -> dict[int, Tensor]:
         return {step.step_index: step.pred_hidden for step in self.steps}
 
+    def release_context(self) -> None:
+        """Drop the chunk's context K/V of every Teacher layer (and the prefill input) once the Teacher steps are
+        done (exact context: the commit needs none): the Predictor's backward needs only its two source layers,
+        which its graph holds.
+        At 20 context frames that is 52 of 54 layers' K/V, ~25 GiB at the real config, no longer alive during the
+        chunk's backward. The indices stay (num_frames)."""
+        self.context = ChunkContext(indices=list(self.context.indices))
+
 
 # ---- one trajectory --------------------------------------------------------------------------------------------
 class SelfRolloutTrajectory:
@@ -335,19 +343,25 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
     chunk_losses: dict[int, float] = {}
     grad_l1: list[float] = []
     context_frames: list[int] = []
-    # 2. Trained chunks, each freed by its own backward.
+    # 2. Trained chunks, each freed by its own backward. With the exact context the commit needs no K/V, so the
+    #    context K/V of the Teacher's other layers are released before the backward (the cached context modes
+    #    store this chunk's K/V at the commit, attending to the whole context: they keep it).
+    release_context = trajectory.rollout.frame_cache is None
     for chunk_index in trained:
         all_reduce_now = sync and chunk_index == trained[-1]
         with maybe_no_sync(trajectory.predictor, enabled=not all_reduce_now):
             graph = trajectory.run_trained_chunk(chunk_index)
             extra = None if chunk_hook is None else chunk_hook(graph)
+            context_frames.append(graph.context.num_frames)
+            if release_context:
+                graph.release_context()
             ((graph.loss if extra is None else graph.loss + extra) / divisor).backward()
+            del extra
         chunk_losses[chunk_index] = float(graph.loss.detach())
         for step in graph.steps:
             for name, value in step.metrics.items():
                 per_step[step.step_index].setdefault(name, []).append(float(value))
         grad_l1.extend(latent_grad_l1(graph).values())
-        context_frames.append(graph.context.num_frames)
         trajectory.commit(graph)
         del graph
     # 3. Metrics.

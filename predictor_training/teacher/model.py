@@ -65,6 +65,13 @@ class _Modulation(nn.Module):
         return self.linear(F.silu(vec))
 
 
+# `DoubleStreamBlock.image_forward` releases its attention inputs (q, the key/value concatenations, this call's own
+# K/V) right after the attention; False keeps them to the end of the call, as the code the user's GPU figures were
+# measured with did (tests/test_memory_rehearsal.py compares the memory rehearsal with those figures). Values are the
+# same either way: only the tensors' lifetimes differ.
+RELEASE_ATTENTION_INPUTS = True
+
+
 class DoubleStreamBlock(nn.Module):
     """One `double_blocks.N`: a text stream (text-only attention) and an image stream (RoPE + ProPE branches).
 
@@ -213,6 +220,14 @@ class DoubleStreamBlock(nn.Module):
             always_valid = torch.ones(batch, keys.shape[2] - text_k.shape[2], dtype=torch.bool, device=x.device)
             attn_mask = torch.cat([text_mask.bool(), always_valid], dim=1).repeat(2, 1)[:, None, None, :]
         attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask)
+        if RELEASE_ATTENTION_INPUTS:
+            # Drop the attention inputs now (references only: what SDPA saved for its backward stays), so that they
+            # are not alive through the MLP half, in the forward and in a checkpoint's recompute.
+            queries = keys = values = parts = attn_mask = q = None
+            if not return_kv:
+                own = None
+            if not return_raw_kv:
+                k = v = None
         attn_rope, attn_prope = attn[:batch], attn[batch:]
         attn_prope = apply_frame_matrix(attn_prope, camera.P, tokens_per_frame)
         # 2. Gated residuals with per-frame gates.
