@@ -21,6 +21,12 @@ under torchrun). Data (`--data`): a video-latent dataset (`tools/build_video_lat
 trajectory dataset (`tools/build_predictor_dataset.py`) whose final latents are the data - this is how a "real
 score" adapter for DMD is trained, since the distilled 4-step Teacher is no score model below sigma = 0.625.
 
+Validation (`--val_every N`, off by default; the demo every 50 steps): the model's own 4-step AR rollout (the
+distilled schedule) of the first `--val_videos` clips of `--val_split` (default the dataset's held-out split) from
+fixed noise, decoded by the dataset's VAE (`--val_vae`) and scored against the clip's decoded latents:
+val/psnr_vs_truth, val/ssim_vs_truth and their last-chunk values (predictor_training/eval/validation.py ClipRolloutValidation). Not
+with `--data teacher_samples` (refused: its truth is the Teacher's own rollout, not a video).
+
     python fvtools/train_df_sft.py --teacher /models/worldplay/transformer --dataset_root /data/video_latents
     python fvtools/train_df_sft.py --dry_run worldplay_480p_i2v      # parameter counts at real size, no memory
     bash tools/launch_fvtools_df_sft.sh                              # 8 GPUs; without GPU and data: the CPU demo
@@ -40,12 +46,15 @@ from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.teacher_samples import TeacherSampleDataset
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.eval.validation import ClipRolloutValidation, default_video_val_split, own_rollout
+from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.flags import (
     add_method_model_args,
     add_method_optimization_args,
     add_run_args,
     add_tracker_args,
+    add_validation_args,
     check_args,
     parse_recipe_args,
 )
@@ -95,7 +104,7 @@ PRESETS = {
     "demo": ["--experiment", "df_sft_demo", "--train", "full", "--init_weights", "scratch", "--precision", "fp32",
              "--lr", "1e-3", "--max_steps", "300", "--warmup_steps", "20", "--chunks_per_clip", "2",
              "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
-             "--num_workers", "0"],
+             "--num_workers", "0", "--val_every", "50", "--val_videos", "1"],
 }
 
 
@@ -131,6 +140,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
     add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
+    add_validation_args(parser, val_every=0, val_videos=2)
     args = parse_recipe_args(parser, argv, PRESETS)
     if args.dry_run is not None:
         return args
@@ -144,7 +154,50 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.data == "teacher_samples" and args.train == "full":
         parser.error("--data teacher_samples with --train full: the samples carry the Teacher's text K/V, which a "
                      "model whose text stream trains cannot use; train a LoRA, or use a video-latent dataset")
+    check_validation_args(parser, args)
     return args
+
+
+def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Validation rolls the model out on held-out video clips and scores it against their true video: a
+    video-latent dataset only (a Teacher-sample dataset's truth is the Teacher's own rollout, which a real-score
+    adapter is not meant to reproduce in 4 steps)."""
+    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
+        return
+    if args.data == "teacher_samples":
+        parser.error(f"--val_every={args.val_every} with --data teacher_samples: held-out validation scores the "
+                     "model's own 4-step rollout against real videos, which only a video-latent dataset holds; "
+                     "pass --val_every 0")
+    if args.val_ground_truth is not None:
+        parser.error("--val_ground_truth: df_sft validates against the clips' own decoded latents; drop the flag")
+    if args.val_vae is None:
+        try:
+            args.val_vae = default_vae_folder(args.dataset_root)
+        except (OSError, KeyError, ValueError) as error:
+            parser.error(f"--val_every={args.val_every}: no VAE to decode the validation clips ({error}); pass "
+                         "--val_vae DIR")
+    split = args.val_split
+    if split is None:
+        try:
+            split = default_video_val_split(args.dataset_root, args.split)
+        except ValueError as error:
+            parser.error(str(error))
+        args.val_split = split
+
+
+def build_validation(args, env: DistEnv, method_model: MethodModel, rollout_config: RolloutConfig,
+                     run_dir: Path) -> ClipRolloutValidation | None:
+    """The model's own AR rollout (the distilled 4-step schedule) on the first --val_videos clips of --val_split,
+    against each clip's decoded latents (None with --val_every 0)."""
+    if args.val_every <= 0:
+        return None
+    dataset = VideoLatentDataset(args.dataset_root, args.val_split)
+    model = method_model.model
+    return ClipRolloutValidation(
+        generate=own_rollout(model, rollout_config, env.device, rollout_config.autocast_dtype), dataset=dataset,
+        num_videos=args.val_videos, vae=args.val_vae, env=env, run_dir=run_dir, seed=args.seed,
+        chunk_latents=rollout_config.chunk_latents, collective=method_model.role.is_fsdp, modules=[model],
+        split=args.val_split)
 
 
 def build_data(args, env: DistEnv):
@@ -292,8 +345,11 @@ def main(argv=None) -> int:
 
         # 5. Train, then export the result (a LoRA file or a Teacher folder).
         step_fn = DiffusionForcingStep(method_model, rollout_config, args, env, run_state)
+        validation = build_validation(args, env, method_model, rollout_config, start.run_dir)
+        if validation is not None:
+            log0(f"validation every {args.val_every} steps: {validation.describe()}")
         run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta)
+                                 run_state=run_state, config=config, meta=meta, validation=validation)
         exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} model: {exported}")
     return 0

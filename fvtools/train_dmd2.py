@@ -33,7 +33,10 @@ the DMD gradient reaches the Predictor through the frozen Teacher. The generator
 one backward per chunk; noise and sigmas per rank, control flow (exit steps, which chunks) alike on every rank,
 all from counter-based streams, so a resumed run repeats the uninterrupted one. Every `--monitor_every` steps the
 Teacher's F-F-F-F rollout of the same noise is compared with the generated chunks (collapse monitors: std and
-temporal-delta energy ratios, whole clip and per chunk).
+temporal-delta energy ratios, whole clip and per chunk). Held-out validation (`--val_every N`, off by default; the
+demo every 30 steps): the generator's rollout (the composite through the eval's own step hook, or the student's own
+rollout) of the first `--val_videos` clips of `--val_split` against the clip's decoded latents (val/*_vs_truth) and
+the Teacher's F-F-F-F of the same noise (val/*_vs_teacher), with the collapse monitors as val/monitor/*.
 
 Real score (`--real_score`): a df_sft run's exported model folder (or the run folder), or a LoRA file on
 --teacher. `--real_score teacher` (the raw distilled Teacher, which was trained only at sigma in [0.625, 1]) needs
@@ -59,6 +62,8 @@ import torch
 from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.eval.validation import (ClipRolloutValidation, composite_rollout, default_video_val_split,
+                                                own_rollout)
 from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
 from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
 from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, RAW_TEACHER, REAL, build_predictor_role,
@@ -67,6 +72,7 @@ from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, RAW
 from predictor_training.methods.flow_matching import SIGMA_SAMPLERS, add_noise, sample_sigmas
 from predictor_training.methods.method_model import dry_run_report, export_method_model
 from predictor_training.methods.monitors import collapse_monitors
+from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.self_rollout import SelfRolloutSettings
 from predictor_training.rollout.ar_rollout import RolloutConfig
@@ -74,10 +80,10 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule,
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR, flow_match_sigmas
 from predictor_training.rollout.teacher_forcing import draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState, checkpoint_meta
-from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.distributed import DistEnv, log0, unwrap_model
 from predictor_training.runtime.flags import (add_loss_args, add_method_model_args, add_method_optimization_args,
-                                             add_run_args, add_tracker_args, check_args, parse_recipe_args,
-                                             parse_source_blocks)
+                                             add_run_args, add_tracker_args, add_validation_args, check_args,
+                                             parse_recipe_args, parse_source_blocks)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary
 from predictor_training.runtime.precision import precision_policy
@@ -86,6 +92,7 @@ from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, plan_run,
                                                      run_config, write_train_config)
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
+from predictor_training.teacher.adapters import adapter
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
 METHOD = "dmd2"
@@ -98,7 +105,8 @@ PRESETS = {
              "--precision", "fp32", "--max_steps", "60", "--warmup_steps", "4", "--generator_every", "2",
              "--fusion_lr", "1e-4", "--blocks_lr", "1e-5", "--block_warmup_steps", "-1", "--fake_score_train", "full",
              "--fake_score_lr", "1e-4", "--monitor_every", "10", "--no-gradient_checkpointing", "--ckpt_every", "20",
-             "--keep_last", "2", "--tracker", "none", "--num_workers", "0"],
+             "--keep_last", "2", "--tracker", "none", "--num_workers", "0", "--val_every", "30",
+             "--val_videos", "1"],
 }
 
 
@@ -220,6 +228,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
     add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
+    add_validation_args(parser, val_every=0, val_videos=2)
     # What the shared flags mean in this recipe (argparse has no public way to amend a help; _actions is read the
     # same way by flags.config_tokens).
     amended = {
@@ -250,7 +259,67 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"{' and '.join(missing)} missing (or pass --dry_run CONFIG)")
     check_args(parser, args, dataset_config_name=VIDEO_CONFIG_NAME)
     check_dmd2_args(parser, args)
+    check_validation_args(parser, args)
     return args
+
+
+def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--val_split defaults to the video-latent dataset's held-out split, --val_vae to the VAE its config records."""
+    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
+        return
+    if args.val_ground_truth is not None:
+        parser.error("--val_ground_truth: dmd2 validates against the clips' own decoded latents; drop the flag")
+    try:
+        args.val_vae = args.val_vae or default_vae_folder(args.dataset_root)
+        args.val_split = args.val_split or default_video_val_split(args.dataset_root, args.split)
+    except (OSError, KeyError, ValueError) as error:
+        parser.error(f"--val_every={args.val_every}: {error}; pass --val_vae DIR / --val_split NAME")
+
+
+def build_validation(args, env: DistEnv, *, teacher, generator_role: Role, student: ScoreModel | None,
+                     rollout_config: RolloutConfig, run_dir: Path) -> ClipRolloutValidation | None:
+    """The generator's rollout on the first --val_videos clips of --val_split (the F-P-P-P composite through the
+    eval's own step hook on the frozen Teacher, or the student's own --student_steps rollout) against the clip's
+    decoded latents (val/*_vs_truth) and the Teacher's F-F-F-F of the same noise (val/*_vs_teacher), plus the
+    collapse monitors of the generator's latents against the Teacher's (val/monitor/*). None with --val_every 0."""
+    if args.val_every <= 0:
+        return None
+    dataset = VideoLatentDataset(args.dataset_root, args.val_split)
+    autocast_dtype = rollout_config.autocast_dtype
+    schedule = Schedule.for_rollout(args.replace_steps, rollout_config)
+    teacher_rollout = composite_rollout(teacher, None, schedule, rollout_config, env.device, autocast_dtype, run_dir)
+
+    def reference(item, noise, memory_seed):
+        with adapter(teacher, None):
+            return teacher_rollout(item, noise, memory_seed)
+
+    if args.generator == "predictor":
+        predictor = unwrap_model(generator_role.module)
+        modules = [predictor]
+        composite = composite_rollout(teacher, predictor, schedule, rollout_config, env.device, autocast_dtype,
+                                      run_dir)
+
+        def generate(item, noise, memory_seed):
+            with adapter(teacher, None):
+                return composite(item, noise, memory_seed)
+    else:
+        modules = [student.model]
+        config = RolloutConfig(num_steps=args.student_steps, shift=args.student_shift, state_dtype=torch.float32,
+                               autocast_dtype=autocast_dtype)
+        own = own_rollout(student.model, config, env.device, autocast_dtype)
+
+        def generate(item, noise, memory_seed):
+            with student.active():
+                return own(item, noise, memory_seed)
+
+    def monitors(latents, reference_latents, item):
+        figures = collapse_monitors(latents, reference_latents, rollout_config.chunk_latents)
+        return {f"val/{key}": value for key, value in figures.items()}
+
+    return ClipRolloutValidation(
+        generate=generate, reference=reference, extra=monitors, dataset=dataset, num_videos=args.val_videos,
+        vae=args.val_vae, env=env, run_dir=run_dir, seed=args.seed, chunk_latents=rollout_config.chunk_latents,
+        collective=generator_role.is_fsdp, modules=modules, split=args.val_split, reference_name="teacher")
 
 
 def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -525,8 +594,12 @@ def main(argv=None) -> int:
         step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
                                            teacher=teacher, real=real, fake=fake, generator_role=generator_role,
                                            student=student)
+        validation = build_validation(args, env, teacher=teacher, generator_role=generator_role, student=student,
+                                      rollout_config=rollout_config, run_dir=start.run_dir)
+        if validation is not None:
+            log0(f"validation every {args.val_every} steps: {validation.describe()}")
         run_state = run_training(args, start, env, roles=roles, batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta)
+                                 run_state=run_state, config=config, meta=meta, validation=validation)
         if student_model is not None:
             exported = export_method_model(student_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
             log0(f"exported the trained {args.train} student: {exported}")

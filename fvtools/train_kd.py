@@ -14,7 +14,10 @@ target was made with. One backward per chunk.
 The student is a LoRA on the teacher (`--train lora`) or every parameter of a model of its architecture
 (`--train full`, from the teacher's weights by default). Before and after training, the student's own
 `--student_steps`-step AR rollout is compared with the teacher's final latents on `--eval_split` (same seed, same
-noise): `kd_eval.json` in the run directory, and the summary line, say how much closer it came.
+noise): `kd_eval.json` in the run directory, and the summary line, say how much closer it came. While training
+(`--val_every N`, off by default; the demo every 50 steps) the same rollout on the first `--val_videos` samples of
+`--val_split` (default `--eval_split`) is decoded (`--val_vae`, default the VAE of the video latents the cache was
+built from) and scored against the teacher's decoded final latents: val/psnr_vs_teacher, val/ssim_vs_teacher.
 
     torchrun --nproc_per_node 8 fvtools/train_kd.py --teacher RUN/model --cache_root /data/ode_cache
     bash tools/launch_fvtools_kd.sh                # 8 GPUs; without GPU and data: the CPU demo
@@ -33,12 +36,15 @@ from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, Roll
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
+from predictor_training.eval.validation import ClipRolloutValidation
+from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.flags import (
     add_method_model_args,
     add_method_optimization_args,
     add_run_args,
     add_tracker_args,
+    add_validation_args,
     check_args,
     parse_recipe_args,
 )
@@ -78,7 +84,7 @@ PRESETS = {
     "demo": ["--experiment", "kd_demo", "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
              "--lr", "3e-4", "--max_steps", "200", "--warmup_steps", "10", "--chunks_per_clip", "2",
              "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
-             "--num_workers", "0"],
+             "--num_workers", "0", "--val_every", "50", "--val_videos", "1"],
 }
 
 
@@ -113,6 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
     add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
+    add_validation_args(parser, val_every=0, val_videos=2)
     args = parse_recipe_args(parser, argv, PRESETS)
     if args.dry_run is not None:
         return args
@@ -132,7 +139,52 @@ def parse_args(argv=None) -> argparse.Namespace:
         student_state_indices(args.student_steps, args.student_shift, stored)
     except ValueError as error:
         parser.error(f"--student_steps={args.student_steps} --student_shift={args.student_shift:g}: {error}")
+    check_validation_args(parser, args)
     return args
+
+
+def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--val_split defaults to --eval_split (the cache's held-out split); without --val_vae the VAE is the one of
+    the video-latent dataset the cache was built from (its config's inputs.video_latents), when it records one."""
+    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
+        return
+    if args.val_ground_truth is not None:
+        parser.error("--val_ground_truth: kd validates against the teacher's stored final latents; drop the flag")
+    args.val_split = args.val_split or args.eval_split
+    if args.val_vae is None:
+        config = json.loads((args.cache_root / CACHE_CONFIG_NAME).read_text(encoding="utf-8"))
+        source = config.get("inputs", {}).get("video_latents")
+        try:
+            if source is None:
+                raise ValueError(f"{args.cache_root / CACHE_CONFIG_NAME} records no source video-latent dataset")
+            args.val_vae = default_vae_folder(Path(source))
+        except (OSError, KeyError, ValueError) as error:
+            parser.error(f"--val_every={args.val_every}: no VAE to decode the validation videos ({error}); pass "
+                         "--val_vae DIR")
+
+
+def build_validation(args, env: DistEnv, method_model: MethodModel, autocast_dtype, run_dir: Path
+                     ) -> ClipRolloutValidation | None:
+    """The student's own --student_steps rollout from each held-out sample's seed (the teacher's noise and memory
+    points, as `few_step_distance`) on the first --val_videos samples of --val_split, decoded and scored against
+    the teacher's stored final latents (val/psnr_vs_teacher, ...). None with --val_every 0."""
+    if args.val_every <= 0:
+        return None
+    dataset = OdeCacheDataset(args.cache_root, args.val_split)
+    model = method_model.model
+    config = RolloutConfig(num_steps=args.student_steps, shift=args.student_shift, state_dtype=torch.float32,
+                           autocast_dtype=autocast_dtype)
+
+    def generate(item, noise, memory_seed):  # the sample's own seed, not the validation's draws
+        text_kv = clip_text_kv(model, item, env.device, autocast_dtype, grad=False)
+        inputs = RolloutInputs.from_seed(item["seed"], item["image_cond"].float(), item["viewmats"].double(),
+                                         item["Ks"].double(), item["action"], device=env.device)
+        return ARRollout(model, text_kv, inputs, config, device=env.device).run().float().cpu()
+
+    return ClipRolloutValidation(
+        generate=generate, dataset=dataset, num_videos=args.val_videos, vae=args.val_vae, env=env, run_dir=run_dir,
+        seed=args.seed, chunk_latents=config.chunk_latents, collective=method_model.role.is_fsdp, modules=[model],
+        truth=lambda item: item["final"][None].float(), truth_name="teacher", split=args.val_split)
 
 
 def student_state_indices(steps: int, shift: float, stored_sigmas) -> list[int]:
@@ -276,8 +328,11 @@ def main(argv=None) -> int:
 
         # 5. Train; measure again; export the student (a LoRA file or a Teacher folder).
         step_fn = CausalKDStep(method_model, rollout_config, state_indices, args, env, run_state)
+        validation = build_validation(args, env, method_model, policy.autocast_dtype, start.run_dir)
+        if validation is not None:
+            log0(f"validation every {args.val_every} steps: {validation.describe()}")
         run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta)
+                                 run_state=run_state, config=config, meta=meta, validation=validation)
         report["after"] = {**few_step_distance(method_model.model, eval_dataset, args.eval_samples, **distance),
                            "step": run_state.global_step}
         if env.is_main:

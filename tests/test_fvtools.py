@@ -49,7 +49,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 def _df_sft_args(world, out: Path, *extra: str):
     return df_sft.parse_args(["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root",
-                              str(world["videos"]), "--output_dir", str(out), "--no_progress", *extra])
+                              str(world["videos"]), "--output_dir", str(out), "--no_progress", "--val_every", "0",
+                              *extra])
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -63,7 +64,7 @@ def test_df_sft_overfits_two_clips_from_scratch(world, tmp_path):
     out = tmp_path / "overfit"
     argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--output_dir", str(out), "--max_steps", "160", "--lr", "2e-3", "--sigma_min", "0.2",
-            "--ckpt_every", "-1", "--no_progress"]
+            "--ckpt_every", "-1", "--no_progress", "--val_every", "0"]
     assert df_sft.main(argv) == 0
     losses = _losses(out)
     first, last = sum(losses[:16]) / 16, sum(losses[-16:]) / 16
@@ -122,7 +123,8 @@ def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
     out = tmp_path / "lora_run"
     assert df_sft.main(["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root",
                         str(world["videos"]), "--output_dir", str(out), "--train", "lora", "--lora_rank", "4",
-                        "--lora_alpha", "4", "--max_steps", "3", "--warmup_steps", "0", "--no_progress"]) == 0
+                        "--lora_alpha", "4", "--max_steps", "3", "--warmup_steps", "0", "--no_progress",
+                        "--val_every", "0"]) == 0
     saved = read_training_state(out / "training_latest.pt")["roles"]["student"]["model"]
     assert set(saved) == lora_names
     assert read_lora_header(out / "lora_student.safetensors")["lora_config"]["rank"] == 4
@@ -144,7 +146,7 @@ def test_df_sft_resume_equals_an_uninterrupted_run(world, tmp_path):
 
 def _argv(world, out: Path) -> list[str]:
     return ["--preset", "demo", "--teacher", world["teacher"], "--dataset_root", world["videos"], "--output_dir", out,
-            "--no_progress"]
+            "--no_progress", "--val_every", "0"]  # validation: tests/test_fvtools_validation.py
 
 
 def test_df_sft_flags_and_config_are_strict(world, tmp_path, capsys):
@@ -216,7 +218,8 @@ def test_kd_student_learns_the_many_step_teachers_final_latents(world, tmp_path)
     cache = _cache(world, tmp_path / "cache", steps=16)
     out = tmp_path / "kd"
     assert kd.main(["--preset", "demo", "--teacher", str(world["teacher"]), "--cache_root", str(cache),
-                    "--output_dir", str(out), "--max_steps", "100", "--eval_samples", "1", "--no_progress"]) == 0
+                    "--output_dir", str(out), "--max_steps", "100", "--eval_samples", "1", "--no_progress",
+                    "--val_every", "0"]) == 0
     losses = _losses(out)
     assert sum(losses[-10:]) < 0.3 * sum(losses[:10]), (losses[:10], losses[-10:])
     report = json.loads((out / kd.EVAL_NAME).read_text())

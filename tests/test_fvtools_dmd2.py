@@ -67,7 +67,7 @@ def _argv(world, out: Path, *extra) -> list[str]:
     return ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--init_from", str(world["init"]), "--source_blocks", "1,2",
             "--output_dir", str(out), "--max_steps", "4", "--warmup_steps", "0", "--monitor_every", "2",
-            "--ckpt_every", "-1", "--no_progress", *map(str, extra)]
+            "--ckpt_every", "-1", "--no_progress", "--val_every", "0", *map(str, extra)]
 
 
 def _log(run_dir: Path) -> list[dict]:

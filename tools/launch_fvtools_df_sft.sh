@@ -14,6 +14,9 @@
 # The CPU demo (no GPU and no DATASET_ROOT) makes what is missing: the demo-world assets and the video-latent dataset
 # of their rendered clips ($DEMO_ROOT), then trains every parameter of a model of the world Teacher's config (12
 # blocks, width 64) from scratch (`--preset demo`, 300 steps, FSDP2 on 2 gloo ranks). A few minutes on 2 CPU cores.
+# It validates every 50 steps (and at step 300): the model's own 4-step rollout of the first holdout clip against
+# its true video (val/* in train_log.jsonl, best.json, val_curve.png, validation/step_XXXXX.png; about 5 % of the
+# demo's time). Real runs validate only with --val_every N (VAL_EVERY=N).
 #
 # Every flag of `python fvtools/train_df_sft.py --help` can be given after the positionals, or as an environment
 # variable of the same name in capitals (LR, MAX_STEPS, TRAIN, ...; METHOD_FLAG_VARIABLES in tools/_launch_common.sh).

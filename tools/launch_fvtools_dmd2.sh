@@ -17,7 +17,10 @@
 # rollout demo Predictor (the generator's start; tools/launch_predictor_v4_rollout_training.sh), then runs DMD2 +
 # Self-Forcing on the F-P-P-P composite with its anchor (`--preset demo`: 60 steps, generator every 2, a full fake
 # score) on 2 gloo ranks. The real score is the world Teacher: on the demo world it is a df_sft model trained on the
-# renders at every noise level, not a distilled one. A few minutes on 2 CPU cores. Its predictor_step_XXXXX.safetensors are evaluated like the other Predictors:
+# renders at every noise level, not a distilled one. A few minutes on 2 CPU cores. It validates at steps 30 and 60:
+# the F-P-P-P generator on the first holdout clip against its true video and the Teacher's F-F-F-F of the same noise,
+# with the collapse monitors (val/* in train_log.jsonl, best.json, val_curve.png). Real runs validate only with
+# --val_every N. Its predictor_step_XXXXX.safetensors are evaluated like the other Predictors:
 #   python tools/eval_predictor.py --demo demo_data/assets --split holdout25 --replace_steps 1,2,3 \
 #     --ckpt RUN_DIR/predictor_step_00060.safetensors --lpips_random_backbone
 #

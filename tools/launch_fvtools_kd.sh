@@ -15,7 +15,9 @@
 # (tools/launch_fvtools_df_sft.sh), its 32-step ODE cache over the demo video latents' train and holdout clips
 # ($DEMO_ROOT/ode_cache), then distils it to 4 steps (`--preset demo`) and reports, in kd_eval.json, how far the
 # student's own 4-step rollout is from the 32-step teacher on the holdout clips before and after. A few minutes on
-# 2 CPU cores.
+# 2 CPU cores. It also validates every 50 steps (and at the last): the student's 4-step rollout of the first holdout
+# sample, decoded by the VAE of the video latents the cache was built from, against the teacher's final latents
+# (val/*_vs_teacher in train_log.jsonl, best.json, val_curve.png). Real runs validate only with --val_every N.
 #
 # Every flag of `python fvtools/train_kd.py --help` can be given after the positionals, or as an environment
 # variable of the same name in capitals (METHOD_FLAG_VARIABLES in tools/_launch_common.sh).
