@@ -145,8 +145,8 @@ def test_entry_script_writes_a_complete_run_dir(tiny_dataset, tmp_path, script, 
     assert script.main(train_args(tiny_dataset, run_dir)) == 0
 
     names = sorted(path.name for path in run_dir.iterdir())
-    assert names == ["predictor_step_00002.safetensors", "predictor_step_00003.safetensors", "train_config.json",
-                     "train_log.jsonl", "training_latest.pt"]
+    assert names == ["predictor_step_00002.safetensors", "predictor_step_00003.safetensors", "run.lock",
+                     "train_config.json", "train_log.jsonl", "training_latest.pt", "training_prev.pt"]
     config = json.loads((run_dir / "train_config.json").read_text())
     trajectories = len(CASES) * len(ACTIONS)
     assert config["derived"]["variant"] == variant
