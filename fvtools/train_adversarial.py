@@ -66,6 +66,7 @@ from torch import Tensor, nn
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
 from predictor_training.data.pair_dataset import v4_pair_batches
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, trajectory_batches
+from predictor_training.eval.validation import predictor_validation
 from predictor_training.methods.adversarial import (
     DISCRIMINATOR,
     PREDICTOR,
@@ -97,6 +98,7 @@ from predictor_training.runtime.flags import (
     add_run_args,
     add_teacher_args,
     add_tracker_args,
+    add_validation_args,
     check_args,
     format_pairs,
     parse_recipe_args,
@@ -126,7 +128,8 @@ PRESETS = {
     "demo": ["--experiment", "predictor_v4_adversarial_demo", "--source_blocks", "1,10", "--precision", "fp32",
              "--max_steps", "120", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
              "--batch_size", "8", "--adv_weight", "0.01", "--adv_warmup_steps", "20", "--discriminator_lr", "1e-3",
-             "--r1_every", "4", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0"],
+             "--r1_every", "4", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0",
+             "--val_every", "120", "--val_videos", "1"],
 }
 
 
@@ -208,6 +211,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_args(parser, experiment="predictor_v4_adversarial", precision="fp32master", ckpt_every=100,
                  keep_last=20, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    add_validation_args(parser, val_every=0, val_videos=4)
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     check_adversarial_args(parser, args)
@@ -400,6 +404,10 @@ def main(argv=None) -> int:
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
         predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
         teacher_layers = teacher.num_layers
+        validation = predictor_validation(  # held-out F-P-P-P (offline) or the rollout's schedule, vs F-F-F-F
+            args, teacher=teacher, predictor=predictor, teacher_folder=teacher_source.folder,
+            replace_steps=DEFAULT_REPLACE_STEPS if args.data == "offline" else args.replace_steps,
+            rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=start.run_dir)
         if args.data == "offline":
             del teacher
         seed_everything(args.seed, rank=env.rank)
@@ -466,7 +474,7 @@ def main(argv=None) -> int:
                                              rollout_config=data.rollout_config, settings=settings,
                                              adversary=adversary, source_blocks=args.source_blocks, env=env)
         run_training(args, start, env, roles=roles, batches=batches, step_fn=step_fn, run_state=run_state,
-                     config=config, meta=meta)
+                     config=config, meta=meta, validation=validation)
     return 0
 
 
