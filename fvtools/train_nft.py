@@ -45,7 +45,7 @@ from typing import Callable
 import torch
 
 from predictor_training.data.batches import one_item_per_rank_batches
-from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
+from predictor_training.data.video_latents import CHUNK_LATENTS, CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
 from predictor_training.methods.flow_matching import add_noise, add_sigma_args, sample_sigmas
 from predictor_training.methods.method_model import build_method_model, dry_run_report, export_method_model, \
     method_meta
@@ -61,7 +61,8 @@ from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_t
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.flags import add_method_model_args, add_method_optimization_args, add_run_args, \
-    add_tracker_args, check_args, parse_recipe_args
+    add_tracker_args, add_validation_args, check_args, parse_recipe_args
+from predictor_training.eval.validation import ClipRolloutValidation
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, method_summary_rows
@@ -91,7 +92,7 @@ PRESETS = {
              "--samples_per_group", "4", "--chunks_per_sample", "2", "--monitor_every", "10",
              "--rewards", "reference_agreement:1,smoothness:10", "--reference_video", "ground_truth",
              "--no-gradient_checkpointing", "--ckpt_every", "10", "--keep_last", "2", "--tracker", "none",
-             "--num_workers", "0"],
+             "--num_workers", "0", "--val_every", "30", "--val_videos", "1"],
 }
 
 
@@ -206,6 +207,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
     add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=100, keep_last=5, log_every=1, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
+    add_validation_args(parser, val_every=0, val_videos=2)
     args = parse_recipe_args(parser, argv, PRESETS)
     if args.dry_run is None:
         check_nft_args(parser, args)
@@ -388,6 +390,30 @@ def describe_train_sigmas(args: argparse.Namespace) -> str:
     return f"{args.sigma_sampler} in [{args.sigma_min:g}, {args.sigma_max:g}]"
 
 
+def build_validation(args, step_fn: "NftStep", vae_folder: Path, env: DistEnv, run_dir: Path):
+    """Held-out reward while training (None with --val_every 0): the policy's rollout on the first --val_videos clips
+    of --eval_split, from the eval's own noise streams, scored against the clip's truth and the reference's rollout
+    from the same noise (its drift from the reference), with every reward of both as val/reward/<name> and
+    val/reward_reference/<name>."""
+    if args.val_every <= 0:
+        return None
+    dataset = VideoLatentDataset(args.dataset_root, args.eval_split)
+    row_of = {dataset[row]["clip_id"]: row for row in range(min(args.val_videos, len(dataset)))}
+
+    def rollout(role: str):
+        return lambda item, noise, memory_seed: step_fn.eval_rollout(item, role, row_of[item["clip_id"]])
+
+    def rewards(latents, reference_latents, item) -> dict[str, float]:
+        scores = step_fn.rewards(torch.cat([latents, reference_latents]), item)
+        return {**{f"val/reward/{name}": float(values[0]) for name, values in scores.items()},
+                **{f"val/reward_reference/{name}": float(values[1]) for name, values in scores.items()}}
+
+    return ClipRolloutValidation(generate=rollout("policy"), reference=rollout("reference"), extra=rewards,
+                                 dataset=dataset, num_videos=args.val_videos, vae=vae_folder, env=env,
+                                 run_dir=run_dir, seed=args.seed, chunk_latents=CHUNK_LATENTS,
+                                 split=args.eval_split)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
@@ -453,8 +479,9 @@ def main(argv=None) -> int:
         # 6. Train; then the policy against the reference from the same noise on held-out clips; then export the
         #    policy (a LoRA file or a Teacher folder).
         step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype)
+        validation = build_validation(args, step_fn, vae_folder, env, start.run_dir)
         run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta)
+                                 run_state=run_state, config=config, meta=meta, validation=validation)
         if eval_dataset is not None:
             report = {**evaluate_against_reference(step_fn.eval_rollout, step_fn.rewards, eval_dataset,
                                                    args.eval_clips, env),

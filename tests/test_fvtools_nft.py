@@ -303,3 +303,18 @@ def test_two_ranks_gather_the_groups_and_keep_the_policy_identical(world, tmp_pa
     assert [record["step"] for record in log] == [1, 2]
     assert all(torch.isfinite(torch.tensor(record["loss"])) for record in log)
     assert (run_dir / "nft_eval.json").is_file()
+
+
+def test_validation_reports_held_out_rewards_and_changes_no_training(world, tmp_path):
+    plain, validated = tmp_path / "plain", tmp_path / "validated"
+    assert nft.main(_argv(world, plain, "--max_steps", "2")) == 0
+    assert nft.main(_argv(world, validated, "--max_steps", "2", "--val_every", "1", "--val_videos", "1")) == 0
+    timing = ("time/", "memory/", "val/")
+    assert ([{k: v for k, v in row.items() if not k.startswith(timing)} for row in _log(validated)]
+            == [{k: v for k, v in row.items() if not k.startswith(timing)} for row in _log(plain)])
+    figures = [row for row in _log(validated) if "val/psnr_vs_truth" in row]
+    assert [row["step"] for row in figures] == [1, 2]
+    for row in figures:
+        assert {"val/reward/total", "val/reward_reference/total", "val/psnr_vs_reference"} <= set(row)
+    assert figures[0]["val/reward_reference/total"] == figures[1]["val/reward_reference/total"]  # a fixed reference
+    assert (validated / "best.json").is_file() and (validated / "val_curve.png").is_file()
