@@ -48,6 +48,7 @@ from predictor_training.video.vae_decoder import VaeDecoder
 
 VALIDATION_DIR = "validation"
 CONTACT_SHEET_COLUMNS = 6
+CONTACT_SHEET_MIN_HEIGHT = 128  # pixels per row after nearest-neighbour scaling
 
 
 def default_val_split(dataset_root: Path) -> str:
@@ -188,6 +189,8 @@ def contact_sheet(videos: list) -> Image.Image:
     frames = rows[0].shape[0]
     picks = np.linspace(0, frames - 1, CONTACT_SHEET_COLUMNS).round().astype(int)
     grid = torch.cat([torch.cat([video[index] for index in picks], dim=1) for video in rows], dim=0)
+    scale = max(1, -(-CONTACT_SHEET_MIN_HEIGHT // rows[0].shape[1]))  # small demo frames, scaled up (nearest)
+    grid = grid.repeat_interleave(scale, dim=0).repeat_interleave(scale, dim=1)
     return Image.fromarray(grid.numpy())
 
 
