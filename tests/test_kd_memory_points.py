@@ -141,7 +141,8 @@ def test_kd_student_context_is_the_cache_rollouts_and_the_teacher_is_its_own_fix
     chunks 6 and 7, and the loss was not 0."""
     cache, recorded = _one_step_cache(clip, tmp_path / "cache", monkeypatch)
     assert recorded == _selection(clip["condition"]["viewmats"], ROLLOUT_SEED)  # the cache used the seed's points
-    args = kd.parse_args(["--preset", "demo", "--teacher", str(clip["teacher"]), "--cache_root", str(cache),
+    args = kd.parse_args(["--preset", "demo", "--val_every", "0",
+                          "--teacher", str(clip["teacher"]), "--cache_root", str(cache),
                           "--output_dir", str(tmp_path / "kd"), "--student_steps", "1", "--chunks_per_clip", "8",
                           "--no_progress"])
     dataset = OdeCacheDataset(cache, "train")
@@ -194,7 +195,8 @@ def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: 
     root = tmp_path / "dataset"
     root.mkdir(parents=True, exist_ok=True)
     (root / df_sft.DATA_KINDS[data]).write_text(json.dumps(dataset_config))
-    args = df_sft.parse_args(["--preset", "demo", "--teacher", str(clip["teacher"]), "--dataset_root", str(root),
+    args = df_sft.parse_args(["--preset", "demo", "--val_every", "0",
+                              "--teacher", str(clip["teacher"]), "--dataset_root", str(root),
                               "--data", data, "--train", "lora", "--lora_rank", "2", "--lora_alpha", "2",
                               "--chunks_per_clip", "8", "--output_dir", str(tmp_path / "run"), "--no_progress",
                               *extra])
@@ -344,7 +346,7 @@ def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_pat
     job = CacheJob(0, "train0", "train", ROLLOUT_SEED, ("train", 0))
     settings = CacheSettings(steps=8, shift=5.0, store_grid=8, compute_dtype="float32", storage_dtype="float32")
     build_cache(teacher, [job], lambda job: condition, settings, tmp_path / "cache", env=ENV, inputs={"test": True})
-    args = kd.parse_args(["--preset", "demo", "--teacher", str(clip["teacher"]), "--cache_root",
+    args = kd.parse_args(["--preset", "demo", "--val_every", "0", "--teacher", str(clip["teacher"]), "--cache_root",
                           str(tmp_path / "cache"), "--output_dir", str(tmp_path / "kd"), "--chunks_per_clip", "2",
                           "--no_progress"])
     dataset = OdeCacheDataset(tmp_path / "cache", "train")

@@ -141,8 +141,10 @@ def cuda_autocast_policies() -> dict[str, str]:
 
 
 def registered_autocast_ops(key: str) -> set[str]:
-    """The ops torch registers at an autocast dispatch key ("AutocastCPU", "AutocastCUDA"), without "aten::"."""
-    return {name.removeprefix("aten::") for name in torch._C._dispatch_get_registrations_for_dispatch_key(key)}
+    """The aten ops torch registers at an autocast dispatch key ("AutocastCPU", "AutocastCUDA"), without "aten::"
+    (other libraries' ops, e.g. torchvision's once it is imported, are not torch's policies)."""
+    return {name.removeprefix("aten::") for name in torch._C._dispatch_get_registrations_for_dispatch_key(key)
+            if name.startswith("aten::")}
 
 
 def emulated_ops() -> dict[str, str]:
