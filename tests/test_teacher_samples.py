@@ -262,7 +262,8 @@ def test_df_sft_trains_a_real_score_lora_on_teacher_samples(real_build, tmp_path
 
     out, _ = real_build
     teacher = out.parent / "D" / "teacher"
-    argv = ["--preset", "demo", "--teacher", str(teacher), "--dataset_root", str(out), "--data", "teacher_samples",
+    argv = ["--preset", "demo", "--val_every", "0", "--teacher", str(teacher), "--dataset_root", str(out),
+            "--data", "teacher_samples",
             "--output_dir", str(tmp_path / "real_score"), "--no_progress"]
     with pytest.raises(SystemExit):
         df_sft.parse_args(argv)  # the demo preset trains every parameter
