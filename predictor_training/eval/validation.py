@@ -34,6 +34,7 @@ from predictor_training.data.dataset_config import (
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.data.video_latents import read_clip_manifest
 from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, ReferenceMethod, make_step_fn
+from predictor_training.eval.revisits import PSNR_CAP_DB
 from predictor_training.eval.runtime import EvalRuntime, score_video
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
@@ -158,19 +159,31 @@ class PredictorValidation:
         finally:
             raw.train(was_training)
         gathered = [score for part in all_gather_objects(scores) for score in part]
-        figures = {key: float(np.mean([score[key] for score in gathered])) for key in gathered[0]}
-        figures["val/videos"] = float(len(gathered))
-        figures["val/seconds"] = max(all_gather_objects(time.perf_counter() - start))
-        if self.env.is_main and sheet is not None:
-            path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda tmp: sheet.save(tmp, format="PNG"))
-        return figures
+        return finish_validation(gathered, sheet, step, start, self.env, self.run_dir)
 
 
     def image(self, step: int) -> Path | None:
-        path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
-        return path if self.env.is_main and path.is_file() else None
+        return contact_sheet_path(self.run_dir, step) if self.env.is_main else None
+
+
+def contact_sheet_path(run_dir: Path, step: int) -> Path | None:
+    """The contact sheet a validation at `step` wrote, if it wrote one."""
+    path = Path(run_dir) / VALIDATION_DIR / f"step_{step:05d}.png"
+    return path if path.is_file() else None
+
+
+def finish_validation(gathered: list[dict], sheet: Image.Image | None, step: int, start: float, env: DistEnv,
+                      run_dir: Path) -> dict[str, float]:
+    """Every video's figures (all ranks') -> their means, val/videos and val/seconds (the slowest rank's, a
+    collective); rank 0 writes the contact sheet."""
+    figures = {key: float(np.mean([score[key] for score in gathered])) for key in gathered[0]}
+    figures["val/videos"] = float(len(gathered))
+    figures["val/seconds"] = max(all_gather_objects(time.perf_counter() - start))
+    if env.is_main and sheet is not None:
+        path = Path(run_dir) / VALIDATION_DIR / f"step_{step:05d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: sheet.save(tmp, format="PNG"))
+    return figures
 
 
 def summarise(record: dict) -> dict[str, float]:
@@ -269,7 +282,6 @@ def composite_rollout(teacher, predictor, schedule: Schedule, rollout_config: Ro
     return generate
 
 
-PSNR_CEILING = 100.0  # dB: what ClipRolloutValidation reports for identical videos (PSNR inf, not JSON)
 
 
 class ClipRolloutValidation:
@@ -285,7 +297,7 @@ class ClipRolloutValidation:
     modules: put in eval mode while validating (their training mode is restored after).
     collective: every rank rolls out every clip (a sharded model's forwards are collectives); otherwise the clips
     are sharded over the ranks. best.json ranks the steps by val/psnr_vs_<truth_name>. A PSNR of identical videos
-    (inf: e.g. a fresh LoRA student against the Teacher it is an adapter of) is reported as PSNR_CEILING. Nothing
+    (inf: e.g. a fresh LoRA student against the Teacher it is an adapter of) is reported as PSNR_CAP_DB (100 dB). Nothing
     random outside the private generator is drawn: every random state is restored afterwards, and no gradient is
     recorded."""
 
@@ -350,7 +362,7 @@ class ClipRolloutValidation:
                     if entry["reference"] is not None:
                         record[f"vs_{self.reference_name}"] = score_video(entry["reference"], frames, None,
                                                                           entry["ranges"], self.env.device)
-                    figures = {key: min(value, PSNR_CEILING) if "/psnr" in key else value
+                    figures = {key: min(value, PSNR_CAP_DB) if "/psnr" in key else value
                                for key, value in summarise(record).items()}
                     if self.extra is not None:
                         figures.update(self.extra(latents, entry["reference_latents"], entry["item"]))
@@ -361,15 +373,7 @@ class ClipRolloutValidation:
             for module, mode in zip(self.modules, modes):
                 module.train(mode)
         gathered = scores if self.collective else [score for part in all_gather_objects(scores) for score in part]
-        figures = {key: float(np.mean([score[key] for score in gathered])) for key in gathered[0]}
-        figures["val/videos"] = float(len(gathered))
-        figures["val/seconds"] = max(all_gather_objects(time.perf_counter() - start))
-        if self.env.is_main and sheet is not None:
-            path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda tmp: sheet.save(tmp, format="PNG"))
-        return figures
+        return finish_validation(gathered, sheet, step, start, self.env, self.run_dir)
 
     def image(self, step: int) -> Path | None:
-        path = self.run_dir / VALIDATION_DIR / f"step_{step:05d}.png"
-        return path if self.env.is_main and path.is_file() else None
+        return contact_sheet_path(self.run_dir, step) if self.env.is_main else None
