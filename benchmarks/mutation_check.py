@@ -46,9 +46,17 @@ MUTATIONS = [
              ("tests/test_predictor.py::test_predictor_loss_matches_weighted_fp32_mse",),
              "the hidden term of the Predictor's loss is rewarded instead of penalised"),
     Mutation("validation_leaks_rng", "predictor_training/eval/validation.py",
-             "            with restored_random_state():\n                for row in self.mine:",
-             "            if True:\n                torch.randn(1)\n                for row in self.mine:",
-             ("tests/test_validation.py",), "validation consumes the training's random stream"),
+             "            with restored_random_state():\n                for row in self.mine:\n"
+             "                    entry = self._reference(row)",
+             "            if True:\n                torch.randn(1)\n                for row in self.mine:\n"
+             "                    entry = self._reference(row)",
+             ("tests/test_validation.py",), "the Predictor's validation consumes the training's random stream"),
+    Mutation("clip_validation_leaks_rng", "predictor_training/eval/validation.py",
+             "            with restored_random_state():\n                for row in self.mine:\n"
+             "                    entry = self._inputs(row)",
+             "            if True:\n                torch.randn(1)\n                for row in self.mine:\n"
+             "                    entry = self._inputs(row)",
+             ("tests/test_fvtools_validation.py",), "a method's clip validation consumes the training's random stream"),
     Mutation('kd_student_memory_points_from_the_step_stream', 'fvtools/train_kd.py',
              'memory_seed=item["seed"], text_grad',
              'memory_seed=stream_generator(*counters, 1).initial_seed(), text_grad',
@@ -280,7 +288,7 @@ MUTATIONS = [
              'choices=TRAIN_SIGMAS, default="range"',
              ('tests/test_fvtools_nft.py::test_sigma_and_advantage_flags', 'tests/test_fvtools_nft.py::test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid'),
              'nft train sigmas default range'),
-    Mutation('nft_sigma_floor_not_enforced', 'fvtools/train_nft.py',
+    Mutation('nft_sigma_floor_not_enforced', 'predictor_training/methods/nft.py',
              'if distilled and args.sigma_min < DISTILLED_SIGMA_FLOOR and not args.allow_sigma_below_teacher:',
              'if distilled and args.sigma_min < 0 and not args.allow_sigma_below_teacher:',
              ('tests/test_fvtools_nft.py::test_sigma_and_advantage_flags',),

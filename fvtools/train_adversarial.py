@@ -58,7 +58,6 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -67,54 +66,29 @@ from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_
 from predictor_training.data.pair_dataset import v4_pair_batches
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, trajectory_batches
 from predictor_training.eval.validation import predictor_validation
-from predictor_training.methods.adversarial import (
-    DISCRIMINATOR,
-    PREDICTOR,
-    Adversary,
-    adversarial_metrics,
-    build_discriminator,
-    build_discriminator_role,
-    context_summary,
-)
+from predictor_training.methods.adversarial import (DISCRIMINATOR, PREDICTOR, Adversary, adversarial_metrics,
+                                                    build_discriminator, build_discriminator_role, context_summary)
 from predictor_training.predictor.loss import predictor_loss
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.pair_step import move_batch, predict_pairs_with_context
-from predictor_training.predictor.self_rollout import (
-    ChunkGraph,
-    SelfRolloutSettings,
-    train_trajectory,
-    trajectory_for_row,
-)
+from predictor_training.predictor.self_rollout import (ChunkGraph, SelfRolloutSettings, train_trajectory,
+                                                       trajectory_for_row)
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
 from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
-from predictor_training.runtime.flags import (
-    add_data_args,
-    add_loss_args,
-    add_optimization_args,
-    add_predictor_args,
-    add_run_args,
-    add_teacher_args,
-    add_tracker_args,
-    add_validation_args,
-    check_args,
-    format_pairs,
-    parse_recipe_args,
-)
+from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_data_args, add_loss_args,
+                                             add_optimization_args, add_predictor_args, add_run_args,
+                                             add_teacher_args, add_tracker_args, add_validation_args, at_least,
+                                             check_args, format_pairs, parse_recipe_args, positive)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import (
-    environment_summary,
-    format_lr,
-    plan_run,
-    run_config,
-    write_train_config,
-)
+from predictor_training.runtime.run_directory import (environment_summary, format_lr, plan_run, run_config,
+                                                      write_train_config)
 from predictor_training.teacher.source import describe_teacher, load_teacher
 
 VARIANT = "v4"
@@ -131,23 +105,6 @@ PRESETS = {
              "--r1_every", "4", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0",
              "--val_every", "120", "--val_videos", "1"],
 }
-
-
-def number(kind: type, flag: str, expected: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
-    """An argparse `type=` for `flag`: `kind(text)`, refused unless `is_valid(value)` (written so that NaN fails it)
-    with an error naming the flag, the value and the `expected` range."""
-    def parse(text: str):
-        value = kind(text)
-        if not is_valid(value):
-            raise argparse.ArgumentTypeError(f"{flag}={value!r}: expected {expected}")
-        return value
-    parse.__name__ = kind.__name__  # argparse's "invalid float value: 'x'" names the type by it
-    return parse
-
-
-def at_least(kind: type, flag: str, low: int) -> Callable[[str], float]:
-    """`number` for `flag` >= `low`."""
-    return number(kind, flag, f">= {low}", lambda value: value >= low)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -177,35 +134,35 @@ def parse_args(argv=None) -> argparse.Namespace:
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
     adv = parser.add_argument_group("adversarial")
-    adv.add_argument("--adv_weight", default=0.01, type=at_least(float, "--adv_weight", 0),
+    adv.add_argument("--adv_weight", default=0.01, type=at_least(float, 0),
                      help="weight of the Predictor's adversarial loss -mean D(pred_hidden) after the warm-up; 0 = "
                           "the v4 regression recipe exactly (the discriminator still trains and is logged) "
                           "(default %(default)g)")
-    adv.add_argument("--adv_warmup_steps", default=100, type=at_least(int, "--adv_warmup_steps", 0),
+    adv.add_argument("--adv_warmup_steps", default=100, type=at_least(int, 0),
                      help="Predictor updates over which the adversarial weight rises linearly from 0 to --adv_weight; "
                           "0 = full weight from the first step (default %(default)s)")
     adv.add_argument("--discriminator_lr", default=1e-4,
-                     type=number(float, "--discriminator_lr", "> 0", lambda v: v > 0),
+                     type=positive(),
                      help="peak LR of the discriminator's AdamW (cosine to 0 over its own updates, no warmup) "
                           "(default %(default)g)")
-    adv.add_argument("--discriminator_every", default=1, type=at_least(int, "--discriminator_every", 1),
+    adv.add_argument("--discriminator_every", default=1, type=at_least(int, 1),
                      help="update the discriminator every N loop steps, N <= --max_steps (the Predictor updates every "
                           "step) (default %(default)s)")
-    adv.add_argument("--discriminator_width", default=256, type=at_least(int, "--discriminator_width", 1),
+    adv.add_argument("--discriminator_width", default=256, type=at_least(int, 1),
                      help="width of the discriminator's token layers (default %(default)s)")
     for flag, default in (("--discriminator_adam_beta1", 0.0), ("--discriminator_adam_beta2", 0.99)):
-        adv.add_argument(flag, default=default, type=number(float, flag, "in [0, 1)", lambda v: 0 <= v < 1),
+        adv.add_argument(flag, default=default, type=UNIT_INTERVAL,
                          help=f"discriminator AdamW {flag[-5:]} (default %(default)g)")
     adv.add_argument("--discriminator_weight_decay", default=0.0,
-                     type=at_least(float, "--discriminator_weight_decay", 0),
+                     type=at_least(float, 0),
                      help="discriminator AdamW weight decay (default %(default)g)")
     adv.add_argument("--discriminator_grad_clip", default=1.0,
-                     type=number(float, "--discriminator_grad_clip", "> 0, or -1", lambda v: v == -1 or v > 0),
+                     type=CLIP_OR_OFF,
                      help="global gradient-norm clip of the discriminator; -1 = measure only (default %(default)g)")
-    adv.add_argument("--r1_weight", default=1.0, type=at_least(float, "--r1_weight", 0),
+    adv.add_argument("--r1_weight", default=1.0, type=at_least(float, 0),
                      help="gamma of the R1 penalty gamma/2 E|dD(real)/d real|^2 on the Teacher hiddens; 0 = none "
                           "(default %(default)g)")
-    adv.add_argument("--r1_every", default=16, type=at_least(int, "--r1_every", 1),
+    adv.add_argument("--r1_every", default=16, type=at_least(int, 1),
                      help="lazy R1: applied on every N-th discriminator update (the first included), weighted by N "
                           "(default %(default)s)")
     add_run_args(parser, experiment="predictor_v4_adversarial", precision="fp32master", ckpt_every=100,

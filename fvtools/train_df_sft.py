@@ -46,8 +46,7 @@ from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.teacher_samples import TeacherSampleDataset
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.eval.validation import ClipRolloutValidation, default_video_val_split, own_rollout
-from predictor_training.methods.rewards import default_vae_folder
+from predictor_training.eval.validation import ClipRolloutValidation, own_rollout, resolve_video_val_args
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.flags import (
     add_method_model_args,
@@ -162,27 +161,11 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
     """Validation rolls the model out on held-out video clips and scores it against their true video: a
     video-latent dataset only (a Teacher-sample dataset's truth is the Teacher's own rollout, which a real-score
     adapter is not meant to reproduce in 4 steps)."""
-    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
-        return
-    if args.data == "teacher_samples":
+    if args.val_every > 0 and args.data == "teacher_samples":
         parser.error(f"--val_every={args.val_every} with --data teacher_samples: held-out validation scores the "
                      "model's own 4-step rollout against real videos, which only a video-latent dataset holds; "
                      "pass --val_every 0")
-    if args.val_ground_truth is not None:
-        parser.error("--val_ground_truth: df_sft validates against the clips' own decoded latents; drop the flag")
-    if args.val_vae is None:
-        try:
-            args.val_vae = default_vae_folder(args.dataset_root)
-        except (OSError, KeyError, ValueError) as error:
-            parser.error(f"--val_every={args.val_every}: no VAE to decode the validation clips ({error}); pass "
-                         "--val_vae DIR")
-    split = args.val_split
-    if split is None:
-        try:
-            split = default_video_val_split(args.dataset_root, args.split)
-        except ValueError as error:
-            parser.error(str(error))
-        args.val_split = split
+    resolve_video_val_args(parser, args, METHOD)
 
 
 def build_validation(args, env: DistEnv, method_model: MethodModel, rollout_config: RolloutConfig,

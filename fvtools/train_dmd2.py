@@ -62,17 +62,14 @@ import torch
 from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.eval.validation import (ClipRolloutValidation, composite_rollout, default_video_val_split,
-                                                own_rollout)
+from predictor_training.eval.validation import generator_validation, resolve_video_val_args
 from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
 from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
-from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, RAW_TEACHER, REAL, build_predictor_role,
-                                                   build_scores, build_student, export_generator_ema,
-                                                   resolve_real_score)
+from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, REAL, build_predictor_role, build_scores,
+                                                   build_student, export_generator_ema, resolve_real_score_flags)
 from predictor_training.methods.flow_matching import SIGMA_SAMPLERS, add_noise, sample_sigmas
 from predictor_training.methods.method_model import dry_run_report, export_method_model
 from predictor_training.methods.monitors import collapse_monitors
-from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.self_rollout import SelfRolloutSettings
 from predictor_training.rollout.ar_rollout import RolloutConfig
@@ -80,10 +77,11 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule,
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR, flow_match_sigmas
 from predictor_training.rollout.teacher_forcing import draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState, checkpoint_meta
-from predictor_training.runtime.distributed import DistEnv, log0, unwrap_model
-from predictor_training.runtime.flags import (add_loss_args, add_method_model_args, add_method_optimization_args,
-                                             add_run_args, add_tracker_args, add_validation_args, check_args,
-                                             parse_recipe_args, parse_source_blocks)
+from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_loss_args, add_method_model_args,
+                                             add_method_optimization_args, add_run_args, add_tracker_args,
+                                             add_validation_args, at_least, check_args, checked, parse_recipe_args,
+                                             parse_source_blocks, positive)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary
 from predictor_training.runtime.precision import precision_policy
@@ -91,8 +89,7 @@ from predictor_training.runtime.random_streams import ALL_RANKS, stream_generato
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, plan_run,
                                                      run_config, write_train_config)
-from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
-from predictor_training.teacher.adapters import adapter
+from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
 METHOD = "dmd2"
@@ -110,26 +107,6 @@ PRESETS = {
 }
 
 
-def _in_range(kind, ok, expected: str):
-    """A `type=` for a flag whose value alone must satisfy `ok`; argparse names the flag in its error."""
-    def parse(text: str):
-        value = kind(text)
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
-        return value
-    parse.__name__ = kind.__name__  # a non-number reads "invalid int value: 'x'"
-    return parse
-
-
-AT_LEAST_ONE = _in_range(int, lambda value: value >= 1, ">= 1")
-POSITIVE = _in_range(float, lambda value: value > 0, "> 0")
-NON_NEGATIVE = _in_range(float, lambda value: value >= 0, ">= 0")
-ADAM_BETA = _in_range(float, lambda value: 0 <= value < 1, "in [0, 1)")
-EMA_DECAY = _in_range(float, lambda value: value == -1 or 0 <= value < 1, "in [0, 1), or -1")
-NON_NEGATIVE_INT = _in_range(int, lambda value: value >= 0, ">= 0")
-GRAD_CLIP = _in_range(float, lambda value: value == -1 or value > 0, "> 0, or -1")
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """The dmd2 recipe: every default below is the recipe (train.md § 4.3)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="video-latent dataset (tools/build_video_latent_dataset.py: video_dataset_config.json): "
                            "the clips' conditioning, and their latents as history with --rollout data; required")
     data.add_argument("--split", type=str, default="train", help="manifest split to train on (default %(default)s)")
-    data.add_argument("--chunks_per_clip", type=AT_LEAST_ONE, default=4,
+    data.add_argument("--chunks_per_clip", type=at_least(int, 1), default=4,
                       help="--generator student --rollout data: chunks of each clip trained per micro-batch "
                            "(default %(default)s; the self rollout and the Predictor composite run every chunk)")
     data.add_argument("--num_workers", type=int, default=2,
@@ -153,10 +130,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="self: Self-Forcing, every chunk on the generator's own detached history (also the "
                           "scores' context); data: teacher forcing, the clip's data latents as history "
                           "(default %(default)s)")
-    gen.add_argument("--generator_every", type=AT_LEAST_ONE, default=5,
+    gen.add_argument("--generator_every", type=at_least(int, 1), default=5,
                      help="update the generator every N loop steps (the fake score every step); when not due, its "
                           "rollout runs without a graph and only the critic trains (default %(default)s)")
-    gen.add_argument("--anchor_weight", type=NON_NEGATIVE, default=None,
+    gen.add_argument("--anchor_weight", type=at_least(float, 0), default=None,
                      help="weight of the regression anchor to the Teacher added to the generator loss (default: 1 "
                           "for --generator predictor, its composite's own Predictor-vs-Teacher loss; 0 for student, "
                           "where it is the mse of the student's x0 estimate against the Teacher's)")
@@ -176,19 +153,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--block_warmup_steps", type=int, default=-1,
                      help="--generator predictor: generator updates with the blocks held at LR 0; -1 = none "
                           "(default %(default)s)")
-    gen.add_argument("--student_steps", type=AT_LEAST_ONE, default=4,
+    gen.add_argument("--student_steps", type=at_least(int, 1), default=4,
                      help="--generator student: denoising steps per chunk (default %(default)s)")
-    gen.add_argument("--student_shift", type=POSITIVE, default=DISTILLED_SHIFT,
+    gen.add_argument("--student_shift", type=positive(), default=DISTILLED_SHIFT,
                      help="--generator student: schedule shift (default %(default)g: the distilled 4-step one)")
     gen.add_argument("--exit_step", choices=("uniform", "last"), default="uniform",
                      help="--generator student: the step whose x0 estimate is the chunk's sample, drawn per chunk "
                           "alike on every rank: uniform over the steps, or the last (default %(default)s)")
-    gen.add_argument("--ema_decay", type=EMA_DECAY, default=0.99,
+    gen.add_argument("--ema_decay", default=0.99,
+                     type=checked(float, "in [0, 1), or -1", lambda value: value == -1 or 0 <= value < 1),
                      help="EMA of the generator's trained weights (Self-Forcing's generator EMA): ema <- decay ema + "
                           "(1 - decay) param after each generator update, exported next to the raw weights "
                           "(predictor_ema_step_XXXXX.safetensors, or ema/ for a student); -1 = none "
                           "(default %(default)g)")
-    gen.add_argument("--ema_start_step", type=NON_NEGATIVE_INT, default=200,
+    gen.add_argument("--ema_start_step", type=at_least(int, 0), default=200,
                      help="loop steps before the EMA starts averaging (before, it copies the weights; counted in "
                           "generator updates as ema_start_step // generator_every) (default %(default)s)")
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)  # the predictor's anchor
@@ -204,22 +182,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="fake score: a LoRA adapter (--lora_rank/--lora_alpha; from the real score's adapter "
                              "when that is a LoRA) on the real score's frozen base, or a full copy of the real score "
                              "(small models only: replicated, not sharded) (default %(default)s)")
-    scores.add_argument("--fake_score_lr", type=POSITIVE, default=1e-5,
+    scores.add_argument("--fake_score_lr", type=positive(), default=1e-5,
                         help="fake score peak LR (default %(default)g)")
-    scores.add_argument("--fake_score_adam_beta1", type=ADAM_BETA, default=0.0,
+    scores.add_argument("--fake_score_adam_beta1", type=UNIT_INTERVAL, default=0.0,
                         help="fake score AdamW beta1 (default %(default)g, as DMD2)")
-    scores.add_argument("--fake_score_adam_beta2", type=ADAM_BETA, default=0.999,
+    scores.add_argument("--fake_score_adam_beta2", type=UNIT_INTERVAL, default=0.999,
                         help="fake score AdamW beta2 (default %(default)g)")
-    scores.add_argument("--fake_score_grad_clip", type=GRAD_CLIP, default=1.0,
+    scores.add_argument("--fake_score_grad_clip", type=CLIP_OR_OFF, default=1.0,
                         help="fake score gradient-norm clip, -1 = measure only (default %(default)g)")
     scores.add_argument("--score_sigma_sampler", choices=SIGMA_SAMPLERS, default="shifted",
                         help="distribution of the scores' and the critic's noise levels, drawn inside the bounds "
                              "(default %(default)s)")
     scores.add_argument("--score_sigma_min", type=float, default=0.02, help="lowest score sigma (default %(default)g)")
     scores.add_argument("--score_sigma_max", type=float, default=0.98, help="highest score sigma (default %(default)g)")
-    scores.add_argument("--score_sigma_shift", type=POSITIVE, default=DISTILLED_SHIFT,
+    scores.add_argument("--score_sigma_shift", type=positive(), default=DISTILLED_SHIFT,
                         help="shift of --score_sigma_sampler shifted (default %(default)g)")
-    scores.add_argument("--monitor_every", type=AT_LEAST_ONE, default=10,
+    scores.add_argument("--monitor_every", type=at_least(int, 1), default=10,
                         help="every N loop steps, roll out the Teacher F-F-F-F on the same noise and log the "
                              "collapse monitors (default %(default)s)")
     add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=64, lora_alpha=64.0,
@@ -259,67 +237,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"{' and '.join(missing)} missing (or pass --dry_run CONFIG)")
     check_args(parser, args, dataset_config_name=VIDEO_CONFIG_NAME)
     check_dmd2_args(parser, args)
-    check_validation_args(parser, args)
+    resolve_video_val_args(parser, args, METHOD)
     return args
-
-
-def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--val_split defaults to the video-latent dataset's held-out split, --val_vae to the VAE its config records."""
-    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
-        return
-    if args.val_ground_truth is not None:
-        parser.error("--val_ground_truth: dmd2 validates against the clips' own decoded latents; drop the flag")
-    try:
-        args.val_vae = args.val_vae or default_vae_folder(args.dataset_root)
-        args.val_split = args.val_split or default_video_val_split(args.dataset_root, args.split)
-    except (OSError, KeyError, ValueError) as error:
-        parser.error(f"--val_every={args.val_every}: {error}; pass --val_vae DIR / --val_split NAME")
-
-
-def build_validation(args, env: DistEnv, *, teacher, generator_role: Role, student: ScoreModel | None,
-                     rollout_config: RolloutConfig, run_dir: Path) -> ClipRolloutValidation | None:
-    """The generator's rollout on the first --val_videos clips of --val_split (the F-P-P-P composite through the
-    eval's own step hook on the frozen Teacher, or the student's own --student_steps rollout) against the clip's
-    decoded latents (val/*_vs_truth) and the Teacher's F-F-F-F of the same noise (val/*_vs_teacher), plus the
-    collapse monitors of the generator's latents against the Teacher's (val/monitor/*). None with --val_every 0."""
-    if args.val_every <= 0:
-        return None
-    dataset = VideoLatentDataset(args.dataset_root, args.val_split)
-    autocast_dtype = rollout_config.autocast_dtype
-    schedule = Schedule.for_rollout(args.replace_steps, rollout_config)
-    teacher_rollout = composite_rollout(teacher, None, schedule, rollout_config, env.device, autocast_dtype, run_dir)
-
-    def reference(item, noise, memory_seed):
-        with adapter(teacher, None):
-            return teacher_rollout(item, noise, memory_seed)
-
-    if args.generator == "predictor":
-        predictor = unwrap_model(generator_role.module)
-        modules = [predictor]
-        composite = composite_rollout(teacher, predictor, schedule, rollout_config, env.device, autocast_dtype,
-                                      run_dir)
-
-        def generate(item, noise, memory_seed):
-            with adapter(teacher, None):
-                return composite(item, noise, memory_seed)
-    else:
-        modules = [student.model]
-        config = RolloutConfig(num_steps=args.student_steps, shift=args.student_shift, state_dtype=torch.float32,
-                               autocast_dtype=autocast_dtype)
-        own = own_rollout(student.model, config, env.device, autocast_dtype)
-
-        def generate(item, noise, memory_seed):
-            with student.active():
-                return own(item, noise, memory_seed)
-
-    def monitors(latents, reference_latents, item):
-        figures = collapse_monitors(latents, reference_latents, rollout_config.chunk_latents)
-        return {f"val/{key}": value for key, value in figures.items()}
-
-    return ClipRolloutValidation(
-        generate=generate, reference=reference, extra=monitors, dataset=dataset, num_videos=args.val_videos,
-        vae=args.val_vae, env=env, run_dir=run_dir, seed=args.seed, chunk_latents=rollout_config.chunk_latents,
-        collective=generator_role.is_fsdp, modules=modules, split=args.val_split, reference_name="teacher")
 
 
 def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -335,26 +254,10 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if not 0 <= args.score_sigma_min < args.score_sigma_max <= 1:
         parser.error(f"--score_sigma_min={args.score_sigma_min} --score_sigma_max={args.score_sigma_max}: expected "
                      "0 <= min < max <= 1")
-    # The real score.
-    if args.real_score == RAW_TEACHER:
-        if not args.allow_raw_teacher_score:
-            parser.error(f"--real_score teacher: the distilled {DISTILLED_STEPS}-step Teacher is not a score model "
-                         f"(its x - sigma v is a sample-like jump, trained only at sigma in [{DISTILLED_SIGMA_FLOOR}, "
-                         "1]); train a real score with fvtools/train_df_sft.py and pass its model, or add "
-                         "--allow_raw_teacher_score")
-        if args.score_sigma_min < DISTILLED_SIGMA_FLOOR:
-            parser.error(f"--score_sigma_min={args.score_sigma_min} with --real_score teacher: the raw Teacher was "
-                         f"trained only at sigma >= {DISTILLED_SIGMA_FLOOR} ({DISTILLED_STEPS} steps at shift "
-                         f"{DISTILLED_SHIFT:g}); expected --score_sigma_min >= {DISTILLED_SIGMA_FLOOR}")
-        args.real_score_kind, args.real_score_path = RAW_TEACHER, None
-    else:
-        try:
-            args.real_score_kind, args.real_score_path = resolve_real_score(Path(args.real_score))
-        except ValueError as error:
-            parser.error(f"--real_score={args.real_score!r}: {error}")
-        if args.real_score_kind == "lora" and args.fake_score_train == "full":
-            parser.error("--fake_score_train full with a LoRA --real_score: a full fake score needs a model folder; "
-                         "use --fake_score_train lora (initialised from the real score's adapter)")
+    try:
+        args.real_score_kind, args.real_score_path = resolve_real_score_flags(args)
+    except ValueError as error:
+        parser.error(str(error))
     # The generator (check_args has checked --fusion_lr and --blocks_lr > 0).
     if args.generator == "predictor":
         if not args.replace_steps:
@@ -550,7 +453,7 @@ def main(argv=None) -> int:
             generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "
                               f"{'-'.join(letters)}; from {args.init_from if not resuming else start.resume_path}")
         else:
-            student, generator_role, student_model = build_student(args, teacher, env)
+            student, generator_role, student_model = build_student(args, teacher, env, policy)
             meta = {"method": METHOD, "generator": "student", "train": args.train, "precision": args.precision,
                     "lora_rank": args.lora_rank if args.train == "lora" else None, "rollout": args.rollout,
                     "fake_score": args.fake_score_train, "student_steps": args.student_steps}
@@ -594,7 +497,7 @@ def main(argv=None) -> int:
         step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
                                            teacher=teacher, real=real, fake=fake, generator_role=generator_role,
                                            student=student)
-        validation = build_validation(args, env, teacher=teacher, generator_role=generator_role, student=student,
+        validation = generator_validation(args, env, teacher=teacher, generator_role=generator_role, student=student,
                                       rollout_config=rollout_config, run_dir=start.run_dir)
         if validation is not None:
             log0(f"validation every {args.val_every} steps: {validation.describe()}")

@@ -40,19 +40,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from predictor_training.data.batches import one_item_per_rank_batches
-from predictor_training.data.video_latents import CHUNK_LATENTS, CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
-from predictor_training.methods.flow_matching import add_noise, add_sigma_args, sample_sigmas
+from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
+from predictor_training.eval.validation import reward_validation
+from predictor_training.methods.flow_matching import add_noise, add_sigma_args
 from predictor_training.methods.method_model import build_method_model, dry_run_report, export_method_model, \
     method_meta
 from predictor_training.methods.monitors import collapse_monitors
-from predictor_training.methods.nft import ADVANTAGE_STDS, OLD_DECAY_SCHEDULES, OldPolicy, PolicyModels, \
-    draw_grid_sigmas, evaluate_against_reference, gathered, group_advantages, group_statistics, nft_objective, \
-    old_policy_decay, sampler_sigma_grid
+from predictor_training.methods.nft import ADVANTAGE_STDS, OLD_DECAY_SCHEDULES, TRAIN_SIGMAS, OldPolicy, \
+    PolicyModels, check_train_sigmas, describe_train_sigmas, evaluate_against_reference, gathered, group_advantages, \
+    group_statistics, nft_objective, old_policy_decay, sampler_sigma_grid, training_sigmas
 from predictor_training.methods.rewards import REFERENCE_KINDS, TOTAL, RewardScorer, VideoRewards, \
     default_vae_folder, describe_rewards, holds_vae, parse_reward_weights
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
@@ -60,9 +60,8 @@ from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
 from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
-from predictor_training.runtime.flags import add_method_model_args, add_method_optimization_args, add_run_args, \
-    add_tracker_args, add_validation_args, check_args, parse_recipe_args
-from predictor_training.eval.validation import ClipRolloutValidation
+from predictor_training.runtime.flags import UNIT_INTERVAL, add_method_model_args, add_method_optimization_args, \
+    add_run_args, add_tracker_args, add_validation_args, at_least, check_args, checked, parse_recipe_args, positive
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, method_summary_rows
@@ -79,10 +78,6 @@ ROLE = "policy"
 # Stream ids after (seed, micro-step, rank): what each draw of a step uses.
 NOISE_STREAM, MEMORY_STREAM, TRAIN_STREAM, EVAL_STREAM = 1, 2, 3, 4
 EVAL_NAME = "nft_eval.json"
-# Where the training sigmas come from: the sampler's own noise levels, or --sigma_sampler within --sigma_min/max.
-TRAIN_SIGMAS = ("sampler_grid", "range")
-# The --sigma_* flags (flow_matching.add_sigma_args); they apply with --train_sigmas range only.
-RANGE_FLAGS = ("sigma_sampler", "sigma_min", "sigma_max", "sigma_shift", "logit_mean", "logit_std")
 
 PRESETS = {
     # The CPU demo: a rank-16 LoRA on the shipped world Teacher, 4 samples per group (one group per rank), rewarded
@@ -94,26 +89,6 @@ PRESETS = {
              "--no-gradient_checkpointing", "--ckpt_every", "10", "--keep_last", "2", "--tracker", "none",
              "--num_workers", "0", "--val_every", "30", "--val_videos", "1"],
 }
-
-
-def checked(kind: type, flag: str, ok: Callable, expected: str):
-    """A `type=` for --flag: `kind(text)`, refused unless `ok(value)`, naming the flag, the value and `expected`."""
-    def parse(text: str):
-        value = kind(text)
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"--{flag}={text}: expected {expected}")
-        return value
-
-    parse.__name__ = kind.__name__  # a non-number still reads "invalid int value: 'x'"
-    return parse
-
-
-def at_least(flag: str, low: int, why: str = ""):
-    return checked(int, flag, lambda value: value >= low, f">= {low}{why}")
-
-
-def positive(flag: str):
-    return checked(float, flag, lambda value: value > 0, "> 0")
 
 
 def reward_weights(text: str) -> str:
@@ -140,21 +115,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--eval_split", type=str, default="holdout",
                       help="split on which, after training, the policy and the reference roll out from the same "
                            "noise and are scored (nft_eval.json) (default %(default)s)")
-    data.add_argument("--eval_clips", type=at_least("eval_clips", 0), default=8,
+    data.add_argument("--eval_clips", type=at_least(int, 0), default=8,
                       help="clips of --eval_split scored after training, 0 = none (default %(default)s)")
     sampling = parser.add_argument_group("sampling (the old policy's AR rollout)")
     sampling.add_argument("--samples_per_group", default=8,
-                          type=at_least("samples_per_group", 2, " (advantages compare the samples of one group)"),
+                          type=at_least(int, 2, " (advantages compare the samples of one group)"),
                           help="K: videos sampled per clip (one group = one condition), >= 2 (default %(default)s)")
-    sampling.add_argument("--sample_steps", type=at_least("sample_steps", 1), default=4,
+    sampling.add_argument("--sample_steps", type=at_least(int, 1), default=4,
                           help="denoising steps per chunk of the rollout (default %(default)s: the distilled schedule)")
-    sampling.add_argument("--sample_shift", type=positive("sample_shift"), default=DISTILLED_SHIFT,
+    sampling.add_argument("--sample_shift", type=positive(), default=DISTILLED_SHIFT,
                           help="schedule shift of the rollout (default %(default)g)")
     rewards = parser.add_argument_group("rewards (predictor_training/methods/rewards.py)")
     rewards.add_argument("--rewards", type=reward_weights, default="reference_agreement:1,smoothness:0.1",
                          help="name:weight,... of registered rewards, summed into the reward (default "
                               f"%(default)s). Registered: {describe_rewards()}")
-    rewards.add_argument("--reward_frames", type=at_least("reward_frames", 1), default=8,
+    rewards.add_argument("--reward_frames", type=at_least(int, 1), default=8,
                          help="frames a 'sampled_frames' reward reads, spread evenly (default %(default)s)")
     rewards.add_argument("--reference_video", choices=REFERENCE_KINDS, default="data_latents",
                          help="the reference of the reference rewards: the clip's own latents decoded by --vae "
@@ -163,8 +138,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     rewards.add_argument("--ground_truth", type=Path, default=None,
                          help="folder of ground-truth videos, <clip_id>/ (PNG frames) or <clip_id>.mp4, with the "
                               "decoded videos' frame count and size (--reference_video ground_truth)")
-    rewards.add_argument("--vae", default=None, type=checked(Path, "vae", holds_vae, "a VAE folder with config.json "
-                                                                  "(or a folder with vae/config.json)"),
+    rewards.add_argument("--vae", default=None,
+                         type=checked(Path, "a VAE folder with config.json (or a folder with vae/config.json)",
+                                      holds_vae),
                          help="VAE folder (AutoencoderKLHunyuanVideo15, or a pipeline folder with vae/) that "
                               "decodes the samples; default: the encoders folder recorded in the dataset's "
                               "video_dataset_config.json (the VAE that made the latents)")
@@ -173,23 +149,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="divide the advantages r - mean_group by the std of every reward of the gathered "
                           "[ranks x groups, K] table (global, the DiffusionNFT default) or of the group's own K "
                           "rewards (group) (default %(default)s)")
-    nft.add_argument("--beta", type=positive("beta"), default=1.0,
+    nft.add_argument("--beta", type=positive(), default=1.0,
                      help="beta of the positive/negative policies v+- (default %(default)g)")
-    nft.add_argument("--adv_clip", type=positive("adv_clip"), default=5.0,
+    nft.add_argument("--adv_clip", type=positive(), default=5.0,
                      help="advantage clip c: r = clip(A / 2c + 1/2, 0, 1) (default %(default)g)")
-    nft.add_argument("--kl_weight", type=checked(float, "kl_weight", lambda value: value >= 0, ">= 0"), default=1e-4,
+    nft.add_argument("--kl_weight", type=at_least(float, 0), default=1e-4,
                      help="weight of mse(v_policy, v_reference), the KL term to the reference (default %(default)g)")
     nft.add_argument("--old_decay_schedule", choices=OLD_DECAY_SCHEDULES, default="ramp_slow",
                      help="decay d(u) of old <- d old + (1 - d) policy after the u-th update: zero (on-policy), "
                           "ramp_slow min(0.001u, 0.5), ramp_delayed 0 until u = 75 then min(0.0075(u - 75), 0.999), "
                           "constant --old_decay (default %(default)s)")
     nft.add_argument("--old_decay", default=0.0,
-                     type=checked(float, "old_decay", lambda value: 0 <= value < 1, "in [0, 1)"),
+                     type=UNIT_INTERVAL,
                      help="the decay of --old_decay_schedule constant, in [0, 1) (default %(default)g)")
-    nft.add_argument("--chunks_per_sample", type=at_least("chunks_per_sample", 1), default=2,
+    nft.add_argument("--chunks_per_sample", type=at_least(int, 1), default=2,
                      help="chunks of each sample trained per step, each at its own noise level (default "
                           "%(default)s; the sample's chunk count caps it)")
-    nft.add_argument("--monitor_every", type=at_least("monitor_every", 1), default=20,
+    nft.add_argument("--monitor_every", type=at_least(int, 1), default=20,
                      help="every N steps (and at step 1 and --max_steps) roll out the policy and the reference from "
                           "the same noise and log their collapse monitors and rewards (default %(default)s)")
     nft.add_argument("--train_sigmas", choices=TRAIN_SIGMAS, default="sampler_grid",
@@ -230,27 +206,6 @@ def check_nft_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.train == "full" and world_size > 1:
         parser.error(f"--train full on {world_size} ranks: the old policy and the reference are unsharded copies "
                      "of the model, which this recipe keeps on one process only; use --train lora")
-
-
-def check_train_sigmas(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--train_sigmas: the --sigma_* flags apply with `range` only; a range reaching below the distilled Teacher's
-    lowest trained sigma is refused for a policy that starts from the Teacher (old policy and reference are the
-    Teacher too), unless --allow_sigma_below_teacher."""
-    if args.train_sigmas == "sampler_grid":
-        changed = [f"--{name}={getattr(args, name)}" for name in RANGE_FLAGS
-                   if getattr(args, name) != parser.get_default(name)]
-        if changed:
-            parser.error(f"{' '.join(changed)} with --train_sigmas sampler_grid: the --sigma_* flags apply with "
-                         "--train_sigmas range only")
-        return
-    if not 0 <= args.sigma_min < args.sigma_max <= 1:
-        parser.error(f"--sigma_min={args.sigma_min} --sigma_max={args.sigma_max}: expected 0 <= min < max <= 1")
-    distilled = args.train == "lora" or args.init_weights == "teacher"
-    if distilled and args.sigma_min < DISTILLED_SIGMA_FLOOR and not args.allow_sigma_below_teacher:
-        parser.error(f"--sigma_min={args.sigma_min} with --train_sigmas range: the policy starts from the distilled "
-                     f"Teacher (--train {args.train}, --init_weights {args.init_weights}), trained only at sigma >= "
-                     f"{DISTILLED_SIGMA_FLOOR:g}; expected --sigma_min >= {DISTILLED_SIGMA_FLOOR:g}, or add "
-                     "--allow_sigma_below_teacher")
 
 
 class NftStep:
@@ -328,15 +283,6 @@ class NftStep:
             metrics.update({"monitor/reward": float(both[0]), "monitor/reference_reward": float(both[1])})
         return metrics
 
-    def training_sigmas(self, count: int, generator: torch.Generator) -> torch.Tensor:
-        """`count` training noise levels [count] (--train_sigmas): the sampler's grid in a random order, or draws
-        of --sigma_sampler within [--sigma_min, --sigma_max]."""
-        args = self.args
-        if args.train_sigmas == "sampler_grid":
-            return draw_grid_sigmas(self.sigma_grid, count, generator)
-        return sample_sigmas(args.sigma_sampler, count, generator, sigma_min=args.sigma_min, sigma_max=args.sigma_max,
-                             shift=args.sigma_shift, logit_mean=args.logit_mean, logit_std=args.logit_std)
-
     def train_on(self, item: dict, samples: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
         """NFT + KL backward on `--chunks_per_sample` chunks of each sample [K, C, T, H, W] with its advantage [K]."""
         args, device = self.args, self.env.device
@@ -357,7 +303,7 @@ class NftStep:
             if self.models.adapters is not None:
                 clips["old"] = clips["reference"] = clips["policy"]
             chunks = draw_training_chunks(clips["policy"].num_chunks, args.chunks_per_sample, generator, shared)
-            sigmas = self.training_sigmas(len(chunks), generator)
+            sigmas = training_sigmas(args, self.sigma_grid, len(chunks), generator)
             for chunk_index, sigma in zip(chunks, sigmas.tolist()):
                 x0 = clips["policy"].chunk_latents(chunk_index)
                 noise = torch.randn(x0.shape, generator=generator).to(device)
@@ -381,37 +327,6 @@ class NftStep:
         nft_mean, kl_mean = sum(nft_terms) / len(nft_terms), sum(kl_terms) / len(kl_terms)
         return {"loss": nft_mean + args.kl_weight * kl_mean, "loss/nft": nft_mean, "kl": kl_mean,
                 "sigma/mean": sum(sigmas_seen) / len(sigmas_seen)}
-
-
-def describe_train_sigmas(args: argparse.Namespace) -> str:
-    if args.train_sigmas == "sampler_grid":
-        grid = ", ".join(f"{sigma:.4g}" for sigma in sampler_sigma_grid(args.sample_steps, args.sample_shift).tolist())
-        return f"on the sampler's grid {{{grid}}}"
-    return f"{args.sigma_sampler} in [{args.sigma_min:g}, {args.sigma_max:g}]"
-
-
-def build_validation(args, step_fn: "NftStep", vae_folder: Path, env: DistEnv, run_dir: Path):
-    """Held-out reward while training (None with --val_every 0): the policy's rollout on the first --val_videos clips
-    of --eval_split, from the eval's own noise streams, scored against the clip's truth and the reference's rollout
-    from the same noise (its drift from the reference), with every reward of both as val/reward/<name> and
-    val/reward_reference/<name>."""
-    if args.val_every <= 0:
-        return None
-    dataset = VideoLatentDataset(args.dataset_root, args.eval_split)
-    row_of = {dataset[row]["clip_id"]: row for row in range(min(args.val_videos, len(dataset)))}
-
-    def rollout(role: str):
-        return lambda item, noise, memory_seed: step_fn.eval_rollout(item, role, row_of[item["clip_id"]])
-
-    def rewards(latents, reference_latents, item) -> dict[str, float]:
-        scores = step_fn.rewards(torch.cat([latents, reference_latents]), item)
-        return {**{f"val/reward/{name}": float(values[0]) for name, values in scores.items()},
-                **{f"val/reward_reference/{name}": float(values[1]) for name, values in scores.items()}}
-
-    return ClipRolloutValidation(generate=rollout("policy"), reference=rollout("reference"), extra=rewards,
-                                 dataset=dataset, num_videos=args.val_videos, vae=vae_folder, env=env,
-                                 run_dir=run_dir, seed=args.seed, chunk_latents=CHUNK_LATENTS,
-                                 split=args.eval_split)
 
 
 def main(argv=None) -> int:
@@ -479,7 +394,7 @@ def main(argv=None) -> int:
         # 6. Train; then the policy against the reference from the same noise on held-out clips; then export the
         #    policy (a LoRA file or a Teacher folder).
         step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype)
-        validation = build_validation(args, step_fn, vae_folder, env, start.run_dir)
+        validation = reward_validation(args, step_fn, vae_folder, env, start.run_dir)
         run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
                                  run_state=run_state, config=config, meta=meta, validation=validation)
         if eval_dataset is not None:

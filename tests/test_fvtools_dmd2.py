@@ -87,7 +87,7 @@ def _build(world, tmp_path, *extra):
     if args.generator == "predictor":
         _, generator_role, _ = build_predictor_role(args, teacher, ENV, resuming=False)
     else:
-        student, generator_role, _ = build_student(args, teacher, ENV)
+        student, generator_role, _ = build_student(args, teacher, ENV, policy)
     real, fake, fake_role = build_scores(args, teacher, ENV, policy)
     step = dmd2.DistributionMatchingStep(
         args=args, env=ENV, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),

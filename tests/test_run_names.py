@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -129,3 +130,22 @@ def test_config_file_values_go_through_the_flags_types_and_unknown_keys_are_erro
     with pytest.raises(SystemExit):
         train_predictor_v4.parse_args(["--dataset_root", str(dataset_root), "--config", str(config)])
     assert "verify_dataset=1; expected true or false" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("train_adversarial", ["--r1_every", "0"], "argument --r1_every: expected >= 1, got 0"),
+    ("train_adversarial", ["--discriminator_adam_beta1", "1"], "argument --discriminator_adam_beta1: expected in [0, 1)"),
+    ("train_adversarial", ["--discriminator_grad_clip", "0"], "argument --discriminator_grad_clip: expected > 0, or -1"),
+    ("train_nft", ["--beta", "nan"], "argument --beta: expected > 0, got nan"),
+    ("train_nft", ["--sample_steps", "x"], "argument --sample_steps: invalid int value: 'x'"),
+    ("train_dmd2", ["--ema_decay", "1"], "argument --ema_decay: expected in [0, 1), or -1, got 1"),
+    ("train_dmd2", ["--anchor_weight", "-0.5"], "argument --anchor_weight: expected >= 0, got -0.5"),
+])
+def test_method_flag_ranges_are_refused_by_argparse(capsys, script, flags, message):
+    """The methods' range checks are argparse `type=` validators (runtime/flags.py): the error names the flag and
+    the value, before any other check runs."""
+    module = importlib.import_module(f"fvtools.{script}")
+    with pytest.raises(SystemExit) as refused:
+        module.parse_args(flags)
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err

@@ -32,17 +32,20 @@ from predictor_training.data.dataset_config import (
     recorded_sample_table,
 )
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.data.video_latents import read_clip_manifest
+from predictor_training.data.video_latents import CHUNK_LATENTS, VideoLatentDataset, read_clip_manifest
 from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, ReferenceMethod, make_step_fn
 from predictor_training.eval.revisits import PSNR_CAP_DB
 from predictor_training.eval.runtime import EvalRuntime, score_video
 from predictor_training.eval.timing import Stopwatch
+from predictor_training.methods.monitors import collapse_monitors
+from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, unwrap_model
 from predictor_training.runtime.io import atomic_write
 from predictor_training.runtime.precision import autocast
+from predictor_training.teacher.adapters import adapter
 from predictor_training.video.ground_truth import find_ground_truth_videos, load_ground_truth, video_key
 from predictor_training.video.metrics import chunk_frame_ranges
 from predictor_training.video.vae_decoder import VaeDecoder
@@ -245,6 +248,91 @@ def default_video_val_split(dataset_root: Path, train_split: str = "train") -> s
         raise ValueError(f"{dataset_root}: the video-latent dataset has no split besides {train_split!r}; pass "
                          "--val_split")
     return splits[0]
+
+
+def resolve_video_val_args(parser, args, method: str) -> None:
+    """--val_split defaults to the video-latent dataset's held-out split, --val_vae to the VAE its config records
+    (`parser.error` naming the flags when neither can be found). Nothing to do with --val_every 0."""
+    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
+        return
+    if args.val_ground_truth is not None:
+        parser.error(f"--val_ground_truth: {method} validates against the clips' own decoded latents; drop the flag")
+    try:
+        args.val_vae = args.val_vae or default_vae_folder(args.dataset_root)
+        args.val_split = args.val_split or default_video_val_split(args.dataset_root, args.split)
+    except (OSError, KeyError, ValueError) as error:
+        parser.error(f"--val_every={args.val_every}: {error}; pass --val_vae DIR / --val_split NAME")
+
+
+def generator_validation(args, env: DistEnv, *, teacher, generator_role, student, rollout_config: RolloutConfig,
+                         run_dir: Path) -> ClipRolloutValidation | None:
+    """DMD2's validation (fvtools/train_dmd2.py): the generator's rollout on the first --val_videos clips of
+    --val_split (the F-P-P-P composite through the eval's own step hook on the frozen Teacher, or the student's own
+    --student_steps rollout) against the clip's decoded latents (val/*_vs_truth) and the Teacher's F-F-F-F of the
+    same noise (val/*_vs_teacher), plus the collapse monitors of the generator's latents against the Teacher's
+    (val/monitor/*). `student`: the student's ScoreModel, or None for the Predictor. None with --val_every 0."""
+    if args.val_every <= 0:
+        return None
+    dataset = VideoLatentDataset(args.dataset_root, args.val_split)
+    autocast_dtype = rollout_config.autocast_dtype
+    schedule = Schedule.for_rollout(args.replace_steps, rollout_config)
+    teacher_rollout = composite_rollout(teacher, None, schedule, rollout_config, env.device, autocast_dtype, run_dir)
+
+    def reference(item, noise, memory_seed):
+        with adapter(teacher, None):
+            return teacher_rollout(item, noise, memory_seed)
+
+    if args.generator == "predictor":
+        predictor = unwrap_model(generator_role.module)
+        modules = [predictor]
+        composite = composite_rollout(teacher, predictor, schedule, rollout_config, env.device, autocast_dtype,
+                                      run_dir)
+
+        def generate(item, noise, memory_seed):
+            with adapter(teacher, None):
+                return composite(item, noise, memory_seed)
+    else:
+        modules = [student.model]
+        config = RolloutConfig(num_steps=args.student_steps, shift=args.student_shift, state_dtype=torch.float32,
+                               autocast_dtype=autocast_dtype)
+        own = own_rollout(student.model, config, env.device, autocast_dtype)
+
+        def generate(item, noise, memory_seed):
+            with student.active():
+                return own(item, noise, memory_seed)
+
+    def monitors(latents, reference_latents, item):
+        figures = collapse_monitors(latents, reference_latents, rollout_config.chunk_latents)
+        return {f"val/{key}": value for key, value in figures.items()}
+
+    return ClipRolloutValidation(
+        generate=generate, reference=reference, extra=monitors, dataset=dataset, num_videos=args.val_videos,
+        vae=args.val_vae, env=env, run_dir=run_dir, seed=args.seed, chunk_latents=rollout_config.chunk_latents,
+        collective=generator_role.is_fsdp, modules=modules, split=args.val_split, reference_name="teacher")
+
+
+def reward_validation(args, step_fn, vae_folder: Path, env: DistEnv, run_dir: Path):
+    """NFT's validation (fvtools/train_nft.py, `step_fn` its NftStep): held-out reward while training (None with --val_every 0): the policy's rollout on the first --val_videos clips
+    of --eval_split, from the eval's own noise streams, scored against the clip's truth and the reference's rollout
+    from the same noise (its drift from the reference), with every reward of both as val/reward/<name> and
+    val/reward_reference/<name>."""
+    if args.val_every <= 0:
+        return None
+    dataset = VideoLatentDataset(args.dataset_root, args.eval_split)
+    row_of = {dataset[row]["clip_id"]: row for row in range(min(args.val_videos, len(dataset)))}
+
+    def rollout(role: str):
+        return lambda item, noise, memory_seed: step_fn.eval_rollout(item, role, row_of[item["clip_id"]])
+
+    def rewards(latents, reference_latents, item) -> dict[str, float]:
+        scores = step_fn.rewards(torch.cat([latents, reference_latents]), item)
+        return {**{f"val/reward/{name}": float(values[0]) for name, values in scores.items()},
+                **{f"val/reward_reference/{name}": float(values[1]) for name, values in scores.items()}}
+
+    return ClipRolloutValidation(generate=rollout("policy"), reference=rollout("reference"), extra=rewards,
+                                 dataset=dataset, num_videos=args.val_videos, vae=vae_folder, env=env,
+                                 run_dir=run_dir, seed=args.seed, chunk_latents=CHUNK_LATENTS,
+                                 split=args.eval_split)
 
 
 def own_rollout(model, rollout_config: RolloutConfig, device: torch.device, autocast_dtype):

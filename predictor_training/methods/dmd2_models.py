@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.methods.method_model import MethodModel, build_fresh_model, export_method_model
+from predictor_training.methods.method_model import MethodModel, build_method_model, export_method_model
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.model import build_predictor
 from predictor_training.runtime.checkpoint import (inference_weights_name, load_model_weights, prune_checkpoints,
@@ -42,6 +42,8 @@ from predictor_training.teacher.adapters import (
     lora_parameters,
     read_lora_header,
 )
+from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
+from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher.source import TeacherSource, load_teacher
 
 FAKE = "fake_score"
@@ -66,6 +68,30 @@ def resolve_real_score(path: Path) -> tuple[str, Path]:
         return "lora", loras[0]
     raise ValueError("expected a model folder with config.json, a df_sft run folder with model/ or one "
                      "lora_*.safetensors, a LoRA adapter file, or 'teacher'")
+
+
+def resolve_real_score_flags(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """(kind, path) of --real_score: ("teacher", None) for the raw Teacher, only with --allow_raw_teacher_score and
+    --score_sigma_min at or above the distilled sigma floor; else `resolve_real_score`. ValueError names the flags."""
+    if args.real_score == RAW_TEACHER:
+        if not args.allow_raw_teacher_score:
+            raise ValueError(f"--real_score teacher: the distilled {DISTILLED_STEPS}-step Teacher is not a score model "
+                             f"(its x - sigma v is a sample-like jump, trained only at sigma in "
+                             f"[{DISTILLED_SIGMA_FLOOR}, 1]); train a real score with fvtools/train_df_sft.py and pass "
+                             "its model, or add --allow_raw_teacher_score")
+        if args.score_sigma_min < DISTILLED_SIGMA_FLOOR:
+            raise ValueError(f"--score_sigma_min={args.score_sigma_min} with --real_score teacher: the raw Teacher was "
+                             f"trained only at sigma >= {DISTILLED_SIGMA_FLOOR} ({DISTILLED_STEPS} steps at shift "
+                             f"{DISTILLED_SHIFT:g}); expected --score_sigma_min >= {DISTILLED_SIGMA_FLOOR}")
+        return RAW_TEACHER, None
+    try:
+        kind, path = resolve_real_score(Path(args.real_score))
+    except ValueError as error:
+        raise ValueError(f"--real_score={args.real_score!r}: {error}") from None
+    if kind == "lora" and args.fake_score_train == "full":
+        raise ValueError("--fake_score_train full with a LoRA --real_score: a full fake score needs a model folder; "
+                         "use --fake_score_train lora (initialised from the real score's adapter)")
+    return kind, path
 
 
 def role_schedule(args: argparse.Namespace, optimizer, every: int, *, two_groups: bool):
@@ -126,38 +152,16 @@ def build_scores(args: argparse.Namespace, teacher, env: DistEnv, policy: Precis
     return real, fake, role
 
 
-def build_student(args: argparse.Namespace, teacher, env: DistEnv) -> tuple[ScoreModel, Role, MethodModel]:
-    """(the student as a score model, its role, the `MethodModel` that `export_method_model` writes).
-
-    `method_model.build_method_model` step by step (--train, --init_weights, --lora_rank, --lora_alpha,
-    --gradient_checkpointing, --lr, --adam_beta1/2, --weight_decay, --grad_clip, --seed), but for a generator of a
-    role shared with the scores and updated every --generator_every steps:
-      * lora: the adapter goes on the already loaded `teacher` (which the scores and the anchor share) instead of a
-        second Teacher, and is not made the active adapter (every call selects its own);
-      * full: every parameter is replicated with all-reduced gradients, never FSDP-sharded;
-      * the role is due every --generator_every steps, its warmup + cosine over its own updates (`role_schedule`).
-    """
-    if args.train == "lora":
-        model = teacher
-        add_lora(model, STUDENT, args.lora_rank, args.lora_alpha, seed=args.seed)  # the same on every rank
-        raw_module, adapter_name = AdapterWeights(model, STUDENT), STUDENT
-        parameters = lora_parameters(model, STUDENT)
-    else:
-        source = TeacherSource(args.teacher, None, "--teacher", None)
-        if args.init_weights == "teacher":
-            model = load_teacher(source, env.device, torch.float32)
-        else:
-            model = build_fresh_model(source, args.seed).to(env.device)
-        model.requires_grad_(True).train()
-        raw_module, adapter_name = model, None
-        parameters = [param for param in model.parameters() if param.requires_grad]
-    model.set_gradient_checkpointing(args.gradient_checkpointing)
-    optimizer = build_optimizer({STUDENT: parameters}, {STUDENT: args.lr},
-                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    schedule = role_schedule(args, optimizer, args.generator_every, two_groups=False)
-    role = Role(STUDENT, raw_module, optimizer, schedule, every=args.generator_every, grad_clip=args.grad_clip,
-                grad_sync="all_reduce", ema=generator_ema(args, raw_module))
-    return ScoreModel(model, adapter_name, STUDENT), role, MethodModel(model, role, args.train, adapter_name)
+def build_student(args: argparse.Namespace, teacher, env: DistEnv, policy: PrecisionPolicy
+                  ) -> tuple[ScoreModel, Role, MethodModel]:
+    """(the student as a score model, its role, the `MethodModel` that `export_method_model` writes):
+    `build_method_model` for a generator that shares the loaded `teacher` with the scores (a LoRA goes on it), is
+    replicated rather than sharded (full), is updated every --generator_every steps and keeps an EMA."""
+    source = TeacherSource(args.teacher, None, "--teacher", None)
+    student = build_method_model(source, args, env, policy, role_name=STUDENT, base_model=teacher,
+                                 every=args.generator_every, shard=False)
+    student.role.ema = generator_ema(args, student.role.raw_module)
+    return ScoreModel(student.model, student.adapter, STUDENT), student.role, student
 
 
 def build_predictor_role(args: argparse.Namespace, teacher, env: DistEnv, resuming: bool

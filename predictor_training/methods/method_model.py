@@ -96,15 +96,23 @@ def build_fresh_model(source: TeacherSource, seed: int) -> WorldPlayTransformer:
         return WorldPlayTransformer(**arguments)
 
 
-def build_method_model(source: TeacherSource, args, env: DistEnv, policy: PrecisionPolicy, *,
-                       role_name: str) -> MethodModel:
+def build_method_model(source: TeacherSource, args, env: DistEnv, policy: PrecisionPolicy, *, role_name: str,
+                       base_model: WorldPlayTransformer | None = None, every: int = 1,
+                       shard: bool = True) -> MethodModel:
     """The trained model and its role from the method flags (--train, --init_weights, --lora_rank, --lora_alpha,
     --gradient_checkpointing, --lr, --warmup_steps, --max_steps, --adam_beta1/2, --weight_decay, --grad_clip,
-    --seed). The optimizer is AdamW over one group named `role_name`, with the warmup + cosine schedule."""
+    --seed). The optimizer is AdamW over one group named `role_name`, with the warmup + cosine schedule over the
+    role's own updates (max_steps // every, warmup_steps // every).
+
+    base_model: for a LoRA, the already loaded Teacher to put the adapter on (shared with other roles; the adapter
+    is then not made the active one: each call selects its own) instead of loading a second one. every: the role's
+    cadence in loop steps. shard: FSDP2-shard a full model over the ranks (else it is replicated, its gradients
+    all-reduced)."""
     if args.train == "lora":
-        model = load_teacher(source, env.device, policy.frozen_dtype)
+        model = base_model if base_model is not None else load_teacher(source, env.device, policy.frozen_dtype)
         add_lora(model, role_name, args.lora_rank, args.lora_alpha, seed=args.seed)  # the same on every rank
-        set_active_adapter(model, role_name)
+        if base_model is None:
+            set_active_adapter(model, role_name)
         raw_module, grad_sync, adapter_name = AdapterWeights(model, role_name), "all_reduce", role_name
         parameters = lora_parameters(model, role_name)
     else:
@@ -113,15 +121,17 @@ def build_method_model(source: TeacherSource, args, env: DistEnv, policy: Precis
         else:
             model = build_fresh_model(source, args.seed).to(env.device)
         model.requires_grad_(True).train()
-        if env.distributed:
+        if shard and env.distributed:
             model = shard_model(model, env)  # build the optimizer afterwards: it must hold the shards
-        raw_module, grad_sync, adapter_name = model, "none", None
+        raw_module, grad_sync, adapter_name = model, ("none" if shard else "all_reduce"), None
         parameters = [param for param in model.parameters() if param.requires_grad]
     model.set_gradient_checkpointing(args.gradient_checkpointing)
     optimizer = build_optimizer({role_name: parameters}, {role_name: args.lr},
                                 betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    schedule = WarmupCosineSchedule(optimizer, warmup_steps=args.warmup_steps, max_steps=args.max_steps)
-    role = Role(role_name, raw_module, optimizer, schedule, grad_clip=args.grad_clip, grad_sync=grad_sync)
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=args.warmup_steps // every,
+                                    max_steps=args.max_steps // every)
+    role = Role(role_name, raw_module, optimizer, schedule, every=every, grad_clip=args.grad_clip,
+                grad_sync=grad_sync)
     return MethodModel(model, role, args.train, adapter_name)
 
 

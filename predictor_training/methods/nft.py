@@ -37,9 +37,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from predictor_training.methods.method_model import MethodModel
+from predictor_training.methods.flow_matching import sample_sigmas
 from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.rewards import TOTAL
-from predictor_training.rollout.scheduler import flow_match_sigmas
+from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR, flow_match_sigmas
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects
 from predictor_training.teacher.adapters import AdapterWeights, adapter, copy_lora
 
@@ -84,6 +85,50 @@ def draw_grid_sigmas(grid: Tensor, count: int, generator: torch.Generator) -> Te
     orders = [torch.randperm(grid.numel(), generator=generator) for _ in range(-(-count // grid.numel()))]
     order = torch.cat(orders)[:count] if orders else torch.zeros(0, dtype=torch.long)
     return grid[order]
+
+
+# Where the training sigmas come from: the sampler's own noise levels, or --sigma_sampler within --sigma_min/max.
+TRAIN_SIGMAS = ("sampler_grid", "range")
+# The --sigma_* flags (flow_matching.add_sigma_args); they apply with --train_sigmas range only.
+RANGE_FLAGS = ("sigma_sampler", "sigma_min", "sigma_max", "sigma_shift", "logit_mean", "logit_std")
+
+
+def training_sigmas(args, grid: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """`count` training noise levels [count] (--train_sigmas): the sampler's `grid` in a random order, or draws of
+    --sigma_sampler within [--sigma_min, --sigma_max]."""
+    if args.train_sigmas == "sampler_grid":
+        return draw_grid_sigmas(grid, count, generator)
+    return sample_sigmas(args.sigma_sampler, count, generator, sigma_min=args.sigma_min, sigma_max=args.sigma_max,
+                         shift=args.sigma_shift, logit_mean=args.logit_mean, logit_std=args.logit_std)
+
+
+def describe_train_sigmas(args) -> str:
+    """The training noise levels in words, for the run summary."""
+    if args.train_sigmas == "sampler_grid":
+        grid = ", ".join(f"{sigma:.4g}" for sigma in sampler_sigma_grid(args.sample_steps, args.sample_shift).tolist())
+        return f"on the sampler's grid {{{grid}}}"
+    return f"{args.sigma_sampler} in [{args.sigma_min:g}, {args.sigma_max:g}]"
+
+
+def check_train_sigmas(parser, args) -> None:
+    """--train_sigmas: the --sigma_* flags apply with `range` only; a range reaching below the distilled Teacher's
+    lowest trained sigma is refused for a policy that starts from the Teacher (old policy and reference are the
+    Teacher too), unless --allow_sigma_below_teacher."""
+    if args.train_sigmas == "sampler_grid":
+        changed = [f"--{name}={getattr(args, name)}" for name in RANGE_FLAGS
+                   if getattr(args, name) != parser.get_default(name)]
+        if changed:
+            parser.error(f"{' '.join(changed)} with --train_sigmas sampler_grid: the --sigma_* flags apply with "
+                         "--train_sigmas range only")
+        return
+    if not 0 <= args.sigma_min < args.sigma_max <= 1:
+        parser.error(f"--sigma_min={args.sigma_min} --sigma_max={args.sigma_max}: expected 0 <= min < max <= 1")
+    distilled = args.train == "lora" or args.init_weights == "teacher"
+    if distilled and args.sigma_min < DISTILLED_SIGMA_FLOOR and not args.allow_sigma_below_teacher:
+        parser.error(f"--sigma_min={args.sigma_min} with --train_sigmas range: the policy starts from the distilled "
+                     f"Teacher (--train {args.train}, --init_weights {args.init_weights}), trained only at sigma >= "
+                     f"{DISTILLED_SIGMA_FLOOR:g}; expected --sigma_min >= {DISTILLED_SIGMA_FLOOR:g}, or add "
+                     "--allow_sigma_below_teacher")
 
 
 def nft_loss(v_theta: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor, advantage: Tensor, *,

@@ -15,7 +15,7 @@ import argparse
 import difflib
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import yaml
 
@@ -26,8 +26,35 @@ BACKENDS = ("auto", "nccl", "gloo")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Parsers of list-valued flags
+# 1. Value parsers: single numbers in a range, and list-valued flags
 # ---------------------------------------------------------------------------------------------------------------
+def checked(kind: type, expected: str, ok: Callable) -> Callable[[str], object]:
+    """An argparse `type=`: `kind(text)`, refused unless `ok(value)` (write `ok` so that NaN fails it). argparse
+    names the flag: `argument --r1_every: expected >= 1, got 0`; a non-number reads `invalid int value: 'x'`."""
+    def parse(text: str):
+        value = kind(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid <name> value" message names the type by it
+    return parse
+
+
+def at_least(kind: type, low: float, why: str = "") -> Callable[[str], object]:
+    """`checked` for values >= `low`; `why` is appended to the expectation (" (advantages compare ...)")."""
+    return checked(kind, f">= {low}{why}", lambda value: value >= low)
+
+
+def positive(kind: type = float) -> Callable[[str], object]:
+    """`checked` for values > 0."""
+    return checked(kind, "> 0", lambda value: value > 0)
+
+
+UNIT_INTERVAL = checked(float, "in [0, 1)", lambda value: 0 <= value < 1)  # Adam betas, EMA decays
+CLIP_OR_OFF = checked(float, "> 0, or -1", lambda value: value == -1 or value > 0)  # gradient clips
+
+
 def parse_source_blocks(text: str) -> tuple[int, int]:
     """"1,52" -> (1, 52). Two distinct non-negative block indices (checked against the Teacher later)."""
     parts = [part.strip() for part in str(text).split(",") if part.strip()]
