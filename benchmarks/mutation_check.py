@@ -50,13 +50,15 @@ MUTATIONS = [
              "                    entry = self._reference(row)",
              "            if True:\n                torch.randn(1)\n                for row in self.mine:\n"
              "                    entry = self._reference(row)",
-             ("tests/test_validation.py",), "the Predictor's validation consumes the training's random stream"),
+             ("tests/test_validation.py::test_validation_leaves_training_unchanged_and_resumes_exactly",),
+             "the Predictor's validation consumes the training's random stream"),
     Mutation("clip_validation_leaks_rng", "predictor_training/eval/validation.py",
              "            with restored_random_state():\n                for row in self.mine:\n"
              "                    entry = self._inputs(row)",
              "            if True:\n                torch.randn(1)\n                for row in self.mine:\n"
              "                    entry = self._inputs(row)",
-             ("tests/test_fvtools_validation.py",), "a method's clip validation consumes the training's random stream"),
+             ("tests/test_fvtools_validation.py::test_kd_validation_leaves_training_unchanged",),
+             "a method's clip validation consumes the training's random stream"),
     Mutation('kd_student_memory_points_from_the_step_stream', 'fvtools/train_kd.py',
              'memory_seed=item["seed"], text_grad',
              'memory_seed=stream_generator(*counters, 1).initial_seed(), text_grad',

@@ -14,9 +14,11 @@ from safetensors.torch import load_file
 import fvtools.train_df_sft as df_sft
 import fvtools.train_dmd2 as dmd2
 import fvtools.train_kd as kd
+from predictor_training.eval.validation import ClipRolloutValidation
 from predictor_training.methods.rewards import default_vae_folder
 from tests.method_world import write_method_world
 from tests.test_fvtools import _cache
+from tests.test_validation import keeps_random_states
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,11 +110,13 @@ def _kd(world, cache: Path, out: Path, *extra: str) -> list[dict]:
     return _log(out)
 
 
-def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys):
+def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys, monkeypatch):
     cache = _cache(world, tmp_path / "cache", steps=8)
     plain = _kd(world, cache, tmp_path / "plain")
     vae = default_vae_folder(world["videos"]) / "vae"  # --val_vae names the VAE folder itself
+    validated_steps = keeps_random_states(monkeypatch, ClipRolloutValidation)
     validated = _kd(world, cache, tmp_path / "validated", "--val_every", "1", "--val_vae", str(vae))
+    assert validated_steps == [1, 2, 3]
     assert _training(validated) == _training(plain)
     _same_weights(tmp_path / "plain" / "model" / "diffusion_pytorch_model.safetensors",
                   tmp_path / "validated" / "model" / "diffusion_pytorch_model.safetensors")

@@ -8,9 +8,11 @@ every step trains bit-identically to one that never does.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -40,6 +42,34 @@ def setup(tmp_path_factory) -> dict:
     return paths
 
 
+def global_random_states() -> tuple:
+    """torch's, Python's and NumPy's global random states."""
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def same_random_states(a: tuple, b: tuple) -> bool:
+    numpy_a, numpy_b = a[2], b[2]  # ('MT19937', keys, pos, has_gauss, cached_gaussian)
+    return (torch.equal(a[0], b[0]) and a[1] == b[1] and numpy_a[0] == numpy_b[0]
+            and np.array_equal(numpy_a[1], numpy_b[1]) and numpy_a[2:] == numpy_b[2:])
+
+
+def keeps_random_states(monkeypatch, validation_class) -> list[int]:
+    """Wrap `validation_class.__call__` so that each validation must leave every global random state as it found it
+    (a recipe whose training draws from them would otherwise train differently when it validates); returns the list
+    of validated steps, filled as the run goes."""
+    steps, original = [], validation_class.__call__
+
+    def checked(self, step: int):
+        before = global_random_states()
+        figures = original(self, step)
+        assert same_random_states(before, global_random_states()), f"validation at step {step} moved a random state"
+        steps.append(step)
+        return figures
+
+    monkeypatch.setattr(validation_class, "__call__", checked)
+    return steps
+
+
 def run(paths: dict, run_dir: Path, *extra: str) -> list[dict]:
     import train_predictor_v4_rollout as trainer
 
@@ -59,9 +89,13 @@ def val_rows(log: list[dict]) -> dict[int, dict]:
             for row in log if "val/psnr_vs_reference" in row}
 
 
-def test_validation_leaves_training_unchanged_and_resumes_exactly(setup, tmp_path):
+def test_validation_leaves_training_unchanged_and_resumes_exactly(setup, tmp_path, monkeypatch):
+    from predictor_training.eval.validation import PredictorValidation
+
     plain = run(setup, tmp_path / "plain")
+    validated_steps = keeps_random_states(monkeypatch, PredictorValidation)
     validated = run(setup, tmp_path / "validated", "--val_every", "1")
+    assert validated_steps == [1, 2, 3]
     assert losses(validated) == losses(plain)
     weights = "predictor_step_00003.safetensors"
     a, b = load_file(tmp_path / "plain" / weights), load_file(tmp_path / "validated" / weights)
