@@ -43,6 +43,8 @@ SLOW_MODULES = frozenset({
 # Single tests of the other modules that start a tool or torchrun as a subprocess (10-70 s each on a busy 2-core
 # machine, measured with --durations).
 SLOW_TESTS = frozenset({
+    "test_memory_rehearsal.py::test_method_fake_run_matches_the_real_cpu_run",
+    "test_memory_rehearsal.py::test_fsdp_full_run_holds_the_per_rank_share",
     "test_loop.py::test_ddp_two_ranks_resume_matches_uninterrupted",
     "test_loop.py::test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint",
     "test_metrics.py::test_cli_runs_as_a_script_and_reports_usage_errors",

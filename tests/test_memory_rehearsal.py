@@ -140,8 +140,50 @@ def test_fake_run_matches_the_real_cpu_run():
 
 
 # ---- the tool ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", ["df_sft", "kd"])
+def test_method_fake_run_matches_the_real_cpu_run(recipe):
+    """df_sft / kd with a LoRA on the tiny Teacher (their default mode): the recipe's own step on fake tensors
+    against the same step on real CPU tensors, both tracked: same peak within the CPU mse kernel's result storages,
+    same phase."""
+    args = _tiny_args(recipe, "--chunks", "3", "--world_size", "1")
+    fake = estimate_memory.rehearse_teacher_forced(args, recipe)
+    real = estimate_memory.rehearse_teacher_forced(args, recipe, fake=False)
+    assert fake.peak > 0 and fake.by_category["parameters"] > 0
+    assert abs(real.peak - fake.peak) <= 0.05 * real.peak, (real.peak, fake.peak)
+    assert fake.peak_phase == real.peak_phase
+
+
+def test_fsdp_full_run_holds_the_per_rank_share():
+    """--train full over 8 ranks (FSDP2 through the fake process group): each rank holds 1/8 of the FP32 parameters,
+    AdamW's two moments of its shard, and its sharded gradients."""
+    from predictor_training.teacher import WorldPlayTransformer
+    total = sum(param.numel() for param in WorldPlayTransformer.from_preset("tiny").parameters()) * 4
+    args = _tiny_args("df_sft", "--chunks", "3", "--train", "full", "--world_size", "8")
+    report = estimate_memory.rehearse_teacher_forced(args, "df_sft")
+    assert "FSDP2 over 8 ranks" in report.name
+    assert report.peak_phase in ("forward", "backward", "setup")
+    single = estimate_memory.rehearse_teacher_forced(
+        _tiny_args("df_sft", "--chunks", "3", "--train", "full", "--world_size", "1"), "df_sft")
+    assert single.by_category["parameters"] >= total * 0.99
+    # the shards: about an eighth (padding to a multiple of 8 rows per tensor), optimizer state twice that
+    shards = report.notes["live_after_step"]
+    assert total / 8 <= shards["parameters"] <= total / 8 * 1.3, (shards, total)
+    assert shards["optimizer_state"] >= 0.95 * 2 * total / 8  # (the last block's text stream gets no gradient)
+    assert 0 < shards["gradients"] <= total / 8 * 1.3
+
+
 def test_recipe_list():
-    assert set(estimate_memory.RECIPES) == {"v4", "disca", "rollout"}
+    """RECIPES covers every entry script's recipe: the three Predictor entry scripts and every fvtools/train_*.py,
+    plus the eval."""
+    scripts = {path.stem.removeprefix("train_") for path in (ROOT / "fvtools").glob("train_*.py")}
+    assert scripts <= set(estimate_memory.RECIPES)
+    assert {"v4", "disca", "rollout", "eval"} <= set(estimate_memory.RECIPES)
+    # every recipe is rehearsed, or refused with the reason stated (never a silent wrong figure)
+    assert set(estimate_memory.NOT_REHEARSED) < set(estimate_memory.RECIPES)
+    for recipe, reason in estimate_memory.NOT_REHEARSED.items():
+        assert len(reason) > 40, recipe
+        with pytest.raises(SystemExit):
+            estimate_memory.main(["--recipe", recipe, "--config", "tiny"])
     with pytest.raises(SystemExit):
         estimate_memory.parse_args(["--recipe", "unknown"])
     with pytest.raises(SystemExit):

@@ -17,12 +17,25 @@ tools. A recipe's batch is synthetic at the largest shapes the data gives (`--te
 `--context_frames`).
 
 Recipes: v4, disca (offline pair step), rollout (F-P-P-P by default; --replace_steps 1,2 = F-P-P-F; --context_mode
-exact | incremental). Not yet wired here: df_sft, kd, dmd2, adversarial, nft and the eval (see train.md § Memory).
+exact | incremental), df_sft and kd (fvtools/train_{df_sft,kd}.py: the recipe's `build_method_model` and its step
+class on one clip of --chunks chunks; --train lora, their default: a LoRA on the BF16 Teacher; --train full: every
+parameter, FP32, sharded by the recipe's own `shard_model` (FSDP2's fully_shard) over --world_size ranks in a fake
+process group, so the figures are rank 0's: its shard of parameters, gradients and AdamW state plus the all-gather
+and reduce-scatter buffers FSDP2 holds while a block runs).
+
+    python tools/estimate_memory.py --recipe df_sft                      # LoRA rank 64, 8 chunks, 4 trained
+    python tools/estimate_memory.py --recipe kd --train full --world_size 8
+
+For the methods the rehearsal replaces only what has no data here (`method_rehearsal_hooks`): the Teacher folder
+(built from its config), PEFT's adapter move (made where it ends), the chunk draw (the clip's last chunks: the most
+context) and the memory selection (run on real CPU values). Listed but refused with the reason (NOT_REHEARSED): dmd2,
+adversarial, nft and the eval; train.md § Memory says what is left.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from functools import partial
@@ -38,12 +51,25 @@ from predictor_training.runtime.memory_rehearsal import (
     MemoryReport,
     Rehearsal,
     default_dtype,
+    fake_process_group,
+    fsdp_storage_accounting,
     real_values,
     use_foreach,
 )
 
-RECIPES = ("v4", "disca", "rollout")
-WIRED_LATER = ("df_sft", "kd", "dmd2", "adversarial", "nft", "eval")
+RECIPES = ("v4", "disca", "rollout", "df_sft", "kd", "dmd2", "adversarial", "nft", "eval")
+# Recipes listed but not rehearsed yet: the tool refuses them with this reason instead of printing a wrong figure.
+NOT_REHEARSED = {
+    "dmd2": "not wired yet: its roles (the Predictor generator's F-P-P-P composite, the real score, the LoRA fake "
+            "score) build on the hooks df_sft / kd use (method_rehearsal_hooks), but DistributionMatchingStep's "
+            "generator and critic steps have not been run on fake tensors here",
+    "adversarial": "not wired yet: AdversarialPairStep / AdversarialRolloutStep (Predictor + discriminator) have "
+                   "not been run on fake tensors here",
+    "nft": "not wired yet: NftStep (LoRA policy, old policy, reference, K samples) has not been run on fake "
+           "tensors here",
+    "eval": "not wired yet: the Teacher's inference-only AR rollout of tools/eval_predictor.py (exact vs "
+            "incremental context cache) has not been run on fake tensors here",
+}
 CONTEXT_TIMESTEP = 14.0
 # The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
 USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
@@ -94,7 +120,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--context_mode", choices=("exact", "incremental"), default="exact",
                         help="rollout: how each chunk's context K/V are built")
     parser.add_argument("--world_size", type=int, default=8,
-                        help="ranks of the DDP job (> 1 counts DDP's gradient buckets; default 8)")
+                        help="ranks of the job (> 1 counts DDP's gradient buckets; df_sft / kd --train full: FSDP2's "
+                             "per-rank shard; default 8)")
+    parser.add_argument("--train", choices=("lora", "full"), default="lora",
+                        help="df_sft, kd: a LoRA on the Teacher (the recipes' default) or every parameter")
     parser.add_argument("--optimizer_steps", type=int, default=1,
                         help="optimizer steps to run (2 shows a later step, with AdamW moments present)")
     parser.add_argument("--no_cuda_autocast", action="store_true",
@@ -104,6 +133,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "cards (peak + allocator margin + CUDA context), at the largest --context_frames")
     parser.add_argument("--json", action="store_true", help="print one JSON object per estimate instead of text")
     args = parser.parse_args(argv)
+    if args.recipe in NOT_REHEARSED:
+        parser.error(f"--recipe {args.recipe}: {NOT_REHEARSED[args.recipe]} (train.md § Memory)")
     if args.batch_size < 1:
         parser.error(f"--batch_size {args.batch_size}: expected >= 1")
     if any(frames < 0 or frames % 4 for frames in args.context_frames):
@@ -184,7 +215,9 @@ def optimizer_phase(rehearsal: Rehearsal, role, buckets, step: int) -> None:
     """What the loop does after the micro-batches: DDP leaves bucket views, clip, AdamW, schedule."""
     from predictor_training.runtime.loop import _grad_norm_and_clip
     if buckets is not None:
-        buckets.adopt_gradients()
+        buckets.adopt_gradients()  # the gradients are views of the buckets now
+    else:  # FSDP2's sharded gradients are set by its reduce-scatter, not accumulated by autograd: label them here
+        rehearsal.tracker.label([param.grad for param in role.parameters], "gradients")
     with rehearsal.phase("optimizer"):
         _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
         role.step()
@@ -343,6 +376,203 @@ def rehearse_rollout(args) -> MemoryReport:
     return rehearsal.report()
 
 
+# ---- the generic methods (fvtools/) --------------------------------------------------------------------------
+def method_flags(module, argv=()) -> argparse.Namespace:
+    """An fvtools recipe's own flag defaults (plus `argv`), parsed by its parse_args without its file checks (the
+    --dry_run path returns before them)."""
+    args = module.parse_args([*argv, "--dry_run", "unused"])
+    args.dry_run = None
+    return args
+
+
+@contextlib.contextmanager
+def patched(*patches):
+    """(object, attribute, value) patches, undone on exit."""
+    saved = [(target, name, getattr(target, name)) for target, name, _ in patches]
+    for target, name, value in patches:
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for target, name, value in reversed(saved):
+            setattr(target, name, value)
+
+
+@contextlib.contextmanager
+def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
+    """What a method rehearsal replaces around the recipe's own code, and nothing else:
+    * `load_teacher` (weights from a folder) builds the Teacher from its config in the requested dtype instead (the
+      shapes are the config's; no weights exist here), frozen and in eval mode as load_teacher leaves it;
+    * PEFT's move of a new LoRA adapter to its base layer's device and dtype (Module.to() cannot convert fake
+      parameters): the adapter is made on the (fake CPU) device in FP32, where add_lora leaves it;
+    * the Predictor's `--init_from` weights and LoRA files are not read (their shapes are the built model's);
+    * the memory selection (cameras, Monte-Carlo points) runs on real CPU values, as on the GPU's host side;
+    * `draw_training_chunks` returns the clip's last chunks (the most context: the worst draw; the chunks' backwards
+      are separate, so each chunk's peak is its own)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from predictor_training.methods import dmd2_models, method_model
+    from predictor_training.rollout import ar_rollout, camera, teacher_forcing
+    from predictor_training.teacher import WorldPlayTransformer
+
+    def load_teacher(source, device, dtype):
+        with default_dtype(dtype):
+            teacher = WorldPlayTransformer.from_preset(config)
+        teacher = teacher.eval().requires_grad_(False)
+        rehearsal.label_parameters([teacher])
+        return teacher
+
+    def make_retrieval_points(seed, *rest, **kwargs):
+        with real_values():
+            return camera.make_retrieval_points(seed, *rest, **kwargs)
+
+    select = ar_rollout.ARRollout.select_context
+
+    def select_context(self, chunk_index):
+        with real_values():
+            return select(self, chunk_index)
+
+    def last_chunks(num_chunks, count, rank_generator, shared_generator):
+        return list(range(max(0, num_chunks - count), num_chunks))
+
+    def keep_adapter_where_made(self, adapter_name, device=None):
+        pass  # PEFT's move to the base layer's device: the adapter is made on it here (fake CPU), FP32 as it ends
+
+    module_to = torch.nn.Module.to
+
+    def to_unless_unchanged(self, *args, **kwargs):
+        # Module.to() swaps every fake parameter, which fake tensors refuse; a move that changes nothing (PEFT moves
+        # each wrapped linear to its own device) is skipped, anything else still goes to Module.to.
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = list(self.parameters()) + list(self.buffers())
+        if all((device is None or tensor.device == torch.device(device))
+               and (dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype) for tensor in tensors):
+            return self
+        return module_to(self, *args, **kwargs)
+
+    patches = [(method_model, "load_teacher", load_teacher), (dmd2_models, "load_teacher", load_teacher),
+               (torch.nn.Module, "to", to_unless_unchanged),
+               (BaseTunerLayer, "_move_adapter_to_device_of_base_layer", keep_adapter_where_made),
+               (ar_rollout, "make_retrieval_points", make_retrieval_points),
+               (ar_rollout.ARRollout, "select_context", select_context),
+               (teacher_forcing, "draw_training_chunks", last_chunks)]
+    for name in ("train_df_sft", "train_kd", "train_dmd2", "train_adversarial", "train_nft"):
+        module = sys.modules.get(f"fvtools.{name}")
+        if module is not None and hasattr(module, "draw_training_chunks"):
+            patches.append((module, "draw_training_chunks", last_chunks))
+    with patched(*patches):
+        yield load_teacher
+
+
+def method_env(world_size: int, sharded: bool):
+    from predictor_training.runtime.distributed import DistEnv
+    return DistEnv(rank=0, local_rank=0, world_size=world_size if sharded else 1, device=torch.device("cpu"),
+                   backend="fake" if sharded else None, is_main=True)
+
+
+def clip_item(args, config, *, data: str = "latents", states: int = 0, host: str = "meta",
+              encoder_text: bool = False) -> dict:
+    """One dataset clip at real shapes: its latents ("latents", or KD's "final" + "states") in host memory (meta:
+    the loader's, not counted), conditioning, real CPU cameras (the memory selection reads them) and its text:
+    stored text K/V of --text_tokens tokens, or (encoder_text: where the text stream trains, --train full) the
+    encoders' outputs, --text_tokens LLM tokens + 256 ByT5 + 729 SigLIP, all valid, prefilled under grad per chunk."""
+    latents, (height, width) = 4 * args.chunks, args.latent_grid
+    channels, heads = config.out_channels, config.heads_num
+    row, image_cond = rollout_row(args, channels)
+    item = {"viewmats": row["viewmats"], "Ks": row["Ks"], "action": row["action"], "seed": row["seed"]}
+    with torch.device(host):
+        item["image_cond"] = torch.zeros(1, channels, 1, height, width)
+        item[data] = torch.zeros(channels, latents, height, width, dtype=torch.bfloat16)
+        if states:
+            item["states"] = torch.zeros(states, channels, latents, height, width, dtype=torch.bfloat16)
+        if not encoder_text:
+            for name in ("text_k", "text_v"):
+                item[name] = torch.zeros(config.mm_double_blocks_depth, heads, args.text_tokens,
+                                         config.hidden_size // heads, dtype=torch.bfloat16)
+    if encoder_text:  # the text encoders' outputs (a video-latent clip's), every token valid; the model prefills them
+        with torch.device(host):
+            item.update({
+                "prompt_embeds": torch.zeros(1, args.text_tokens, config.text_states_dim, dtype=torch.bfloat16),
+                "byt5_text_states": torch.zeros(1, BYT5_TOKENS, config.byt5_states_dim, dtype=torch.bfloat16),
+                "vision_states": torch.zeros(1, VISION_TOKENS, config.vision_states_dim, dtype=torch.bfloat16)})
+        item["prompt_mask"] = torch.ones(1, args.text_tokens, dtype=torch.long)
+        item["byt5_text_mask"] = torch.ones(1, BYT5_TOKENS, dtype=torch.long)
+    return item
+
+
+BYT5_TOKENS, VISION_TOKENS = 256, 729  # ByT5 glyph positions; SigLIP 27 x 27 patches of the first frame
+
+
+def _method_name(recipe: str, args, what: str) -> str:
+    return (f"{recipe} {what}, {args.chunks} chunks"
+            + (f", FSDP2 over {args.world_size} ranks (per rank)" if what.startswith("full") and args.world_size > 1
+               else ""))
+
+
+def rehearse_teacher_forced(args, recipe: str, *, fake: bool = True) -> MemoryReport:
+    """df_sft / kd: the recipe's `build_method_model` (LoRA on the Teacher, or every parameter, FSDP2-sharded over
+    --world_size ranks through a fake process group) and its step class (`DiffusionForcingStep` / `CausalKDStep`)
+    on one clip, then the loop's clip + AdamW."""
+    import importlib
+
+    from predictor_training.methods.method_model import build_method_model
+    from predictor_training.rollout.ar_rollout import RolloutConfig
+    from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.runtime.precision import precision_policy
+    from predictor_training.teacher.config import preset_config
+    from predictor_training.teacher.source import TeacherSource
+    module = importlib.import_module(f"fvtools.train_{recipe}")
+    flags = method_flags(module, ["--train", args.train])
+    sharded = args.train == "full" and args.world_size > 1
+    what = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full parameters"
+    config = argparse.Namespace(**preset_config(args.config))
+    steps = flags.student_steps if recipe == "kd" else 0
+    # The loader's clip (host memory: meta in a fake run, CPU tensors made before the tracker in a real one).
+    item = clip_item(args, config, data="latents" if recipe == "df_sft" else "final", states=steps,
+                     host="meta" if fake else "cpu", encoder_text=args.train == "full")
+    if recipe == "kd":
+        item["sigmas"] = torch.linspace(1.0, 0.5, steps).tolist()
+    with (fake_process_group(args.world_size) if sharded and fake else contextlib.nullcontext()), \
+            Rehearsal(_method_name(recipe, args, what), cuda_autocast=not args.no_cuda_autocast,
+                      fake=fake) as rehearsal, fsdp_storage_accounting(rehearsal.tracker), \
+            method_rehearsal_hooks(rehearsal, args.config):
+        env = method_env(args.world_size, sharded and fake)
+        policy = precision_policy("fp32master", env.device)
+        source = TeacherSource(Path("unused"), None, "--teacher", None)
+        method_model = build_method_model(source, flags, env, policy, role_name=module.ROLE)
+        role = method_model.role
+        rehearsal.tracker.label(role.parameters, "parameters")  # the adapter, or FSDP2's shards
+        use_foreach(role.optimizer)
+        rehearsal.watch_gradients(role.parameters)
+        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+        run_state = RunState()
+        if recipe == "df_sft":
+            step_fn = module.DiffusionForcingStep(method_model, rollout_config, flags, env, run_state)
+        else:
+            step_fn = module.CausalKDStep(method_model, rollout_config, list(range(steps)), flags, env, run_state)
+        for step in range(1, args.optimizer_steps + 1):
+            role.zero_grad()
+            with rehearsal.phase("forward"):
+                step_fn(item, sync=True, due=frozenset({module.ROLE}))
+            optimizer_phase(rehearsal, role, None, step)
+        rehearsal.notes["configuration"] = _method_configuration(args, flags, sharded)
+        rehearsal.notes["live_after_step"] = rehearsal.tracker.live_by_category()
+    return rehearsal.report()
+
+
+def _method_configuration(args, flags, sharded: bool) -> str:
+    text = "encoder outputs, prefilled under grad" if getattr(flags, "train", None) == "full" else "stored K/V"
+    parts = [f"config {args.config}", "fp32master (frozen bf16, trainable fp32, bf16 autocast)",
+             f"gradient checkpointing {'on' if flags.gradient_checkpointing else 'off'}",
+             f"text {args.text_tokens} tokens ({text})",
+             f"latents 4x{args.latent_grid[0]}x{args.latent_grid[1]} per chunk, {args.chunks} chunks",
+             f"autocast rules {'CPU' if args.no_cuda_autocast else 'CUDA (emulated)'}"]
+    if getattr(flags, "train", None) == "full":
+        parts.append(f"FSDP2 over {args.world_size} ranks (fake process group), per-rank figures" if sharded else
+                     "unsharded (1 rank)")
+    return "; ".join(parts)
+
+
 # ---- FLOPs and time --------------------------------------------------------------------------------------------
 PEAK_BF16_TFLOPS = 989.0  # dense BF16 peak of an H100 SXM / H200 (the same tensor cores), TFLOP/s
 # Context frames of chunks 1..7 (memory of 20 frames reached at chunk 5): the v4 offline buckets' mix.
@@ -467,6 +697,8 @@ def _configuration(args, recipe: str) -> str:
 def estimate(args) -> list[MemoryReport]:
     if args.recipe == "rollout":
         return [rehearse_rollout(args)]
+    if args.recipe in ("df_sft", "kd"):
+        return [rehearse_teacher_forced(args, args.recipe)]
     frames = args.context_frames if args.recipe == "v4" else [0]
     return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
 

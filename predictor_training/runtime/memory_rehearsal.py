@@ -33,7 +33,8 @@ Not modelled: kernel workspaces (cuBLAS, attention), NCCL buffers, the CUDA cont
 
 Host reads of fake values (`float(t)`, `.item()`, `bool(t)`, `nonzero()`) cannot be answered; the tracker answers
 them with placeholders (floats 1.0, ints 0, bools True; `nonzero` one row of zeros) so that metric conversions,
-finite checks and the scheduler's first-step lookup run; code whose *memory* depends on values (the rollout's
+finite checks and the scheduler's first-step lookup run; indexing with a fake boolean mask selects every element
+(the rehearsals' masks are all ones: every text token valid); code whose *memory* depends on values (the rollout's
 memory selection) must run on real CPU inputs (`real_values`).
 """
 
@@ -54,6 +55,7 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten, tree_map
 
 GIB = 2 ** 30
@@ -246,6 +248,29 @@ class StorageRecord:
                 "category": self.category}
 
 
+def _is_fake(tensor) -> bool:
+    """A fake tensor, or a wrapper (DTensor) around fake ones."""
+    if isinstance(tensor, FakeTensor):
+        return True
+    if isinstance(tensor, Tensor) and is_traceable_wrapper_subclass(tensor):
+        return any(_is_fake(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0]
+                   if isinstance(getattr(tensor, name), Tensor))
+    return False
+
+
+def _all_true_indices(indices) -> list:
+    """A fake boolean mask's index, read as if every element were True (a mask's values are unknown; the rehearsal's
+    synthetic inputs make every mask all ones, e.g. every text token valid): the equivalent long indices."""
+    converted = []
+    for index in indices:
+        if isinstance(index, Tensor) and index.dtype == torch.bool and _is_fake(index):
+            grids = torch.meshgrid(*[torch.arange(size, device=index.device) for size in index.shape], indexing="ij")
+            converted.extend(grid.reshape(-1) for grid in grids)
+        else:
+            converted.append(index)
+    return converted
+
+
 def _placeholder(tensor: Tensor):
     if tensor.dtype == torch.bool:
         return True
@@ -284,11 +309,14 @@ class MemoryTracker(TorchDispatchMode):
         if self.answer_host_reads and func in (torch.ops.aten._local_scalar_dense.default,
                                                torch.ops.aten.nonzero.default):
             tensor = args[0]
-            if isinstance(tensor, FakeTensor):
+            if _is_fake(tensor):
                 self.host_reads += 1
                 if func is torch.ops.aten.nonzero.default:
                     return torch.zeros((1, tensor.dim()), dtype=torch.long, device=tensor.device)
                 return _placeholder(tensor)
+        if func is torch.ops.aten.index.Tensor and any(
+                isinstance(index, Tensor) and index.dtype == torch.bool and _is_fake(index) for index in args[1]):
+            args = (args[0], _all_true_indices(args[1]), *args[2:])
         output = func(*args, **kwargs)
         phase = self.current_phase()
         for value in tree_flatten(output)[0]:
@@ -302,6 +330,10 @@ class MemoryTracker(TorchDispatchMode):
         return self.phase
 
     def _track(self, tensor: Tensor, op: str, phase: str, category: str = "activations") -> StorageRecord | None:
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor (FSDP2's shards): its local tensor holds the memory
+            inner = [getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]]
+            records = [self._track(value, op, phase, category) for value in inner if isinstance(value, Tensor)]
+            return next((record for record in records if record is not None), None)
         if tensor.layout != torch.strided or tensor.device.type == "meta":
             return None  # meta tensors stand for host memory (a loop's pinned batch): not on the device
         storage = tensor.untyped_storage()
@@ -320,6 +352,27 @@ class MemoryTracker(TorchDispatchMode):
         self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), self.live)
         weakref.finalize(storage, self._release, key)
         return record
+
+    def resized(self, tensor: Tensor) -> None:
+        """A storage resized in place (FSDP2 frees and re-allocates its unsharded parameters and all-gather
+        buffers with `untyped_storage().resize_`): its record follows the new size."""
+        record = self._track(tensor, "resize_", self.current_phase())
+        if record is None:
+            return
+        size = tensor.untyped_storage().nbytes()
+        if size == record.nbytes:
+            return
+        if size < record.nbytes and self._peak_dirty and self.live == self.peak:
+            self._at_peak = list(self._records.values())
+            self._peak_dirty = False
+        self.live += size - record.nbytes
+        self.live_rounded += _rounded(size) - _rounded(record.nbytes)
+        record.nbytes = size
+        phase = self.current_phase()
+        if self.live > self.peak:
+            self.peak, self.peak_phase, self._peak_dirty = self.live, phase, True
+        self.peak_rounded = max(self.peak_rounded, self.live_rounded)
+        self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), self.live)
 
     def _release(self, key: int) -> None:
         record = self._records.pop(key, None)
@@ -395,6 +448,52 @@ def use_foreach(optimizer: torch.optim.Optimizer) -> None:
     optimizer.defaults["foreach"] = True
     for group in optimizer.param_groups:
         group["foreach"] = True
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int):
+    """A process group of `world_size` ranks in which this process is rank 0 and every collective returns at once
+    (torch's "fake" backend, as torchtitan's memory estimator uses): FSDP2 shards, all-gathers and reduce-scatters
+    with the real per-rank sizes, nothing is communicated. Destroyed on exit."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("fake_process_group: a process group already exists in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def fsdp_storage_accounting(tracker: MemoryTracker):
+    """FSDP2 (torch 2.14) frees an unsharded parameter and its all-gather buffer after each forward / backward by
+    resizing the storage to 0 bytes and re-allocates it by resizing it back (`_fsdp_param.alloc_storage` /
+    `free_storage`), which no op shows: the tracker is told of each resize, so it counts what FSDP2 holds."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    original_alloc, original_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(tensor):
+        original_alloc(tensor)
+        tracker.resized(tensor)
+
+    def free_storage(tensor):
+        original_free(tensor)
+        tracker.resized(tensor)
+
+    patches = [(_fsdp_param, "alloc_storage", alloc_storage), (_fsdp_param, "free_storage", free_storage),
+               (_fsdp_param_group, "alloc_storage", alloc_storage)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -215,8 +215,9 @@ def add_lora(
         # active LoRA dropout.
         layer.train(layer.base_layer.training)
         if name in layer.lora_A:
-            layer.lora_A[name].float()
-            layer.lora_B[name].float()
+            for module in (layer.lora_A[name], layer.lora_B[name]):
+                if module.weight.dtype != torch.float32:  # (a no-op cast would still swap the parameter)
+                    module.float()
     # peft made `name` the active (and trainable) adapter and may have flipped the others' requires_grad.
     _restore_grad_flags(grad_flags)
     set_active_adapter(teacher, previous)
