@@ -45,6 +45,9 @@ SLOW_MODULES = frozenset({
 SLOW_TESTS = frozenset({
     "test_memory_rehearsal.py::test_method_fake_run_matches_the_real_cpu_run",
     "test_memory_rehearsal.py::test_fsdp_full_run_holds_the_per_rank_share",
+    "test_memory_rehearsal.py::test_adversarial_fake_run_matches_the_real_cpu_run",
+    "test_memory_rehearsal.py::test_eval_fake_run_matches_the_real_cpu_run",
+    "test_memory_rehearsal.py::test_nft_fake_run_matches_the_real_cpu_run",
     "test_loop.py::test_ddp_two_ranks_resume_matches_uninterrupted",
     "test_loop.py::test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint",
     "test_metrics.py::test_cli_runs_as_a_script_and_reports_usage_errors",

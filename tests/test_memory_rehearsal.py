@@ -153,6 +153,48 @@ def test_method_fake_run_matches_the_real_cpu_run(recipe):
     assert fake.peak_phase == real.peak_phase
 
 
+def test_adversarial_fake_run_matches_the_real_cpu_run():
+    """fvtools/train_adversarial.py --data offline on the tiny Teacher: the recipe's AdversarialPairStep with both
+    roles due (generator term built, lazy R1 applied) on fake tensors against the same step on real CPU tensors:
+    every phase's peak within 5 % (the CPU mse kernels' result storages), both roles' gradients and AdamW state."""
+    args = _tiny_args("adversarial", "--context_frames", "4", "--world_size", "1")
+    fake = estimate_memory.rehearse_adversarial(args, host="cpu")
+    real = estimate_memory.rehearse_adversarial(args, fake=False)
+    assert "generator term built" in fake.notes["configuration"] and "lazy R1 applied" in fake.notes["configuration"]
+    assert set(fake.phase_peaks) == set(real.phase_peaks) == {"setup", "forward", "backward", "optimizer"}
+    for phase, value in real.phase_peaks.items():
+        assert abs(fake.phase_peaks[phase] - value) <= 0.05 * value, (phase, fake.phase_peaks, real.phase_peaks)
+    assert fake.peak_phase == real.peak_phase
+
+
+@pytest.mark.parametrize("mode", ["exact", "incremental"])
+def test_eval_fake_run_matches_the_real_cpu_run(mode):
+    """tools/eval_predictor.py's rollout (EvalRuntime.rollout, F-P-P-P, inference only) of 3 chunks on the tiny
+    Teacher: fake against real CPU tensors, same peak within 1 %, the memory selection's real context sizes."""
+    args = _tiny_args("eval", "--chunks", "3", "--context_mode", mode)
+    fake = estimate_memory.rehearse_eval(args)
+    real = estimate_memory.rehearse_eval(args, fake=False)
+    assert abs(real.peak - fake.peak) <= 0.01 * real.peak, (real.peak, fake.peak)
+    assert fake.peak_phase == real.peak_phase == "forward"
+    assert fake.notes["context_frames_per_chunk"] == real.notes["context_frames_per_chunk"] == [0, 4, 8]
+    assert fake.by_category["gradients"] == fake.by_category["optimizer_state"] == 0
+
+
+def test_nft_fake_run_matches_the_real_cpu_run():
+    """fvtools/train_nft.py (LoRA policy, old-policy adapter, reference) on the tiny Teacher: one NftStep (K = 2
+    samples of 2 chunks, 1 chunk trained each, step 1's monitor rollouts) and the loop's AdamW + old-policy update,
+    fake against real CPU tensors: every phase's peak within 5 %."""
+    args = _tiny_args("nft", "--chunks", "2", "--world_size", "1", "--samples_per_group", "2",
+                      "--chunks_per_sample", "1")
+    fake = estimate_memory.rehearse_nft(args)
+    real = estimate_memory.rehearse_nft(args, fake=False)
+    assert "2 samples" in fake.name
+    for phase, value in real.phase_peaks.items():
+        assert abs(fake.phase_peaks[phase] - value) <= 0.05 * value, (phase, fake.phase_peaks, real.phase_peaks)
+    assert fake.peak_phase == real.peak_phase
+    assert fake.notes["live_after_step"]["optimizer_state"] > 0
+
+
 def test_fsdp_full_run_holds_the_per_rank_share():
     """--train full over 8 ranks (FSDP2 through the fake process group): each rank holds 1/8 of the FP32 parameters,
     AdamW's two moments of its shard, and its sharded gradients."""

@@ -28,8 +28,17 @@ and reduce-scatter buffers FSDP2 holds while a block runs).
 
 For the methods the rehearsal replaces only what has no data here (`method_rehearsal_hooks`): the Teacher folder
 (built from its config), PEFT's adapter move (made where it ends), the chunk draw (the clip's last chunks: the most
-context) and the memory selection (run on real CPU values). Listed but refused with the reason (NOT_REHEARSED): dmd2,
-adversarial, nft and the eval; train.md § Memory says what is left.
+context) and the memory selection (run on real CPU values).
+
+    python tools/estimate_memory.py --recipe adversarial                 # v4 + discriminator, batch 16, both roles due
+    python tools/estimate_memory.py --recipe eval --context_mode incremental   # eval rollout F-P-P-P, inference
+    python tools/estimate_memory.py --recipe nft --samples_per_group 2   # LoRA policy / old / reference, K samples
+
+adversarial: fvtools/train_adversarial.py --data offline (the rollout mode is not rehearsed), the recipe's
+AdversarialPairStep at its heaviest step (generator term built, lazy R1 applied). eval: tools/eval_predictor.py's
+EvalRuntime.rollout of one row (VAE decode, LPIPS and the text prefill not counted). nft: fvtools/train_nft.py's
+NftStep with its rewards replaced (VAE decode and reward functions not counted). Listed but refused with the reason
+(NOT_REHEARSED): dmd2; train.md § Memory says what is left.
 """
 
 from __future__ import annotations
@@ -63,12 +72,6 @@ NOT_REHEARSED = {
     "dmd2": "not wired yet: its roles (the Predictor generator's F-P-P-P composite, the real score, the LoRA fake "
             "score) build on the hooks df_sft / kd use (method_rehearsal_hooks), but DistributionMatchingStep's "
             "generator and critic steps have not been run on fake tensors here",
-    "adversarial": "not wired yet: AdversarialPairStep / AdversarialRolloutStep (Predictor + discriminator) have "
-                   "not been run on fake tensors here",
-    "nft": "not wired yet: NftStep (LoRA policy, old policy, reference, K samples) has not been run on fake "
-           "tensors here",
-    "eval": "not wired yet: the Teacher's inference-only AR rollout of tools/eval_predictor.py (exact vs "
-            "incremental context cache) has not been run on fake tensors here",
 }
 CONTEXT_TIMESTEP = 14.0
 # The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
@@ -124,6 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "per-rank shard; default 8)")
     parser.add_argument("--train", choices=("lora", "full"), default="lora",
                         help="df_sft, kd: a LoRA on the Teacher (the recipes' default) or every parameter")
+    parser.add_argument("--samples_per_group", type=int, default=None,
+                        help="nft: K, the samples rolled out per step (default: the recipe's, 8); the peak does not "
+                             "grow with K (the samples go to host memory, each is trained with its own backwards)")
+    parser.add_argument("--chunks_per_sample", type=int, default=None,
+                        help="nft: chunks trained per sample (default: the recipe's, 2)")
     parser.add_argument("--optimizer_steps", type=int, default=1,
                         help="optimizer steps to run (2 shows a later step, with AdamW moments present)")
     parser.add_argument("--no_cuda_autocast", action="store_true",
@@ -135,6 +143,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.recipe in NOT_REHEARSED:
         parser.error(f"--recipe {args.recipe}: {NOT_REHEARSED[args.recipe]} (train.md § Memory)")
+    if args.fit and args.recipe not in ("v4", "disca", "rollout"):
+        parser.error(f"--fit: the largest batch is searched for the offline recipes (v4, disca) only, not "
+                     f"{args.recipe}")
     if args.batch_size < 1:
         parser.error(f"--batch_size {args.batch_size}: expected >= 1")
     if any(frames < 0 or frames % 4 for frames in args.context_frames):
@@ -301,6 +312,89 @@ def rehearse_offline(args, variant: str, n_ctx: int, *, fake: bool = True, host:
     return rehearsal.report()
 
 
+# ---- adversarial (fvtools/train_adversarial.py, --data offline) ------------------------------------------------------
+def optimizer_phase_roles(rehearsal: Rehearsal, roles, buckets, step: int) -> None:
+    """The loop's step 3-4 for several due roles: DDP's bucket views (the DDP-wrapped role), each role's clip, then
+    each role's AdamW + schedule, in the loop's order (all clips before any update)."""
+    from predictor_training.runtime.loop import _grad_norm_and_clip
+    if buckets is not None:
+        buckets.adopt_gradients()
+    with rehearsal.phase("optimizer"):
+        for role in roles:
+            _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
+        for role in roles:
+            role.step()
+            rehearsal.label_optimizer(role.optimizer)
+
+
+def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) -> MemoryReport:
+    """fvtools/train_adversarial.py, --data offline (its default): the v4 Predictor (the recipe's build_predictor,
+    AdamW groups, DDP buckets) and the recipe's discriminator (`build_discriminator`, `build_discriminator_role`,
+    `Adversary`), one loop step of the recipe's `AdversarialPairStep` with both roles due, at the v4 offline batch
+    (--batch_size, --context_frames: the largest given). The step rehearsed is the heaviest one the cadences give:
+    the one after r1_every updates of both roles, where the generator term is built (its weight is above 0 once the
+    Predictor has updated) and the lazy R1 pass runs (every r1_every-th discriminator update); the two schedules are
+    advanced to it beforehand (LR values only, no memory)."""
+    host = host or ("meta" if fake else "cpu")
+    import fvtools.train_adversarial as recipe
+    from predictor_training.methods.adversarial import (
+        DISCRIMINATOR,
+        PREDICTOR,
+        Adversary,
+        build_discriminator,
+        build_discriminator_role,
+    )
+    from predictor_training.runtime.precision import precision_policy
+    flags = _rollout_defaults(recipe, ["--dataset_root", "unused"])
+    n_ctx = max(args.context_frames)
+    name = (f"adversarial offline, blocks {list(args.source_blocks)}, batch {args.batch_size}, {n_ctx} context "
+            f"frames, discriminator width {flags.discriminator_width}, both roles due")
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal:
+        policy = precision_policy(flags.precision, torch.device("cpu"))
+        teacher, predictor = build_models(rehearsal, args, recipe.VARIANT)
+        make_batch = partial(offline_batch, "v4", teacher.config, batch_size=args.batch_size, n_ctx=n_ctx,
+                             text_tokens=args.text_tokens, grid=args.latent_grid, source_blocks=args.source_blocks,
+                             device=host)
+        del teacher  # as the recipe's offline mode
+        with patched((torch.nn.Module, "to", _to_unless_unchanged)):  # built on its device: the move is a no-op
+            discriminator = build_discriminator(predictor.hidden_size, width=flags.discriminator_width,
+                                                seed=flags.seed, device=torch.device("cpu"))
+        rehearsal.label_parameters([discriminator])
+        predictor_role, buckets = build_role(rehearsal, predictor, flags, args.world_size)
+        discriminator_role = build_discriminator_role(
+            discriminator, lr=flags.discriminator_lr, weight_decay=flags.discriminator_weight_decay,
+            betas=(flags.discriminator_adam_beta1, flags.discriminator_adam_beta2),
+            grad_clip=flags.discriminator_grad_clip, every=flags.discriminator_every, max_steps=flags.max_steps)
+        use_foreach(discriminator_role.optimizer)
+        rehearsal.watch_gradients(discriminator_role.parameters)
+        roles = [predictor_role, discriminator_role]
+        # The heaviest step of the cadences: both roles r1_every updates in (generator term on, lazy R1 due).
+        for role in roles:
+            for _ in range(flags.r1_every):
+                role.lr_schedule.step()
+        adversary = Adversary(predictor_role, discriminator_role, adv_weight=flags.adv_weight,
+                              adv_warmup_steps=flags.adv_warmup_steps, r1_weight=flags.r1_weight,
+                              r1_every=flags.r1_every)
+        step_fn = recipe.AdversarialPairStep(model=predictor, predictor=predictor, policy=policy,
+                                             context_timestep=CONTEXT_TIMESTEP, adversary=adversary,
+                                             velocity_weight=flags.velocity_weight, hidden_weight=flags.hidden_weight)
+        weight = adversary.weight()
+        r1_applied = flags.r1_weight > 0 and discriminator_role.updates % flags.r1_every == 0
+        for step in range(1, args.optimizer_steps + 1):
+            for role in roles:
+                role.zero_grad()
+            with rehearsal.phase("forward"):
+                step_fn(make_batch(), sync=True, due=frozenset({PREDICTOR, DISCRIMINATOR}))
+            optimizer_phase_roles(rehearsal, roles, buckets, step)
+        rehearsal.notes["configuration"] = (
+            _configuration(args, "v4") + f"; adversarial weight {weight:g} (generator term "
+            f"{'built' if weight > 0 else 'not built'}), lazy R1 {'applied' if r1_applied else 'not applied'}")
+        count = step_flops(args, "v4", n_ctx)  # the Predictor's; the discriminator's matmuls are negligible
+        rehearsal.notes.update({"dit_tflops_per_micro_batch": round(count / 1e12, 1),
+                                "seconds_at_40pct_of_989_tflops": round(seconds_at(count, 0.40), 2)})
+    return rehearsal.report()
+
+
 # ---- rollout -----------------------------------------------------------------------------------------------------
 def rollout_row(args, channels: int):
     """A sample-table row and its case at real shapes: real small CPU tensors for what the memory selection reads
@@ -398,6 +492,21 @@ def patched(*patches):
             setattr(target, name, value)
 
 
+_MODULE_TO = torch.nn.Module.to
+
+
+def _to_unless_unchanged(self, *args, **kwargs):
+    """Module.to() swaps every fake parameter, which fake tensors refuse; a move that changes nothing (PEFT moves each
+    wrapped linear to its own device, the recipes move a model built on its device there) is skipped, anything else
+    still goes to Module.to."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    tensors = list(self.parameters()) + list(self.buffers())
+    if all((device is None or tensor.device == torch.device(device))
+           and (dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype) for tensor in tensors):
+        return self
+    return _MODULE_TO(self, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
     """What a method rehearsal replaces around the recipe's own code, and nothing else:
@@ -438,20 +547,8 @@ def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
     def keep_adapter_where_made(self, adapter_name, device=None):
         pass  # PEFT's move to the base layer's device: the adapter is made on it here (fake CPU), FP32 as it ends
 
-    module_to = torch.nn.Module.to
-
-    def to_unless_unchanged(self, *args, **kwargs):
-        # Module.to() swaps every fake parameter, which fake tensors refuse; a move that changes nothing (PEFT moves
-        # each wrapped linear to its own device) is skipped, anything else still goes to Module.to.
-        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
-        tensors = list(self.parameters()) + list(self.buffers())
-        if all((device is None or tensor.device == torch.device(device))
-               and (dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype) for tensor in tensors):
-            return self
-        return module_to(self, *args, **kwargs)
-
     patches = [(method_model, "load_teacher", load_teacher), (dmd2_models, "load_teacher", load_teacher),
-               (torch.nn.Module, "to", to_unless_unchanged),
+               (torch.nn.Module, "to", _to_unless_unchanged),
                (BaseTunerLayer, "_move_adapter_to_device_of_base_layer", keep_adapter_where_made),
                (ar_rollout, "make_retrieval_points", make_retrieval_points),
                (ar_rollout.ARRollout, "select_context", select_context),
@@ -571,6 +668,141 @@ def _method_configuration(args, flags, sharded: bool) -> str:
         parts.append(f"FSDP2 over {args.world_size} ranks (fake process group), per-rank figures" if sharded else
                      "unsharded (1 rank)")
     return "; ".join(parts)
+
+
+# ---- nft (fvtools/train_nft.py) ---------------------------------------------------------------------------------------
+class ExcludedRewards:
+    """Stands for the recipe's `VideoRewards` (VAE decode + reward functions, outside the DiT, not rehearsed): the
+    K samples' scores as real CPU values, distinct per sample so that the advantages are not all zero."""
+
+    def __init__(self, names):
+        self.names = list(names)
+
+    def __call__(self, samples, item) -> dict:
+        from predictor_training.methods.rewards import TOTAL
+        with real_values():
+            count = samples.shape[0]
+            scores = {name: torch.linspace(0.0, 1.0, count) for name in self.names}
+            scores[TOTAL] = torch.linspace(0.0, 1.0, count)
+        return scores
+
+
+def rehearse_nft(args, *, fake: bool = True) -> MemoryReport:
+    """fvtools/train_nft.py (--train lora, its default): the recipe's `build_method_model` (the policy's LoRA on the
+    BF16 Teacher), `PolicyModels` (the old policy: a second adapter; the reference: the base without adapter),
+    `OldPolicy` in the role's EMA slot, and one `NftStep` at step 1: K = --samples_per_group AR rollouts of the old
+    policy without gradients (the recipe's sampler: --sample_steps at --sample_shift), then the training pass on
+    --chunks_per_sample chunks of each sample (old and reference velocities without gradients, the policy's with its
+    context prefill under grad, one backward per chunk), then step 1's monitor rollouts (policy and reference), then
+    the loop's clip + AdamW + the old-policy update. The decoder and the reward functions (outside the DiT) are
+    replaced by `ExcludedRewards`: the VAE's weights and decodes are not in the figure."""
+    import importlib
+
+    from predictor_training.methods.method_model import build_method_model
+    from predictor_training.methods.nft import OldPolicy, PolicyModels
+    from predictor_training.methods.rewards import parse_reward_weights
+    from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.runtime.precision import precision_policy
+    from predictor_training.teacher.config import preset_config
+    from predictor_training.teacher.source import TeacherSource
+    module = importlib.import_module("fvtools.train_nft")
+    recipe_argv = ["--train", "lora"]
+    for flag in ("samples_per_group", "chunks_per_sample"):
+        if getattr(args, flag, None) is not None:
+            recipe_argv += [f"--{flag}", str(getattr(args, flag))]
+    flags = method_flags(module, recipe_argv)
+    config = argparse.Namespace(**preset_config(args.config))
+    name = (f"nft LoRA rank {flags.lora_rank}, {flags.samples_per_group} samples of {args.chunks} chunks, "
+            f"{flags.chunks_per_sample} chunks trained per sample")
+    item = clip_item(args, config, data="latents", host="meta" if fake else "cpu")
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
+            method_rehearsal_hooks(rehearsal, args.config):
+        env = method_env(1, False)
+        policy = precision_policy(flags.precision, env.device)
+        source = TeacherSource(Path("unused"), None, "--teacher", None)
+        method_model = build_method_model(source, flags, env, policy, role_name=module.ROLE)
+        models = PolicyModels(method_model)
+        role = method_model.role
+        role.ema = OldPolicy(models.old_module, flags.old_decay_schedule, flags.old_decay)
+        rehearsal.tracker.label(role.parameters, "parameters")
+        rehearsal.tracker.label(models.old_module.parameters(), "parameters")
+        use_foreach(role.optimizer)
+        rehearsal.watch_gradients(role.parameters)
+        rewards = ExcludedRewards(parse_reward_weights(flags.rewards))
+        run_state = RunState()
+        step_fn = module.NftStep(models, rewards, flags, env, run_state, policy.autocast_dtype)
+        for step in range(1, args.optimizer_steps + 1):
+            role.zero_grad()
+            with rehearsal.phase("forward"):
+                step_fn(item, sync=True, due=frozenset({module.ROLE}))
+            optimizer_phase(rehearsal, role, None, step)
+            run_state.global_step = step
+            run_state.micro_step += 1
+        rehearsal.notes["configuration"] = (
+            _method_configuration(args, flags, False) + f"; {flags.samples_per_group} samples of "
+            f"{flags.sample_steps} steps (no grad), {flags.chunks_per_sample} chunks trained per sample (the "
+            "sample's last ones); VAE decode and rewards not counted")
+        rehearsal.notes["live_after_step"] = rehearsal.tracker.live_by_category()
+    return rehearsal.report()
+
+
+# ---- the eval (tools/eval_predictor.py), inference only ------------------------------------------------------------
+def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:
+    """tools/eval_predictor.py at real size: the eval's own `EvalRuntime.rollout` (its `TimedRollout`, the method's
+    `make_step_fn`, `PredictorMethod.replaced_step`) of one sample-table row of --chunks chunks under --replace_steps
+    (chunk 0 F-F-F-F), in --context_mode (exact: every chunk's context prefilled again; incremental: the frame K/V
+    cache), with the eval's bf16 pipeline (`rollout_config_for`: BF16 Teacher, BF16 autocast and running latents)
+    and the Predictor as `load_predictor` leaves it (its copied blocks FP32, eval, frozen). No optimizer, no
+    gradients. Not in the figure: the VAE decoder and its decode (outside the DiT; the eval loads it once and decodes
+    each finished rollout), the LPIPS network, the text prefill (the case's stored K/V are read, as with
+    --dataset_root; with --encoded the eval prefills the text once per case, under no_grad, before the rollouts).
+    The reference F-F-F-F and the reuse baselines run the same loop without the Predictor step: at most this
+    rollout's memory (the Predictor's weights stay loaded for the whole eval)."""
+    from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, with_context_mode
+    from predictor_training.eval.run import rollout_config_for
+    from predictor_training.eval.runtime import EvalRuntime
+    from predictor_training.eval.timing import Stopwatch
+    from predictor_training.predictor.model import build_predictor
+    from predictor_training.rollout.schedule import Schedule
+    from predictor_training.teacher.config import preset_config
+    dtype = torch.bfloat16
+    letters = "".join("P" if step in args.replace_steps else "F" for step in range(4))
+    name = (f"eval rollout {'-'.join(letters)}, {args.chunks} chunks, context {args.context_mode}, blocks "
+            f"{list(args.source_blocks)}, inference")
+    config = argparse.Namespace(**preset_config(args.config))
+    item, image_cond = rollout_row(args, config.out_channels)
+    heads = config.heads_num
+    host = "meta" if fake else "cpu"
+    with torch.device(host):  # the case file, read into host memory by the dataset
+        case = {name: torch.zeros(config.mm_double_blocks_depth, heads, args.text_tokens,
+                                  config.hidden_size // heads, dtype=dtype) for name in ("text_k", "text_v")}
+    case["image_cond"] = image_cond
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
+            method_rehearsal_hooks(rehearsal, args.config) as load_teacher:
+        teacher = load_teacher(None, torch.device("cpu"), dtype)  # load_teacher(settings.teacher_source, dtype)
+        torch.manual_seed(0)
+        predictor = build_predictor(teacher, "v4", args.source_blocks).eval().requires_grad_(False)
+        rehearsal.label_parameters([predictor])
+        ckpt = PredictorCheckpoint(path=Path("unused"), run_name="rehearsal", step=0,
+                                   meta={"variant": "v4", "source_blocks": list(args.source_blocks)},
+                                   predictor_config=predictor.predictor_config(), run_flags={}, label="rehearsal",
+                                   panel="rehearsal")
+        method = with_context_mode(PredictorMethod(predictor, ckpt), args.context_mode)
+        runtime = EvalRuntime(teacher=teacher, methods=[method], schedule=Schedule(tuple(args.replace_steps)),
+                              rollout_config=rollout_config_for(dtype), decoder=None, scorer=None, dataset=None,
+                              case_source="dataset", device=torch.device("cpu"), state_dtype=dtype)
+        with rehearsal.phase("forward"):
+            text_kv, _ = runtime.text_kv(case)
+            rollout = runtime.rollout(method, text_kv, item, case, Stopwatch(torch.device("cpu")))
+        rehearsal.notes["configuration"] = (
+            f"config {args.config}; bf16 (Teacher, autocast, running latents; the Predictor's copied blocks FP32 as "
+            f"loaded); text {args.text_tokens} tokens (stored K/V); latents 4x{args.latent_grid[0]}x"
+            f"{args.latent_grid[1]} per chunk, {args.chunks} chunks; context {args.context_mode}; autocast rules "
+            f"{'CPU' if args.no_cuda_autocast else 'CUDA (emulated)'}; VAE decoder, LPIPS and text prefill not "
+            "counted")
+        rehearsal.notes["context_frames_per_chunk"] = list(rollout.context_frames)
+        del rollout
+    return rehearsal.report()
 
 
 # ---- FLOPs and time --------------------------------------------------------------------------------------------
@@ -699,6 +931,12 @@ def estimate(args) -> list[MemoryReport]:
         return [rehearse_rollout(args)]
     if args.recipe in ("df_sft", "kd"):
         return [rehearse_teacher_forced(args, args.recipe)]
+    if args.recipe == "adversarial":
+        return [rehearse_adversarial(args)]
+    if args.recipe == "eval":
+        return [rehearse_eval(args)]
+    if args.recipe == "nft":
+        return [rehearse_nft(args)]
     frames = args.context_frames if args.recipe == "v4" else [0]
     return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
 
