@@ -233,7 +233,7 @@ class AdversarialPairStep:
         with maybe_no_sync(self.model, enabled=not sync):
             pred_hidden, pred_velocity, context = predict_pairs_with_context(
                 batch, model=self.model, predictor=self.predictor, policy=self.policy,
-                context_timestep=self.context_timestep)
+                context_timestep=self.context_timestep, release_prefeatures=True)  # `batch` is move_batch's copy
             loss, regression = predictor_loss(
                 pred_hidden, pred_velocity, batch["target_hidden"], batch["target_velocity"],
                 velocity_weight=self.velocity_weight, hidden_weight=self.hidden_weight)
