@@ -1,6 +1,9 @@
 """Shared pytest fixtures, and the numerics every test process (and the subprocesses it starts) uses."""
 
+import functools
 import os
+import re
+from pathlib import Path
 
 # MKL picks its kernels by the CPU's vector ISA, so an AVX-512 machine rounds float32 matmuls differently from the
 # AVX2 machine that made the golden vectors, by up to 1.4x the strict conformance tier (tests/data/conformance/
@@ -67,3 +70,31 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.name}::{item.originalname}"
         if item.path.name in SLOW_MODULES or name in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+# The suite runs on 2 pytest-xdist workers (pyproject.toml: `-n 2 --dist loadscope`). Each worker is a process with
+# its own module fixtures, so a module whose tests share a module- or session-scoped fixture (a demo world, a
+# torchrun build, a trained run that several tests read) runs whole on one worker: the fixture is built once, not
+# once per worker. The tests of every other module are scheduled one by one, so that long single tests (torchrun
+# launches) do not queue behind each other at the end. (pytest-xdist's own `--dist loadgroup` cannot do this on
+# pytest 9: it renames items through an attribute pytest no longer reads.)
+SHARED_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"'](module|package|session)[\"']")
+
+
+@functools.lru_cache(maxsize=None)
+def shares_module_fixtures(path: Path) -> bool:
+    return path.suffix == ".py" and path.is_file() and SHARED_FIXTURE.search(path.read_text()) is not None
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under `-p no:xdist`
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None  # pytest-xdist's own scheduler for --dist load, worksteal, ...
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if shares_module_fixtures(config.rootpath / module) else nodeid
+
+    return SharedFixtureScheduling(config, log)
