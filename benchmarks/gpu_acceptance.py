@@ -74,6 +74,7 @@ from predictor_training.predictor.self_rollout import (  # noqa: E402
     trajectory_for_row,
 )
 from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs  # noqa: E402
+from predictor_training.rollout.camera import turning_camera_row  # noqa: E402
 from predictor_training.rollout.schedule import Schedule  # noqa: E402
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic  # noqa: E402
 from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer  # noqa: E402
@@ -286,13 +287,7 @@ def trajectory_row(size: Size, chunks: int, channels: int):
     """A sample-table row (seed, poses, actions) and its camera path for `chunks` chunks: a turning, advancing
     camera, so the memory selection has work to do."""
     latents = CHUNK_FRAMES * chunks
-    angles = torch.linspace(0, 2.0, latents, dtype=torch.float64)
-    viewmats = torch.eye(4, dtype=torch.float64).repeat(latents, 1, 1)
-    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
-    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
-    viewmats[:, 2, 3] = -0.2 * torch.arange(latents, dtype=torch.float64)
-    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(latents, 1, 1)
-    item = {"seed": 7, "viewmats": viewmats, "Ks": Ks, "action": torch.zeros(latents, dtype=torch.long)}
+    item = turning_camera_row(latents)
     image_cond = torch.randn(1, channels, 1, size.height, size.width, generator=torch.Generator().manual_seed(4))
     return item, image_cond
 

@@ -54,7 +54,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from predictor_training.rollout.camera import turning_camera_row
 from predictor_training.runtime.memory_rehearsal import (
+    CUDA_CONTEXT_GIB,
     GIB,
     DDPBuckets,
     MemoryReport,
@@ -62,6 +64,7 @@ from predictor_training.runtime.memory_rehearsal import (
     default_dtype,
     fake_process_group,
     fsdp_storage_accounting,
+    patched,
     real_values,
     use_foreach,
 )
@@ -401,13 +404,7 @@ def rollout_row(args, channels: int):
     (poses, seed -> points), fake for the case's text K/V (made inside the rehearsal)."""
     latents = 4 * args.chunks
     height, width = args.latent_grid
-    angles = torch.linspace(0, 2.0, latents, dtype=torch.float64)
-    viewmats = torch.eye(4, dtype=torch.float64).repeat(latents, 1, 1)
-    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
-    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
-    viewmats[:, 2, 3] = -0.2 * torch.arange(latents, dtype=torch.float64)
-    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(latents, 1, 1)
-    item = {"seed": 7, "viewmats": viewmats, "Ks": Ks, "action": torch.zeros(latents, dtype=torch.long)}
+    item = turning_camera_row(latents)
     image_cond = torch.zeros(1, channels, 1, height, width)
     return item, image_cond
 
@@ -477,19 +474,6 @@ def method_flags(module, argv=()) -> argparse.Namespace:
     args = module.parse_args([*argv, "--dry_run", "unused"])
     args.dry_run = None
     return args
-
-
-@contextlib.contextmanager
-def patched(*patches):
-    """(object, attribute, value) patches, undone on exit."""
-    saved = [(target, name, getattr(target, name)) for target, name, _ in patches]
-    for target, name, value in patches:
-        setattr(target, name, value)
-    try:
-        yield
-    finally:
-        for target, name, value in reversed(saved):
-            setattr(target, name, value)
 
 
 _MODULE_TO = torch.nn.Module.to
@@ -879,7 +863,6 @@ def card_gib(gigabytes: float) -> float:
 
 def needed_gib(report: MemoryReport) -> float:
     """What a card must hold: the peak as the allocator counts it, the stated allocator margin, the CUDA context."""
-    from predictor_training.runtime.memory_rehearsal import CUDA_CONTEXT_GIB
     return report.with_margin_gib() + CUDA_CONTEXT_GIB
 
 

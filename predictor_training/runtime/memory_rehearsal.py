@@ -468,6 +468,19 @@ def fake_process_group(world_size: int):
 
 
 @contextlib.contextmanager
+def patched(*patches):
+    """(object, attribute, value) patches, undone on exit."""
+    saved = [(target, name, getattr(target, name)) for target, name, _ in patches]
+    for target, name, value in patches:
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for target, name, value in reversed(saved):
+            setattr(target, name, value)
+
+
+@contextlib.contextmanager
 def fsdp_storage_accounting(tracker: MemoryTracker):
     """FSDP2 (torch 2.14) frees an unsharded parameter and its all-gather buffer after each forward / backward by
     resizing the storage to 0 bytes and re-allocates it by resizing it back (`_fsdp_param.alloc_storage` /
@@ -484,16 +497,9 @@ def fsdp_storage_accounting(tracker: MemoryTracker):
         original_free(tensor)
         tracker.resized(tensor)
 
-    patches = [(_fsdp_param, "alloc_storage", alloc_storage), (_fsdp_param, "free_storage", free_storage),
-               (_fsdp_param_group, "alloc_storage", alloc_storage)]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    for module, name, value in patches:
-        setattr(module, name, value)
-    try:
+    with patched((_fsdp_param, "alloc_storage", alloc_storage), (_fsdp_param, "free_storage", free_storage),
+                 (_fsdp_param_group, "alloc_storage", alloc_storage)):
         yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
