@@ -523,11 +523,17 @@ def test_ground_truth_of_another_length_is_an_error_naming_the_file(world, tmp_p
                        init_distributed("gloo"))
 
 
-def test_demo_folder_names_its_ground_truth(tmp_path, capsys):
-    """--demo D: the ground truth defaults to D/<demo_config.json's "ground_truth">; older demo folders have none."""
+def load_eval_tool():
+    """tools/eval_predictor.py as a module (its parser and parse_args, in-process)."""
     spec = importlib.util.spec_from_file_location("eval_predictor_tool", TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_demo_folder_names_its_ground_truth(tmp_path, capsys):
+    """--demo D: the ground truth defaults to D/<demo_config.json's "ground_truth">; older demo folders have none."""
+    tool = load_eval_tool()
     demo = tmp_path / "demo"
     (demo / "samples").mkdir(parents=True)
     (demo / "samples" / "holdout25.jsonl").write_text("")
@@ -679,13 +685,25 @@ def test_run_names_follow_the_convention(world):
         label_checkpoints([ckpt, ckpt])
 
 
-def test_bad_flags_are_usage_errors(world, tmp_path):
-    """Flag problems end like argparse's own: usage line, 'error:' message, exit code 2, no traceback, no output."""
-    for extra, message in ((("--chunk0", "schedule"), "are v4 Predictors"),  # found in the checkpoint's metadata
-                           (("--replace_steps", "0,1"), "outside 1..3"),
+def test_bad_flags_are_usage_errors(world, tmp_path, capsys):
+    """Flag problems end like argparse's own: usage line, 'error:' message, exit code 2, no traceback, no output.
+    The problems found in a checkpoint go through the command line (a subprocess); those argparse finds alone are
+    checked in-process on the same parser (a subprocess each would only repeat torch's import)."""
+    tool = load_eval_tool()
+    root = world["root"]
+    argv = ["--teacher", str(root / "teacher"), "--vae", str(root / "vae"), "--samples_dir", str(root / "samples"),
+            "--encoded", str(root / "encoded"), "--split", "holdout25", "--ckpt", str(world["ckpt"]),
+            "--lpips_random_backbone", "--output_root", str(tmp_path)]
+    for extra, message in ((("--replace_steps", "0,1"), "outside 1..3"),
                            (("--context_modes", "exact,approximate"),
                             "--context_modes 'exact,approximate': unknown context mode(s) 'approximate'; allowed: "
-                            "exact, incremental, last_step"),
+                            "exact, incremental, last_step")):
+        with pytest.raises(SystemExit) as exit_info:
+            tool.parse_args(tool.build_parser(), [*argv, *extra])
+        lines = capsys.readouterr().err.splitlines()
+        assert exit_info.value.code == 2 and lines[0].startswith("usage: "), (extra, lines)
+        assert lines[-1].split(": error: ")[1].count(message) == 1, (extra, lines)
+    for extra, message in ((("--chunk0", "schedule"), "are v4 Predictors"),  # found in the checkpoint's metadata
                            (("--ckpt", str(tmp_path / "missing.safetensors")), "missing.safetensors")):
         result = _cli(world, tmp_path, *extra)
         lines = result.stderr.splitlines()
