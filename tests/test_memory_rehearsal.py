@@ -222,12 +222,9 @@ def test_recipe_list():
     scripts = {path.stem.removeprefix("train_") for path in (ROOT / "fvtools").glob("train_*.py")}
     assert scripts <= set(estimate_memory.RECIPES)
     assert {"v4", "disca", "rollout", "eval"} <= set(estimate_memory.RECIPES)
-    # every recipe is rehearsed, or refused with the reason stated (never a silent wrong figure)
-    assert set(estimate_memory.NOT_REHEARSED) < set(estimate_memory.RECIPES)
-    for recipe, reason in estimate_memory.NOT_REHEARSED.items():
-        assert len(reason) > 40, recipe
-        with pytest.raises(SystemExit):
-            estimate_memory.main(["--recipe", recipe, "--config", "tiny"])
+    # every recipe is rehearsed: none is refused (dmd2 runs in tests/test_memory_rehearsal_dmd2.py)
+    for recipe in estimate_memory.RECIPES:
+        assert estimate_memory.parse_args(["--recipe", recipe, "--config", "tiny"]).recipe == recipe
     with pytest.raises(SystemExit):
         estimate_memory.parse_args(["--recipe", "unknown"])
     with pytest.raises(SystemExit):

@@ -33,12 +33,21 @@ context) and the memory selection (run on real CPU values).
     python tools/estimate_memory.py --recipe adversarial                 # v4 + discriminator, batch 16, both roles due
     python tools/estimate_memory.py --recipe eval --context_mode incremental   # eval rollout F-P-P-P, inference
     python tools/estimate_memory.py --recipe nft --samples_per_group 2   # LoRA policy / old / reference, K samples
+    python tools/estimate_memory.py --recipe dmd2                        # Predictor F-P-P-P, LoRA real + fake score
+    python tools/estimate_memory.py --recipe dmd2 --generator student --real_score model
 
 adversarial: fvtools/train_adversarial.py --data offline (the rollout mode is not rehearsed), the recipe's
 AdversarialPairStep at its heaviest step (generator term built, lazy R1 applied). eval: tools/eval_predictor.py's
 EvalRuntime.rollout of one row (VAE decode, LPIPS and the text prefill not counted). nft: fvtools/train_nft.py's
-NftStep with its rewards replaced (VAE decode and reward functions not counted). Listed but refused with the reason
-(NOT_REHEARSED): dmd2; train.md § Memory says what is left.
+NftStep with its rewards replaced (VAE decode and reward functions not counted). dmd2: fvtools/train_dmd2.py
+(--rollout self, --fake_score_train lora) built by its own builders (build_predictor_role or build_student,
+build_scores) and one DistributionMatchingStep on a clip of --chunks chunks at its heaviest loop step: both roles due
+(the generator's graph and the critic) on a monitor step, then both roles' clip, AdamW and the generator's EMA.
+--generator predictor (the F-P-P-P composite on --source_blocks / --replace_steps, DDP buckets over --world_size) or
+student (--train lora: a LoRA rank 64 on the Teacher; full: every parameter, replicated); --real_score lora (a df_sft
+adapter on the Teacher, the shapes of df_sft's defaults; default), model (a second BF16 model) or teacher (the raw
+Teacher); the fake score is a LoRA on the real score's base. The report's peak_in names the part of the step where
+the peak is reached (generator forward / backward of a chunk, critic, the scores' x0, the monitor).
 """
 
 from __future__ import annotations
@@ -70,12 +79,6 @@ from predictor_training.runtime.memory_rehearsal import (
 )
 
 RECIPES = ("v4", "disca", "rollout", "df_sft", "kd", "dmd2", "adversarial", "nft", "eval")
-# Recipes listed but not rehearsed yet: the tool refuses them with this reason instead of printing a wrong figure.
-NOT_REHEARSED = {
-    "dmd2": "not wired yet: its roles (the Predictor generator's F-P-P-P composite, the real score, the LoRA fake "
-            "score) build on the hooks df_sft / kd use (method_rehearsal_hooks), but DistributionMatchingStep's "
-            "generator and critic steps have not been run on fake tensors here",
-}
 CONTEXT_TIMESTEP = 14.0
 # The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
 USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
@@ -120,16 +123,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--source_blocks", type=parse_blocks, default=(1, 52), help="Predictor blocks (1,52)")
     parser.add_argument("--text_tokens", type=int, default=1000, help="text tokens of the longest case (1000)")
     parser.add_argument("--latent_grid", type=parse_grid, default=(30, 52), help="latent HxW (480x832 -> 30x52)")
-    parser.add_argument("--chunks", type=int, default=8, help="rollout: chunks of one trajectory (8)")
+    parser.add_argument("--chunks", type=int, default=8,
+                        help="rollout, the fvtools methods: chunks of one trajectory / clip (8)")
     parser.add_argument("--replace_steps", type=parse_steps, default=(1, 2, 3),
-                        help="rollout: Predictor steps per chunk (1,2,3 = F-P-P-P; 1,2 = F-P-P-F)")
+                        help="rollout, dmd2 --generator predictor: Predictor steps per chunk (1,2,3 = F-P-P-P; 1,2 = "
+                             "F-P-P-F)")
     parser.add_argument("--context_mode", choices=("exact", "incremental"), default="exact",
                         help="rollout: how each chunk's context K/V are built")
     parser.add_argument("--world_size", type=int, default=8,
                         help="ranks of the job (> 1 counts DDP's gradient buckets; df_sft / kd --train full: FSDP2's "
                              "per-rank shard; default 8)")
     parser.add_argument("--train", choices=("lora", "full"), default="lora",
-                        help="df_sft, kd: a LoRA on the Teacher (the recipes' default) or every parameter")
+                        help="df_sft, kd: a LoRA on the Teacher (the recipes' default) or every parameter; dmd2 "
+                             "--generator student: its LoRA, or every parameter replicated (FP32, not sharded)")
+    parser.add_argument("--generator", choices=("predictor", "student"), default="predictor",
+                        help="dmd2: the generator, as train_dmd2's --generator: predictor (the F-P-P-P composite of "
+                             "the Teacher and the v4 Predictor on --source_blocks, --replace_steps; the recipe's "
+                             "default) or student (a few-step student, --train)")
+    parser.add_argument("--real_score", choices=("lora", "model", "teacher"), default="lora",
+                        help="dmd2: the kind of train_dmd2's --real_score: lora (a df_sft LoRA file on the Teacher, "
+                             "what df_sft's default --train lora exports; default), model (a model folder: a second "
+                             "BF16 Teacher-shaped model) or teacher (the raw Teacher, --allow_raw_teacher_score); the "
+                             "fake score is a LoRA on the real score's base (--fake_score_train lora)")
     parser.add_argument("--samples_per_group", type=int, default=None,
                         help="nft: K, the samples rolled out per step (default: the recipe's, 8); the peak does not "
                              "grow with K (the samples go to host memory, each is trained with its own backwards)")
@@ -144,8 +159,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "cards (peak + allocator margin + CUDA context), at the largest --context_frames")
     parser.add_argument("--json", action="store_true", help="print one JSON object per estimate instead of text")
     args = parser.parse_args(argv)
-    if args.recipe in NOT_REHEARSED:
-        parser.error(f"--recipe {args.recipe}: {NOT_REHEARSED[args.recipe]} (train.md § Memory)")
     if args.fit and args.recipe not in ("v4", "disca", "rollout"):
         parser.error(f"--fit: the largest batch is searched for the offline recipes (v4, disca) only, not "
                      f"{args.recipe}")
@@ -730,6 +743,177 @@ def rehearse_nft(args, *, fake: bool = True) -> MemoryReport:
     return rehearsal.report()
 
 
+# ---- dmd2 (fvtools/train_dmd2.py) -----------------------------------------------------------------------------
+class PeakSegments:
+    """Names the part of a step in which the tracker's global peak was reached. Markers (`mark`, or the wrappers of
+    `patch`) set the current part; a rise of the peak seen at the next marker belongs to the part that was current
+    (sticky markers: a backward run after a marked call counts to that call's part unless `after` renames it)."""
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+        self.current = "setup"
+        self.seen = tracker.peak
+        self.at_peak = "setup"
+
+    def mark(self, name: str) -> None:
+        if self.tracker.peak > self.seen:
+            self.at_peak, self.seen = self.current, self.tracker.peak
+        self.current = name
+
+    def patch(self, target, attribute: str, name, after=None):
+        """A `patched` entry: `target.attribute` wrapped so that a call marks `name(*args)` and, with `after`, its
+        return marks `after(*args)`."""
+        original = getattr(target, attribute)
+
+        def wrapper(*args, **kwargs):
+            self.mark(name(*args))
+            result = original(*args, **kwargs)
+            if after is not None:
+                self.mark(after(*args))
+            return result
+
+        return target, attribute, wrapper
+
+
+def peak_groups(tracker, top: int = 8) -> list[str]:
+    """The storages alive at the peak grouped by (op, shape, dtype, phase, category), largest totals first: many
+    same-shaped tensors (a context K/V per layer) that no single one of the 10 largest shows."""
+    groups: dict[tuple, list[int]] = {}
+    for record in tracker.peak_records():
+        key = (record.op, record.shape, str(record.dtype).removeprefix("torch."), record.phase, record.category)
+        entry = groups.setdefault(key, [0, 0])
+        entry[0] += 1
+        entry[1] += record.nbytes
+    ranked = sorted(groups.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    return [f"{count} x {list(shape)} {dtype} {op} ({phase}, {category}): {total / GIB:.2f} GiB"
+            for (op, shape, dtype, phase, category), (count, total) in ranked]
+
+
+def dmd2_real_score_lora(args):
+    """A stand-in for `load_lora` of the real score's adapter file (not on this machine): an adapter of the df_sft
+    recipe's default rank and alpha (what `fvtools/train_df_sft.py --train lora` exports), frozen; values not read."""
+    import importlib
+
+    from predictor_training.teacher.adapters import add_lora
+    df_sft = method_flags(importlib.import_module("fvtools.train_df_sft"))
+
+    def load_lora(teacher, path, name=None, *, trainable=False):
+        return add_lora(teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
+
+    return load_lora, df_sft.lora_rank
+
+
+def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
+    """fvtools/train_dmd2.py (--rollout self, --fake_score_train lora: its defaults) at its heaviest loop step: both
+    roles due (the generator's graph, the critic) on a monitor step (the Teacher's F-F-F-F of the same noise after
+    the chunks), on one clip of --chunks chunks. Built by the recipe's own code in main()'s order: the BF16 Teacher,
+    the generator (`build_predictor_role`: the v4 Predictor on --source_blocks, --replace_steps, its two AdamW groups,
+    DDP buckets when --world_size > 1, its EMA; or `build_student`: a LoRA student on the Teacher, --train lora, or
+    every parameter replicated, --train full), `build_scores` (the real score per --real_score: teacher = the raw
+    Teacher, lora = a df_sft adapter on it, model = a second BF16 Teacher-shaped model; the fake score a LoRA copied
+    from the real score's adapter or fresh, its AdamW), then one `DistributionMatchingStep` and the loop's clip +
+    AdamW + schedule + EMA for both roles. Replaced, besides `method_rehearsal_hooks`: the real score's LoRA file
+    (an adapter of the df_sft recipe's rank is added in its place) and the --init_from weights (the Predictor role is
+    built as on resume, which reads none). notes["peak_in"] names the part of the step where the peak was reached."""
+    import importlib
+
+    from predictor_training.methods import chunk_generators, dmd2_models, score_models
+    from predictor_training.rollout.ar_rollout import RolloutConfig
+    from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
+    from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.runtime.precision import precision_policy
+    from predictor_training.teacher.config import preset_config
+    from predictor_training.teacher.source import TeacherSource
+    module = importlib.import_module("fvtools.train_dmd2")
+    recipe_argv = ["--generator", args.generator, "--real_score", args.real_score, "--train", args.train,
+                   "--source_blocks", ",".join(map(str, args.source_blocks)),
+                   "--replace_steps", ",".join(map(str, args.replace_steps))]
+    if args.real_score == dmd2_models.RAW_TEACHER:
+        recipe_argv += ["--allow_raw_teacher_score", "--score_sigma_min", str(DISTILLED_SIGMA_FLOOR)]
+    flags = method_flags(module, recipe_argv)
+    if args.real_score == dmd2_models.RAW_TEACHER:
+        flags.real_score_kind, flags.real_score_path = dmd2_models.resolve_real_score_flags(flags)
+    else:  # resolve_real_score reads the file or folder; its kind is the flag here
+        flags.real_score_kind, flags.real_score_path = args.real_score, Path("unused")
+    load_lora, real_rank = dmd2_real_score_lora(args)
+    if flags.generator == "predictor":
+        letters = "".join("P" if step in flags.replace_steps else "F" for step in range(4))
+        generator_text = f"Predictor {'-'.join(letters)} blocks {list(flags.source_blocks)}"
+    else:
+        generator_text = (f"{'LoRA rank ' + str(flags.lora_rank) if flags.train == 'lora' else 'full'} student, "
+                          f"{flags.student_steps} steps")
+    real_text = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {real_rank} on the Teacher",
+                 "model": "a second BF16 model"}[args.real_score]
+    name = (f"dmd2 {generator_text}, real score {real_text}, fake score LoRA, {args.chunks} chunks, rollout "
+            f"{flags.rollout}, both roles due, monitor step")
+    config = argparse.Namespace(**preset_config(args.config))
+    item = clip_item(args, config, data="latents", host="meta" if fake else "cpu")
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
+            method_rehearsal_hooks(rehearsal, args.config) as load_teacher, \
+            patched((dmd2_models, "load_lora", load_lora)):
+        env = method_env(1, False)
+        policy = precision_policy(flags.precision, env.device)
+        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+        teacher = load_teacher(TeacherSource(Path("unused"), None, "--teacher", None), env.device,
+                               policy.frozen_dtype)
+        student, buckets, models = None, None, [teacher]
+        if flags.generator == "predictor":
+            predictor, generator_role, _ = dmd2_models.build_predictor_role(flags, teacher, env, resuming=True)
+            models.append(predictor)
+        else:
+            student, generator_role, _ = dmd2_models.build_student(flags, teacher, env, policy)
+        real, fake_score, fake_role = dmd2_models.build_scores(flags, teacher, env, policy)
+        roles = [generator_role, fake_role]
+        rehearsal.label_parameters(models + [real.model])
+        for role in roles:
+            rehearsal.tracker.label(role.parameters, "parameters")
+            use_foreach(role.optimizer)
+            rehearsal.watch_gradients(role.parameters)
+        if generator_role.ema is not None:  # the generator's FP32 EMA shadow, counted with the training state
+            rehearsal.tracker.label(generator_role.ema.shadow.values(), "optimizer_state")
+        if flags.generator == "predictor" and args.world_size > 1:  # DDP-wrapped (the scores all-reduce in place)
+            buckets = DDPBuckets(generator_role.parameters, rehearsal.tracker)
+        run_state = RunState(global_step=flags.monitor_every - 1)  # the step whose end runs the monitor rollout
+        step_fn = module.DistributionMatchingStep(args=flags, env=env, run_state=run_state,
+                                                  rollout_config=rollout_config, teacher=teacher, real=real,
+                                                  fake=fake_score, generator_role=generator_role, student=student)
+        segments = PeakSegments(rehearsal.tracker)
+        generator_class = (chunk_generators.CompositeRollout if flags.generator == "predictor" else
+                           chunk_generators.StudentRollout)
+        marks = [
+            segments.patch(module.DistributionMatchingStep, "start_generator",
+                           lambda *a: "the generator's start (text K/V, chunk 0), the scores' clips"),
+            segments.patch(generator_class, "produce", lambda self, chunk: f"generator forward, chunk {chunk}"),
+            segments.patch(module.DistributionMatchingStep, "draw_score_inputs",
+                           lambda *a: "critic: fake score forward + backward"),
+            segments.patch(score_models.ScoreClip, "x0", lambda self, *a: f"{self.score.label} x0 (no grad)"),
+            segments.patch(module, "dmd_generator_loss", lambda *a: "generator loss",
+                           after=lambda *a: "generator backward"),
+            segments.patch(generator_class, "commit", lambda *a: "commit"),
+            segments.patch(module, "teacher_chunks", lambda *a: "monitor: the Teacher's F-F-F-F (no grad)"),
+        ]
+        due = frozenset({generator_role.name, dmd2_models.FAKE})
+        with patched(*marks):
+            for step in range(1, args.optimizer_steps + 1):
+                for role in roles:
+                    role.zero_grad()
+                with rehearsal.phase("forward"):
+                    step_fn(item, sync=True, due=due)
+                segments.mark("optimizer")
+                optimizer_phase_roles(rehearsal, roles, buckets, step)
+                segments.mark("after the step")
+                run_state.micro_step += 1
+        rehearsal.notes["configuration"] = (
+            _method_configuration(args, flags, False) + f"; generator due every {flags.generator_every} steps, "
+            f"monitor every {flags.monitor_every}: both in the step rehearsed; fake score LoRA rank "
+            f"{real_rank if args.real_score == 'lora' else flags.lora_rank}; the generator's EMA counted as "
+            "optimizer_state")
+        rehearsal.notes["peak_in"] = segments.at_peak
+        rehearsal.notes["peak_groups"] = peak_groups(rehearsal.tracker)
+        rehearsal.notes["live_after_step"] = rehearsal.tracker.live_by_category()
+    return rehearsal.report()
+
+
 # ---- the eval (tools/eval_predictor.py), inference only ------------------------------------------------------------
 def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:
     """tools/eval_predictor.py at real size: the eval's own `EvalRuntime.rollout` (its `TimedRollout`, the method's
@@ -920,6 +1104,8 @@ def estimate(args) -> list[MemoryReport]:
         return [rehearse_eval(args)]
     if args.recipe == "nft":
         return [rehearse_nft(args)]
+    if args.recipe == "dmd2":
+        return [rehearse_dmd2(args)]
     frames = args.context_frames if args.recipe == "v4" else [0]
     return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
 
