@@ -6,6 +6,7 @@
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py loop   OUT   # an FSDP role in the shared train_loop
     KILL_AT=writing:2 torchrun ... tests/fsdp_worker.py killed RUN          # the loop, SIGKILLed inside save 2
     torchrun --standalone --nproc_per_node N tests/fsdp_worker.py reshard SRC DST  # a sharded folder on N ranks
+    python tests/fsdp_worker.py serve    # what the tests launch with: these phases' ranks forked (section 7)
 
 The phases fresh/resume/reload use a loop written here (the FSDP helpers on their own): per step, GRAD_ACCUM
 micro-batches, each a no-grad text and context prefill then a flow-matching loss through `chunk_step`
@@ -368,7 +369,8 @@ def loop(out: Path, env) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # 6. Sharded checkpoints: kill -9 inside a save, and another world size
 # ---------------------------------------------------------------------------------------------------------------
-def _die() -> None:
+def _die(where: str) -> None:
+    print(f"fsdp_worker: SIGKILL at {where} on rank {os.environ.get('RANK')}", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -389,27 +391,27 @@ def arm_kill(point: str, save_number: int, env) -> None:
             os.makedirs(checkpoint_id, exist_ok=True)
             with open(Path(checkpoint_id) / f"__{env.rank}_0.distcp", "wb") as handle:
                 handle.write(os.urandom(4096))
-            _die()
+            _die(f"{point}:{save_number}")
         return original_save(state, checkpoint_id=checkpoint_id, **kwargs)
 
     def publish(state_path, keep_tokens):
         if calls["save"] != save_number:
             return original_publish(state_path, keep_tokens)
         if point == "staged":
-            _die()
+            _die(f"{point}:{save_number}")
         if point == "rotated":  # the real function, killed at its rename of the staged folder
             real_replace = os.replace
 
             def replace(source, destination):
                 if str(source).endswith(sharded_checkpoint.WRITING_SUFFIX):
-                    _die()
+                    _die(f"{point}:{save_number}")
                 return real_replace(source, destination)
 
             sharded_checkpoint.os.replace = replace
         original_publish(state_path, keep_tokens)
         if point == "published":
             assert sharded_checkpoint.sharded_folder(state_path).is_dir()
-            _die()
+            _die(f"{point}:{save_number}")
 
     sharded_checkpoint.dcp.save = dcp_save
     checkpoint.publish_sharded_folder = publish
@@ -466,5 +468,164 @@ def main(phase: str, out: str, *extra: str) -> None:
         cleanup_distributed()
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# 7. The tests' launcher: torchrun's job without its start-up (a fork server)
+# ---------------------------------------------------------------------------------------------------------------
+# A torchrun launch costs three fresh interpreters (the agent and two ranks), each importing torch, and the ranks
+# also diffusers (the Teacher): 10-20 s of a 2-core machine before a step runs, more than the steps themselves.
+# `python tests/fsdp_worker.py serve` imports all of it once; every launch then forks its ranks from that clean,
+# idle process (no thread, no process group, nothing run), so each rank starts as a fresh torchrun worker would,
+# with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), its own
+# session, stdin from /dev/null, and runs `main` as the script would. As torchrun does, the first rank that fails
+# (an exception, or the SIGKILL of KILL_AT) brings the others down (SIGKILL: a kill -9 of the job), and the launch
+# fails. Requests and replies are JSON lines on stdin / stdout.
+_REPLIES_FD = None  # the server's reply pipe, closed in the ranks
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_rank(args: list[str], rank: int, nproc: int, port: int, env: dict, log: Path) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the child: never returns into the server's loop
+        os.setsid()
+        if _REPLIES_FD is not None:
+            os.close(_REPLIES_FD)
+        null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.environ.pop("KILL_AT", None)
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                           "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                           **env})
+        sys.argv = [__file__, *args]
+        main(*args)
+        code = 0
+    except SystemExit as error:
+        code = error.code if isinstance(error.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported through the rank's log and exit code
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _launch(request: dict, logs: Path) -> dict:
+    """Fork request["nproc"] ranks of `main(*request["args"])`, wait for them; the first failure kills the rest."""
+    import time
+
+    nproc, timeout = int(request["nproc"]), float(request.get("timeout", 300))
+    port = _free_port()
+    paths = [logs / f"rank{rank}.log" for rank in range(nproc)]
+    pids = [_start_rank(request["args"], rank, nproc, port, request.get("env", {}), path)
+            for rank, path in enumerate(paths)]
+    codes: list[int | None] = [None] * nproc
+    first_failure, timed_out = None, False
+    deadline = time.monotonic() + timeout
+    while None in codes:
+        progressed = False
+        for rank, pid in enumerate(pids):
+            if codes[rank] is not None:
+                continue
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[rank] = os.waitstatus_to_exitcode(status)  # -9: killed by SIGKILL
+                progressed = True
+                if codes[rank] != 0 and first_failure is None:
+                    first_failure = {"rank": rank, "code": codes[rank]}
+                    for other, other_pid in enumerate(pids):
+                        if codes[other] is None:
+                            os.kill(other_pid, signal.SIGKILL)
+        if not timed_out and time.monotonic() > deadline:
+            timed_out = True
+            for rank, pid in enumerate(pids):
+                if codes[rank] is None:
+                    os.kill(pid, signal.SIGKILL)
+        if not progressed:
+            time.sleep(0.02)
+    output = "".join(f"--- rank {rank} ---\n{path.read_text(errors='replace')[-6000:]}\n"
+                     for rank, path in enumerate(paths))
+    returncode = 0 if all(code == 0 for code in codes) and not timed_out else 1
+    return {"returncode": returncode, "codes": codes, "first_failure": first_failure, "timed_out": timed_out,
+            "output": output}
+
+
+def serve() -> None:
+    import json
+    import tempfile
+    import threading
+
+    # fork() copies only the calling thread: the server must hold no other (OMP_NUM_THREADS=1 starts none).
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["1"]
+    if threading.active_count() != 1 or len(tasks) != 1:
+        raise RuntimeError(f"fsdp_worker serve: {len(tasks)} threads before forking ranks (set OMP_NUM_THREADS=1)")
+    from predictor_training.runtime.distributed import exit_with_launcher
+
+    exit_with_launcher()  # the server dies with the test process (and each rank with the server, by its own)
+    global _REPLIES_FD
+    replies = os.fdopen(os.dup(1), "w")
+    _REPLIES_FD = replies.fileno()
+    os.dup2(2, 1)  # stray prints go to stderr, not into the replies
+    print(json.dumps({"ready": True}), file=replies, flush=True)
+    for line in sys.stdin:
+        with tempfile.TemporaryDirectory(prefix="fsdp_launch_") as logs:
+            reply = _launch(json.loads(line), Path(logs))
+        print(json.dumps(reply), file=replies, flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # stdin closed: the tests are done (no interpreter teardown of torch: seconds)
+
+
+class Launcher:
+    """The test side of `serve`: `launch(*args, nproc=2, env={...})` -> the reply dict; `close()` ends the server
+    (closing its stdin; a server whose test process died ends the same way, and its ranks with it)."""
+
+    def __init__(self, repo_root: Path) -> None:
+        import subprocess
+
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve"], cwd=repo_root,
+                                        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        self._reply()
+
+    def _reply(self) -> dict:
+        import json
+
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"fsdp_worker serve ended (exit code {self.process.wait()})")
+        return json.loads(line)
+
+    def launch(self, *args, nproc: int = 2, env: dict | None = None, timeout: float = 300) -> dict:
+        import json
+
+        request = {"args": [str(arg) for arg in args], "nproc": nproc, "env": env or {}, "timeout": timeout}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1:] == ["serve"]:
+        serve()
+    else:
+        main(*sys.argv[1:])

@@ -2,7 +2,7 @@
 
 1. In-process (no process group): `is_fsdp`, the refusal to shard without one, and the full-state-dict helpers on a
    plain Teacher (name-keyed optimizer state, plain integer-id optimizer state accepted, checks).
-2. Two gloo ranks under torchrun (tests/fsdp_worker.py): a tiny Teacher trained for 4 AdamW steps (2 micro-batches
+2. Two gloo ranks (tests/fsdp_worker.py): a tiny Teacher trained for 4 AdamW steps (2 micro-batches
    each, the first without gradient reduce-scatter) through `chunk_step`, against 2 steps, save, a new launch that
    builds the model on the meta device, loads (rank 0 broadcasts) and resumes to step 4: losses, grad norms,
    weights and optimizer state are bitwise equal. The 2-rank checkpoint is also loaded at world size 1. Along the
@@ -15,14 +15,15 @@
    written from the model gathered in BF16. Refused, on every rank alike: grad_sync "ddp" /
    "all_reduce" and an EMA on an FSDP role, a NaN in one rank's shard only (no rank left waiting), inference weights
    from the shards, and the FSDP checkpoint into an unsharded role.
+
+The ranks of 2 and 3 are launched by tests/fsdp_worker.py's fork server (`Launcher`: torchrun's environment and
+teardown; each launch's ranks are forked from one process that imported torch once, so they start as fresh workers
+without three interpreter start-ups per launch).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,13 +41,13 @@ from tests.fsdp_worker import (
     LOOP_ROLE,
     LOOP_STEPS,
     STEPS,
+    Launcher,
     build_model,
     make_batch,
     micro_batch_loss,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -124,12 +125,16 @@ def test_loading_refuses_mismatched_keys_shapes_and_parameter_groups(one_thread)
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Two gloo ranks
 # ---------------------------------------------------------------------------------------------------------------
-def launch(phase: str, out: Path, nproc: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(WORKER), phase, str(out)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{phase}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+@pytest.fixture(scope="module")
+def launcher():
+    launcher = Launcher(REPO_ROOT)
+    yield launcher
+    launcher.close()
+
+
+def launch(launcher: Launcher, phase: str, out: Path, nproc: int) -> None:
+    result = launcher.launch(phase, out, nproc=nproc)
+    assert result["returncode"] == 0, f"{phase} {result['codes']}:\n{result['output']}"
 
 
 def load(path: Path) -> dict:
@@ -147,10 +152,10 @@ def assert_same_state(first: dict, second: dict) -> None:
     assert first["optimizer"]["param_groups"] == second["optimizer"]["param_groups"]
 
 
-def test_two_rank_gloo_fsdp_resume_matches_uninterrupted_run(tmp_path):
-    launch("fresh", tmp_path, nproc=2)
-    launch("resume", tmp_path, nproc=2)
-    launch("reload", tmp_path, nproc=1)
+def test_two_rank_gloo_fsdp_resume_matches_uninterrupted_run(launcher, tmp_path):
+    launch(launcher, "fresh", tmp_path, nproc=2)
+    launch(launcher, "resume", tmp_path, nproc=2)
+    launch(launcher, "reload", tmp_path, nproc=1)
     fresh, resumed, reloaded = load(tmp_path / "fresh.pt"), load(tmp_path / "resume.pt"), load(tmp_path / "reload.pt")
 
     # 1. 4 steps == 2 steps + save + new launch + resume to 4: every loss and grad norm, then weights and AdamW.
@@ -202,8 +207,8 @@ def sharded_role(payload: dict, path: Path) -> dict:
                                    "param_groups": entry["optimizer"]["param_groups"]}}
 
 
-def test_fsdp_role_in_train_loop_resumes_bit_exact_and_writes_full_inference_weights(tmp_path):
-    launch("loop", tmp_path, nproc=2)
+def test_fsdp_role_in_train_loop_resumes_bit_exact_and_writes_full_inference_weights(launcher, tmp_path):
+    launch(launcher, "loop", tmp_path, nproc=2)
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
 
     # 1. Stopped at LOOP_CUT + resumed == uninterrupted: every logged value, then weights and AdamW bit for bit.

@@ -1,7 +1,7 @@
 """Sharded checkpoints of FSDP2 roles (predictor_training/runtime/sharded_checkpoint.py), two gloo ranks.
 
 1. kill -9 inside saves, then resume: the shared train_loop with a checkpoint after every step (tests/fsdp_worker.py
-   `killed`), launched under torchrun four times in one run directory. Launch 1 is killed while rank 1 writes its
+   `killed`), launched five times in one run directory. Launch 1 is killed while rank 1 writes its
    shards of save 2, launch 2 (resumed) after its save's staging folder is complete, launch 3 between moving the
    current folder to training_prev.dcp and renaming the new one into place, launch 4 after the new folder is in place
    but before training_latest.pt is replaced; launch 5 resumes and finishes. Each launch resumes from what the kill
@@ -10,14 +10,16 @@
    reshards, the model and optimizer states are bitwise the same; the whole training state (loop position, RNG
    per rank) at another world size is refused with a message that names the way to load the weights.
 3. The converter: one safetensors file of the full model, loadable into the plain model.
+
+The ranks are launched by tests/fsdp_worker.py's fork server (`Launcher`: torchrun's environment and teardown, each
+launch's ranks forked from one process that imported torch once, so a launch costs its steps, not three
+interpreter start-ups). The uninterrupted run (the `reference` fixture, 2 ranks) is launched once and serves both
+1 (the run compared against) and 2-3 (the 2-rank sharded folder).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,23 +27,31 @@ import safetensors.torch
 import torch
 
 from predictor_training.runtime.checkpoint import read_training_state, role_state
-from predictor_training.runtime.sharded_checkpoint import read_sharded_state, read_token
-from tests.fsdp_worker import LOOP_ROLE, LOOP_STEPS, build_model
+from predictor_training.runtime.sharded_checkpoint import read_sharded_state, read_token, sharded_folder_for
+from tests.fsdp_worker import LOOP_ROLE, LOOP_STEPS, Launcher, build_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def launch(*args: str, nproc: int = 2, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("KILL_AT", None)
-    if kill_at:
-        env["KILL_AT"] = kill_at
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(WORKER), *map(str, args)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def launcher():
+    launcher = Launcher(REPO_ROOT)
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture(scope="module")
+def reference(launcher, tmp_path_factory) -> Path:
+    """The uninterrupted run of `killed` on 2 ranks, a sharded checkpoint after every step (read only by the tests)."""
+    run = tmp_path_factory.mktemp("reference")
+    launch(launcher, "killed", run)
+    return run
+
+
+def launch(launcher: Launcher, *args, nproc: int = 2, kill_at: str | None = None) -> dict:
+    result = launcher.launch(*args, nproc=nproc, env={"KILL_AT": kill_at} if kill_at else {})
     if kill_at is None:
-        assert result.returncode == 0, f"{args}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        assert result["returncode"] == 0, f"{args} {result['codes']}:\n{result['output']}"
     return result
 
 
@@ -49,8 +59,6 @@ def full_role_state(state_path: Path) -> dict:
     """{"model", "optimizer_state", "param_groups", ...} of the FSDP role, read (full tensors) from its folder."""
     payload = read_training_state(state_path)
     entry = role_state(payload, LOOP_ROLE, state_path)
-    from predictor_training.runtime.sharded_checkpoint import sharded_folder_for
-
     folder = sharded_folder_for(state_path, entry["sharded"])
     optimizer_state = read_sharded_state(folder, LOOP_ROLE)["optimizer"]["state"]
     return {"model": entry["model"], "optimizer_state": optimizer_state, "run_state": payload["run_state"],
@@ -78,13 +86,16 @@ def last_losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_kill_9_inside_sharded_saves_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
-    reference, run = tmp_path / "reference", tmp_path / "run"
-    launch("killed", reference)  # uninterrupted, a sharded checkpoint after every step
+def test_kill_9_inside_sharded_saves_then_resume_is_bitwise_the_uninterrupted_run(launcher, reference, tmp_path):
+    run = tmp_path / "run"
     kills = [("writing:2", 1), ("staged:2", 2), ("rotated:1", 2), ("published:2", 3)]
     for kill_at, step_on_disk in kills:
-        result = launch("killed", run, kill_at=kill_at)
-        assert result.returncode != 0, f"{kill_at}: the launch was not killed\n{result.stderr[-3000:]}"
+        result = launch(launcher, "killed", run, kill_at=kill_at)
+        # Killed where asked (its rank died of its own SIGKILL there), not failed some other way.
+        killed_rank = 1 if kill_at.startswith("writing") else 0
+        assert result["returncode"] != 0, f"{kill_at}: the launch was not killed\n{result['output']}"
+        assert f"SIGKILL at {kill_at} on rank {killed_rank}\n" in result["output"], result["output"]
+        assert result["codes"][killed_rank] == -9, (kill_at, result["codes"])
         # What the kill left: a loadable training_latest.pt of the last completed save, its folder found by token.
         state = full_role_state(run / "training_latest.pt")
         assert state["run_state"]["global_step"] == step_on_disk, kill_at
@@ -96,7 +107,7 @@ def test_kill_9_inside_sharded_saves_then_resume_is_bitwise_the_uninterrupted_ru
             assert read_token(run / "training_prev.dcp") == state["sharded"]["token"]
         if kill_at.startswith("writing"):
             assert (run / "training_latest.dcp.writing").is_dir()
-    launch("killed", run)  # resume to the end
+    launch(launcher, "killed", run)  # resume to the end
 
     finished, uninterrupted = full_role_state(run / "training_latest.pt"), full_role_state(
         reference / "training_latest.pt")
@@ -119,15 +130,17 @@ def test_kill_9_inside_sharded_saves_then_resume_is_bitwise_the_uninterrupted_ru
 
 
 @pytest.mark.slow
-def test_sharded_folder_loads_on_another_world_size_and_converts_to_one_file(tmp_path):
-    launch("loop", tmp_path)  # writes tmp_path/full (2 ranks, sharded) among others
-    source = tmp_path / "full" / "training_latest.dcp"
-    two = full_role_state(tmp_path / "full" / "training_latest.pt")
+def test_sharded_folder_loads_on_another_world_size_and_converts_to_one_file(launcher, reference, tmp_path,
+                                                                              capsys):
+    state_path = reference / "training_latest.pt"  # 2 ranks, sharded
+    source = sharded_folder_for(state_path, read_training_state(state_path)["roles"][LOOP_ROLE]["sharded"])
+    two = full_role_state(state_path)
     assert two["world_size"] == 2 and two["sharded"]["world_size"] == 2
+    assert two["run_state"]["global_step"] == LOOP_STEPS and two["optimizer_state"]  # trained: moments saved
 
     # 1. 2 -> 1 -> 2 ranks: the same full model and optimizer state.
-    launch("reshard", source, tmp_path / "one", nproc=1)
-    launch("reshard", tmp_path / "one" / "training_latest.dcp", tmp_path / "two", nproc=2)
+    launch(launcher, "reshard", source, tmp_path / "one", nproc=1)
+    launch(launcher, "reshard", tmp_path / "one" / "training_latest.dcp", tmp_path / "two", nproc=2)
     for folder in (tmp_path / "one" / "training_latest.dcp", tmp_path / "two" / "training_latest.dcp"):
         state = read_sharded_state(folder, LOOP_ROLE)
         assert_bitwise_equal({"model": state["model"], "optimizer_state": state["optimizer"]["state"]}, two)
@@ -136,16 +149,15 @@ def test_sharded_folder_loads_on_another_world_size_and_converts_to_one_file(tmp
     from predictor_training.runtime.checkpoint import CheckpointMismatchError, load_training_state
     from tests.fsdp_worker import LOOP_META, fsdp_role
     with pytest.raises(CheckpointMismatchError, match=r"world_size: saved 2, requested 1 .*load_sharded_roles"):
-        load_training_state(tmp_path / "full" / "training_latest.pt",
-                            roles=[fsdp_role(3, None, shard=False)], expect=LOOP_META)
+        load_training_state(state_path, roles=[fsdp_role(3, None, shard=False)], expect=LOOP_META)
 
-    # 3. The converter: one safetensors file, the full model, loadable into the plain model.
+    # 3. The converter (its `main`, in this process: the command line without an interpreter start-up): one
+    # safetensors file, the full model, loadable into the plain model.
+    from tools.convert_sharded_checkpoint import main as convert
+
     output = tmp_path / "teacher.safetensors"
-    converted = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "convert_sharded_checkpoint.py"),
-                                str(tmp_path / "full" / "training_latest.pt"), "--out", str(output)],
-                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert convert([str(state_path), "--out", str(output)]) == 0
+    assert f"from {source}" in capsys.readouterr().out
     weights = safetensors.torch.load_file(str(output))
     assert all(torch.equal(weights[key], two["model"][key]) for key in two["model"])
     model = build_model(5)
