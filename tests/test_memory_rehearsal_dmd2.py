@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from predictor_training.teacher import WorldPlayTransformer
 
@@ -67,6 +68,113 @@ def test_tool_runs_dmd2_at_tiny_size(extra, capsys):
         assert "F-P-P-F" in report["name"]
     teacher = sum(param.numel() for param in WorldPlayTransformer.from_preset("tiny").parameters()) * 2  # BF16
     assert (report["live_after_step"]["parameters"] >= 2 * teacher) == (real_score == "model")
+
+
+# ---- the generator's context released before the critic (train.md § Memory per GPU at real size) ---------------
+# The demo Teacher (4 blocks: the Predictor reads 2, so 2 layers' context K/V are released) at a grid where the
+# context K/V count: the step's peak is the critic's backward of chunk 1 (4 context frames).
+DEMO = ["--config", "demo", "--text_tokens", "8", "--latent_grid", "8x12", "--source_blocks", "1,2", "--chunks", "2",
+        "--world_size", "1"]
+
+
+def _undo_the_generator_context_cut(monkeypatch, generator: str) -> None:
+    """The generator's graph keeps the chunk's context K/V of every layer through the critic, as before the cut."""
+    from predictor_training.methods import chunk_generators
+    from predictor_training.predictor.self_rollout import ChunkGraph
+    if generator == "predictor":
+        monkeypatch.setattr(ChunkGraph, "release_context", lambda self: None)
+    else:
+        monkeypatch.setattr(chunk_generators, "RECOMPUTE_STUDENT_CONTEXT", False)
+
+
+@pytest.mark.parametrize("generator", ["predictor", "student"])
+def test_the_generator_context_cut_lowers_the_peak(generator, monkeypatch):
+    """Predictor: the chunk's context K/V of the layers it does not read released once the sample is made
+    (`CompositeRollout.produce`); student: its exit step's call checkpointed, so that its graph holds no context K/V
+    (`StudentRollout.exit_velocity`). Either way the critic's backward, the step's peak, runs without the generator
+    chunk's context K/V: undoing the cut raises the peak there."""
+    args = estimate_memory.parse_args(["--recipe", "dmd2", *DEMO, "--generator", generator])
+    cut = estimate_memory.rehearse_dmd2(args)
+    _undo_the_generator_context_cut(monkeypatch, generator)
+    undone = estimate_memory.rehearse_dmd2(args)
+    assert cut.notes["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
+    assert undone.peak > cut.peak, (cut.peak, undone.peak)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """tests/method_world.py's demo world (4-block Teacher, clips of 2 chunks) and a v4 Predictor on blocks 1, 2 with
+    non-zero output layers (every parameter gets a gradient), as tests/test_fvtools_dmd2.py builds them."""
+    from predictor_training.predictor.model import build_predictor
+    from predictor_training.runtime.checkpoint import checkpoint_meta, save_inference_weights
+    from tests.method_world import write_method_world
+    root = tmp_path_factory.mktemp("dmd2_cut")
+    write_method_world(root)
+    predictor = build_predictor(WorldPlayTransformer.from_pretrained(str(root / "teacher")), "v4", (1, 2))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in predictor.parameters():
+            if param.requires_grad and not param.abs().sum() > 0:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    init = root / "predictor_init.safetensors"
+    save_inference_weights(init, predictor, dtype=torch.float32,
+                           metadata={**checkpoint_meta("v4", (1, 2), "fp32"), "step": 0})
+    return {"teacher": root / "teacher", "videos": root / "videos", "init": init}
+
+
+def _step_gradients(world, out: Path, generator: str) -> dict[str, list]:
+    """Both roles' gradients after one DistributionMatchingStep with both due (the demo recipe, gradient
+    checkpointing on: the student's checkpointed exit step nests the Teacher's block checkpoints). The fake score
+    starts equal to the real one, so the DMD gradient is 0 at the first step: the anchor (against the Teacher, from
+    which the student is moved) gives the generator's."""
+    import fvtools.train_dmd2 as dmd2
+    from predictor_training.data.video_latents import VideoLatentDataset
+    from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
+    from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.runtime.distributed import DistEnv
+    from predictor_training.runtime.precision import precision_policy
+    from predictor_training.teacher.source import TeacherSource, load_teacher
+    cpu = torch.device("cpu")
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=cpu, backend=None, is_main=True)
+    argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
+            "--real_score", str(world["teacher"]), "--source_blocks", "1,2", "--output_dir", str(out),
+            "--gradient_checkpointing", "--generator", generator]
+    argv += ["--init_from", str(world["init"])] if generator == "predictor" else ["--student_steps", "2",
+                                                                                         "--anchor_weight", "1"]
+    args = dmd2.parse_args(argv)
+    policy = precision_policy("fp32", cpu)
+    teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), cpu, torch.float32)
+    student = None
+    if generator == "predictor":
+        _, generator_role, _ = build_predictor_role(args, teacher, env, resuming=False)
+    else:
+        student, generator_role, _ = build_student(args, teacher, env, policy)
+        with torch.no_grad():  # a student that differs from the Teacher (its fresh adapter changes nothing)
+            generator = torch.Generator().manual_seed(2)
+            for param in generator_role.parameters:
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    real, fake, fake_role = build_scores(args, teacher, env, policy)
+    step = dmd2.DistributionMatchingStep(
+        args=args, env=env, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
+        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
+    step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({generator_role.name, FAKE}))
+    return {role.name: [None if param.grad is None else param.grad.clone() for param in role.parameters]
+            for role in (generator_role, fake_role)}
+
+
+@pytest.mark.parametrize("generator", ["predictor", "student"])
+def test_the_generator_context_cut_changes_no_value(generator, world, tmp_path, monkeypatch):
+    """One step of the recipe on the tiny world with the cut and with it undone: every gradient of both roles bit for
+    bit the same (the release drops nothing the backward reads; the student's recomputed prefill and step give the
+    first pass's values)."""
+    cut = _step_gradients(world, tmp_path / "cut", generator)
+    _undo_the_generator_context_cut(monkeypatch, generator)
+    undone = _step_gradients(world, tmp_path / "undone", generator)
+    assert set(cut) == set(undone) and len(cut) == 2
+    for name, grads in cut.items():
+        assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name
+        for grad, other in zip(grads, undone[name], strict=True):
+            assert (grad is None and other is None) or torch.equal(grad, other), name
 
 
 def test_dmd2_flags_are_checked():

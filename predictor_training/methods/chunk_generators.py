@@ -21,6 +21,8 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from predictor_training.teacher.adapters import adapter
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
@@ -30,6 +32,10 @@ from predictor_training.rollout.scheduler import differentiable_euler_step
 from predictor_training.methods.score_models import ScoreClip, ScoreModel
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory
 from predictor_training.rollout.teacher_forcing import clip_text_kv
+
+# StudentRollout: checkpoint the exit step's call so that the generator's graph does not hold the chunk's context
+# K/V through the critic (the backward recomputes them). A module flag so that a memory test can undo the cut.
+RECOMPUTE_STUDENT_CONTEXT = True
 
 
 @dataclass
@@ -81,9 +87,17 @@ class CompositeRollout:
         return maybe_no_sync(self.predictor, enabled=not sync)
 
     def produce(self, chunk_index: int) -> ChunkSample:
+        """The chunk's sample (with the Predictor's graph where grad is enabled). With the exact context the
+        chunk's context K/V of every Teacher layer are released once the sample is made (`ChunkGraph.release_context`,
+        as `train_trajectory` does before its backward): the Predictor's backward needs only its two source layers'
+        K/V, which its graph holds, and the commit needs none. At 20 context frames that is 52 of 54 layers' K/V
+        (~25 GiB at the real config) no longer alive through the critic and the generator's backward. (F-P-P-F: the
+        trailing Full step's graph holds every layer's K/V until the generator's backward whatever is released.)"""
         with adapter(self.teacher, None):
             self.graph = self.trajectory.run_trained_chunk(chunk_index)
             sample = self.differentiable_sample(self.graph)
+        if self.trajectory.rollout.frame_cache is None:  # cached context modes store the K/V at the commit
+            self.graph.release_context()
         steps = self.graph.steps
         metrics = {f"anchor/{name}": sum(float(step.metrics[name]) for step in steps) / len(steps)
                    for name in ("velocity_mse", "hidden_mse")}
@@ -159,7 +173,7 @@ class StudentRollout:
                 velocity = self.clip.velocity(chunk_index, latent, self.sigmas[step].expand(size))
                 latent = differentiable_euler_step(latent, velocity, self.sigmas, step)
         sigma = self.sigmas[exit_step].expand(size)
-        velocity = self.clip.velocity(chunk_index, latent, sigma)
+        velocity = self.exit_velocity(chunk_index, latent, sigma)
         sample = x0_from_velocity(latent, velocity, sigma[None].to(latent.device))
         anchor = None
         if self.teacher_clip is not None:
@@ -168,6 +182,29 @@ class StudentRollout:
                 target = self.teacher_clip.x0(chunk_index, latent, sigma)
             anchor = torch.mean((sample - target) ** 2)
         return ChunkSample(chunk_index, sample, anchor, {"exit_step": float(exit_step)})
+
+    def exit_velocity(self, chunk_index: int, latent: Tensor, sigma: Tensor) -> Tensor:
+        """The student's velocity at the exit step, with a graph where grad is enabled.
+
+        With grad and `RECOMPUTE_STUDENT_CONTEXT`, the call (the chunk's context prefill + its chunk step) is
+        checkpointed: its graph keeps the inputs only, and the generator's backward recomputes the prefill and the
+        step, to the same values. Otherwise the chunk step's block checkpoints would hold the chunk's context K/V of
+        every layer (20 frames: ~25 GiB at the real config) from the sample through the critic to the generator's
+        backward. The cost: one more context prefill and chunk step per chunk when the generator is due. The history
+        the prefill reads must not change before that backward (the commit comes after it): checked at the
+        recomputation."""
+        if not (torch.is_grad_enabled() and RECOMPUTE_STUDENT_CONTEXT):
+            return self.clip.velocity(chunk_index, latent, sigma)
+        history = self.clip.history
+        version = history._version
+
+        def velocity(latent: Tensor, sigma: Tensor) -> Tensor:
+            if history._version != version:
+                raise RuntimeError(f"the student's history changed between chunk {chunk_index}'s sample and its "
+                                   "backward; commit the chunk after its backward")
+            return self.clip.velocity(chunk_index, latent, sigma)
+
+        return checkpoint(velocity, latent, sigma, use_reentrant=False)
 
     def commit(self, sample: ChunkSample) -> None:
         if self.self_history:
