@@ -2,11 +2,17 @@
 orphan tests: the ToyPredictor of ddp_toy_train.py, one optimizer step per `--step_seconds` at least.
 
     bash -c 'source tools/_launch_common.sh; launch_recipe tests/toy_launch_recipe.py --output_root OUT'
+
+`TOY_PAUSE=N:FILE` in the environment (not a flag, so it is no part of the run's config and a continued run need
+not repeat it) holds every rank in its step function after N steps of this process until FILE exists (at most
+HOLD_SECONDS a step): a test can act on a live run at a known step (a second launch, kill -9) without sleeping
+through the steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from functools import partial
@@ -38,7 +44,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_recipe_args(parser, argv, {})
 
 
-def slow_step(batch, *, step_seconds: float, **kwargs):
+HOLD_SECONDS = 300  # a hold ends by itself after this long: a rank orphaned by a broken test still finishes
+
+
+def pause_from_environment():
+    """The hold of `TOY_PAUSE=N:FILE` (module docstring): a function to call before every step (a no-op unset)."""
+    setting = os.environ.get("TOY_PAUSE")
+    if not setting:
+        return lambda: None
+    after, release = setting.split(":", 1)
+    calls = [0]
+
+    def pause() -> None:
+        calls[0] += 1
+        deadline = time.monotonic() + HOLD_SECONDS
+        while calls[0] > int(after) and not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    return pause
+
+
+def slow_step(batch, *, step_seconds: float, pause, **kwargs):
+    pause()
     time.sleep(step_seconds)
     return toy_step(batch, **kwargs)
 
@@ -62,8 +89,8 @@ def main(argv=None) -> int:
         role = Role("predictor", model, optimizer, schedule, module=ddp_model, grad_clip=1.0)
         meta = {"recipe": "toy", "precision": args.precision}
         run_state = resume_roles(start, [role], batches, meta)
-        step_fn = partial(slow_step, step_seconds=args.step_seconds, ddp_model=ddp_model, seen_indices=[],
-                          device=env.device)
+        step_fn = partial(slow_step, step_seconds=args.step_seconds, pause=pause_from_environment(),
+                          ddp_model=ddp_model, seen_indices=[], device=env.device)
         run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
                      config=run_config(args, run_name=start.run_name), meta=meta)
     return 0
