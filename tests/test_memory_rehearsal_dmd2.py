@@ -77,25 +77,19 @@ DEMO = ["--config", "demo", "--text_tokens", "8", "--latent_grid", "8x12", "--so
         "--world_size", "1"]
 
 
-def _undo_the_generator_context_cut(monkeypatch, generator: str) -> None:
-    """The generator's graph keeps the chunk's context K/V of every layer through the critic, as before the cut."""
-    from predictor_training.methods import chunk_generators
+def _undo_the_generator_context_cut(monkeypatch) -> None:
+    """The Predictor chunk's graph keeps the context K/V of every layer through the critic, as before the cut."""
     from predictor_training.predictor.self_rollout import ChunkGraph
-    if generator == "predictor":
-        monkeypatch.setattr(ChunkGraph, "release_context", lambda self: None)
-    else:
-        monkeypatch.setattr(chunk_generators, "RECOMPUTE_STUDENT_CONTEXT", False)
+    monkeypatch.setattr(ChunkGraph, "release_context", lambda self: None)
 
 
-@pytest.mark.parametrize("generator", ["predictor", "student"])
-def test_the_generator_context_cut_lowers_the_peak(generator, monkeypatch):
-    """Predictor: the chunk's context K/V of the layers it does not read released once the sample is made
-    (`CompositeRollout.produce`); student: its exit step's call checkpointed, so that its graph holds no context K/V
-    (`StudentRollout.exit_velocity`). Either way the critic's backward, the step's peak, runs without the generator
-    chunk's context K/V: undoing the cut raises the peak there."""
-    args = estimate_memory.parse_args(["--recipe", "dmd2", *DEMO, "--generator", generator])
+def test_the_generator_context_cut_lowers_the_peak(monkeypatch):
+    """The Predictor chunk's context K/V of the layers it does not read are released once the sample is made
+    (`CompositeRollout.produce`), so the critic's backward, the step's peak, runs without them: undoing the cut
+    raises the peak there."""
+    args = estimate_memory.parse_args(["--recipe", "dmd2", *DEMO, "--generator", "predictor"])
     cut = estimate_memory.rehearse_dmd2(args)
-    _undo_the_generator_context_cut(monkeypatch, generator)
+    _undo_the_generator_context_cut(monkeypatch)
     undone = estimate_memory.rehearse_dmd2(args)
     assert cut.notes["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
     assert undone.peak > cut.peak, (cut.peak, undone.peak)
@@ -122,14 +116,13 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return {"teacher": root / "teacher", "videos": root / "videos", "init": init}
 
 
-def _step_gradients(world, out: Path, generator: str) -> dict[str, list]:
-    """Both roles' gradients after one DistributionMatchingStep with both due (the demo recipe, gradient
-    checkpointing on: the student's checkpointed exit step nests the Teacher's block checkpoints). The fake score
-    starts equal to the real one, so the DMD gradient is 0 at the first step: the anchor (against the Teacher, from
-    which the student is moved) gives the generator's."""
+def _step_gradients(world, out: Path) -> dict[str, list]:
+    """Both roles' gradients after one DistributionMatchingStep of the Predictor generator with both due (the demo
+    recipe, gradient checkpointing on). The fake score starts equal to the real one, so the DMD gradient is 0 at
+    the first step: the anchor gives the Predictor's."""
     import fvtools.train_dmd2 as dmd2
     from predictor_training.data.video_latents import VideoLatentDataset
-    from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
+    from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores
     from predictor_training.runtime.checkpoint import RunState
     from predictor_training.runtime.distributed import DistEnv
     from predictor_training.runtime.precision import precision_policy
@@ -138,38 +131,25 @@ def _step_gradients(world, out: Path, generator: str) -> dict[str, list]:
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=cpu, backend=None, is_main=True)
     argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--source_blocks", "1,2", "--output_dir", str(out),
-            "--gradient_checkpointing", "--generator", generator]
-    argv += ["--init_from", str(world["init"])] if generator == "predictor" else ["--student_steps", "2",
-                                                                                         "--anchor_weight", "1"]
+            "--gradient_checkpointing", "--generator", "predictor", "--init_from", str(world["init"])]
     args = dmd2.parse_args(argv)
-    policy = precision_policy("fp32", cpu)
     teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), cpu, torch.float32)
-    student = None
-    if generator == "predictor":
-        _, generator_role, _ = build_predictor_role(args, teacher, env, resuming=False)
-    else:
-        student, generator_role, _ = build_student(args, teacher, env, policy)
-        with torch.no_grad():  # a student that differs from the Teacher (its fresh adapter changes nothing)
-            generator = torch.Generator().manual_seed(2)
-            for param in generator_role.parameters:
-                param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    real, fake, fake_role = build_scores(args, teacher, env, policy)
+    _, generator_role, _ = build_predictor_role(args, teacher, env, resuming=False)
+    real, fake, fake_role = build_scores(args, teacher, env, precision_policy("fp32", cpu))
     step = dmd2.DistributionMatchingStep(
         args=args, env=env, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
-        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
+        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=None)
     step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({generator_role.name, FAKE}))
     return {role.name: [None if param.grad is None else param.grad.clone() for param in role.parameters]
             for role in (generator_role, fake_role)}
 
 
-@pytest.mark.parametrize("generator", ["predictor", "student"])
-def test_the_generator_context_cut_changes_no_value(generator, world, tmp_path, monkeypatch):
+def test_the_generator_context_cut_changes_no_value(world, tmp_path, monkeypatch):
     """One step of the recipe on the tiny world with the cut and with it undone: every gradient of both roles bit for
-    bit the same (the release drops nothing the backward reads; the student's recomputed prefill and step give the
-    first pass's values)."""
-    cut = _step_gradients(world, tmp_path / "cut", generator)
-    _undo_the_generator_context_cut(monkeypatch, generator)
-    undone = _step_gradients(world, tmp_path / "undone", generator)
+    bit the same (the release drops nothing the Predictor's backward reads)."""
+    cut = _step_gradients(world, tmp_path / "cut")
+    _undo_the_generator_context_cut(monkeypatch)
+    undone = _step_gradients(world, tmp_path / "undone")
     assert set(cut) == set(undone) and len(cut) == 2
     for name, grads in cut.items():
         assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name

@@ -21,8 +21,6 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from predictor_training.teacher.adapters import adapter
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
@@ -32,10 +30,6 @@ from predictor_training.rollout.scheduler import differentiable_euler_step
 from predictor_training.methods.score_models import ScoreClip, ScoreModel
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory
 from predictor_training.rollout.teacher_forcing import clip_text_kv
-
-# StudentRollout: checkpoint the exit step's call so that the generator's graph does not hold the chunk's context
-# K/V through the critic (the backward recomputes them). A module flag so that a memory test can undo the cut.
-RECOMPUTE_STUDENT_CONTEXT = True
 
 
 @dataclass
@@ -173,7 +167,7 @@ class StudentRollout:
                 velocity = self.clip.velocity(chunk_index, latent, self.sigmas[step].expand(size))
                 latent = differentiable_euler_step(latent, velocity, self.sigmas, step)
         sigma = self.sigmas[exit_step].expand(size)
-        velocity = self.exit_velocity(chunk_index, latent, sigma)
+        velocity = self.clip.velocity(chunk_index, latent, sigma)
         sample = x0_from_velocity(latent, velocity, sigma[None].to(latent.device))
         anchor = None
         if self.teacher_clip is not None:
@@ -182,29 +176,6 @@ class StudentRollout:
                 target = self.teacher_clip.x0(chunk_index, latent, sigma)
             anchor = torch.mean((sample - target) ** 2)
         return ChunkSample(chunk_index, sample, anchor, {"exit_step": float(exit_step)})
-
-    def exit_velocity(self, chunk_index: int, latent: Tensor, sigma: Tensor) -> Tensor:
-        """The student's velocity at the exit step, with a graph where grad is enabled.
-
-        With grad and `RECOMPUTE_STUDENT_CONTEXT`, the call (the chunk's context prefill + its chunk step) is
-        checkpointed: its graph keeps the inputs only, and the generator's backward recomputes the prefill and the
-        step, to the same values. Otherwise the chunk step's block checkpoints would hold the chunk's context K/V of
-        every layer (20 frames: ~25 GiB at the real config) from the sample through the critic to the generator's
-        backward. The cost: one more context prefill and chunk step per chunk when the generator is due. The history
-        the prefill reads must not change before that backward (the commit comes after it): checked at the
-        recomputation."""
-        if not (torch.is_grad_enabled() and RECOMPUTE_STUDENT_CONTEXT):
-            return self.clip.velocity(chunk_index, latent, sigma)
-        history = self.clip.history
-        version = history._version
-
-        def velocity(latent: Tensor, sigma: Tensor) -> Tensor:
-            if history._version != version:
-                raise RuntimeError(f"the student's history changed between chunk {chunk_index}'s sample and its "
-                                   "backward; commit the chunk after its backward")
-            return self.clip.velocity(chunk_index, latent, sigma)
-
-        return checkpoint(velocity, latent, sigma, use_reentrant=False)
 
     def commit(self, sample: ChunkSample) -> None:
         if self.self_history:
