@@ -32,7 +32,7 @@ import time
 import torch
 
 from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.camera import make_retrieval_points, turning_camera_row
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.runtime.memory_rehearsal import MemoryTracker
@@ -88,16 +88,11 @@ def make_models(depth: int, device: torch.device):
 
 
 def make_inputs(num_latents: int, height: int, width: int, channels: int) -> RolloutInputs:
-    angles = torch.linspace(0, 1.0, num_latents, dtype=torch.float64)
-    viewmats = torch.eye(4, dtype=torch.float64).repeat(num_latents, 1, 1)
-    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
-    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
-    viewmats[:, 2, 3] = -0.05 * torch.arange(num_latents, dtype=torch.float64)
-    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(num_latents, 1, 1)
+    row = turning_camera_row(num_latents, turn=1.0, step_back=0.05)
     return RolloutInputs(
         noise=make_initial_noise(7, (1, channels, num_latents, height, width)),
         image_cond=torch.randn(1, channels, 1, height, width, generator=torch.Generator().manual_seed(3)),
-        viewmats=viewmats, Ks=Ks, action=torch.zeros(num_latents, dtype=torch.long),
+        viewmats=row["viewmats"], Ks=row["Ks"], action=row["action"],
         memory_points=make_retrieval_points(7, num_points=5000),
     )
 

@@ -27,3 +27,19 @@ def write_method_world(root: Path) -> dict[str, Path]:
     )
     assert vb.run(options, prepare_demo=vd.prepare_demo_inputs) == 0
     return {"root": root, "teacher": root / "teacher", "videos": root / "videos"}
+
+
+def write_trained_looking_predictor(teacher_dir: Path, out: Path, generator: torch.Generator) -> Path:
+    """A v4 Predictor on blocks 1, 2 of the Teacher in `teacher_dir`, its zero-initialised output layers made
+    non-zero from `generator` (so every parameter gets a gradient through the latent path), saved as inference
+    weights at `out`."""
+    from predictor_training.predictor.model import build_predictor
+    from predictor_training.runtime.checkpoint import checkpoint_meta, save_inference_weights
+    predictor = build_predictor(WorldPlayTransformer.from_pretrained(str(teacher_dir)), "v4", (1, 2))
+    with torch.no_grad():
+        for param in predictor.parameters():
+            if param.requires_grad and not param.abs().sum() > 0:
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+    save_inference_weights(out, predictor, dtype=torch.float32,
+                           metadata={**checkpoint_meta("v4", (1, 2), "fp32"), "step": 0})
+    return out

@@ -23,7 +23,7 @@ from predictor_training.rollout.ar_rollout import (
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.camera import make_retrieval_points, turning_camera_row
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -145,17 +145,12 @@ def _tiny_text_kv(teacher):
 def _tiny_inputs(teacher, num_latents=12, height=2, width=3, seed=5) -> RolloutInputs:
     channels = teacher.config.in_channels
     generator = torch.Generator().manual_seed(seed)
-    angles = torch.linspace(0, 0.5, num_latents, dtype=torch.float64)
-    viewmats = torch.eye(4, dtype=torch.float64).repeat(num_latents, 1, 1)
-    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
-    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
-    viewmats[:, 2, 3] = -0.1 * torch.arange(num_latents, dtype=torch.float64)
-    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(num_latents, 1, 1)
+    cameras = turning_camera_row(num_latents, turn=0.5, step_back=0.1)
     return RolloutInputs(
         noise=make_initial_noise(seed, (1, channels, num_latents, height, width)),
         image_cond=torch.randn(1, channels, 1, height, width, generator=generator),
-        viewmats=viewmats,
-        Ks=Ks,
+        viewmats=cameras["viewmats"],
+        Ks=cameras["Ks"],
         action=torch.randint(0, 81, (num_latents,), generator=generator),
         memory_points=make_retrieval_points(seed, num_points=2000),
     )

@@ -17,7 +17,7 @@ import torch
 
 import fvtools.train_dmd2 as dmd2
 from predictor_training.teacher.adapters import add_lora, save_lora
-from predictor_training.runtime.checkpoint import RunState, checkpoint_meta, read_training_state, save_inference_weights
+from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
@@ -27,7 +27,7 @@ from predictor_training.runtime.precision import precision_policy
 from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource, load_teacher
-from tests.method_world import write_method_world
+from tests.method_world import write_method_world, write_trained_looking_predictor
 from tests.two_ranks import assert_finished, run_two_ranks
 
 CPU = torch.device("cpu")
@@ -41,17 +41,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dmd2")
     write_method_world(root)
     teacher = WorldPlayTransformer.from_pretrained(str(root / "teacher"))
-    # A trained-looking Predictor: its zero-initialised output layers made non-zero, so every parameter gets a
-    # gradient through the latent path.
-    predictor = build_predictor(teacher, "v4", (1, 2))
     generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in predictor.parameters():
-            if param.requires_grad and not param.abs().sum() > 0:
-                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
-    init = root / "predictor_init.safetensors"
-    save_inference_weights(init, predictor, dtype=torch.float32,
-                           metadata={**checkpoint_meta("v4", (1, 2), "fp32"), "step": 0})
+    init = write_trained_looking_predictor(root / "teacher", root / "predictor_init.safetensors", generator)
     # A real-score LoRA file on the Teacher (random B, so it differs from the Teacher).
     add_lora(teacher, "real_score", 4, 4.0)
     with torch.no_grad():

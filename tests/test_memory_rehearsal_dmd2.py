@@ -99,20 +99,11 @@ def test_the_generator_context_cut_lowers_the_peak(monkeypatch):
 def world(tmp_path_factory) -> dict[str, Path]:
     """tests/method_world.py's demo world (4-block Teacher, clips of 2 chunks) and a v4 Predictor on blocks 1, 2 with
     non-zero output layers (every parameter gets a gradient), as tests/test_fvtools_dmd2.py builds them."""
-    from predictor_training.predictor.model import build_predictor
-    from predictor_training.runtime.checkpoint import checkpoint_meta, save_inference_weights
-    from tests.method_world import write_method_world
+    from tests.method_world import write_method_world, write_trained_looking_predictor
     root = tmp_path_factory.mktemp("dmd2_cut")
     write_method_world(root)
-    predictor = build_predictor(WorldPlayTransformer.from_pretrained(str(root / "teacher")), "v4", (1, 2))
     generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in predictor.parameters():
-            if param.requires_grad and not param.abs().sum() > 0:
-                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
-    init = root / "predictor_init.safetensors"
-    save_inference_weights(init, predictor, dtype=torch.float32,
-                           metadata={**checkpoint_meta("v4", (1, 2), "fp32"), "step": 0})
+    init = write_trained_looking_predictor(root / "teacher", root / "predictor_init.safetensors", generator)
     return {"teacher": root / "teacher", "videos": root / "videos", "init": init}
 
 
