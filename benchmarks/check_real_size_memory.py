@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import estimate_memory  # noqa: E402
-from predictor_training.runtime.memory_rehearsal import relative_error  # noqa: E402
+from predictor_training.runtime.memory_rehearsal import patched, relative_error  # noqa: E402
 
 MEMORY_TARGETS_GIB = {"v4": 52.0, "disca": 25.0, "rollout": 48.0}
 TOLERANCE = 0.10
@@ -56,17 +56,11 @@ def as_the_user_ran(undo=CUTS):
     unknown = set(undo) - set(CUTS)
     if unknown:
         raise ValueError(f"as_the_user_ran: unknown cuts {sorted(unknown)}; expected some of {CUTS}")
-    saved = (layers.RMSNorm.forward, teacher_model.RELEASE_ATTENTION_INPUTS, ChunkGraph.release_context)
-    if "rms_norm_dtype" in undo:
-        layers.RMSNorm.forward = rms_forward_as_the_user_ran
-    if "attention_inputs" in undo:
-        teacher_model.RELEASE_ATTENTION_INPUTS = False
-    if "rollout_context" in undo:
-        ChunkGraph.release_context = lambda self: None
-    try:
+    patches = {"rms_norm_dtype": (layers.RMSNorm, "forward", rms_forward_as_the_user_ran),
+               "attention_inputs": (teacher_model, "RELEASE_ATTENTION_INPUTS", False),
+               "rollout_context": (ChunkGraph, "release_context", lambda self: None)}
+    with patched(*(patch for cut, patch in patches.items() if cut in undo)):
         yield
-    finally:
-        layers.RMSNorm.forward, teacher_model.RELEASE_ATTENTION_INPUTS, ChunkGraph.release_context = saved
 
 
 def rehearse(recipe: str, extra: list[str], *, undo=()):
