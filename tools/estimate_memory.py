@@ -64,6 +64,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predictor_training.rollout.camera import turning_camera_row
+from predictor_training.rollout.schedule import Schedule
 from predictor_training.runtime.memory_rehearsal import (
     CUDA_CONTEXT_GIB,
     GIB,
@@ -431,7 +432,7 @@ def rehearse_rollout(args) -> MemoryReport:
     from predictor_training.rollout.ar_rollout import RolloutConfig
     from predictor_training.runtime.precision import precision_policy
     flags = recipe_args("rollout")
-    letters = "".join("P" if step in args.replace_steps else "F" for step in range(4))
+    letters = Schedule(tuple(args.replace_steps)).letters()
     name = (f"rollout {'-'.join(letters)}, {args.chunks} chunks, context {args.context_mode}, blocks "
             f"{list(args.source_blocks)}, one trajectory")
     from predictor_training.teacher.config import preset_config
@@ -837,7 +838,7 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
         flags.real_score_kind, flags.real_score_path = args.real_score, Path("unused")
     load_lora, real_rank = dmd2_real_score_lora(args)
     if flags.generator == "predictor":
-        letters = "".join("P" if step in flags.replace_steps else "F" for step in range(4))
+        letters = Schedule(tuple(flags.replace_steps)).letters()
         generator_text = f"Predictor {'-'.join(letters)} blocks {list(flags.source_blocks)}"
     else:
         generator_text = (f"{'LoRA rank ' + str(flags.lora_rank) if flags.train == 'lora' else 'full'} student, "
@@ -934,7 +935,7 @@ def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:
     from predictor_training.rollout.schedule import Schedule
     from predictor_training.teacher.config import preset_config
     dtype = torch.bfloat16
-    letters = "".join("P" if step in args.replace_steps else "F" for step in range(4))
+    letters = Schedule(tuple(args.replace_steps)).letters()
     name = (f"eval rollout {'-'.join(letters)}, {args.chunks} chunks, context {args.context_mode}, blocks "
             f"{list(args.source_blocks)}, inference")
     config = argparse.Namespace(**preset_config(args.config))
