@@ -160,6 +160,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--exit_step", choices=("uniform", "last"), default="uniform",
                      help="--generator student: the step whose x0 estimate is the chunk's sample, drawn per chunk "
                           "alike on every rank: uniform over the steps, or the last (default %(default)s)")
+    gen.add_argument("--recompute_context", action=argparse.BooleanOptionalAction, default=True,
+                     help="--generator student without --context_grad: release the chunk's context K/V once its "
+                          "forward is done and prefill them again when its backward needs them (the same values; "
+                          "one more context prefill per generator chunk; at the real config 25.7 GiB of a 20-frame "
+                          "context not held through the critic) (default %(default)s)")
     gen.add_argument("--ema_decay", default=0.99,
                      type=checked(float, "in [0, 1), or -1", lambda value: value == -1 or 0 <= value < 1),
                      help="EMA of the generator's trained weights (Self-Forcing's generator EMA): ema <- decay ema + "
@@ -329,7 +334,7 @@ class DistributionMatchingStep:
         return StudentRollout(self.student, item, noise, history, memory_seed, self.config, self.env.device,
                               sigmas=self.student_sigmas, exit_steps=exit_steps, chunks=chunks,
                               self_history=args.rollout == "self", context_grad=args.context_grad,
-                              teacher_clip=teacher_clip)
+                              recompute_context=args.recompute_context, teacher_clip=teacher_clip)
 
     def draw_score_inputs(self, sample: torch.Tensor, generator: torch.Generator):
         """(sigma [4] per frame, noise [1, C, 4, H, W], x_sigma) of one score evaluation of `sample` (detached)."""

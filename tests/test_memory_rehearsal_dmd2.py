@@ -107,13 +107,15 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return {"teacher": root / "teacher", "videos": root / "videos", "init": init}
 
 
-def _step_gradients(world, out: Path) -> dict[str, list]:
-    """Both roles' gradients after one DistributionMatchingStep of the Predictor generator with both due (the demo
-    recipe, gradient checkpointing on). The fake score starts equal to the real one, so the DMD gradient is 0 at
-    the first step: the anchor gives the Predictor's."""
+def _step_gradients(world, out: Path, generator: str = "predictor") -> dict[str, list]:
+    """Both roles' gradients after one DistributionMatchingStep with both due (the demo recipe, gradient
+    checkpointing on). Predictor generator: the fake score starts equal to the real one, so the DMD gradient is 0 at
+    the first step and the anchor gives the Predictor's. Student generator (LoRA, --context_grad off): its adapter
+    is set to random values first (a zero-initialised LoRA B runs as the base Teacher, so a recompute under the
+    wrong adapter would go unseen) and the Teacher's x0 anchor gives it a gradient."""
     import fvtools.train_dmd2 as dmd2
     from predictor_training.data.video_latents import VideoLatentDataset
-    from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores
+    from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
     from predictor_training.runtime.checkpoint import RunState
     from predictor_training.runtime.distributed import DistEnv
     from predictor_training.runtime.precision import precision_policy
@@ -122,14 +124,25 @@ def _step_gradients(world, out: Path) -> dict[str, list]:
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=cpu, backend=None, is_main=True)
     argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--source_blocks", "1,2", "--output_dir", str(out),
-            "--gradient_checkpointing", "--generator", "predictor", "--init_from", str(world["init"])]
+            "--gradient_checkpointing", "--generator", generator]
+    argv += (["--init_from", str(world["init"])] if generator == "predictor" else
+             ["--anchor_weight", "1", "--exit_step", "last"])
     args = dmd2.parse_args(argv)
     teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), cpu, torch.float32)
-    _, generator_role, _ = build_predictor_role(args, teacher, env, resuming=False)
-    real, fake, fake_role = build_scores(args, teacher, env, precision_policy("fp32", cpu))
+    policy = precision_policy("fp32", cpu)
+    student = None
+    if generator == "predictor":
+        _, generator_role, _ = build_predictor_role(args, teacher, env, resuming=False)
+    else:
+        student, generator_role, _ = build_student(args, teacher, env, policy)
+        values = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for param in generator_role.parameters:
+                param.copy_(0.05 * torch.randn(param.shape, generator=values))
+    real, fake, fake_role = build_scores(args, teacher, env, policy)
     step = dmd2.DistributionMatchingStep(
         args=args, env=env, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
-        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=None)
+        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
     step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({generator_role.name, FAKE}))
     return {role.name: [None if param.grad is None else param.grad.clone() for param in role.parameters]
             for role in (generator_role, fake_role)}
@@ -141,6 +154,45 @@ def test_the_generator_context_cut_changes_no_value(world, tmp_path, monkeypatch
     cut = _step_gradients(world, tmp_path / "cut")
     _undo_the_generator_context_cut(monkeypatch)
     undone = _step_gradients(world, tmp_path / "undone")
+    assert set(cut) == set(undone) and len(cut) == 2
+    for name, grads in cut.items():
+        assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name
+        for grad, other in zip(grads, undone[name], strict=True):
+            assert (grad is None and other is None) or torch.equal(grad, other), name
+
+
+# ---- the student's context recomputed in its backward (train.md § Memory per GPU at real size) -----------------
+def _undo_the_student_context_recompute(monkeypatch) -> None:
+    """The student chunk's block checkpoints keep its context K/V from the forward to the generator's backward."""
+    from predictor_training.teacher import RecomputedContextKV
+    monkeypatch.setattr(RecomputedContextKV, "release", lambda self: None)
+
+
+def test_the_student_context_recompute_lowers_the_peak(monkeypatch):
+    """The student's no-grad context K/V are released after the chunk's forward and prefilled again in its backward
+    (`RecomputedContextKV`), so the critic, the step's peak, runs without them: keeping them raises the peak."""
+    grid = DEMO.index("--latent_grid") + 1  # a grid where the critic, not the AdamW state, sets the student's peak
+    demo = DEMO[:grid] + ["16x24"] + DEMO[grid + 1:]
+    args = estimate_memory.parse_args(["--recipe", "dmd2", *demo, "--generator", "student"])
+    cut = estimate_memory.rehearse_dmd2(args)
+    _undo_the_student_context_recompute(monkeypatch)
+    undone = estimate_memory.rehearse_dmd2(args)
+    assert cut.notes["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
+    assert undone.peak > cut.peak, (cut.peak, undone.peak)
+
+
+def test_the_student_context_recompute_changes_no_value(world, tmp_path, monkeypatch):
+    """One step of the student generator with its context released and prefilled again in the backward (once per
+    chunk with context), and with the K/V kept: both roles' gradients bit for bit the same."""
+    from predictor_training.rollout.ar_rollout import ARRollout
+    calls = []
+    prefill_again = ARRollout.prefill_again
+    monkeypatch.setattr(ARRollout, "prefill_again", lambda self, *a, **k: calls.append(1) or prefill_again(self, *a, **k))
+    cut = _step_gradients(world, tmp_path / "cut", generator="student")
+    assert len(calls) == 1  # chunk 1 (chunk 0 has no context)
+    _undo_the_student_context_recompute(monkeypatch)
+    undone = _step_gradients(world, tmp_path / "undone", generator="student")
+    assert len(calls) == 1
     assert set(cut) == set(undone) and len(cut) == 2
     for name, grads in cut.items():
         assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name

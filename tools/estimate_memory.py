@@ -651,6 +651,7 @@ def rehearse_teacher_forced(args, recipe: str, *, fake: bool = True) -> MemoryRe
                 step_fn(item, sync=True, due=frozenset({module.ROLE}))
             optimizer_phase(rehearsal, role, None, step)
         rehearsal.notes["configuration"] = _method_configuration(args, flags, sharded)
+        rehearsal.notes["peak_groups"] = peak_groups(rehearsal.tracker)
         rehearsal.notes["live_after_step"] = rehearsal.tracker.live_by_category()
     return rehearsal.report()
 

@@ -141,12 +141,14 @@ class StudentRollout:
     """A few-step student on one clip: chunk c from the noise at sigma_0 through the steps before its exit step
     without a graph, then its x0 estimate at the exit step (with a graph when due) is the chunk's sample, written
     (detached) into the history with --rollout self. anchor: mse against the Teacher's x0 estimate at the same
-    state (only when `teacher_clip` is given)."""
+    state (only when `teacher_clip` is given). recompute_context: the sample's no-grad context K/V are released
+    after its forward and prefilled again in the generator's backward (not held through the critic)."""
 
     def __init__(self, student: ScoreModel, item, noise, history, memory_seed: int, config: RolloutConfig, device,
                  *, sigmas: torch.Tensor, exit_steps: list[int], chunks: list[int], self_history: bool,
-                 context_grad: bool, teacher_clip: ScoreClip | None):
-        self.clip = student.clip(history, item, config, device, memory_seed=memory_seed, context_grad=context_grad)
+                 context_grad: bool, teacher_clip: ScoreClip | None, recompute_context: bool = False):
+        self.clip = student.clip(history, item, config, device, memory_seed=memory_seed, context_grad=context_grad,
+                                 recompute_context=recompute_context)
         self.noise, self.sigmas, self.exit_steps = noise, sigmas, exit_steps
         self.chunks, self.self_history, self.teacher_clip = chunks, self_history, teacher_clip
 

@@ -45,9 +45,10 @@ class ScoreModel:
         return adapter(self.model, self.adapter_name)
 
     def clip(self, history: Tensor, item: Mapping, config: RolloutConfig, device: torch.device, *,
-             memory_seed: int, context_grad: bool = False) -> "ScoreClip":
+             memory_seed: int, context_grad: bool = False, recompute_context: bool = False) -> "ScoreClip":
         """This score on one clip (see `ScoreClip`)."""
-        return ScoreClip(self, history, item, config, device, memory_seed=memory_seed, context_grad=context_grad)
+        return ScoreClip(self, history, item, config, device, memory_seed=memory_seed, context_grad=context_grad,
+                         recompute_context=recompute_context)
 
 
 class ScoreClip:
@@ -56,16 +57,18 @@ class ScoreClip:
     history [1, C, T, H, W] (float32; only chunks before c are read for chunk c); item: the clip's image_cond
     [1, C, 1, H, W], viewmats [T, 4, 4], Ks [T, 3, 3], action [T] and text encoder outputs (or stored text K/V);
     memory_seed: the memory-retrieval points (use the generator's, so every model sees the same context frames);
-    context_grad: whether the context prefill keeps a graph (when the score trains and learns its context).
-    The text K/V are computed once, without a graph (a trained score's text stream does not train).
+    context_grad: whether the context prefill keeps a graph (when the score trains and learns its context);
+    recompute_context: a context without a graph is released after the forward and prefilled again in the backward
+    (`TeacherForcedClip`). The text K/V are computed once, without a graph (a trained score's text stream does not train).
     """
 
     def __init__(self, score: ScoreModel, history: Tensor, item: Mapping, config: RolloutConfig,
-                 device: torch.device, *, memory_seed: int, context_grad: bool):
+                 device: torch.device, *, memory_seed: int, context_grad: bool, recompute_context: bool = False):
         self.score = score
         with score.active():
             self.forced = TeacherForcedClip(score.model, history, item, config, device, memory_seed=memory_seed,
-                                            text_grad=False, context_grad=context_grad)
+                                            text_grad=False, context_grad=context_grad,
+                                            recompute_context=recompute_context)
 
     @property
     def num_chunks(self) -> int:

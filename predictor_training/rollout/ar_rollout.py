@@ -480,13 +480,29 @@ class ARRollout:
                 kv = self.teacher.assemble_context_kv(self.frame_cache.gather(indices), viewmats, Ks, height, width)
                 vec = self.teacher.frame_vec(timestep, action)[0] if with_vec else None
             return ChunkContext(indices=indices, model_input=model_input, kv=kv, vec=vec)
+        kv, prefeatures = self._prefill(model_input, indices, grad=grad, text_kv=text_kv)
+        vec = None
+        if with_vec:
+            with torch.set_grad_enabled(grad), self.autocast():
+                vec = self.teacher.frame_vec(timestep, action)[0]
+        return ChunkContext(indices=indices, model_input=model_input, kv=kv, prefeatures=dict(prefeatures), vec=vec)
+
+    def _prefill(self, model_input: Tensor, indices: list[int], *, grad: bool, text_kv: TextKV | None):
+        action, viewmats, Ks = self.frame_inputs(indices)
+        timestep = torch.full((len(indices),), self.config.context_timestep, dtype=torch.float32, device=self.device)
         with torch.set_grad_enabled(grad), self.autocast():
-            kv, prefeatures = self.teacher.context_prefill(
+            return self.teacher.context_prefill(
                 model_input, timestep, action, viewmats, Ks, self.text_kv if text_kv is None else text_kv,
                 prefeature_layers=tuple(self.config.prefeature_layers),
             )
-            vec = self.teacher.frame_vec(timestep, action)[0] if with_vec else None
-        return ChunkContext(indices=indices, model_input=model_input, kv=kv, prefeatures=dict(prefeatures), vec=vec)
+
+    def prefill_again(self, context: ChunkContext, text_kv: TextKV | None = None) -> ContextKV:
+        """The no-grad context prefill of ``context`` run again on its own input snapshot (same frames, cameras,
+        actions and text): the same K/V, for a `RecomputedContextKV` whose K/V were released. Exact mode only."""
+        if self.frame_cache is not None:
+            raise ValueError(f"the {self.config.context_mode!r} context mode assembles stored K/V; only an 'exact' "
+                             "context is prefilled again")
+        return self._prefill(context.model_input, context.indices, grad=False, text_kv=text_kv)[0]
 
     # ---- 2. steps -----------------------------------------------------------------------------------------------
     def full_step(self, model_input, timestep, action, viewmats, Ks, context: ChunkContext) -> StepOutput:

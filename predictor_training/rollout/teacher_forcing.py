@@ -30,7 +30,8 @@ from torch import Tensor
 
 from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
 from predictor_training.runtime.precision import autocast
-from predictor_training.teacher import TextKV
+from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
+from predictor_training.teacher.adapters import active_adapter, adapter
 
 TEXT_ENCODER_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states")
 STORED_TEXT_FIELDS = ("text_k", "text_v")
@@ -109,11 +110,15 @@ class TeacherForcedClip:
     a Teacher sample) passes that rollout's own seed, so it selects the context frames the rollout selected.
     text_grad: the text prefill runs under grad (the text stream trains); context_grad: the context prefill runs
     under grad. noisy_context: None = the clean history as context (teacher forcing, the AR loop's own context), or
-    the diffusion-forcing context (`NoisyContext`; needs the "exact" context mode).
+    the diffusion-forcing context (`NoisyContext`; needs the "exact" context mode). recompute_context: a clean context
+    read without a graph by a call under grad is released once the chunk step's forward is done and prefilled again
+    when its backward recomputes the block checkpoints (`RecomputedContextKV`: the same values; one more context
+    prefill per backward, the context K/V of every layer not held between the forward and the backward).
     """
 
     def __init__(self, model, history: Tensor, item: Mapping, config: RolloutConfig, device: torch.device, *,
-                 memory_seed: int, text_grad: bool, context_grad: bool, noisy_context: NoisyContext | None = None):
+                 memory_seed: int, text_grad: bool, context_grad: bool, noisy_context: NoisyContext | None = None,
+                 recompute_context: bool = False):
         self.model = model
         self.device = device
         self.text_grad = bool(text_grad) and text_source(item) == "encoder"
@@ -133,6 +138,7 @@ class TeacherForcedClip:
                 raise ValueError(f"NoisyContext latents {list(noisy_context.latents.shape)} must have the history's "
                                  f"shape {list(history.shape)}")
         self.noisy_context = noisy_context
+        self.recompute_context = bool(recompute_context)
 
     @property
     def num_chunks(self) -> int:
@@ -158,14 +164,33 @@ class TeacherForcedClip:
             context = rollout.prefill_context(chunk_index, grad=self.context_grad, text_kv=text_kv)
         else:
             context = self.prefill_noisy_context(chunk_index, text_kv)
+        context_kv = context.kv
+        recompute = (self.recompute_context and context_kv is not None and torch.is_grad_enabled()
+                     and not self.context_grad and self.noisy_context is None and rollout.frame_cache is None)
+        if recompute:
+            context_kv = self._recomputed(context, text_kv)
         cond = rollout.cond[:, :, frames].to(rollout.model_dtype)
         model_input = torch.cat([noisy.to(rollout.model_dtype), cond], dim=1)
         action, viewmats, Ks = rollout.frame_inputs(range(frames.start, frames.stop))
         timestep = (1000.0 * sigma).to(device=self.device, dtype=torch.float32)
         with rollout.autocast():
             velocity = self.model.chunk_step(model_input, timestep, action, viewmats, Ks, text_kv,
-                                             context_kv=context.kv, rope_start=context.num_frames)
+                                             context_kv=context_kv, rope_start=context.num_frames)
+        if recompute:
+            context_kv.release()
         return velocity.float()
+
+    def _recomputed(self, context: ChunkContext, text_kv: TextKV) -> RecomputedContextKV:
+        """`context`'s K/V behind a handle that can release them; the rebuild keeps only the prefill's input
+        snapshot (not the K/V) and runs with the adapter active now (a shared Teacher's adapters switch)."""
+        snapshot = ChunkContext(indices=context.indices, model_input=context.model_input)
+        rollout, model, name = self.rollout, self.model, active_adapter(self.model)
+
+        def rebuild() -> ContextKV:
+            with adapter(model, name):
+                return rollout.prefill_again(snapshot, text_kv)
+
+        return RecomputedContextKV(context.kv, rebuild)
 
     def prefill_noisy_context(self, chunk_index: int, text_kv: TextKV) -> ChunkContext:
         """The diffusion-forcing context of chunk ``chunk_index``: the frames the AR loop selects (same memory rule,

@@ -1,6 +1,6 @@
 """WorldPlay-1.5 teacher transformer: our own, checkpoint-compatible implementation of its AR paths."""
 
-from .cache import CameraProjection, ChunkOutput, ContextKV, LayerContextKV, RopeTable, TextKV
+from .cache import CameraProjection, ChunkOutput, ContextKV, LayerContextKV, RecomputedContextKV, RopeTable, TextKV
 from .config import TEACHER_PRESETS, preset_config
 from .loading import (
     StateDictMismatchError,
@@ -17,6 +17,7 @@ __all__ = [
     "ContextKV",
     "DoubleStreamBlock",
     "LayerContextKV",
+    "RecomputedContextKV",
     "RopeTable",
     "StateDictMismatchError",
     "TEACHER_PRESETS",
