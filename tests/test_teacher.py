@@ -274,7 +274,8 @@ def test_empty_context_equals_no_context(tiny):
     model, text_kv, _, chunk = tiny
     heads, head_dim = model.heads_num, model.head_dim
     empty = torch.zeros(1, heads, 0, head_dim)
-    manual = ContextKV([LayerContextKV(empty, empty, empty, empty) for _ in range(model.num_layers)], num_frames=0)
+    manual = ContextKV([LayerContextKV.from_branches(empty, empty, empty, empty) for _ in range(model.num_layers)],
+                       num_frames=0)
     no_frames = dict(
         hidden_states=torch.zeros(1, 2 * model.config.in_channels + 1, 0, *GRID), timestep=torch.zeros(0),
         action=torch.zeros(1, 0), viewmats=torch.zeros(1, 0, 4, 4), Ks=torch.zeros(1, 0, 3, 3),
@@ -353,7 +354,7 @@ def test_image_forward_with_padded_text_mask_matches_unpadded_calls(tiny):
     text_v = torch.randn(2, heads, max(text_lengths), head_dim, generator=generator)
     text_mask = torch.arange(max(text_lengths))[None] < torch.tensor(text_lengths)[:, None]
     context_shape = (2, heads, 2 * tokens_per_frame, head_dim)
-    context = LayerContextKV(*(torch.randn(context_shape, generator=generator) for _ in range(4)))
+    context = LayerContextKV.from_branches(*(torch.randn(context_shape, generator=generator) for _ in range(4)))
     viewmats, Ks = zip(*(camera_inputs(frames, generator) for _ in range(2)))
     camera = model.camera_projection(torch.cat(viewmats), torch.cat(Ks))
     rope = model.rope_table(frames, *GRID, start=2)
@@ -363,7 +364,7 @@ def test_image_forward_with_padded_text_mask_matches_unpadded_calls(tiny):
         )
         for index, length in enumerate(text_lengths):
             single_camera = type(camera)(camera.P[index : index + 1], camera.P_inv[index : index + 1])
-            single_context = LayerContextKV(
+            single_context = LayerContextKV.from_branches(
                 *(t[index : index + 1] for t in (context.rope_k, context.rope_v, context.prope_k, context.prope_v))
             )
             single = block.image_forward(
@@ -431,8 +432,9 @@ def test_cache_containers_stack_select_and_move():
     layer = LayerContextKV.from_stacked(k_vision, v_vision)
     assert torch.equal(layer.rope_k, k_vision[:1]) and torch.equal(layer.prope_v, v_vision[1:])
     assert layer.stacked()[0] is k_vision  # no copy for a cache built in the stacked layout
-    layer.prope_k = torch.zeros_like(layer.prope_k)
-    assert torch.equal(layer.stacked()[0][1:], torch.zeros(1, 2, 6, 8))  # a replaced field is picked up
+    assert set(vars(layer)) == {"k", "v"}  # the branches are views, not fields (FSDP2 wraps every field)
+    branches = LayerContextKV.from_branches(layer.rope_k, layer.rope_v, layer.prope_k, layer.prope_v)
+    assert torch.equal(branches.k, k_vision) and torch.equal(branches.v, v_vision)
     moved = LayerContextKV.from_stacked(k_vision, v_vision).to(dtype=torch.float64)
     assert moved.rope_v.dtype == torch.float64 and torch.equal(moved.stacked()[1], v_vision.double())
     with pytest.raises(ValueError, match="even leading axis"):

@@ -3,7 +3,7 @@
     env = init_distributed("auto")                  # torchrun: nccl on GPU, gloo on CPU
     model = shard_model(model.to(env.device), env)  # each double block, then the root, on a 1-D mesh
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)   # AFTER shard_model: it must hold the DTensors
-    with gradient_sync(model, enabled=sync):        # no reduce-scatter on accumulation micro-batches
+    with gradient_sync(model, enabled=sync):        # DDP: no all-reduce on accumulation micro-batches
         loss = flow_matching_loss(model.chunk_step(...)); loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # DTensor grads: a global norm
     optimizer.step(); optimizer.zero_grad()
@@ -55,7 +55,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -134,20 +134,15 @@ def shard_model(
 
 
 def gradient_sync(module: nn.Module, enabled: bool):
-    """Context in which backward does (enabled) or does not (accumulation micro-batch) reduce gradients across
-    ranks: FSDP2 `set_requires_gradient_sync`, DDP `no_sync`, nothing for a plain module."""
+    """Context of a backward that reduces gradients across ranks (enabled: the step's last micro-batch or chunk) or
+    may leave them to a later backward (an accumulation micro-batch): DDP `no_sync` when not enabled, nothing for a
+    plain module, and nothing for FSDP2 either: an FSDP2 module reduce-scatters after every backward. Skipping that
+    (`set_requires_gradient_sync(False)`) would keep every block's unsharded FP32 gradient, the full model's size
+    (32 GiB at the real config), on each rank until the step's last backward; the sharded gradients accumulate
+    instead, for one reduce-scatter per block and backward (same sum, other rounding)."""
     if is_fsdp(module):
-        return _fsdp_gradient_sync(module, enabled)
+        return contextlib.nullcontext()
     return maybe_no_sync(module, enabled=not enabled)
-
-
-@contextlib.contextmanager
-def _fsdp_gradient_sync(module: FSDPModule, enabled: bool) -> Iterator[None]:
-    module.set_requires_gradient_sync(enabled)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

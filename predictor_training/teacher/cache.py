@@ -1,13 +1,13 @@
 """Small containers passed between the teacher's AR calls and its building blocks.
 
 Layouts follow the upstream AR KV cache: `[B, heads, tokens, head_dim]`. The upstream cache keeps the two attention
-branches stacked along the batch axis (`[2, heads, S, d]`, entry 0 = RoPE, entry 1 = ProPE); here they are separate
-fields, and `LayerContextKV.from_stacked` / `.stacked()` convert.
+branches stacked along the batch axis (`[2, heads, S, d]`, entry 0 = RoPE, entry 1 = ProPE), and so does
+`LayerContextKV` (its `rope_k` / `prope_k` / `rope_v` / `prope_v` are views of the stacked pair).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -66,60 +66,65 @@ class TextKV:
 
 @dataclass
 class LayerContextKV:
-    """Context (memory) K/V of one double block, `[B, heads, S, head_dim]` each.
+    """Context (memory) K/V of one double block in the branch-stacked layout: k, v `[2B, heads, S, head_dim]`, the
+    first B rows the RoPE branch, the last B the ProPE branch (the upstream AR cache's layout).
 
-    rope_k: qk-normed K with RoPE at the context positions; rope_v: raw V;
-    prope_k / prope_v: qk-normed K / raw V multiplied by P^-1 of their frame (no RoPE).
-    Built by the teacher (or `from_stacked`), the four fields are views of two branch-stacked tensors, so nothing
-    is copied; clone them before saving them as separate safetensors entries.
+    rope_k: qk-normed K with RoPE at the context positions; rope_v: raw V; prope_k / prope_v: qk-normed K / raw V
+    multiplied by P^-1 of their frame (no RoPE): views `[B, heads, S, head_dim]` of k and v, nothing copied (clone
+    them before saving them as separate safetensors entries).
+
+    Only the two stacked tensors are fields: FSDP2 wraps every tensor of its forwards' (dataclass) arguments in one
+    autograd node and fills the gradient of each wrapped tensor the forward does not read with zeros, so four views
+    next to the stacked pair cost two more context-sized copies per layer (zeros and a re-stacking) in a
+    full-parameter run.
     """
 
-    rope_k: Tensor
-    rope_v: Tensor
-    prope_k: Tensor
-    prope_v: Tensor
-    # The branch-stacked form, built once and reused by every chunk step: (source tensors, (k, v)). An init field
-    # (with a default) because FSDP2 rebuilds dataclass arguments of its forwards with `dataclasses.replace`.
-    _stacked_cache: tuple | None = field(default=None, repr=False, compare=False)
+    k: Tensor
+    v: Tensor
+
+    def __post_init__(self):
+        if self.k.shape[0] % 2 or self.v.shape != self.k.shape:
+            raise ValueError(
+                f"stacked context K/V must have an even leading axis and equal shapes, got {tuple(self.k.shape)} "
+                f"and {tuple(self.v.shape)}"
+            )
 
     @property
     def num_tokens(self) -> int:
-        return self.rope_k.shape[2]
+        return self.k.shape[2]
 
-    def _sources(self) -> tuple[Tensor, ...]:
-        return (self.rope_k, self.prope_k, self.rope_v, self.prope_v)
+    @property
+    def rope_k(self) -> Tensor:
+        return self.k[: self.k.shape[0] // 2]
+
+    @property
+    def prope_k(self) -> Tensor:
+        return self.k[self.k.shape[0] // 2 :]
+
+    @property
+    def rope_v(self) -> Tensor:
+        return self.v[: self.v.shape[0] // 2]
+
+    @property
+    def prope_v(self) -> Tensor:
+        return self.v[self.v.shape[0] // 2 :]
 
     @classmethod
     def from_stacked(cls, k_vision: Tensor, v_vision: Tensor) -> "LayerContextKV":
         """From the upstream layout `[2B, heads, S, d]` (first B rows = RoPE branch, last B rows = ProPE branch)."""
-        if k_vision.shape[0] % 2 or v_vision.shape != k_vision.shape:
-            raise ValueError(
-                f"stacked context K/V must have an even leading axis and equal shapes, got {tuple(k_vision.shape)} "
-                f"and {tuple(v_vision.shape)}"
-            )
-        rope_k, prope_k = k_vision.chunk(2, dim=0)
-        rope_v, prope_v = v_vision.chunk(2, dim=0)
-        layer = cls(rope_k, rope_v, prope_k, prope_v)
-        layer._stacked_cache = (layer._sources(), (k_vision, v_vision))
-        return layer
+        return cls(k_vision, v_vision)
 
-    def _cache_is_current(self) -> bool:
-        cache = self._stacked_cache
-        return cache is not None and all(a is b for a, b in zip(cache[0], self._sources()))
+    @classmethod
+    def from_branches(cls, rope_k: Tensor, rope_v: Tensor, prope_k: Tensor, prope_v: Tensor) -> "LayerContextKV":
+        """From the four branch tensors `[B, heads, S, d]` (stacked here: one copy)."""
+        return cls(torch.cat([rope_k, prope_k], dim=0), torch.cat([rope_v, prope_v], dim=0))
 
     def stacked(self) -> tuple[Tensor, Tensor]:
-        """Upstream layout: (k, v) each `[2B, heads, S, d]`, RoPE branch first (computed once, then cached)."""
-        if not self._cache_is_current():
-            stacked = (torch.cat([self.rope_k, self.prope_k], dim=0), torch.cat([self.rope_v, self.prope_v], dim=0))
-            self._stacked_cache = (self._sources(), stacked)
-        return self._stacked_cache[1]
+        """Upstream layout: (k, v) each `[2B, heads, S, d]`, RoPE branch first."""
+        return self.k, self.v
 
     def to(self, device=None, dtype=None) -> "LayerContextKV":
-        if self._cache_is_current():
-            k_vision, v_vision = self._stacked_cache[1]
-            return LayerContextKV.from_stacked(_move(k_vision, device, dtype), _move(v_vision, device, dtype))
-        moved = (_move(t, device, dtype) for t in (self.rope_k, self.rope_v, self.prope_k, self.prope_v))
-        return LayerContextKV(*moved)
+        return LayerContextKV(_move(self.k, device, dtype), _move(self.v, device, dtype))
 
 
 @dataclass
