@@ -73,6 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     vae.add_argument("--vae_long_windows_per_item", type=int, default=None,
                      help="long windows per micro-batch (default: --vae_windows_per_item)")
     parser.add_argument("--df_sft_steps", type=int, default=5000, help="df_sft optimizer steps (default %(default)s)")
+    parser.add_argument("--df_sft_val_every", type=int, default=1000,
+                        help="df_sft: validate (the model's own 4-step rollout of held-out clips against their truth, "
+                             "val/psnr_vs_truth in df_sft/train_log.jsonl) every N steps; 0 = never "
+                             "(default %(default)s)")
+    parser.add_argument("--df_sft_val_videos", type=int, default=4,
+                        help="df_sft: held-out videos per validation (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the df_sft model's rollouts that kd distils (default %(default)s)")
@@ -135,6 +141,7 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--lr", "1e-3", "--max_steps", str(args.df_sft_steps), "--warmup_steps", "100",
                  "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2",
                  "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed),
+                 "--val_every", str(args.df_sft_val_every), "--val_videos", str(args.df_sft_val_videos),
                  "--experiment", "world_df_sft", "--output_dir", str(out / "df_sft"), "--no_progress"]]
     if stage == "ode_cache":
         return [[python, "tools/build_ode_cache.py", "--teacher", str(out / "df_sft" / "model"), "--video_latents",
