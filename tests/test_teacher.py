@@ -13,6 +13,7 @@ from predictor_training.teacher import (
     TEACHER_PRESETS,
     ContextKV,
     LayerContextKV,
+    RecomputedContextKV,
     StateDictMismatchError,
     TextKV,
     WorldPlayTransformer,
@@ -426,6 +427,33 @@ def test_bf16_autocast_close_to_float32_and_uses_bf16_poses(tiny):
 # ---------------------------------------------------------------------------------------------------------------
 # Cache containers
 # ---------------------------------------------------------------------------------------------------------------
+def test_recomputed_context_releases_rebuilds_once_and_hands_layers_over():
+    """RecomputedContextKV: the forward reads the original K/V; after release() the first read rebuilds (once for
+    all layers, the same values) and each rebuilt layer is handed over at its read, so after every layer was read
+    once (a backward's recomputes) it holds no K/V; a second read rebuilds again."""
+    generator = torch.Generator().manual_seed(0)
+    original = ContextKV([LayerContextKV(torch.randn(2, 2, 6, 8, generator=generator),
+                                         torch.randn(2, 2, 6, 8, generator=generator)) for _ in range(3)], 2)
+    rebuilds = []
+
+    def rebuild():
+        rebuilds.append(1)
+        return ContextKV([LayerContextKV(layer.k.clone(), layer.v.clone()) for layer in original.layers], 2)
+
+    context = RecomputedContextKV(original, rebuild)
+    assert context.num_layers == 3 and context.num_frames == 2
+    for index in range(3):  # the forward
+        assert context.layer(index).stacked()[0] is original.layer(index).k
+    context.release()
+    assert context._kv is None and not rebuilds
+    for index in reversed(range(3)):  # the backward's recomputes, last block first
+        k, v = context.layer(index).stacked()
+        assert torch.equal(k, original.layer(index).k) and torch.equal(v, original.layer(index).v)
+    assert len(rebuilds) == 1 and context.rebuilds == 1
+    assert all(layer is None for layer in context._kv)  # nothing kept after the backward
+    assert torch.equal(context.layer(1).stacked()[1], original.layer(1).v) and context.rebuilds == 2
+
+
 def test_cache_containers_stack_select_and_move():
     generator = torch.Generator().manual_seed(0)
     k_vision, v_vision = torch.randn(2, 2, 6, 8, generator=generator), torch.randn(2, 2, 6, 8, generator=generator)

@@ -157,12 +157,16 @@ class RecomputedContextKV(ContextKV):
     a 20-frame context of 54 layers is 25.7 GiB held from a chunk's forward to its backward. Here each layer is a
     handle (`stacked()` as `LayerContextKV`'s) that reads the K/V from this object, so `release()` frees them all
     and the first recompute that reads a layer calls `rebuild()` (the same no-grad context prefill) once for all.
+    A rebuilt layer is handed over at its read (each block's recompute reads its layer once), so nothing of the
+    rebuild outlives the backward: the graph that keeps this object after the backward keeps no K/V (a second read
+    of a handed-over layer rebuilds again).
     """
 
     def __init__(self, context: ContextKV, rebuild: Callable[[], ContextKV]):
         super().__init__([_RecomputedLayer(self, index) for index in range(context.num_layers)], context.num_frames)
-        self._kv: ContextKV | None = context
+        self._kv: list[LayerContextKV | None] | None = list(context.layers)
         self._rebuild = rebuild
+        self._rebuilt = False
         self.rebuilds = 0
 
     def release(self) -> None:
@@ -170,13 +174,17 @@ class RecomputedContextKV(ContextKV):
         self._kv = None
 
     def layer_kv(self, index: int) -> LayerContextKV:
-        if self._kv is None:
-            self._kv = self._rebuild()
-            self.rebuilds += 1
-            if self._kv.num_layers != self.num_layers or self._kv.num_frames != self.num_frames:
-                raise RuntimeError(f"the rebuilt context has {self._kv.num_layers} layers of {self._kv.num_frames} "
+        if self._kv is None or self._kv[index] is None:
+            rebuilt = self._rebuild()
+            if rebuilt.num_layers != self.num_layers or rebuilt.num_frames != self.num_frames:
+                raise RuntimeError(f"the rebuilt context has {rebuilt.num_layers} layers of {rebuilt.num_frames} "
                                    f"frames, the released one {self.num_layers} of {self.num_frames}")
-        return self._kv.layer(index)
+            self._kv, self._rebuilt = list(rebuilt.layers), True
+            self.rebuilds += 1
+        layer = self._kv[index]
+        if self._rebuilt:
+            self._kv[index] = None
+        return layer
 
     def to(self, device=None, dtype=None) -> ContextKV:
         return ContextKV([self.layer_kv(i).to(device, dtype) for i in range(self.num_layers)], self.num_frames)
