@@ -212,9 +212,6 @@ def test_fsdp_full_run_holds_the_per_rank_share(monkeypatch):
     report = estimate_memory.rehearse_teacher_forced(args, "df_sft")
     assert "FSDP2 over 8 ranks" in report.name
     assert report.peak_phase in ("forward", "backward", "setup")
-    single = estimate_memory.rehearse_teacher_forced(
-        _tiny_args("df_sft", "--chunks", "3", "--train", "full", "--world_size", "1"), "df_sft")
-    assert single.by_category["parameters"] >= total * 0.99
     # the shards: about an eighth (padding to a multiple of 8 rows per tensor), optimizer state twice that
     shards = report.notes["live_after_step"]
     assert total / 8 <= shards["parameters"] <= total / 8 * 1.3, (shards, total)

@@ -46,8 +46,7 @@ def test_dmd2_fake_run_matches_the_real_cpu_run(generator, real_score):
 @pytest.mark.parametrize("extra", [
     ["--generator", "predictor", "--real_score", "model"],
     ["--generator", "predictor", "--real_score", "teacher", "--replace_steps", "1,2"],
-    ["--generator", "student", "--real_score", "lora"],
-], ids=lambda extra: "-".join(extra[1::2]))
+], ids=lambda extra: "-".join(extra[1::2]))  # (student-lora: test_the_student_context_recompute_lowers_the_peak)
 def test_tool_runs_dmd2_at_tiny_size(extra, capsys):
     """The tool's --recipe dmd2 (2 chunks, DDP buckets for the Predictor
     over the default 8 ranks): one report with the recipe's roles named, where the peak is, and a second BF16
@@ -168,17 +167,21 @@ def _undo_the_student_context_recompute(monkeypatch) -> None:
     monkeypatch.setattr(RecomputedContextKV, "release", lambda self: None)
 
 
-def test_the_student_context_recompute_lowers_the_peak(monkeypatch):
-    """The student's no-grad context K/V are released after the chunk's forward and prefilled again in its backward
-    (`RecomputedContextKV`), so the critic, the step's peak, runs without them: keeping them raises the peak."""
+def test_the_student_context_recompute_lowers_the_peak(monkeypatch, capsys):
+    """The tool's --recipe dmd2 --generator student (LoRA real score): the student's no-grad context K/V are
+    released after the chunk's forward and prefilled again in its backward (`RecomputedContextKV`), so the critic,
+    the step's peak, runs without them: keeping them raises the peak."""
     grid = DEMO.index("--latent_grid") + 1  # a grid where the critic, not the AdamW state, sets the student's peak
-    demo = DEMO[:grid] + ["16x24"] + DEMO[grid + 1:]
-    args = estimate_memory.parse_args(["--recipe", "dmd2", *demo, "--generator", "student"])
-    cut = estimate_memory.rehearse_dmd2(args)
+    argv = ["--recipe", "dmd2", *DEMO[:grid], "16x24", *DEMO[grid + 1:], "--generator", "student",
+            "--real_score", "lora"]
+    assert estimate_memory.main([*argv, "--json"]) == 0
+    (cut,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cut["name"].startswith("dmd2 LoRA rank 64 student")
+    assert cut["live_after_step"]["optimizer_state"] > 0 and cut["live_after_step"]["ddp_buckets"] == 0
     _undo_the_student_context_recompute(monkeypatch)
-    undone = estimate_memory.rehearse_dmd2(args)
-    assert cut.notes["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
-    assert undone.peak > cut.peak, (cut.peak, undone.peak)
+    undone = estimate_memory.rehearse_dmd2(estimate_memory.parse_args(argv))
+    assert cut["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
+    assert undone.peak > cut["peak_gib"] * 2**30, (cut["peak_gib"], undone.peak)
 
 
 def test_the_student_context_recompute_changes_no_value(world, tmp_path, monkeypatch):
