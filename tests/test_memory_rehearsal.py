@@ -155,11 +155,13 @@ def test_method_fake_run_matches_the_real_cpu_run(recipe):
     assert fake.peak_phase == real.peak_phase
 
 
-def test_adversarial_fake_run_matches_the_real_cpu_run():
-    """fvtools/train_adversarial.py --data offline on the tiny Teacher: the recipe's AdversarialPairStep with both
-    roles due (generator term built, lazy R1 applied) on fake tensors against the same step on real CPU tensors:
-    every phase's peak within 5 % (the CPU mse kernels' result storages), both roles' gradients and AdamW state."""
-    args = _tiny_args("adversarial", "--context_frames", "4", "--world_size", "1")
+@pytest.mark.parametrize("data", ["offline", "rollout"])
+def test_adversarial_fake_run_matches_the_real_cpu_run(data):
+    """fvtools/train_adversarial.py on the tiny Teacher, each --data mode: the recipe's AdversarialPairStep (a batch
+    with 4 context frames) or AdversarialRolloutStep (a 3-chunk F-P-P-P trajectory) with both roles due (generator
+    term built, lazy R1 applied) on fake tensors against the same step on real CPU tensors: every phase's peak
+    within 5 % (the CPU mse kernels' result storages), both roles' gradients and AdamW state."""
+    args = _tiny_args("adversarial", "--context_frames", "4", "--world_size", "1", "--data", data, "--chunks", "3")
     fake = estimate_memory.rehearse_adversarial(args, host="cpu")
     real = estimate_memory.rehearse_adversarial(args, fake=False)
     assert "generator term built" in fake.notes["configuration"] and "lazy R1 applied" in fake.notes["configuration"]

@@ -131,6 +131,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "F-P-P-F)")
     parser.add_argument("--context_mode", choices=("exact", "incremental"), default="exact",
                         help="rollout: how each chunk's context K/V are built")
+    parser.add_argument("--data", choices=("offline", "rollout"), default="offline",
+                        help="adversarial: the recipe's --data, offline (stored Teacher pairs, batch --batch_size; "
+                             "its default) or rollout (one on-policy trajectory of --chunks chunks under "
+                             "--replace_steps)")
     parser.add_argument("--world_size", type=int, default=8,
                         help="ranks of the job (> 1 counts DDP's gradient buckets; df_sft / kd --train full: FSDP2's "
                              "per-rank shard; default 8)")
@@ -345,13 +349,15 @@ def optimizer_phase_roles(rehearsal: Rehearsal, roles, buckets, step: int) -> No
 
 
 def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) -> MemoryReport:
-    """fvtools/train_adversarial.py, --data offline (its default): the v4 Predictor (the recipe's build_predictor,
-    AdamW groups, DDP buckets) and the recipe's discriminator (`build_discriminator`, `build_discriminator_role`,
-    `Adversary`), one loop step of the recipe's `AdversarialPairStep` with both roles due, at the v4 offline batch
-    (--batch_size, --context_frames: the largest given). The step rehearsed is the heaviest one the cadences give:
-    the one after r1_every updates of both roles, where the generator term is built (its weight is above 0 once the
-    Predictor has updated) and the lazy R1 pass runs (every r1_every-th discriminator update); the two schedules are
-    advanced to it beforehand (LR values only, no memory)."""
+    """fvtools/train_adversarial.py: the v4 Predictor (the recipe's build_predictor, AdamW groups, DDP buckets) and
+    the recipe's discriminator (`build_discriminator`, `build_discriminator_role`, `Adversary`), one loop step with
+    both roles due. --data offline (the recipe's default): `AdversarialPairStep` at the v4 offline batch
+    (--batch_size, --context_frames: the largest given); --data rollout: `AdversarialRolloutStep` on one trajectory
+    of --chunks chunks under --replace_steps (the Teacher kept, the memory selection on real CPU values, as
+    `rehearse_rollout`). The step rehearsed is the heaviest one the cadences give: the one after r1_every updates of
+    both roles, where the generator term is built (its weight is above 0 once the Predictor has updated) and the lazy
+    R1 pass runs (every r1_every-th discriminator update); the two schedules are advanced to it beforehand (LR
+    values only, no memory)."""
     host = host or ("meta" if fake else "cpu")
     import fvtools.train_adversarial as recipe
     from predictor_training.methods.adversarial import (
@@ -361,18 +367,33 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
         build_discriminator,
         build_discriminator_role,
     )
+    from predictor_training.rollout.ar_rollout import ARRollout
     from predictor_training.runtime.precision import precision_policy
-    flags = _rollout_defaults(recipe, ["--dataset_root", "unused"])
+    rollout = args.data == "rollout"
+    flags = _rollout_defaults(recipe, ["--dataset_root", "unused", "--data", args.data])
     n_ctx = max(args.context_frames)
-    name = (f"adversarial offline, blocks {list(args.source_blocks)}, batch {args.batch_size}, {n_ctx} context "
-            f"frames, discriminator width {flags.discriminator_width}, both roles due")
-    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal:
+    data = (f"rollout {'-'.join(Schedule(tuple(args.replace_steps)).letters())}, {args.chunks} chunks, one "
+            f"trajectory" if rollout else f"offline, batch {args.batch_size}, {n_ctx} context frames")
+    name = (f"adversarial {data}, blocks {list(args.source_blocks)}, discriminator width {flags.discriminator_width}, "
+            "both roles due")
+    if rollout:
+        from predictor_training.teacher.config import preset_config
+        row, image_cond = rollout_row(args, int(preset_config(args.config)["out_channels"]))
+    select = ARRollout.select_context
+
+    def select_on_real_values(self, chunk_index):  # the memory selection runs on the host's real values
+        with real_values():
+            return select(self, chunk_index)
+
+    with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
+            patched((ARRollout, "select_context", select_on_real_values)):
         policy = precision_policy(flags.precision, torch.device("cpu"))
         teacher, predictor = build_models(rehearsal, args, recipe.VARIANT)
-        make_batch = partial(offline_batch, "v4", teacher.config, batch_size=args.batch_size, n_ctx=n_ctx,
-                             text_tokens=args.text_tokens, grid=args.latent_grid, source_blocks=args.source_blocks,
-                             device=host)
-        del teacher  # as the recipe's offline mode
+        if not rollout:
+            make_batch = partial(offline_batch, "v4", teacher.config, batch_size=args.batch_size, n_ctx=n_ctx,
+                                 text_tokens=args.text_tokens, grid=args.latent_grid,
+                                 source_blocks=args.source_blocks, device=host)
+            del teacher  # as the recipe's offline mode
         with patched((torch.nn.Module, "to", _to_unless_unchanged)):  # built on its device: the move is a no-op
             discriminator = build_discriminator(predictor.hidden_size, width=flags.discriminator_width,
                                                 seed=flags.seed, device=torch.device("cpu"))
@@ -392,9 +413,30 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
         adversary = Adversary(predictor_role, discriminator_role, adv_weight=flags.adv_weight,
                               adv_warmup_steps=flags.adv_warmup_steps, r1_weight=flags.r1_weight,
                               r1_every=flags.r1_every)
-        step_fn = recipe.AdversarialPairStep(model=predictor, predictor=predictor, policy=policy,
-                                             context_timestep=CONTEXT_TIMESTEP, adversary=adversary,
-                                             velocity_weight=flags.velocity_weight, hidden_weight=flags.hidden_weight)
+        if rollout:
+            from predictor_training.predictor.self_rollout import SelfRolloutSettings
+            from predictor_training.rollout.ar_rollout import RolloutConfig
+            case = rollout_case(args, teacher, image_cond)
+            rollout_config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
+                                           context_mode=args.context_mode)
+            settings = SelfRolloutSettings(velocity_weight=flags.velocity_weight, hidden_weight=flags.hidden_weight,
+                                           predictor_autocast_dtype=policy.autocast_dtype,
+                                           replace_steps=tuple(args.replace_steps))
+            step_fn = recipe.AdversarialRolloutStep(
+                model=predictor, teacher=teacher, dataset=argparse.Namespace(load_case=lambda case_id: case),
+                rollout_config=rollout_config, settings=settings, adversary=adversary,
+                source_blocks=args.source_blocks, env=argparse.Namespace(device=torch.device("cpu")))
+
+            def trajectory_item():
+                with real_values():
+                    return {**row, "case_id": "rehearsal"}
+
+            make_batch = trajectory_item
+        else:
+            step_fn = recipe.AdversarialPairStep(model=predictor, predictor=predictor, policy=policy,
+                                                 context_timestep=CONTEXT_TIMESTEP, adversary=adversary,
+                                                 velocity_weight=flags.velocity_weight,
+                                                 hidden_weight=flags.hidden_weight)
         weight = adversary.weight()
         r1_applied = flags.r1_weight > 0 and discriminator_role.updates % flags.r1_every == 0
         for step in range(1, args.optimizer_steps + 1):
@@ -404,11 +446,15 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
                 step_fn(make_batch(), sync=True, due=frozenset({PREDICTOR, DISCRIMINATOR}))
             optimizer_phase_roles(rehearsal, roles, buckets, step)
         rehearsal.notes["configuration"] = (
-            _configuration(args, "v4") + f"; adversarial weight {weight:g} (generator term "
-            f"{'built' if weight > 0 else 'not built'}), lazy R1 {'applied' if r1_applied else 'not applied'}")
-        count = step_flops(args, "v4", n_ctx)  # the Predictor's; the discriminator's matmuls are negligible
-        rehearsal.notes.update({"dit_tflops_per_micro_batch": round(count / 1e12, 1),
-                                "seconds_at_40pct_of_989_tflops": round(seconds_at(count, 0.40), 2)})
+            _configuration(args, "rollout" if rollout else "v4") + f"; adversarial weight {weight:g} (generator "
+            f"term {'built' if weight > 0 else 'not built'}), lazy R1 {'applied' if r1_applied else 'not applied'}")
+        # The Predictor's FLOPs (and the rollout's Teacher steps); the discriminator's matmuls are negligible.
+        if rollout:
+            rehearsal.notes.update(flop_notes(args, "rollout", None))
+        else:
+            count = step_flops(args, "v4", n_ctx)
+            rehearsal.notes.update({"dit_tflops_per_micro_batch": round(count / 1e12, 1),
+                                    "seconds_at_40pct_of_989_tflops": round(seconds_at(count, 0.40), 2)})
     return rehearsal.report()
 
 
@@ -421,6 +467,15 @@ def rollout_row(args, channels: int):
     item = turning_camera_row(latents)
     image_cond = torch.zeros(1, channels, 1, height, width)
     return item, image_cond
+
+
+def rollout_case(args, teacher, image_cond) -> dict:
+    """A trajectory case at real shapes: stored text K/V of --text_tokens tokens (BF16) and the image condition."""
+    config = teacher.config
+    heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
+    shape = (teacher.num_layers, heads, args.text_tokens, head_dim)
+    return {"text_k": torch.zeros(shape, dtype=torch.bfloat16), "text_v": torch.zeros(shape, dtype=torch.bfloat16),
+            "image_cond": image_cond}
 
 
 def rehearse_rollout(args) -> MemoryReport:
@@ -441,11 +496,7 @@ def rehearse_rollout(args) -> MemoryReport:
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast) as rehearsal:
         policy = precision_policy("fp32master", torch.device("cpu"))
         teacher, predictor = build_models(rehearsal, args, "v4")
-        config = teacher.config
-        heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
-        case = {"text_k": torch.zeros(teacher.num_layers, heads, args.text_tokens, head_dim, dtype=torch.bfloat16),
-                "text_v": torch.zeros(teacher.num_layers, heads, args.text_tokens, head_dim, dtype=torch.bfloat16),
-                "image_cond": image_cond}
+        case = rollout_case(args, teacher, image_cond)
         role, buckets = build_role(rehearsal, predictor, flags, args.world_size)
         rollout_config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                        context_mode=args.context_mode)
