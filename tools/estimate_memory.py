@@ -31,13 +31,15 @@ For the methods the rehearsal replaces only what has no data here (`method_rehea
 context) and the memory selection (run on real CPU values).
 
     python tools/estimate_memory.py --recipe adversarial                 # v4 + discriminator, batch 16, both roles due
+    python tools/estimate_memory.py --recipe adversarial --data rollout  # on-policy F-P-P-P trajectory, 8 chunks
     python tools/estimate_memory.py --recipe eval --context_mode incremental   # eval rollout F-P-P-P, inference
     python tools/estimate_memory.py --recipe nft --samples_per_group 2   # LoRA policy / old / reference, K samples
     python tools/estimate_memory.py --recipe dmd2                        # Predictor F-P-P-P, LoRA real + fake score
     python tools/estimate_memory.py --recipe dmd2 --generator student --real_score model
 
-adversarial: fvtools/train_adversarial.py --data offline (the rollout mode is not rehearsed), the recipe's
-AdversarialPairStep at its heaviest step (generator term built, lazy R1 applied). eval: tools/eval_predictor.py's
+adversarial: fvtools/train_adversarial.py, the recipe's AdversarialPairStep (--data offline, its default) or
+AdversarialRolloutStep (--data rollout: one trajectory of --chunks chunks under --replace_steps) at its heaviest
+step (generator term built, lazy R1 applied). eval: tools/eval_predictor.py's
 EvalRuntime.rollout of one row (VAE decode, LPIPS and the text prefill not counted). nft: fvtools/train_nft.py's
 NftStep with its rewards replaced (VAE decode and reward functions not counted). dmd2: fvtools/train_dmd2.py
 (--rollout self, --fake_score_train lora) built by its own builders (build_predictor_role or build_student,
