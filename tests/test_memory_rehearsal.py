@@ -246,6 +246,8 @@ def test_recipe_list():
         estimate_memory.parse_args(["--recipe", "unknown"])
     with pytest.raises(SystemExit):
         estimate_memory.parse_args(["--recipe", "v4", "--context_frames", "6"])
+    with pytest.raises(SystemExit):
+        estimate_memory.parse_args(["--recipe", "v4", "--data", "rollout"])
 
 
 @pytest.mark.parametrize("recipe,extra", [

@@ -169,6 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.fit and args.recipe not in ("v4", "disca", "rollout"):
         parser.error(f"--fit: the largest batch is searched for the offline recipes (v4, disca) only, not "
                      f"{args.recipe}")
+    if args.data != "offline" and args.recipe != "adversarial":
+        parser.error(f"--data {args.data}: a mode of --recipe adversarial (the rollout recipe is --recipe rollout)")
     if args.batch_size < 1:
         parser.error(f"--batch_size {args.batch_size}: expected >= 1")
     if any(frames < 0 or frames % 4 for frames in args.context_frames):
