@@ -42,11 +42,12 @@ def test_dmd2_fake_run_matches_the_real_cpu_run(generator, real_score):
         assert after[category] == real_after[category], (category, after, real_after)
 
 
-# Each generator and each real score at least once (predictor-lora and student-model run in the test above).
+# Each generator and each real score at least once (predictor-lora and student-model run in the test above;
+# predictor-model in test_the_generator_context_cut_lowers_the_peak, student-lora in
+# test_the_student_context_recompute_lowers_the_peak).
 @pytest.mark.parametrize("extra", [
-    ["--generator", "predictor", "--real_score", "model"],
     ["--generator", "predictor", "--real_score", "teacher", "--replace_steps", "1,2"],
-], ids=lambda extra: "-".join(extra[1::2]))  # (student-lora: test_the_student_context_recompute_lowers_the_peak)
+], ids=lambda extra: "-".join(extra[1::2]))
 def test_tool_runs_dmd2_at_tiny_size(extra, capsys):
     """The tool's --recipe dmd2 (2 chunks, DDP buckets for the Predictor
     over the default 8 ranks): one report with the recipe's roles named, where the peak is, and a second BF16
@@ -82,16 +83,21 @@ def _undo_the_generator_context_cut(monkeypatch) -> None:
     monkeypatch.setattr(ChunkGraph, "release_context", lambda self: None)
 
 
-def test_the_generator_context_cut_lowers_the_peak(monkeypatch):
-    """The Predictor chunk's context K/V of the layers it does not read are released once the sample is made
-    (`CompositeRollout.produce`), so the critic's backward, the step's peak, runs without them: undoing the cut
-    raises the peak there."""
-    args = estimate_memory.parse_args(["--recipe", "dmd2", *DEMO, "--generator", "predictor"])
-    cut = estimate_memory.rehearse_dmd2(args)
+def test_the_generator_context_cut_lowers_the_peak(monkeypatch, capsys):
+    """The tool's --recipe dmd2 with the Predictor generator and a model-folder real score (a second BF16
+    Teacher-sized model among the parameters): the Predictor chunk's context K/V of the layers it does not read are
+    released once the sample is made (`CompositeRollout.produce`), so the critic's backward, the step's peak, runs
+    without them: undoing the cut raises the peak there."""
+    argv = ["--recipe", "dmd2", *DEMO, "--generator", "predictor", "--real_score", "model"]
+    assert estimate_memory.main([*argv, "--json"]) == 0
+    (cut,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cut["name"].startswith("dmd2 Predictor") and cut["live_after_step"]["optimizer_state"] > 0
+    teacher = sum(param.numel() for param in WorldPlayTransformer.from_preset("demo").parameters()) * 2  # BF16
+    assert cut["live_after_step"]["parameters"] >= 2 * teacher
     _undo_the_generator_context_cut(monkeypatch)
-    undone = estimate_memory.rehearse_dmd2(args)
-    assert cut.notes["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
-    assert undone.peak > cut.peak, (cut.peak, undone.peak)
+    undone = estimate_memory.rehearse_dmd2(estimate_memory.parse_args(argv))
+    assert cut["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
+    assert undone.peak > cut["peak_gib"] * 2**30, (cut["peak_gib"], undone.peak)
 
 
 @pytest.fixture(scope="module")
