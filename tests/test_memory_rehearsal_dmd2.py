@@ -42,34 +42,6 @@ def test_dmd2_fake_run_matches_the_real_cpu_run(generator, real_score):
         assert after[category] == real_after[category], (category, after, real_after)
 
 
-# Each generator and each real score at least once (predictor-lora and student-model run in the test above;
-# predictor-model in test_the_generator_context_cut_lowers_the_peak, student-lora in
-# test_the_student_context_recompute_lowers_the_peak).
-@pytest.mark.parametrize("extra", [
-    ["--generator", "predictor", "--real_score", "teacher", "--replace_steps", "1,2"],
-], ids=lambda extra: "-".join(extra[1::2]))
-def test_tool_runs_dmd2_at_tiny_size(extra, capsys):
-    """The tool's --recipe dmd2 (2 chunks, DDP buckets for the Predictor
-    over the default 8 ranks): one report with the recipe's roles named, where the peak is, and a second BF16
-    Teacher-sized model among the parameters exactly when the real score is a model folder."""
-    argv = ["--recipe", "dmd2", *TINY, "--chunks", "2", "--json", *extra]
-    assert estimate_memory.main(argv) == 0
-    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(reports) == 1
-    report = reports[0]
-    generator, real_score = extra[1], extra[3]
-    assert report["name"].startswith(f"dmd2 {'Predictor' if generator == 'predictor' else 'LoRA rank 64 student'}")
-    assert {"forward", "backward", "optimizer"} <= set(report["phase_peaks_gib"])
-    assert report["peak_in"]
-    assert report["by_category_gib"]["parameters"] > 0
-    assert report["live_after_step"]["optimizer_state"] > 0
-    assert (report["live_after_step"]["ddp_buckets"] > 0) == (generator == "predictor")
-    if "--replace_steps" in extra:
-        assert "F-P-P-F" in report["name"]
-    teacher = sum(param.numel() for param in WorldPlayTransformer.from_preset("tiny").parameters()) * 2  # BF16
-    assert (report["live_after_step"]["parameters"] >= 2 * teacher) == (real_score == "model")
-
-
 # ---- the generator's context released before the critic (train.md § Memory per GPU at real size) ---------------
 # The demo Teacher (4 blocks: the Predictor reads 2, so 2 layers' context K/V are released) at a grid where the
 # context K/V count: the step's peak is the critic's backward of chunk 1 (4 context frames).
@@ -81,6 +53,13 @@ def _undo_the_generator_context_cut(monkeypatch) -> None:
     """The Predictor chunk's graph keeps the context K/V of every layer through the critic, as before the cut."""
     from predictor_training.predictor.self_rollout import ChunkGraph
     monkeypatch.setattr(ChunkGraph, "release_context", lambda self: None)
+
+
+def _undo_the_context_recompute(monkeypatch) -> None:
+    """A no-grad context read under grad (the student's chunk step, the F-P-P-F trailing Full step) stays held by
+    the block checkpoints from the forward to the generator's backward."""
+    from predictor_training.teacher import RecomputedContextKV
+    monkeypatch.setattr(RecomputedContextKV, "release", lambda self: None)
 
 
 def test_the_generator_context_cut_lowers_the_peak(monkeypatch, capsys):
@@ -112,7 +91,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return {"teacher": root / "teacher", "videos": root / "videos", "init": init}
 
 
-def _step_gradients(world, out: Path, generator: str = "predictor") -> dict[str, list]:
+def _step_gradients(world, out: Path, generator: str = "predictor", replace_steps: str = "1,2,3"
+                    ) -> dict[str, list]:
     """Both roles' gradients after one DistributionMatchingStep with both due (the demo recipe, gradient
     checkpointing on). Predictor generator: the fake score starts equal to the real one, so the DMD gradient is 0 at
     the first step and the anchor gives the Predictor's. Student generator (LoRA, --context_grad off): its adapter
@@ -130,7 +110,7 @@ def _step_gradients(world, out: Path, generator: str = "predictor") -> dict[str,
     argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--source_blocks", "1,2", "--output_dir", str(out),
             "--gradient_checkpointing", "--generator", generator]
-    argv += (["--init_from", str(world["init"])] if generator == "predictor" else
+    argv += (["--init_from", str(world["init"]), "--replace_steps", replace_steps] if generator == "predictor" else
              ["--anchor_weight", "1", "--exit_step", "last"])
     args = dmd2.parse_args(argv)
     teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), cpu, torch.float32)
@@ -153,12 +133,38 @@ def _step_gradients(world, out: Path, generator: str = "predictor") -> dict[str,
             for role in (generator_role, fake_role)}
 
 
-def test_the_generator_context_cut_changes_no_value(world, tmp_path, monkeypatch):
-    """One step of the recipe on the tiny world with the cut and with it undone: every gradient of both roles bit for
-    bit the same (the release drops nothing the Predictor's backward reads)."""
-    cut = _step_gradients(world, tmp_path / "cut")
+def test_the_trailing_full_step_context_is_recomputed(monkeypatch, capsys):
+    """The tool's --recipe dmd2 with an F-P-P-F Predictor generator (its sample re-runs the trailing Full step with a
+    graph), the raw Teacher as real score and DDP buckets over 8 ranks: that step reads the context through
+    `RecomputedContextKV` handles, released after its forward, so its block checkpoints hold no K/V through the
+    critic, the step's peak; holding them raises the peak."""
+    ranks = DEMO.index("--world_size") + 1
+    argv = ["--recipe", "dmd2", *DEMO[:ranks], "8", *DEMO[ranks + 1:], "--generator", "predictor",
+            "--real_score", "teacher", "--replace_steps", "1,2"]
+    assert estimate_memory.main([*argv, "--json"]) == 0
+    (cut,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cut["name"].startswith("dmd2 Predictor") and "F-P-P-F" in cut["name"]
+    assert cut["live_after_step"]["ddp_buckets"] > 0 and cut["live_after_step"]["optimizer_state"] > 0
+    _undo_the_context_recompute(monkeypatch)
+    undone = estimate_memory.rehearse_dmd2(estimate_memory.parse_args(argv))
+    assert cut["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
+    assert undone.peak > cut["peak_gib"] * 2**30, (cut["peak_gib"], undone.peak)
+
+
+@pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
+def test_the_generator_context_cut_changes_no_value(world, tmp_path, monkeypatch, replace_steps):
+    """One step of the recipe on the tiny world with the cuts (the unread layers' context released once the sample
+    is made; F-P-P-F: the trailing Full step's context recomputed in the backward, once for chunk 1) and with them
+    undone: every gradient of both roles bit for bit the same."""
+    from predictor_training.rollout.ar_rollout import ARRollout
+    calls = []
+    prefill_again = ARRollout.prefill_again
+    monkeypatch.setattr(ARRollout, "prefill_again", lambda self, *a, **k: calls.append(1) or prefill_again(self, *a, **k))
+    cut = _step_gradients(world, tmp_path / "cut", replace_steps=replace_steps)
+    assert len(calls) == (1 if replace_steps == "1,2" else 0)
     _undo_the_generator_context_cut(monkeypatch)
-    undone = _step_gradients(world, tmp_path / "undone")
+    _undo_the_context_recompute(monkeypatch)
+    undone = _step_gradients(world, tmp_path / "undone", replace_steps=replace_steps)
     assert set(cut) == set(undone) and len(cut) == 2
     for name, grads in cut.items():
         assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name
@@ -167,12 +173,6 @@ def test_the_generator_context_cut_changes_no_value(world, tmp_path, monkeypatch
 
 
 # ---- the student's context recomputed in its backward (train.md § Memory per GPU at real size) -----------------
-def _undo_the_student_context_recompute(monkeypatch) -> None:
-    """The student chunk's block checkpoints keep its context K/V from the forward to the generator's backward."""
-    from predictor_training.teacher import RecomputedContextKV
-    monkeypatch.setattr(RecomputedContextKV, "release", lambda self: None)
-
-
 def test_the_student_context_recompute_lowers_the_peak(monkeypatch, capsys):
     """The tool's --recipe dmd2 --generator student (LoRA real score): the student's no-grad context K/V are
     released after the chunk's forward and prefilled again in its backward (`RecomputedContextKV`), so the critic,
@@ -184,7 +184,7 @@ def test_the_student_context_recompute_lowers_the_peak(monkeypatch, capsys):
     (cut,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert cut["name"].startswith("dmd2 LoRA rank 64 student")
     assert cut["live_after_step"]["optimizer_state"] > 0 and cut["live_after_step"]["ddp_buckets"] == 0
-    _undo_the_student_context_recompute(monkeypatch)
+    _undo_the_context_recompute(monkeypatch)
     undone = estimate_memory.rehearse_dmd2(estimate_memory.parse_args(argv))
     assert cut["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
     assert undone.peak > cut["peak_gib"] * 2**30, (cut["peak_gib"], undone.peak)
@@ -199,7 +199,7 @@ def test_the_student_context_recompute_changes_no_value(world, tmp_path, monkeyp
     monkeypatch.setattr(ARRollout, "prefill_again", lambda self, *a, **k: calls.append(1) or prefill_again(self, *a, **k))
     cut = _step_gradients(world, tmp_path / "cut", generator="student")
     assert len(calls) == 1  # chunk 1 (chunk 0 has no context)
-    _undo_the_student_context_recompute(monkeypatch)
+    _undo_the_context_recompute(monkeypatch)
     undone = _step_gradients(world, tmp_path / "undone", generator="student")
     assert len(calls) == 1
     assert set(cut) == set(undone) and len(cut) == 2

@@ -18,6 +18,7 @@ noise, memory points and history.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -86,7 +87,8 @@ class CompositeRollout:
         as `train_trajectory` does before its backward): the Predictor's backward needs only its two source layers'
         K/V, which its graph holds, and the commit needs none. At 20 context frames that is 52 of 54 layers' K/V
         (~25 GiB at the real config) no longer alive through the critic and the generator's backward. (F-P-P-F: the
-        trailing Full step's graph holds every layer's K/V until the generator's backward whatever is released.)"""
+        trailing Full step reads every layer's K/V through `RecomputedContextKV` handles, so its graph holds none of
+        them; its backward prefills them again, see `differentiable_sample`.)"""
         with adapter(self.teacher, None):
             self.graph = self.trajectory.run_trained_chunk(chunk_index)
             sample = self.differentiable_sample(self.graph)
@@ -109,7 +111,10 @@ class CompositeRollout:
         from the last Predictor step k, x_{k+1} = Euler(x_k, pred_v_k), then x_{j+1} = Euler(x_j, v_T(x_j)) with the
         Teacher on x_j *with* its graph (the trajectory ran the same call on x_j.detach()): identical values, and
         dL/dx_j = (I + (sigma_{j+1} - sigma_j) dv_T/dx_j)^T dL/dx_{j+1} reaches the Predictor. The Teacher is frozen
-        (requires_grad False), so only the latent path takes gradients. Call with the base Teacher active."""
+        (requires_grad False), so only the latent path takes gradients. Call with the base Teacher active.
+        With the exact context the trailing steps read the context through `ARRollout.recomputed_context`: released
+        after their forward, prefilled again (no grad, the same values) when the generator's backward recomputes
+        their block checkpoints, so that no layer's context K/V is held through the critic."""
         trailing = self.trailing_full_steps()
         if not trailing or not torch.is_grad_enabled():
             return graph.final_latent.float()
@@ -123,12 +128,18 @@ class CompositeRollout:
         latent = differentiable_euler_step(last.latent, last.pred_velocity, sigmas, last.step_index)
         latent = latent.to(config.state_dtype)
         # 2. The trailing Full steps, differentiable in their input latent.
+        context = graph.context
+        recomputed = rollout.frame_cache is None and context.kv is not None
+        if recomputed:
+            context = dataclasses.replace(context, kv=rollout.recomputed_context(context))
         for step_index in trailing:
             timestep = timesteps[step_index].expand(config.chunk_latents).to(device=rollout.device,
                                                                               dtype=torch.float32)
             model_input = torch.cat([latent.to(rollout.model_dtype), cond], dim=1)
-            output = rollout.full_step(model_input, timestep, action, viewmats, Ks, graph.context)
+            output = rollout.full_step(model_input, timestep, action, viewmats, Ks, context)
             latent = differentiable_euler_step(latent, output.velocity, sigmas, step_index).to(config.state_dtype)
+        if recomputed:
+            context.kv.release()
         return latent.float()
 
     def commit(self, sample: ChunkSample) -> None:

@@ -170,6 +170,9 @@ def build_predictor_role(args: argparse.Namespace, teacher, env: DistEnv, resumi
     from --init_from unless a training state is resumed, DDP-wrapped, two LR groups (--fusion_lr, --blocks_lr),
     due every --generator_every steps."""
     predictor = build_predictor(teacher, PREDICTOR_VARIANT, args.source_blocks, args.gradient_checkpointing)
+    # A schedule ending on Full steps (F-P-P-F) re-runs them on the frozen Teacher with a graph to the sample
+    # (`CompositeRollout.differentiable_sample`): checkpoint its blocks too, whatever model the scores sit on.
+    teacher.set_gradient_checkpointing(args.gradient_checkpointing)
     init_meta = None
     if not resuming:
         init_meta = load_model_weights(args.init_from, predictor, expect={

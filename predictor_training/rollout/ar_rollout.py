@@ -39,7 +39,8 @@ from predictor_training.teacher.frame_kv_cache import FrameKVCache, check_contex
 from predictor_training.runtime.precision import autocast
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
-from predictor_training.teacher import ContextKV, TextKV
+from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
+from predictor_training.teacher.adapters import active_adapter, adapter
 
 CONTEXT_TIMESTEP = 14.0  # stabilization level 15 minus 1 (tests/data/conformance/README.md § F.3)
 
@@ -503,6 +504,20 @@ class ARRollout:
             raise ValueError(f"the {self.config.context_mode!r} context mode assembles stored K/V; only an 'exact' "
                              "context is prefilled again")
         return self._prefill(context.model_input, context.indices, grad=False, text_kv=text_kv)[0]
+
+    def recomputed_context(self, context: ChunkContext, text_kv: TextKV | None = None) -> RecomputedContextKV:
+        """``context``'s K/V (a no-grad prefill of this rollout, exact mode) behind handles that can release them
+        after a forward under grad and prefill them again for its backward (`RecomputedContextKV`). The rebuild
+        keeps only the prefill's input snapshot, not the K/V, and runs under the adapter active now (a Teacher
+        shared by adapters switches between the forward and the backward)."""
+        snapshot = ChunkContext(indices=context.indices, model_input=context.model_input)
+        name = active_adapter(self.teacher)
+
+        def rebuild() -> ContextKV:
+            with adapter(self.teacher, name):
+                return self.prefill_again(snapshot, text_kv)
+
+        return RecomputedContextKV(context.kv, rebuild)
 
     # ---- 2. steps -----------------------------------------------------------------------------------------------
     def full_step(self, model_input, timestep, action, viewmats, Ks, context: ChunkContext) -> StepOutput:

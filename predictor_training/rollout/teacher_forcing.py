@@ -30,8 +30,7 @@ from torch import Tensor
 
 from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
 from predictor_training.runtime.precision import autocast
-from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
-from predictor_training.teacher.adapters import active_adapter, adapter
+from predictor_training.teacher import TextKV
 
 TEXT_ENCODER_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states")
 STORED_TEXT_FIELDS = ("text_k", "text_v")
@@ -168,7 +167,7 @@ class TeacherForcedClip:
         recompute = (self.recompute_context and context_kv is not None and torch.is_grad_enabled()
                      and not self.context_grad and self.noisy_context is None and rollout.frame_cache is None)
         if recompute:
-            context_kv = self._recomputed(context, text_kv)
+            context_kv = rollout.recomputed_context(context, text_kv)
         cond = rollout.cond[:, :, frames].to(rollout.model_dtype)
         model_input = torch.cat([noisy.to(rollout.model_dtype), cond], dim=1)
         action, viewmats, Ks = rollout.frame_inputs(range(frames.start, frames.stop))
@@ -179,18 +178,6 @@ class TeacherForcedClip:
         if recompute:
             context_kv.release()
         return velocity.float()
-
-    def _recomputed(self, context: ChunkContext, text_kv: TextKV) -> RecomputedContextKV:
-        """`context`'s K/V behind a handle that can release them; the rebuild keeps only the prefill's input
-        snapshot (not the K/V) and runs with the adapter active now (a shared Teacher's adapters switch)."""
-        snapshot = ChunkContext(indices=context.indices, model_input=context.model_input)
-        rollout, model, name = self.rollout, self.model, active_adapter(self.model)
-
-        def rebuild() -> ContextKV:
-            with adapter(model, name):
-                return rollout.prefill_again(snapshot, text_kv)
-
-        return RecomputedContextKV(context.kv, rebuild)
 
     def prefill_noisy_context(self, chunk_index: int, text_kv: TextKV) -> ChunkContext:
         """The diffusion-forcing context of chunk ``chunk_index``: the frames the AR loop selects (same memory rule,
