@@ -363,7 +363,7 @@ MUTATIONS = [
     Mutation('fppf_trailing_step_holds_the_context', 'predictor_training/methods/chunk_generators.py',
              '        if recomputed:\n            context.kv.release()',
              '        if recomputed:\n            pass',
-             ('tests/test_memory_rehearsal_dmd2.py::test_the_trailing_full_step_context_is_recomputed',),
+             ('tests/test_memory_rehearsal_dmd2.py::test_the_generator_context_cut_changes_no_value',),
              "the F-P-P-F trailing Full step's checkpoints hold every layer's context through the critic"),
     Mutation('fppf_teacher_blocks_not_checkpointed', 'predictor_training/methods/dmd2_models.py',
              '    teacher.set_gradient_checkpointing(args.gradient_checkpointing)\n    init_meta = None',
