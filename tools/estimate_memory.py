@@ -371,7 +371,6 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
         build_discriminator,
         build_discriminator_role,
     )
-    from predictor_training.rollout.ar_rollout import ARRollout
     from predictor_training.runtime.precision import precision_policy
     rollout = args.data == "rollout"
     flags = _rollout_defaults(recipe, ["--dataset_root", "unused", "--data", args.data])
@@ -383,14 +382,8 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
     if rollout:
         from predictor_training.teacher.config import preset_config
         row, image_cond = rollout_row(args, int(preset_config(args.config)["out_channels"]))
-    select = ARRollout.select_context
-
-    def select_on_real_values(self, chunk_index):  # the memory selection runs on the host's real values
-        with real_values():
-            return select(self, chunk_index)
-
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
-            patched((ARRollout, "select_context", select_on_real_values)):
+            patched(selection_on_real_values()):
         policy = precision_policy(flags.precision, torch.device("cpu"))
         teacher, predictor = build_models(rehearsal, args, recipe.VARIANT)
         if not rollout:
@@ -537,6 +530,19 @@ def rehearse_rollout(args) -> MemoryReport:
 
 
 # ---- the generic methods (fvtools/) --------------------------------------------------------------------------
+def selection_on_real_values() -> tuple:
+    """The patch (for `patched`) that runs `ARRollout.select_context` on real CPU values: the memory selection reads
+    poses and Monte-Carlo points on the host, as on the GPU, and its result decides the context length."""
+    from predictor_training.rollout.ar_rollout import ARRollout
+    select = ARRollout.select_context
+
+    def select_context(self, chunk_index):
+        with real_values():
+            return select(self, chunk_index)
+
+    return ARRollout, "select_context", select_context
+
+
 def method_flags(module, argv=()) -> argparse.Namespace:
     """An fvtools recipe's own flag defaults (plus `argv`), parsed by its parse_args without its file checks (the
     --dry_run path returns before them)."""
@@ -588,12 +594,6 @@ def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
         with real_values():
             return camera.make_retrieval_points(seed, *rest, **kwargs)
 
-    select = ar_rollout.ARRollout.select_context
-
-    def select_context(self, chunk_index):
-        with real_values():
-            return select(self, chunk_index)
-
     def last_chunks(num_chunks, count, rank_generator, shared_generator):
         return list(range(max(0, num_chunks - count), num_chunks))
 
@@ -604,7 +604,7 @@ def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
                (torch.nn.Module, "to", _to_unless_unchanged),
                (BaseTunerLayer, "_move_adapter_to_device_of_base_layer", keep_adapter_where_made),
                (ar_rollout, "make_retrieval_points", make_retrieval_points),
-               (ar_rollout.ARRollout, "select_context", select_context),
+               selection_on_real_values(),
                (teacher_forcing, "draw_training_chunks", last_chunks)]
     for name in ("train_df_sft", "train_kd", "train_dmd2", "train_adversarial", "train_nft"):
         module = sys.modules.get(f"fvtools.{name}")

@@ -199,10 +199,6 @@ class _RecomputedLayer:
     def __init__(self, owner: RecomputedContextKV, index: int):
         self.owner, self.index = owner, index
 
-    @property
-    def num_tokens(self) -> int:
-        return self.owner.layer_kv(self.index).num_tokens
-
     def stacked(self) -> tuple[Tensor, Tensor]:
         return self.owner.layer_kv(self.index).stacked()
 
