@@ -451,6 +451,8 @@ def test_every_method_and_the_still_first_frame_are_scored_against_the_ground_tr
     still = against["methods"][REPEAT_FIRST_FRAME]
     assert still["per_frame"]["mse"][0] == 0 and still["per_frame"]["psnr"][0] == "inf"
     assert still["metrics"]["identical_frames"] == 1 and still["metrics"]["psnr_frame_mean"] == "inf"
+    # chunks 1.. leave chunk 0 (and so the still image's identical frame 0) out; with 2 chunks they are chunk 1
+    assert still["after_first_chunk"] == still["per_chunk"][1] and still["after_first_chunk"]["identical_frames"] == 0
     assert against["methods"][REFERENCE]["metrics"]["identical_frames"] == 0
     # the untrained Predictor is hidden reuse against the ground truth too; the against-reference record is as before
     assert against["methods"][predictor]["metrics"] == against["methods"][REUSE_HIDDEN]["metrics"]
@@ -480,6 +482,9 @@ def test_ground_truth_reports(ground_truth_run):
     # the second table and the second drift plot
     table = (run_dir / "table.md").read_text()
     assert "**Against the ground truth**" in table and f"| {REPEAT_FIRST_FRAME} |" in table
+    later = still["after_first_chunk"]
+    assert "PSNR chunks 1.. (dB) | SSIM chunks 1.. |" in table
+    assert f" | {later['psnr_full']:.4f} | {later['ssim']:.4f} |" in table  # the still image's row ends with them
     assert table.count(f"| predictor ckptstep{STEP} |") == 3  # vs reference, vs ground truth, speed
     assert "**Against the ground truth**" in ground_truth_run["printed"]
     assert (run_dir / "drift_ground_truth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,6 +5,9 @@ Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by
     videos/<case>__a<action>.json   one per finished video (the unit of resume; written by `run.run_evaluation`)
     side_by_side/<case>__a<action>.mp4   [ground_truth |] reference | reuse_velocity | reuse_hidden | predictor(s),
                               chosen subset, every panel scaled up (nearest neighbour) to be watchable
+    revisit_sheet/<case>__a<action>.png   the same subset's rows whose camera path revisits (ground truth only):
+                              ground truth | reference | predictor(s) [| their @mode copies] at the first visit,
+                              the farthest point away and the return (`write_revisit_sheet`)
     per_video.csv, per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md
     drift_ground_truth.png    with ground truth only
 
@@ -30,15 +33,16 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from PIL import Image
 from torch import Tensor
 
 from predictor_training.runtime.io import atomic_write, write_text_atomic
 from predictor_training.eval.revisits import revisit_table
-from predictor_training.eval.methods import REFERENCE, Method
+from predictor_training.eval.methods import REFERENCE, REUSE_HIDDEN, REUSE_VELOCITY, Method
 from predictor_training.eval.runtime import GROUND_TRUTH, RESULT_FORMAT, RESULT_VERSION
 from predictor_training.teacher.flops import flop_speedup_bound
 from predictor_training.runtime.io import write_json_atomic
-from predictor_training.video.io import side_by_side, write_video
+from predictor_training.video.io import label_strip, side_by_side, write_video
 from predictor_training.video.metrics import LPIPS_METRIC_NAME, aggregate_videos, jsonable
 
 # frame-mean PSNR is left out of the table: with chunk 0 F-F-F-F its identical frames make it inf (it is in the CSV)
@@ -162,6 +166,7 @@ def aggregate_ground_truth(results: Sequence[dict]) -> dict:
             "metrics": aggregate_videos([entry["metrics"] for entry in entries]),
             "per_chunk": [aggregate_videos([entry["per_chunk"][chunk] for entry in entries])
                           for chunk in range(num_chunks)],
+            "after_first_chunk": aggregate_videos([entry["after_first_chunk"] for entry in entries]),
         }
     return out
 
@@ -226,14 +231,18 @@ def format_markdown_table(aggregate: dict, method_names: Sequence[str], header: 
             "",
             f"**Against the ground truth** (`{header['ground_truth']}`): every method's video, the reference "
             "F-F-F-F included, scored against the ground-truth video of its row; `repeat_first_frame` is the ground "
-            "truth's first frame held for the whole video (the still-image baseline).",
+            "truth's first frame held for the whole video (the still-image baseline); the last two columns score "
+            "only chunks 1.. (what each method made from its own history, after the image-conditioned chunk 0).",
             "",
-            "| method | " + " | ".join(titles[column] for column in columns) + " |",
-            "| --- | " + " | ".join("---:" for _ in columns) + " |",
+            "| method | " + " | ".join(titles[column] for column in columns) + " | PSNR chunks 1.. (dB) | "
+            "SSIM chunks 1.. |",
+            "| --- | " + " | ".join("---:" for _ in columns) + " | ---: | ---: |",
         ]
         for name, record in ground_truth_aggregate.items():
+            later = record["after_first_chunk"]
             lines.append(f"| {display[name]} | "
-                         + " | ".join(_fmt(record["metrics"][column]) for column in columns) + " |")
+                         + " | ".join(_fmt(record["metrics"][column]) for column in columns)
+                         + f" | {_fmt(later['psnr_full'])} | {_fmt(later['ssim'])} |")
     lines += ["", "| method | end-to-end s/video | DiT s/video | speedup end-to-end | speedup DiT | "
                   "FLOP bound (DiT) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name in method_names:
@@ -464,4 +473,39 @@ def write_side_by_side(out_dir: Path, key: str, frames: dict[str, Tensor], metho
     video = side_by_side(panels, labels, label_height=24 if width >= 256 else 14)
     relative = f"side_by_side/{key}.mp4"
     write_video(out_dir / relative, video, fps)
+    return relative
+
+
+def revisit_sheet_frames(pairs: dict[int, int]) -> list[tuple[str, int]]:
+    """[(label, frame)] of the sheet's three rows for `pairs` ({revisiting frame: first-visit frame}): the pair with
+    the longest time away, its first visit, the frame halfway between (the farthest point of the demo world's
+    turn-away and back-up paths) and the return."""
+    frame, first = max(pairs.items(), key=lambda pair: (pair[0] - pair[1], pair[0]))
+    away = (first + frame) // 2
+    return [(f"first visit (frame {first})", first), (f"away (frame {away})", away), (f"return (frame {frame})", frame)]
+
+
+def write_revisit_sheet(out_dir: Path, key: str, frames: dict[str, Tensor], methods: Sequence[Method],
+                        pairs: dict[int, int], scale: int = 0) -> str:
+    """One PNG of how each method renders a camera it comes back to; returns its path relative to out_dir.
+
+    Columns: ground truth | every method but the reuse baselines (reference, predictors, their context-mode copies);
+    rows: `revisit_sheet_frames(pairs)`, each under its label. frames: {name: uint8 [F, H, W, 3]} with the ground
+    truth under GROUND_TRUTH. Panels are scaled up as the side-by-side videos'."""
+    shown = [method for method in methods if method.name not in (REUSE_VELOCITY, REUSE_HIDDEN)]
+    names = [GROUND_TRUTH] + [method.name for method in shown]
+    labels = [GROUND_TRUTH_PANEL] + [method.panel for method in shown]
+    rows = revisit_sheet_frames(pairs)
+    picks = [frame for _, frame in rows]
+    factor = side_by_side_scale_for(int(frames[GROUND_TRUTH].shape[1]), scale)
+    panels = [upscale_nearest(frames[name][picks].numpy(), factor) for name in names]
+    label_height = 24 if panels[0].shape[2] >= 256 else 14
+    grid = side_by_side(panels, labels, label_height=label_height)  # [3, label + H, W_all, 3]
+    width = grid.shape[2]
+    image = np.concatenate([np.concatenate([label_strip(label, width, label_height), grid[index]], axis=0)
+                            for index, (label, _) in enumerate(rows)], axis=0)
+    relative = f"revisit_sheet/{key}.png"
+    path = out_dir / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Image.fromarray(image).save(tmp, format="PNG"))
     return relative

@@ -53,17 +53,19 @@ from predictor_training.video.metrics import (
 )
 
 RESULT_FORMAT = "predictor_training.eval_video"
-RESULT_VERSION = 2
+RESULT_VERSION = 3
 GROUND_TRUTH = "ground_truth"  # key of the ground-truth frames next to the methods' frames (side-by-side panel)
 
 
 def score_video(target: Tensor, test: Tensor, scorer: LpipsScorer, ranges: Sequence[tuple[int, int]],
                 device: torch.device) -> dict:
     """`test` scored against `target` (both uint8 [F, H, W, 3]): {"metrics": whole video, "per_chunk": one record
-    per frame range of `ranges`, "per_frame": the per-frame series}."""
+    per frame range of `ranges`, "after_first_chunk": the frames of chunks 1.. (what the model made from its own
+    history, not the image-conditioned chunk 0), "per_frame": the per-frame series}."""
     metrics = compute_video_metrics(target, test, scorer, per_frame=True, device=device)
     per_frame = metrics.pop("per_frame")
     return {"metrics": metrics, "per_chunk": [summarize_frame_range(per_frame, a, b) for a, b in ranges],
+            "after_first_chunk": summarize_frame_range(per_frame, ranges[1][0], ranges[-1][1]),
             "per_frame": per_frame}
 
 

@@ -187,7 +187,7 @@ def write_video(path: str | Path, frames, fps: float, *, lossless: bool = False,
 # ----------------------------------------------------------------------------------------------------------------
 # Side-by-side comparison
 # ----------------------------------------------------------------------------------------------------------------
-def _label_strip(text: str, width: int, height: int) -> np.ndarray:
+def label_strip(text: str, width: int, height: int) -> np.ndarray:
     """A black strip [height, width, 3] with ``text`` in white (PIL's default font)."""
     strip = Image.new("RGB", (width, height), (0, 0, 0))
     font = ImageFont.load_default(size=max(8, int(height * 0.7)))
@@ -214,7 +214,7 @@ def side_by_side(videos: Sequence, labels: Sequence[str], *, label_height: int =
             )
     columns = []
     for index, (label, video) in enumerate(zip(labels, videos)):
-        strip = _label_strip(label, video.shape[2], label_height)  # [label_height, W, 3]
+        strip = label_strip(label, video.shape[2], label_height)  # [label_height, W, 3]
         strip = np.broadcast_to(strip, (num_frames, *strip.shape))
         columns.append(np.concatenate([strip, video], axis=1))
         if gap and index < len(videos) - 1:
