@@ -43,11 +43,13 @@ if is_demo; then
       echo "[launch] the offline demo checkpoint is not finished: running tools/launch_predictor_v4_training.sh first"
       env -u FUSION_LR -u BLOCKS_LR -u MAX_STEPS -u STOP_AT_STEP -u SCHEDULER_WARMUP_STEPS -u BLOCK_WARMUP_STEPS \
         -u CKPT_EVERY -u KEEP_LAST -u GRAD_ACCUM -u TRACKER -u NUM_WORKERS -u EXPERIMENT -u PRECISION \
+        -u VAL_EVERY -u VAL_VIDEOS -u VAL_SPLIT \
         bash "${REPO_ROOT}/tools/launch_predictor_v4_training.sh"
     elif (( status != 3 )); then
       exit "${status}"
     fi
     args+=(--init_from "${RUN_DIR}/training_latest.pt")
+    offline_dir="${RUN_DIR}"
   fi
 elif [[ -n "${recipe_preset}" ]]; then
   args+=(--preset "${recipe_preset}")
@@ -57,3 +59,14 @@ args+=("${FLAGS_FROM_ENV[@]}")
 [[ -n "${POSITIONAL[0]:-}" ]] && args+=(--output_dir "${POSITIONAL[0]}")
 [[ -n "${POSITIONAL[1]:-}" ]] && args+=(--resume "${POSITIONAL[1]}")
 launch_recipe "${SCRIPT}" "${args[@]}" "${EXTRA_ARGS[@]}"
+if [[ -n "${offline_dir:-}" ]]; then
+  # What the demo made, and the eval that shows whether the rollout stage bought anything (train.md § 2, demo).
+  echo "[launch] demo finished."
+  echo "[launch]   offline v4 run (the start): ${offline_dir}"
+  echo "[launch]   rollout run:                ${RUN_DIR}"
+  echo "[launch] Held-out F-P-P-P of both, against F-F-F-F and the ground truth (about 3 minutes per split):"
+  for split in holdout25 holdout50; do
+    echo "  ${PYTHON} tools/eval_predictor.py --demo ${DEMO_ROOT}/assets --split ${split} --lpips_random_backbone" \
+         "--ckpt ${offline_dir}/training_latest.pt --ckpt ${RUN_DIR}/training_latest.pt"
+  done
+fi

@@ -106,9 +106,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "folder (vae/, teacher/, world_config.json; default: the shipped one)")
     parser.add_argument("--num_train", type=int, default=12, help="cases in samples/train.jsonl (world: scenes, each "
                         "with its 4 train paths; random: images, each with the 4 standard actions)")
-    parser.add_argument("--num_holdout25", type=int, default=3, help="cases in samples/holdout25.jsonl (world: "
-                        "held-out scenes x their 4 paths)")
-    parser.add_argument("--num_holdout50", type=int, default=3, help="cases in samples/holdout50.jsonl (world: train "
+    parser.add_argument("--num_holdout25", type=int, default=8, help="cases in samples/holdout25.jsonl (world: "
+                        "held-out scenes x their 4 paths; 8 x 4 = 32 videos, half of them revisit paths)")
+    parser.add_argument("--num_holdout50", type=int, default=8, help="cases in samples/holdout50.jsonl (world: train "
                         "scenes outside the demo's train split, each with its new path)")
     parser.add_argument("--seed", type=int, default=0, help="random: seed of the scenes, the split, the Teacher and "
                         "the encoders; world: seed of the rows' noise (the encoders keep the world's seed)")
