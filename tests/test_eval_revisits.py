@@ -69,3 +69,26 @@ def test_the_revisit_sheet_shows_first_visit_away_and_return(tmp_path):
         top = row * (2 * label + height) + 2 * label
         assert (sheet[top:top + height, :width] == 10 * frame).all()  # ground truth
         assert (sheet[top:top + height, width + gap:] == 10 * frame + 1).all()  # reference
+
+
+def test_a_result_reads_back_every_metric_record_as_floats(tmp_path):
+    """jsonable writes inf as "inf"; read_video_result must turn every metric record back into floats (an "inf"
+    left as a string breaks the means)."""
+    import json
+    import math
+
+    from predictor_training.eval.reports import read_video_result
+    from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION
+    from predictor_training.video.metrics import jsonable
+
+    record = {"psnr_full": math.inf, "ssim": 1.0}
+    scored = {"metrics": record, "per_chunk": [record], "after_first_chunk": record,
+              "per_frame": {"psnr": [math.inf]}}
+    result = {"format": RESULT_FORMAT, "version": RESULT_VERSION, "fingerprint": "f", "methods": {"m": scored},
+              "against_ground_truth": {"methods": {"m": scored}}}
+    path = tmp_path / "video.json"
+    path.write_text(json.dumps(jsonable(result)))
+    read = read_video_result(path, "f")
+    for entry in (read["methods"]["m"], read["against_ground_truth"]["methods"]["m"]):
+        assert entry["metrics"]["psnr_full"] == math.inf and entry["per_chunk"][0]["psnr_full"] == math.inf
+        assert entry["after_first_chunk"]["psnr_full"] == math.inf and entry["per_frame"]["psnr"] == [math.inf]

@@ -5,7 +5,7 @@ Outputs of one evaluation run (directory `<output_root>/<run_name>`), written by
     videos/<case>__a<action>.json   one per finished video (the unit of resume; written by `run.run_evaluation`)
     side_by_side/<case>__a<action>.mp4   [ground_truth |] reference | reuse_velocity | reuse_hidden | predictor(s),
                               chosen subset, every panel scaled up (nearest neighbour) to be watchable
-    revisit_sheet/<case>__a<action>.png   the same subset's rows whose camera path revisits (ground truth only):
+    revisit_sheet/<case>__a<action>.png   every row whose camera path revisits a camera (ground truth only):
                               ground truth | reference | predictor(s) [| their @mode copies] at the first visit,
                               the farthest point away and the return (`write_revisit_sheet`)
     per_video.csv, per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md
@@ -90,7 +90,7 @@ def read_video_result(path: Path, fingerprint: str) -> dict:
     if "against_ground_truth" in result:
         entries += list(result["against_ground_truth"]["methods"].values())
     for entry in entries:
-        for key in ("metrics", "per_chunk", "per_frame"):
+        for key in ("metrics", "per_chunk", "after_first_chunk", "per_frame"):
             if key in entry:
                 entry[key] = _restore_floats(entry[key])
     return result

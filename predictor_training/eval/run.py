@@ -3,7 +3,7 @@ fingerprint that guards resume, sharding over ranks, gathering and the reports (
 
 Files of the run directory `<output_root>/<run_name>` written here: eval_config.json (settings and the fingerprint
 of everything that changes the numbers), videos/<case>__a<action>.json (one per finished video, the unit of
-resume), side_by_side/*.mp4 (and revisit_sheet/*.png for those rows whose path revisits a camera), and, on rank 0, the reports of `reports.write_reports`. With `--ground_truth` every
+resume), side_by_side/*.mp4, revisit_sheet/*.png (every row whose path revisits a camera), and, on rank 0, the reports of `reports.write_reports`. With `--ground_truth` every
 row's ground-truth video is located before anything runs, and the results and reports carry the scores against it.
 With `--context_modes` other than exact, the reference and every Predictor also run in each other mode
 (`methods.add_context_modes`: `reference@M`, `predictor_<ckpt>@M`), scored and timed against the exact reference.
@@ -441,10 +441,10 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
             if result["key"] in side_by_side_keys:
                 result["side_by_side"] = write_side_by_side(out_dir, result["key"], frames, runtime.methods,
                                                             settings.fps, settings.side_by_side_scale)
-                if result.get("revisits"):
-                    pairs = {frame: first for frame, first in result["revisits"]["pairs"]}
-                    result["revisit_sheet"] = write_revisit_sheet(out_dir, result["key"], frames, runtime.methods,
-                                                                  pairs, settings.side_by_side_scale)
+            if result.get("revisits"):  # a picture of three frames: every such row gets one
+                pairs = {frame: first for frame, first in result["revisits"]["pairs"]}
+                result["revisit_sheet"] = write_revisit_sheet(out_dir, result["key"], frames, runtime.methods,
+                                                              pairs, settings.side_by_side_scale)
             result_path(result["key"]).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(result_path(result["key"]), jsonable(result))
             computed.append(result["key"])
