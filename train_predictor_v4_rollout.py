@@ -82,9 +82,9 @@ from predictor_training.teacher.source import describe_teacher, load_teacher
 VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
 
-_DEMO = ["--source_blocks", "1,10", "--precision", "fp32", "--max_steps", "8", "--scheduler_warmup_steps", "2",
-         "--block_warmup_steps", "2", "--ckpt_every", "4", "--tracker", "none", "--num_workers", "0",
-         "--val_every", "8", "--val_videos", "1"]
+_DEMO = ["--source_blocks", "1,10", "--precision", "fp32", "--max_steps", "64", "--scheduler_warmup_steps", "2",
+         "--block_warmup_steps", "2", "--ckpt_every", "16", "--tracker", "none", "--num_workers", "0",
+         "--val_every", "16", "--val_videos", "1"]
 _OVERFIT8 = ["--subset_cases", "8", "--subset_seed", "20260721", "--scheduler_warmup_steps", "8",
              "--block_warmup_steps", "8"]
 _FPPF = ["--replace_steps", "1,2", "--max_steps", "300"]
