@@ -9,9 +9,10 @@ the demo the same way on the same kind of CPU, then compare:
     R=checkpoints/predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps64_swarmup2_bwarmup2_notracker
     O=checkpoints/predictor_v4_prefeature_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
     D=checkpoints/predictor_disca_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
-    python tools/eval_predictor.py --demo demo_data/assets --split holdout25 --replace_steps 1,2,3 \
-        --lpips_random_backbone --threads 2 --ckpt $R/predictor_step_00064.safetensors --ckpt $O/predictor_step_00240.safetensors \
-        --ckpt $D/predictor_step_00240.safetensors --run_name world_demo_fppp_holdout25
+    torchrun --standalone --nproc_per_node 2 tools/eval_predictor.py --demo demo_data/assets --split holdout25 \
+        --replace_steps 1,2,3 --lpips_random_backbone --threads 1 --ckpt $R/predictor_step_00064.safetensors \
+        --ckpt $O/predictor_step_00240.safetensors --ckpt $D/predictor_step_00240.safetensors \
+        --context_modes exact,incremental --run_name world_demo_fppp_holdout25 --num_side_by_side 4
     python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
 
 Every logged number except wall-clock times, memory and the validation figures must be equal (==, not approximately); eval metrics must
