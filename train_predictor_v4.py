@@ -61,7 +61,7 @@ PRESETS = {
     "demo": ["--experiment", "predictor_v4_prefeature_demo", "--source_blocks", "1,10", "--precision", "fp32",
              "--max_steps", "240", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
              "--batch_size", "8", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0",
-             "--val_every", "120", "--val_videos", "1"],
+             "--val_every", "240", "--val_videos", "1"],
 }
 
 
