@@ -64,7 +64,7 @@ if [[ -n "${offline_dir:-}" ]]; then
   echo "[launch] demo finished."
   echo "[launch]   offline v4 run (the start): ${offline_dir}"
   echo "[launch]   rollout run:                ${RUN_DIR}"
-  echo "[launch] Held-out F-P-P-P of both, against F-F-F-F and the ground truth (about 3 minutes per split):"
+  echo "[launch] Held-out F-P-P-P of both, against F-F-F-F and the ground truth (32 and 8 videos: several minutes on CPU; torchrun --nproc_per_node 2 halves it):"
   for split in holdout25 holdout50; do
     echo "  ${PYTHON} tools/eval_predictor.py --demo ${DEMO_ROOT}/assets --split ${split} --lpips_random_backbone" \
          "--ckpt ${offline_dir}/training_latest.pt --ckpt ${RUN_DIR}/training_latest.pt"
