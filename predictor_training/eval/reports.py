@@ -459,6 +459,11 @@ def upscale_nearest(frames: np.ndarray, factor: int) -> np.ndarray:
     return frames.repeat(factor, axis=1).repeat(factor, axis=2)
 
 
+def label_height_for(panel_width: int) -> int:
+    """Pixel height of the labels above panels this wide (larger text once a panel is 256 pixels wide)."""
+    return 24 if panel_width >= 256 else 14
+
+
 def write_side_by_side(out_dir: Path, key: str, frames: dict[str, Tensor], methods: Sequence[Method],
                        fps: float, scale: int = 0) -> str:
     """[ground truth |] reference | reuse v | reuse h | P <ckpt>... as one mp4; returns its path relative to out_dir.
@@ -469,8 +474,7 @@ def write_side_by_side(out_dir: Path, key: str, frames: dict[str, Tensor], metho
     labels = ([GROUND_TRUTH_PANEL] if GROUND_TRUTH in frames else []) + [method.panel for method in methods]
     factor = side_by_side_scale_for(int(frames[methods[0].name].shape[1]), scale)
     panels = [upscale_nearest(frames[name].numpy(), factor) for name in names]
-    width = panels[0].shape[2]
-    video = side_by_side(panels, labels, label_height=24 if width >= 256 else 14)
+    video = side_by_side(panels, labels, label_height=label_height_for(panels[0].shape[2]))
     relative = f"side_by_side/{key}.mp4"
     write_video(out_dir / relative, video, fps)
     return relative
@@ -499,7 +503,7 @@ def write_revisit_sheet(out_dir: Path, key: str, frames: dict[str, Tensor], meth
     picks = [frame for _, frame in rows]
     factor = side_by_side_scale_for(int(frames[GROUND_TRUTH].shape[1]), scale)
     panels = [upscale_nearest(frames[name][picks].numpy(), factor) for name in names]
-    label_height = 24 if panels[0].shape[2] >= 256 else 14
+    label_height = label_height_for(panels[0].shape[2])
     grid = side_by_side(panels, labels, label_height=label_height)  # [3, label + H, W_all, 3]
     width = grid.shape[2]
     image = np.concatenate([np.concatenate([label_strip(label, width, label_height), grid[index]], axis=0)
