@@ -265,13 +265,21 @@ def test_bad_settings_are_refused(tmp_path):
 
 def test_rebuild_stages_follow_the_shipped_teacher():
     """tools/build_demo_world.py: the df_sft model is shipped by default (no distillation stages); --teacher_from kd
-    adds the ODE cache and kd; explicit --stages are kept as given, unknown ones refused."""
+    adds the ODE cache and kd, --teacher_from df_sft_continue the second df_sft schedule (from df_sft/model) alone;
+    explicit --stages are kept as given, unknown ones refused."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     import build_demo_world
 
     assert build_demo_world.parse_args(["--out", "x"]).stages == [
         "render", "vae", "encoders", "encode", "df_sft", "ship"]
-    assert build_demo_world.parse_args(["--out", "x", "--teacher_from", "kd"]).stages == list(build_demo_world.STAGES)
+    assert build_demo_world.parse_args(["--out", "x", "--teacher_from", "kd"]).stages == [
+        "render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd", "ship"]
+    continued = build_demo_world.parse_args(["--out", "x", "--teacher_from", "df_sft_continue"])
+    assert continued.stages == ["render", "vae", "encoders", "encode", "df_sft", "df_sft_continue", "ship"]
+    command = build_demo_world.stage_commands("df_sft_continue", continued, Path("x"))[0]
+    assert command[command.index("--teacher") + 1] == str(Path("x") / "df_sft" / "model")
+    assert command[command.index("--init_weights") + 1] == "teacher"
+    assert command[command.index("--output_dir") + 1] == str(Path("x") / "df_sft_continue")
     assert build_demo_world.parse_args(["--out", "x", "--stages", "kd,ship"]).stages == ["kd", "ship"]
     with pytest.raises(SystemExit):
         build_demo_world.parse_args(["--out", "x", "--stages", "render,paint"])

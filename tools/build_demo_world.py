@@ -1,8 +1,10 @@
-"""Rebuild the demo world from nothing: render -> VAE -> encoders -> encode -> df_sft [-> ODE cache -> kd] -> ship.
+"""Rebuild the demo world from nothing: render -> VAE -> encoders -> encode -> df_sft [-> df_sft_continue]
+[-> ODE cache -> kd] -> ship.
 
     python tools/build_demo_world.py --out demo_data/world            # every stage; rerun to resume
     python tools/build_demo_world.py --out demo_data/world --stages render,vae
     python tools/build_demo_world.py --out demo_data/world --teacher_from kd   # also distil, and ship the kd model
+    python tools/build_demo_world.py --out demo_data/world --teacher_from df_sft_continue  # train df_sft on, ship it
 
 Each stage is one of the project's own commands, run as a subprocess, and each resumes where it stopped (they
 keep their completion markers: the render's world_config.json, the VAE run's vae/ folder, the encoders'
@@ -16,6 +18,8 @@ Stages and outputs (all under --out):
     encoders   encoders/          tiny text / glyph / vision encoders + the world VAE (predictor_training.world.assets)
     encode     video_latents/     tools/build_video_latent_dataset.py over both tables
     df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
+    df_sft_continue  df_sft_continue/model/   fvtools/train_df_sft.py again, from df_sft/model/ with a new
+               learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr)  (--teacher_from df_sft_continue)
     ode_cache  ode_cache/         tools/build_ode_cache.py: the df_sft model's many-step rollouts   (--teacher_from kd)
     kd         kd/model/          fvtools/train_kd.py: a 4-step student of them at shift 5          (--teacher_from kd)
     ship       predictor_training/world/weights/{vae,teacher}/, plus world_config.json and build_report.json:
@@ -24,7 +28,9 @@ Stages and outputs (all under --out):
 Which model is shipped as the Teacher (`--teacher_from`): the df_sft model, run with the real 4-step schedule at
 shift 5, is the default, because it measured closer to the ground-truth renders than the kd student of its own
 16-step rollouts (data.md, "Demo world": 17.5 against 15.5 dB on held-out scenes; the student drifts on its own
-history in late chunks). `--teacher_from kd` adds the two distillation stages and ships their student.
+history in late chunks). `--teacher_from kd` adds the two distillation stages and ships their student;
+`--teacher_from df_sft_continue` trains the df_sft model on (a second cosine schedule: a finished run's schedule
+cannot be lengthened in place) and ships that.
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ from predictor_training.runtime.io import write_json_atomic
 from predictor_training.world.clips import WorldSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd", "ship")
-DISTILLATION_STAGES = ("ode_cache", "kd")  # run by default only with --teacher_from kd
+STAGES = ("render", "vae", "encoders", "encode", "df_sft", "df_sft_continue", "ode_cache", "kd", "ship")
+# Stages run by default only when --teacher_from names the model they make.
+OPTIONAL_STAGES = {"df_sft_continue": ("df_sft_continue",), "kd": ("ode_cache", "kd")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,8 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="the world's build folder")
     parser.add_argument("--stages", type=str, default=None,
                         help=f"comma-separated stages to run, in this order: {','.join(STAGES)} (default: all, "
-                        f"without {','.join(DISTILLATION_STAGES)} unless --teacher_from kd)")
-    parser.add_argument("--teacher_from", choices=("df_sft", "kd"), default="df_sft",
+                        "without the optional stages of a --teacher_from that is not chosen: "
+                        + "; ".join(f"{','.join(stages)} unless --teacher_from {name}"
+                                    for name, stages in OPTIONAL_STAGES.items()) + ")")
+    parser.add_argument("--teacher_from", choices=("df_sft", "df_sft_continue", "kd"), default="df_sft",
                         help="which model the ship stage ships as the world Teacher (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (default %(default)s)")
     world = parser.add_argument_group("world (render stage; tools/render_world.py's flags, same defaults)")
@@ -79,12 +88,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(default %(default)s)")
     parser.add_argument("--df_sft_val_videos", type=int, default=4,
                         help="df_sft: held-out videos per validation (default %(default)s)")
+    parser.add_argument("--df_sft_continue_steps", type=int, default=4000,
+                        help="df_sft_continue: optimizer steps of the second schedule (default %(default)s)")
+    parser.add_argument("--df_sft_continue_lr", type=float, default=5e-4,
+                        help="df_sft_continue: peak learning rate of the second cosine schedule (default %(default)g)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the df_sft model's rollouts that kd distils (default %(default)s)")
     args = parser.parse_args(argv)
     if args.stages is None:
-        skipped = () if args.teacher_from == "kd" else DISTILLATION_STAGES
+        skipped = {stage for name, stages in OPTIONAL_STAGES.items() if name != args.teacher_from for stage in stages}
         args.stages = [stage for stage in STAGES if stage not in skipped]
     else:
         args.stages = [stage for stage in args.stages.split(",") if stage]
@@ -143,6 +156,15 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed),
                  "--val_every", str(args.df_sft_val_every), "--val_videos", str(args.df_sft_val_videos),
                  "--experiment", "world_df_sft", "--output_dir", str(out / "df_sft"), "--no_progress"]]
+    if stage == "df_sft_continue":
+        return [[python, "fvtools/train_df_sft.py", "--teacher", str(out / "df_sft" / "model"), "--dataset_root",
+                 str(out / "video_latents"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
+                 "--lr", str(args.df_sft_continue_lr), "--max_steps", str(args.df_sft_continue_steps),
+                 "--warmup_steps", "100", "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500",
+                 "--keep_last", "2", "--log_every", "10", "--tracker", "none", "--num_workers", "0",
+                 "--seed", str(args.seed + 1), "--val_every", str(args.df_sft_val_every),
+                 "--val_videos", str(args.df_sft_val_videos), "--experiment", "world_df_sft_continue",
+                 "--output_dir", str(out / "df_sft_continue"), "--no_progress"]]
     if stage == "ode_cache":
         return [[python, "tools/build_ode_cache.py", "--teacher", str(out / "df_sft" / "model"), "--video_latents",
                  str(out / "video_latents"), "--splits", "train,holdout", "--steps", str(args.teacher_steps),
@@ -179,7 +201,7 @@ def headline(stage: str, out: Path) -> dict:
 
     if stage == "vae":
         return json.loads((out / "vae_run" / "vae_eval.json").read_text())
-    if stage in ("df_sft", "kd"):
+    if stage in ("df_sft", "df_sft_continue", "kd"):
         figures = last_losses(out / stage)
         if stage == "kd":
             figures["student_vs_teacher"] = json.loads((out / "kd" / "kd_eval.json").read_text())
