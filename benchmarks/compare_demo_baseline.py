@@ -6,11 +6,11 @@ the demo the same way on the same kind of CPU, then compare:
 
     bash tools/launch_predictor_v4_rollout_training.sh      # offline v4 demo, then the rollout demo
     bash tools/launch_predictor_disca_training.sh
-    R=checkpoints/predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps64_swarmup2_bwarmup2_notracker
+    R=checkpoints/predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr5e-4_blr5e-5_schedsteps96_swarmup2_bwarmup2_notracker
     O=checkpoints/predictor_v4_prefeature_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
     D=checkpoints/predictor_disca_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker
     torchrun --standalone --nproc_per_node 2 tools/eval_predictor.py --demo demo_data/assets --split holdout25 \
-        --replace_steps 1,2,3 --lpips_random_backbone --threads 1 --ckpt $R/predictor_step_00064.safetensors \
+        --replace_steps 1,2,3 --lpips_random_backbone --threads 1 --ckpt $R/predictor_step_00096.safetensors \
         --ckpt $O/predictor_step_00240.safetensors --ckpt $D/predictor_step_00240.safetensors \
         --context_modes exact,incremental --run_name world_demo_fppp_holdout25 --num_side_by_side 4
     python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
@@ -35,7 +35,7 @@ RUNS = {
         "offline_v4.train_log.jsonl",
     "predictor_disca_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps240_swarmup10_bwarmup10_notracker":
         "offline_disca.train_log.jsonl",
-    "predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps64_swarmup2_bwarmup2_notracker":
+    "predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr5e-4_blr5e-5_schedsteps96_swarmup2_bwarmup2_notracker":
         "rollout_fppp.train_log.jsonl",
 }
 EVAL_NAME = "world_demo_fppp_holdout25"

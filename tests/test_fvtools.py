@@ -29,7 +29,7 @@ from predictor_training.data.ode_cache import (
 )
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.distributed import DistEnv
-from predictor_training.methods.method_model import build_method_model
+from predictor_training.methods.method_model import MethodModel, build_method_model, export_method_model
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource
@@ -75,6 +75,17 @@ def test_df_sft_overfits_two_clips_from_scratch(world, tmp_path):
     exported = WorldPlayTransformer.from_pretrained(str(out / "model"))  # the result loads as a Teacher folder
     state = read_training_state(out / "training_latest.pt")["roles"]["student"]["model"]
     assert torch.equal(exported.state_dict()["img_in.proj.weight"], state["img_in.proj.weight"])
+
+
+def test_exported_model_config_holds_no_local_folder(world, tmp_path):
+    """A model loaded from a folder exports a config.json without that folder's path (from_pretrained records it as
+    _name_or_path, and save_config would write it: the shipped world Teacher carried the build machine's path)."""
+    model = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
+    assert model.config.get("_name_or_path") == str(world["teacher"])
+    folder = export_method_model(MethodModel(model=model, role=None, mode="full"), tmp_path, {}, ENV)
+    assert "_name_or_path" not in json.loads((folder / "config.json").read_text())
+    exported = WorldPlayTransformer.from_pretrained(str(folder))
+    assert torch.equal(exported.img_in.proj.weight, model.img_in.proj.weight)
 
 
 def test_df_sft_draws_one_noise_level_per_chunk(world, tmp_path):

@@ -50,7 +50,7 @@ def test_presets_replace_defaults_and_explicit_flags_still_win(dataset_root, tmp
     demo = train_predictor_v4_rollout.parse_args([*common, "--preset", "demo", "--max_steps", "6"])
     assert (demo.source_blocks, demo.precision, demo.max_steps, demo.tracker) == ((1, 10), "fp32", 6, "none")
     assert run_name(demo, world_size=2, device_type="cpu", subset=subset_tag(demo.subset_cases, demo.subset_seed)) == (
-        "predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr1e-4_blr1e-5_schedsteps6_swarmup2_bwarmup2_notracker")
+        "predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr5e-4_blr5e-5_schedsteps6_swarmup2_bwarmup2_notracker")
     overfit = train_predictor_v4_rollout.parse_args([*common, "--preset", "overfit8"])
     assert run_name(overfit, world_size=8, device_type="cuda",
                     subset=subset_tag(overfit.subset_cases, overfit.subset_seed)) == (

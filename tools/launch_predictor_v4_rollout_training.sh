@@ -15,7 +15,7 @@
 # The CPU demo (no GPU and no DATASET_ROOT) runs on the demo world (the shipped world Teacher and VAE, rendered
 # scenes with ground truth; data.md "Demo world") and makes what is missing, in order: the demo assets and dataset
 # ($DEMO_ROOT), the offline v4 demo run (tools/launch_predictor_v4_training.sh), then a short rollout run
-# (`--preset demo`) from that run's training_latest.pt. About two minutes on 2 CPU cores.
+# (`--preset demo`) from that run's training_latest.pt. About 8 minutes on 2 CPU cores.
 #
 # Every flag of `python train_predictor_v4_rollout.py --help` can be given after the positionals, or as an
 # environment variable of the same name in capitals (INIT_FROM, FUSION_LR, ...; see tools/_launch_common.sh).

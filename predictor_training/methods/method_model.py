@@ -159,6 +159,11 @@ def export_method_model(method_model: MethodModel, run_dir: Path, metadata: dict
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
         method_model.model.save_config(str(staging))
+        # save_config records the folder the model was loaded from (an absolute path of this machine); drop it.
+        config_path = staging / "config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if config.pop("_name_or_path", None) is not None:
+            config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tensors = {name: tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in state.items()}
         safetensors.torch.save_file(tensors, str(staging / WEIGHTS_NAME),
                                     metadata={"metadata": json.dumps(metadata, sort_keys=True)})
