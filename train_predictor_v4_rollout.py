@@ -82,10 +82,10 @@ from predictor_training.teacher.source import describe_teacher, load_teacher
 VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
 
-# The demo trains at 5x the recipe's learning rates: at 1e-4 / 1e-5, 64 steps left the held-out figures below the
-# offline start (train.md § 2, "The CPU demo").
+# The demo trains at 5x the recipe's learning rates and on the velocity loss alone: with the recipe's hidden term
+# (0.1) held-out F-P-P-P fell below the offline start on new paths at either rate (train.md § 2, "The CPU demo").
 _DEMO = ["--source_blocks", "1,10", "--precision", "fp32", "--fusion_lr", "5e-4", "--blocks_lr", "5e-5",
-         "--max_steps", "96", "--scheduler_warmup_steps", "2",
+         "--hidden_weight", "0", "--max_steps", "96", "--scheduler_warmup_steps", "2",
          "--block_warmup_steps", "2", "--ckpt_every", "16", "--tracker", "none", "--num_workers", "0",
          "--val_every", "16", "--val_videos", "1"]
 _OVERFIT8 = ["--subset_cases", "8", "--subset_seed", "20260721", "--scheduler_warmup_steps", "8",
