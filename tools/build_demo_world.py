@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "without the optional stages of a --teacher_from that is not chosen: "
                         + "; ".join(f"{','.join(stages)} unless --teacher_from {name}"
                                     for name, stages in OPTIONAL_STAGES.items()) + ")")
-    parser.add_argument("--teacher_from", choices=("df_sft", "df_sft_continue", "kd"), default="df_sft",
+    parser.add_argument("--teacher_from", choices=("df_sft", *OPTIONAL_STAGES), default="df_sft",
                         help="which model the ship stage ships as the world Teacher (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (default %(default)s)")
     world = parser.add_argument_group("world (render stage; tools/render_world.py's flags, same defaults)")
@@ -148,23 +148,21 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--out", str(out / "video_latents"), "--height", str(args.height), "--width", str(args.width),
                  "--num_frames", str(args.num_frames),
                  "--dtype", "float32", "--storage_dtype", "float32", "--device", "cpu"]]
-    if stage == "df_sft":
-        return [[python, "fvtools/train_df_sft.py", "--teacher", str(out / "teacher_config"), "--dataset_root",
-                 str(out / "video_latents"), "--train", "full", "--init_weights", "scratch", "--precision", "fp32",
-                 "--lr", "1e-3", "--max_steps", str(args.df_sft_steps), "--warmup_steps", "100",
+    if stage in ("df_sft", "df_sft_continue"):
+        # df_sft trains the world Teacher from scratch; df_sft_continue trains that model on with a second schedule.
+        if stage == "df_sft":
+            teacher, init_weights, lr, steps, seed = (out / "teacher_config", "scratch", "1e-3", args.df_sft_steps,
+                                                      args.seed)
+        else:
+            teacher, init_weights, lr, steps, seed = (out / "df_sft" / "model", "teacher", str(args.df_sft_continue_lr),
+                                                      args.df_sft_continue_steps, args.seed + 1)
+        return [[python, "fvtools/train_df_sft.py", "--teacher", str(teacher), "--dataset_root",
+                 str(out / "video_latents"), "--train", "full", "--init_weights", init_weights, "--precision", "fp32",
+                 "--lr", lr, "--max_steps", str(steps), "--warmup_steps", "100",
                  "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2",
-                 "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed),
+                 "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(seed),
                  "--val_every", str(args.df_sft_val_every), "--val_videos", str(args.df_sft_val_videos),
-                 "--experiment", "world_df_sft", "--output_dir", str(out / "df_sft"), "--no_progress"]]
-    if stage == "df_sft_continue":
-        return [[python, "fvtools/train_df_sft.py", "--teacher", str(out / "df_sft" / "model"), "--dataset_root",
-                 str(out / "video_latents"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
-                 "--lr", str(args.df_sft_continue_lr), "--max_steps", str(args.df_sft_continue_steps),
-                 "--warmup_steps", "100", "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500",
-                 "--keep_last", "2", "--log_every", "10", "--tracker", "none", "--num_workers", "0",
-                 "--seed", str(args.seed + 1), "--val_every", str(args.df_sft_val_every),
-                 "--val_videos", str(args.df_sft_val_videos), "--experiment", "world_df_sft_continue",
-                 "--output_dir", str(out / "df_sft_continue"), "--no_progress"]]
+                 "--experiment", f"world_{stage}", "--output_dir", str(out / stage), "--no_progress"]]
     if stage == "ode_cache":
         return [[python, "tools/build_ode_cache.py", "--teacher", str(out / "df_sft" / "model"), "--video_latents",
                  str(out / "video_latents"), "--splits", "train,holdout", "--steps", str(args.teacher_steps),
