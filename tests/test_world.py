@@ -265,8 +265,8 @@ def test_bad_settings_are_refused(tmp_path):
 
 def test_rebuild_stages_follow_the_shipped_teacher():
     """tools/build_demo_world.py: the df_sft model is shipped by default (no distillation stages); --teacher_from kd
-    adds the ODE cache and kd, --teacher_from df_sft_continue the second df_sft schedule (from df_sft/model) alone;
-    explicit --stages are kept as given, unknown ones refused."""
+    adds the ODE cache and kd, --teacher_from df_sft_continue the second df_sft schedule (from df_sft/model) alone,
+    in one round or several (each from the previous round's model; the last ships); explicit --stages are kept as given, unknown ones refused."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     import build_demo_world
 
@@ -280,6 +280,22 @@ def test_rebuild_stages_follow_the_shipped_teacher():
     assert command[command.index("--teacher") + 1] == str(Path("x") / "df_sft" / "model")
     assert command[command.index("--init_weights") + 1] == "teacher"
     assert command[command.index("--output_dir") + 1] == str(Path("x") / "df_sft_continue")
+    assert build_demo_world.stage_commands("ship", continued, Path("x"))[0][-1] == str(
+        Path("x") / "df_sft_continue" / "model")
+    # Rounds: each trains the previous round's model on, with its own schedule, seed and folder; the last ships.
+    rounds = build_demo_world.parse_args(["--out", "x", "--teacher_from", "df_sft_continue",
+                                          "--df_sft_continue_steps", "4000,5000", "--df_sft_continue_lr", "5e-4,3e-4"])
+    first, second = build_demo_world.stage_commands("df_sft_continue", rounds, Path("x"))
+    assert first == command
+    assert second[second.index("--teacher") + 1] == str(Path("x") / "df_sft_continue" / "model")
+    assert second[second.index("--output_dir") + 1] == str(Path("x") / "df_sft_continue_2")
+    assert [second[second.index(flag) + 1] for flag in ("--lr", "--max_steps", "--seed")] == ["0.0003", "5000", "2"]
+    assert build_demo_world.stage_commands("ship", rounds, Path("x"))[0][-1] == str(
+        Path("x") / "df_sft_continue_2" / "model")
+    one_rate = build_demo_world.parse_args(["--out", "x", "--df_sft_continue_steps", "10,20,30"])
+    assert one_rate.df_sft_continue_lr == [5e-4] * 3
+    with pytest.raises(SystemExit):
+        build_demo_world.parse_args(["--out", "x", "--df_sft_continue_steps", "10,20", "--df_sft_continue_lr", "1,2,3"])
     assert build_demo_world.parse_args(["--out", "x", "--stages", "kd,ship"]).stages == ["kd", "ship"]
     with pytest.raises(SystemExit):
         build_demo_world.parse_args(["--out", "x", "--stages", "render,paint"])

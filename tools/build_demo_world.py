@@ -19,7 +19,9 @@ Stages and outputs (all under --out):
     encode     video_latents/     tools/build_video_latent_dataset.py over both tables
     df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
     df_sft_continue  df_sft_continue/model/   fvtools/train_df_sft.py again, from df_sft/model/ with a new
-               learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr)  (--teacher_from df_sft_continue)
+               learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr); with several rounds
+               (--df_sft_continue_steps 4000,5000) round k trains round k-1's model on into df_sft_continue_<k>/
+               and the last round's model ships                                  (--teacher_from df_sft_continue)
     ode_cache  ode_cache/         tools/build_ode_cache.py: the df_sft model's many-step rollouts   (--teacher_from kd)
     kd         kd/model/          fvtools/train_kd.py: a 4-step student of them at shift 5          (--teacher_from kd)
     ship       predictor_training/world/weights/{vae,teacher}/, plus world_config.json and build_report.json:
@@ -88,10 +90,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(default %(default)s)")
     parser.add_argument("--df_sft_val_videos", type=int, default=4,
                         help="df_sft: held-out videos per validation (default %(default)s)")
-    parser.add_argument("--df_sft_continue_steps", type=int, default=4000,
-                        help="df_sft_continue: optimizer steps of the second schedule (default %(default)s)")
-    parser.add_argument("--df_sft_continue_lr", type=float, default=5e-4,
-                        help="df_sft_continue: peak learning rate of the second cosine schedule (default %(default)g)")
+    parser.add_argument("--df_sft_continue_steps", type=str, default="4000",
+                        help="df_sft_continue: optimizer steps of each round, comma-separated; round k trains round "
+                             "k-1's model on with a new cosine schedule (default %(default)s: one round)")
+    parser.add_argument("--df_sft_continue_lr", type=str, default="5e-4",
+                        help="df_sft_continue: peak learning rate of each round, comma-separated, or one for every "
+                             "round (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the df_sft model's rollouts that kd distils (default %(default)s)")
@@ -104,7 +108,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = sorted(set(args.stages) - set(STAGES))
     if unknown:
         parser.error(f"--stages: unknown stage(s) {unknown}; expected among {list(STAGES)}")
+    try:
+        args.df_sft_continue_steps = [int(steps) for steps in args.df_sft_continue_steps.split(",")]
+        args.df_sft_continue_lr = [float(lr) for lr in args.df_sft_continue_lr.split(",")]
+    except ValueError as error:
+        parser.error(f"--df_sft_continue_steps / --df_sft_continue_lr: comma-separated numbers expected ({error})")
+    if len(args.df_sft_continue_lr) == 1:
+        args.df_sft_continue_lr *= len(args.df_sft_continue_steps)
+    if len(args.df_sft_continue_lr) != len(args.df_sft_continue_steps):
+        parser.error(f"--df_sft_continue_lr: {len(args.df_sft_continue_lr)} rates for "
+                     f"{len(args.df_sft_continue_steps)} rounds of --df_sft_continue_steps; expected one or one per round")
     return args
+
+
+def continue_rounds(args, out: Path) -> list[dict]:
+    """The df_sft_continue stage's rounds: round 1 trains df_sft/model on into df_sft_continue/, round k >= 2 trains
+    round k-1's model on into df_sft_continue_<k>/, each with its own cosine schedule and seed."""
+    rounds, teacher = [], out / "df_sft" / "model"
+    for index, (steps, lr) in enumerate(zip(args.df_sft_continue_steps, args.df_sft_continue_lr), start=1):
+        name = "df_sft_continue" if index == 1 else f"df_sft_continue_{index}"
+        rounds.append({"name": name, "teacher": teacher, "run_dir": out / name, "steps": steps, "lr": lr,
+                       "seed": args.seed + index})
+        teacher = out / name / "model"
+    return rounds
+
+
+def shipped_teacher(args, out: Path) -> Path:
+    """The model folder the ship stage ships as the world Teacher."""
+    if args.teacher_from == "df_sft_continue":
+        return continue_rounds(args, out)[-1]["run_dir"] / "model"
+    return out / args.teacher_from / "model"
 
 
 def run(command: list[str], log: Path) -> None:
@@ -149,20 +182,21 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--num_frames", str(args.num_frames),
                  "--dtype", "float32", "--storage_dtype", "float32", "--device", "cpu"]]
     if stage in ("df_sft", "df_sft_continue"):
-        # df_sft trains the world Teacher from scratch; df_sft_continue trains that model on with a second schedule.
+        # df_sft trains the world Teacher from scratch; each df_sft_continue round trains the previous model on.
         if stage == "df_sft":
-            teacher, init_weights, lr, steps, seed = (out / "teacher_config", "scratch", "1e-3", args.df_sft_steps,
-                                                      args.seed)
+            runs = [{"name": "df_sft", "teacher": out / "teacher_config", "run_dir": out / "df_sft",
+                     "steps": args.df_sft_steps, "lr": 1e-3, "seed": args.seed}]
         else:
-            teacher, init_weights, lr, steps, seed = (out / "df_sft" / "model", "teacher", str(args.df_sft_continue_lr),
-                                                      args.df_sft_continue_steps, args.seed + 1)
-        return [[python, "fvtools/train_df_sft.py", "--teacher", str(teacher), "--dataset_root",
-                 str(out / "video_latents"), "--train", "full", "--init_weights", init_weights, "--precision", "fp32",
-                 "--lr", lr, "--max_steps", str(steps), "--warmup_steps", "100",
+            runs = continue_rounds(args, out)
+        return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["teacher"]), "--dataset_root",
+                 str(out / "video_latents"), "--train", "full",
+                 "--init_weights", "scratch" if stage == "df_sft" else "teacher", "--precision", "fp32",
+                 "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]), "--warmup_steps", "100",
                  "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2",
-                 "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(seed),
+                 "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(run["seed"]),
                  "--val_every", str(args.df_sft_val_every), "--val_videos", str(args.df_sft_val_videos),
-                 "--experiment", f"world_{stage}", "--output_dir", str(out / stage), "--no_progress"]]
+                 "--experiment", f"world_{run['name']}", "--output_dir", str(run["run_dir"]), "--no_progress"]
+                for run in runs]
     if stage == "ode_cache":
         return [[python, "tools/build_ode_cache.py", "--teacher", str(out / "df_sft" / "model"), "--video_latents",
                  str(out / "video_latents"), "--splits", "train,holdout", "--steps", str(args.teacher_steps),
@@ -179,27 +213,33 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
         code = ("import shutil,sys; from pathlib import Path; from predictor_training.world.assets import WORLD_WEIGHTS; "
                 "out=Path(sys.argv[1]); staging=WORLD_WEIGHTS.parent/'.weights.writing'; "
                 "shutil.rmtree(staging, ignore_errors=True); staging.mkdir(); "
-                "shutil.copytree(out/'vae_run'/'vae', staging/'vae'); shutil.copytree(out/sys.argv[2]/'model', staging/'teacher'); "
+                "shutil.copytree(out/'vae_run'/'vae', staging/'vae'); shutil.copytree(sys.argv[2], staging/'teacher'); "
                 "shutil.copy(out/'render'/'world_config.json', staging); shutil.copy(out/'build_report.json', staging); "
                 "shutil.copy(out/'vae_run'/'vae_eval.json', staging); "
                 "(WORLD_WEIGHTS/'README.md').is_file() and shutil.copy(WORLD_WEIGHTS/'README.md', staging); "
                 "shutil.rmtree(WORLD_WEIGHTS, ignore_errors=True); staging.rename(WORLD_WEIGHTS)")
-        return [[python, "-c", code, str(out), args.teacher_from]]
+        return [[python, "-c", code, str(out), str(shipped_teacher(args, out))]]
     raise ValueError(stage)
 
 
-def headline(stage: str, out: Path) -> dict:
+def headline(stage: str, args, out: Path) -> dict:
     """The stage's figure for the report (what a person checks first)."""
     def last_losses(run_dir: Path) -> dict:
         records = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
-        losses = [record["loss"] for record in records]
+        losses = [record["loss"] for record in records if "loss" in record]
         window = max(1, len(losses) // 10)
-        return {"first_loss_mean": sum(losses[:window]) / window, "last_loss_mean": sum(losses[-window:]) / window,
-                "logged_steps": len(losses)}
+        figures = {"first_loss_mean": sum(losses[:window]) / window, "last_loss_mean": sum(losses[-window:]) / window,
+                   "logged_steps": len(losses)}
+        validations = [record for record in records if "val/psnr_vs_truth" in record]
+        if validations:
+            figures["last_val_psnr_vs_truth"] = validations[-1]["val/psnr_vs_truth"]
+        return figures
 
     if stage == "vae":
         return json.loads((out / "vae_run" / "vae_eval.json").read_text())
-    if stage in ("df_sft", "df_sft_continue", "kd"):
+    if stage == "df_sft_continue":
+        return {run["name"]: last_losses(run["run_dir"]) for run in continue_rounds(args, out)}
+    if stage in ("df_sft", "kd"):
         figures = last_losses(out / stage)
         if stage == "kd":
             figures["student_vs_teacher"] = json.loads((out / "kd" / "kd_eval.json").read_text())
@@ -221,7 +261,7 @@ def main(argv=None) -> int:
             run(command, out / f"{stage}.log")
         seconds = time.time() - started
         spent = report.get(stage, {}).get("seconds", 0.0) + seconds  # over every run that worked on the stage
-        report[stage] = {"seconds": round(spent, 1), **headline(stage, out)}
+        report[stage] = {"seconds": round(spent, 1), **headline(stage, args, out)}
         write_json_atomic(report_path, report)
         print(f"[build_demo_world] {stage}: {seconds:.0f} s {json.dumps(report[stage])[:300]}", flush=True)
     return 0
