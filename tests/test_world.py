@@ -284,12 +284,15 @@ def test_rebuild_stages_follow_the_shipped_teacher():
         Path("x") / "df_sft_continue" / "model")
     # Rounds: each trains the previous round's model on, with its own schedule, seed and folder; the last ships.
     rounds = build_demo_world.parse_args(["--out", "x", "--teacher_from", "df_sft_continue",
-                                          "--df_sft_continue_steps", "4000,5000", "--df_sft_continue_lr", "5e-4,3e-4"])
+                                          "--df_sft_continue_steps", "4000,5000", "--df_sft_continue_lr", "5e-4,3e-4",
+                                          "--df_sft_continue_sigma_min", "0,0.6"])
     first, second = build_demo_world.stage_commands("df_sft_continue", rounds, Path("x"))
     assert first == command
     assert second[second.index("--teacher") + 1] == str(Path("x") / "df_sft_continue" / "model")
     assert second[second.index("--output_dir") + 1] == str(Path("x") / "df_sft_continue_2")
-    assert [second[second.index(flag) + 1] for flag in ("--lr", "--max_steps", "--seed")] == ["0.0003", "5000", "2"]
+    assert [second[second.index(flag) + 1] for flag in ("--lr", "--max_steps", "--seed", "--sigma_min")] == [
+        "0.0003", "5000", "2", "0.6"]
+    assert first[first.index("--sigma_min") + 1] == "0"
     assert build_demo_world.stage_commands("ship", rounds, Path("x"))[0][-1] == str(
         Path("x") / "df_sft_continue_2" / "model")
     one_rate = build_demo_world.parse_args(["--out", "x", "--df_sft_continue_steps", "10,20,30"])

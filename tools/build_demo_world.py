@@ -19,7 +19,8 @@ Stages and outputs (all under --out):
     encode     video_latents/     tools/build_video_latent_dataset.py over both tables
     df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
     df_sft_continue  df_sft_continue/model/   fvtools/train_df_sft.py again, from df_sft/model/ with a new
-               learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr); with several rounds
+               learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr, and the lowest noise level
+               it trains, --df_sft_continue_sigma_min); with several rounds
                (--df_sft_continue_steps 4000,5000) round k trains round k-1's model on into df_sft_continue_<k>/
                and the last round's model ships                                  (--teacher_from df_sft_continue)
     ode_cache  ode_cache/         tools/build_ode_cache.py: the df_sft model's many-step rollouts   (--teacher_from kd)
@@ -96,6 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--df_sft_continue_lr", type=str, default="5e-4",
                         help="df_sft_continue: peak learning rate of each round, comma-separated, or one for every "
                              "round (default %(default)s)")
+    parser.add_argument("--df_sft_continue_sigma_min", type=str, default="0",
+                        help="df_sft_continue: lowest noise level of each round's uniform draw, comma-separated, or one "
+                             "for every round; 0.6 trains only the levels the 4-step schedule at shift 5 visits "
+                             "(1, 0.94, 0.83, 0.625) (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the df_sft model's rollouts that kd distils (default %(default)s)")
@@ -110,14 +115,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--stages: unknown stage(s) {unknown}; expected among {list(STAGES)}")
     try:
         args.df_sft_continue_steps = [int(steps) for steps in args.df_sft_continue_steps.split(",")]
-        args.df_sft_continue_lr = [float(lr) for lr in args.df_sft_continue_lr.split(",")]
+        per_round = {name: [float(value) for value in getattr(args, name).split(",")]
+                     for name in ("df_sft_continue_lr", "df_sft_continue_sigma_min")}
     except ValueError as error:
-        parser.error(f"--df_sft_continue_steps / --df_sft_continue_lr: comma-separated numbers expected ({error})")
-    if len(args.df_sft_continue_lr) == 1:
-        args.df_sft_continue_lr *= len(args.df_sft_continue_steps)
-    if len(args.df_sft_continue_lr) != len(args.df_sft_continue_steps):
-        parser.error(f"--df_sft_continue_lr: {len(args.df_sft_continue_lr)} rates for "
-                     f"{len(args.df_sft_continue_steps)} rounds of --df_sft_continue_steps; expected one or one per round")
+        parser.error(f"--df_sft_continue_*: comma-separated numbers expected ({error})")
+    rounds = len(args.df_sft_continue_steps)
+    for name, values in per_round.items():
+        if len(values) not in (1, rounds):
+            parser.error(f"--{name}: {len(values)} values for {rounds} rounds of --df_sft_continue_steps; "
+                         "expected one or one per round")
+        setattr(args, name, values * rounds if len(values) == 1 else values)
     return args
 
 
@@ -125,10 +132,11 @@ def continue_rounds(args, out: Path) -> list[dict]:
     """The df_sft_continue stage's rounds: round 1 trains df_sft/model on into df_sft_continue/, round k >= 2 trains
     round k-1's model on into df_sft_continue_<k>/, each with its own cosine schedule and seed."""
     rounds, teacher = [], out / "df_sft" / "model"
-    for index, (steps, lr) in enumerate(zip(args.df_sft_continue_steps, args.df_sft_continue_lr), start=1):
+    settings = zip(args.df_sft_continue_steps, args.df_sft_continue_lr, args.df_sft_continue_sigma_min)
+    for index, (steps, lr, sigma_min) in enumerate(settings, start=1):
         name = "df_sft_continue" if index == 1 else f"df_sft_continue_{index}"
         rounds.append({"name": name, "teacher": teacher, "run_dir": out / name, "steps": steps, "lr": lr,
-                       "seed": args.seed + index})
+                       "sigma_min": sigma_min, "seed": args.seed + index})
         teacher = out / name / "model"
     return rounds
 
@@ -185,13 +193,14 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
         # df_sft trains the world Teacher from scratch; each df_sft_continue round trains the previous model on.
         if stage == "df_sft":
             runs = [{"name": "df_sft", "teacher": out / "teacher_config", "run_dir": out / "df_sft",
-                     "steps": args.df_sft_steps, "lr": 1e-3, "seed": args.seed}]
+                     "steps": args.df_sft_steps, "lr": 1e-3, "sigma_min": 0.0, "seed": args.seed}]
         else:
             runs = continue_rounds(args, out)
         return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["teacher"]), "--dataset_root",
                  str(out / "video_latents"), "--train", "full",
                  "--init_weights", "scratch" if stage == "df_sft" else "teacher", "--precision", "fp32",
                  "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]), "--warmup_steps", "100",
+                 "--sigma_sampler", "uniform", "--sigma_min", f"{run['sigma_min']:g}", "--sigma_max", "1",
                  "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2",
                  "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(run["seed"]),
                  "--val_every", str(args.df_sft_val_every), "--val_videos", str(args.df_sft_val_videos),
