@@ -266,7 +266,8 @@ def test_bad_settings_are_refused(tmp_path):
 def test_rebuild_stages_follow_the_shipped_teacher():
     """tools/build_demo_world.py: the df_sft model is shipped by default (no distillation stages); --teacher_from kd
     adds the ODE cache and kd, --teacher_from df_sft_continue the second df_sft schedule (from df_sft/model) alone,
-    in one round or several (each from the previous round's model; the last ships); explicit --stages are kept as given, unknown ones refused."""
+    in one round or several (each from the previous round's model; the last ships); explicit --stages are kept as
+    given, unknown ones refused."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     import build_demo_world
 

@@ -98,8 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="df_sft_continue: peak learning rate of each round, comma-separated, or one for every "
                              "round (default %(default)s)")
     parser.add_argument("--df_sft_continue_sigma_min", type=str, default="0",
-                        help="df_sft_continue: lowest noise level of each round's uniform draw, comma-separated, or one "
-                             "for every round; 0.6 trains only the levels the 4-step schedule at shift 5 visits "
+                        help="df_sft_continue: lowest noise level of each round's uniform draw, comma-separated, or "
+                             "one for every round; 0.6 trains only the levels the 4-step schedule at shift 5 visits "
                              "(1, 0.94, 0.83, 0.625) (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
