@@ -24,6 +24,8 @@ from predictor_training.rollout.schedule import Schedule, parse_replace_steps
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.flops import (
+    REAL_LATENT_GRID,
+    REAL_TEXT_TOKENS,
     TeacherShape,
     flop_speedup_bound,
     rollout_flops,
@@ -40,14 +42,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, default=None, help="a Teacher folder (its config.json); default: the "
                         "real WorldPlay-1.5 480p i2v config")
-    parser.add_argument("--height", type=int, default=30,
+    parser.add_argument("--height", type=int, default=REAL_LATENT_GRID[0],
                         help="latent rows per frame (default %(default)s: 480 px / 16)")
-    parser.add_argument("--width", type=int, default=52,
+    parser.add_argument("--width", type=int, default=REAL_LATENT_GRID[1],
                         help="latent columns per frame (default %(default)s: 832 px / 16)")
     parser.add_argument("--num_chunks", type=int, default=8, help="chunks of 4 latents (default %(default)s)")
     parser.add_argument("--memory_frames", type=int, default=20, help="most context frames of a chunk (default "
                         "%(default)s)")
-    parser.add_argument("--text_tokens", type=int, default=1000, help="text K/V tokens the image queries attend to "
+    parser.add_argument("--text_tokens", type=int, default=REAL_TEXT_TOKENS, help="text K/V tokens the image queries attend to "
                         "(default %(default)s: SigLIP's 729 plus a prompt)")
     parser.add_argument("--source_blocks", type=str, default="1,52", help="the Predictor's two Teacher blocks "
                         "(default %(default)s; only their existence matters for the count)")

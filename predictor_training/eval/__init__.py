@@ -59,7 +59,6 @@ from predictor_training.eval.methods import (
     add_context_modes,
     context_mode_name,
     make_step_fn,
-    method_step_kind,
     parse_context_modes,
     with_context_mode,
 )
@@ -104,7 +103,7 @@ __all__ = [
     "ReferenceMethod", "Schedule", "Stopwatch", "TimedRollout", "VaeDecoder", "VelocityReuse",
     "add_context_modes", "aggregate_results", "check_or_write_eval_config", "check_schedule_fits",
     "context_mode_name", "context_modes_tag", "default_run_name",
-    "format_markdown_table", "label_checkpoints", "load_predictor", "make_step_fn", "method_step_kind",
+    "format_markdown_table", "label_checkpoints", "load_predictor", "make_step_fn",
     "parse_context_modes", "parse_replace_steps", "plot_drift", "read_predictor_checkpoint",
     "read_video_result", "resolve_dtype",
     "resolve_teacher", "rollout_config_for", "run_evaluation", "settings_fingerprint", "settings_from_args",

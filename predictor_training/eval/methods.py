@@ -18,8 +18,12 @@ baseline that is no rollout at all:
     repeat_first_frame   the ground truth's first frame held still for the whole video ("does the model do better
                          than a still image?")
 
-`make_step_fn` turns a method into the `ar_rollout.ARRollout` step hook; `method_step_kind` gives the FLOP-count step
-kind of each (chunk, step).
+A `PlannedMethod` (the leaderboard's rows, predictor_training/eval/leaderboard.py) carries its own `StepPlan`: one
+letter per step naming what fills it (F Full, R velocity reuse, H hidden reuse, P a Predictor, T / C / A the
+training-free caches of predictor_training/eval/caches.py), so one run compares methods of different schedules.
+
+`make_step_fn` turns a method into the `ar_rollout.ARRollout` step hook and records the FLOP-count step kind of
+every (chunk, step) that ran.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, check_conte
 from predictor_training.predictor.model import Predictor
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import Schedule, StepPlan
 
 REFERENCE = "reference"
 REUSE_VELOCITY = "reuse_velocity"
@@ -93,6 +97,19 @@ class Method:
     def replaced_step(self, call: StepCall) -> StepOutput:
         raise NotImplementedError
 
+    def fill(self, call: StepCall, history: Sequence["DoneStep"]) -> StepOutput:
+        """The step as one letter of a `PlannedMethod` (history: this chunk's earlier steps; unused here)."""
+        return self.replaced_step(call)
+
+    def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
+                 autocast: Callable) -> tuple[StepOutput, str]:
+        """One step under the eval's `schedule`: (output, FLOP-count step kind)."""
+        if not schedule.replaces(call.chunk_index, call.step_index):
+            with stopwatch.measure("full_step"):
+                return call.run_teacher(), "full"
+        with stopwatch.measure(self.timer), autocast():
+            return self.replaced_step(call), self.kind
+
 
 class ReferenceMethod(Method):
     name = REFERENCE
@@ -102,6 +119,11 @@ class ReferenceMethod(Method):
 
     def replaced_step(self, call: StepCall) -> StepOutput:
         raise RuntimeError("the reference never replaces a step")
+
+    def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
+                 autocast: Callable) -> tuple[StepOutput, str]:
+        with stopwatch.measure("full_step"):
+            return call.run_teacher(), "full"
 
 
 class VelocityReuse(Method):
@@ -167,25 +189,70 @@ class PredictorMethod(Method):
         return StepOutput(velocity=pred_velocity, final_hidden=pred_hidden)
 
 
-def make_step_fn(method: Method, schedule: Schedule, stopwatch: Stopwatch, autocast: Callable) -> StepFn:
-    """The ARRollout hook of `method`: Full steps where the schedule keeps them, `method.replaced_step` elsewhere."""
-    replaces = (lambda chunk, step: False) if isinstance(method, ReferenceMethod) else schedule.replaces
+@dataclass
+class DoneStep:
+    """A finished step of the chunk being denoised: its index, noise level sigma (= timestep / 1000), output, and
+    whether the Full Teacher computed it."""
+
+    step: int
+    sigma: float
+    output: StepOutput
+    full: bool
+
+
+class PlannedMethod(Method):
+    """A method with its own `StepPlan`: each step's letter picks what fills it (see `rollout.schedule.PLAN_LETTERS`).
+
+    fillers: letter -> a method whose `fill(call, history)` computes that step (R `VelocityReuse`, H `HiddenReuse`,
+    P a `PredictorMethod`, T / C from eval/caches.py); adaptive: the rule of the letter A (`caches.AdaptiveSkip`),
+    which sees every step of the chunks it runs in. The eval's schedule is ignored: the plan is the schedule.
+    """
+
+    kind = "planned"
+    timer = "planned_step"
+
+    def __init__(self, name: str, plan: StepPlan, fillers: dict[str, Method], panel: str, adaptive=None,
+                 ckpt: "PredictorCheckpoint | None" = None):
+        missing = sorted(plan.letters_used - set(fillers) - {"F", "A"})
+        if missing:
+            raise ValueError(f"{name}: plan {plan.text} uses {missing} but no method fills them")
+        if ("A" in plan.letters_used) != (adaptive is not None):
+            raise ValueError(f"{name}: the letter A needs an adaptive rule, and an adaptive rule the letter A")
+        self.name, self.plan, self.fillers, self.panel = name, plan, dict(fillers), panel
+        self.adaptive, self.ckpt = adaptive, ckpt
+        self.history: list[DoneStep] = []
+
+    def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
+                 autocast: Callable) -> tuple[StepOutput, str]:
+        if call.step_index == 0:
+            self.history = []
+        letter = self.plan.letter(call.chunk_index, call.step_index)
+        pattern_adaptive = self.adaptive is not None and (not self.plan.chunk0_full or call.chunk_index > 0)
+        if pattern_adaptive:  # the rule sees every step of its chunks: it probes Full steps too
+            output, kind = self.adaptive.step(call, letter == "F", stopwatch, autocast)
+        elif letter == "F":
+            with stopwatch.measure("full_step"):
+                output, kind = call.run_teacher(), "full"
+        else:
+            filler = self.fillers[letter]
+            with stopwatch.measure(filler.timer), autocast():
+                output, kind = filler.fill(call, self.history), filler.kind
+        self.history.append(DoneStep(call.step_index, float(call.timestep[0]) / 1000.0, output, kind == "full"))
+        return output, kind
+
+
+def make_step_fn(method: Method, schedule: Schedule, stopwatch: Stopwatch, autocast: Callable,
+                 kinds: dict[tuple[int, int], str] | None = None) -> StepFn:
+    """The ARRollout hook of `method` (`Method.run_step`: Full steps where the schedule or the method's own plan keeps
+    them). `kinds`, when given, receives the FLOP-count step kind of every (chunk, step) that ran."""
 
     def step_fn(call: StepCall) -> StepOutput:
-        if not replaces(call.chunk_index, call.step_index):
-            with stopwatch.measure("full_step"):
-                return call.run_teacher()
-        with stopwatch.measure(method.timer), autocast():
-            return method.replaced_step(call)
+        output, kind = method.run_step(call, schedule, stopwatch, autocast)
+        if kinds is not None:
+            kinds[(call.chunk_index, call.step_index)] = kind
+        return output
 
     return step_fn
-
-
-def method_step_kind(method: Method, schedule: Schedule) -> Callable[[int, int], str]:
-    """(chunk, step) -> flops step kind of `method` under `schedule`."""
-    if isinstance(method, ReferenceMethod):
-        return lambda chunk, step: "full"
-    return lambda chunk, step: method.kind if schedule.replaces(chunk, step) else "full"
 
 
 # =============================================================================================================

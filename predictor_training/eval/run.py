@@ -312,6 +312,8 @@ class EvalSettings:
     warmup_chunks: int = 2
     vae_tiling: bool = False
     progress: bool = True
+    seeds: int = 1  # every video under this many noise seeds (`seed_for`); 1 = the sample table's seed alone
+    revisit_sheets: bool = True  # a revisit_sheet/<key>.png for every row whose path revisits a camera
     extra: dict = field(default_factory=dict)
 
 
@@ -321,10 +323,11 @@ def rollout_config_for(dtype: torch.dtype) -> RolloutConfig:
 
 
 def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[PredictorCheckpoint], teacher_sha: str,
-                         scorer: LpipsScorer, device: torch.device) -> tuple[str, dict]:
+                         scorer: LpipsScorer, device: torch.device, rows: "MethodRows | None" = None
+                         ) -> tuple[str, dict]:
     """sha256 of everything that changes a per-video result, and that record itself. The ground-truth folder
-    (resolved) is part of it only when given, and the context modes only when other than exact alone, so runs
-    without them keep their fingerprint."""
+    (resolved) is part of it only when given, the context modes only when other than exact alone, the seeds only
+    when more than one and the method rows only when given, so runs without them keep their fingerprint."""
     record = {
         "result_version": RESULT_VERSION,
         "teacher": {"folder": str(Path(settings.teacher_source.folder).resolve()),
@@ -352,6 +355,10 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
     context_modes = parse_context_modes(settings.context_modes)
     if context_modes != (EXACT_CONTEXT,):
         record["context_modes"] = list(context_modes)
+    if settings.seeds != 1:
+        record["seeds"] = settings.seeds
+    if rows is not None:
+        record["rows"] = rows.record()
     return sha256_json(record), record
 
 
@@ -379,10 +386,64 @@ def select_items(dataset: TrajectoryTableDataset, max_videos: int | None) -> lis
     return indices if max_videos is None else indices[:max_videos]
 
 
-def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
-    """Evaluate every selected video (sharded over ranks, finished ones skipped), then aggregate and report on
-    rank 0. Returns {"out_dir", "computed", "skipped", "aggregate" (rank 0), "aggregate_ground_truth" (rank 0; None
-    without ground truth), "written" (rank 0)}."""
+def open_dataset(settings: EvalSettings, sample_table: Path | None = None) -> TrajectoryTableDataset:
+    """The rows of `sample_table` (default: the evaluated split's) with the settings' case source."""
+    table = settings.sample_table if sample_table is None else sample_table
+    if settings.case_source == "encoded":
+        return TrajectoryTableDataset(table, encoded_dir=settings.case_root, num_latents=settings.num_latents)
+    return TrajectoryTableDataset(table, dataset_root=settings.case_root, num_latents=settings.num_latents)
+
+
+def build_runtime(settings: EvalSettings, teacher: WorldPlayTransformer, methods: Sequence[Method],
+                  dataset: TrajectoryTableDataset, device: torch.device, *, scorer: LpipsScorer | None = None,
+                  decoder: bool = True) -> EvalRuntime:
+    """The per-rank runtime of `methods` on `dataset` (no VAE decoder with decoder=False: rollouts only)."""
+    return EvalRuntime(
+        teacher=teacher, methods=list(methods), schedule=settings.schedule,
+        rollout_config=rollout_config_for(settings.dtype),
+        decoder=VaeDecoder.from_folder(settings.vae, device, settings.vae_dtype, settings.vae_tiling)
+        if decoder else None,
+        scorer=scorer, dataset=dataset, case_source=settings.case_source, device=device, state_dtype=settings.dtype,
+    )
+
+
+SEED_STRIDE = 100_003  # --seeds: seed j of a row is its table seed + j * SEED_STRIDE (j = 0: the table's own)
+
+
+def seed_for(table_seed: int, seed_index: int) -> int:
+    return int(table_seed) + seed_index * SEED_STRIDE
+
+
+def unit_key(video: str, seed_index: int) -> str:
+    """Result name of one (video, seed): the video key for seed 0, `<key>__s<j>` for the others."""
+    return video if seed_index == 0 else f"{video}__s{seed_index}"
+
+
+class MethodRows:
+    """What an evaluation compares when it is not the classic set (reference, the two reuses, the Predictors at one
+    schedule): the leaderboard's rows (eval/leaderboard.py). `record()` joins the fingerprint; `build(teacher,
+    predictors)` returns the methods ({label: (Predictor, PredictorCheckpoint)} loaded once)."""
+
+    def record(self) -> list:
+        raise NotImplementedError
+
+    def build(self, teacher: WorldPlayTransformer, predictors: dict) -> list[Method]:
+        raise NotImplementedError
+
+
+def classic_methods(teacher: WorldPlayTransformer, predictors: dict, context_modes: Sequence[str]) -> list[Method]:
+    """reference, reuse_velocity, reuse_hidden, every Predictor; then the reference and the Predictors once more per
+    context mode other than exact."""
+    methods: list[Method] = [ReferenceMethod(), VelocityReuse(), HiddenReuse(teacher)]
+    methods += [PredictorMethod(predictor, ckpt) for predictor, ckpt in predictors.values()]
+    return add_context_modes(methods, context_modes)
+
+
+def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None = None) -> dict:
+    """Evaluate every selected video under every seed (sharded over ranks, finished ones skipped), then aggregate
+    and report on rank 0. `rows`: the methods to compare (default: the classic set, `classic_methods`). Returns
+    {"out_dir", "computed", "skipped", "aggregate" (rank 0), "aggregate_ground_truth" (rank 0; None without ground
+    truth), "written" (rank 0), "results" (rank 0: every per-video result)}."""
     device = env.device
     # 1. Checkpoints (metadata), precision, output directory, LPIPS.
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
@@ -395,26 +456,25 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     teacher = load_teacher(settings.teacher_source, device, settings.dtype)
 
     # 2. Videos: the selection and its ground truth (every row's, before the run directory is touched).
-    if settings.case_source == "encoded":
-        dataset = TrajectoryTableDataset(settings.sample_table, encoded_dir=settings.case_root,
-                                         num_latents=settings.num_latents)
-    else:
-        dataset = TrajectoryTableDataset(settings.sample_table, dataset_root=settings.case_root,
-                                         num_latents=settings.num_latents)
+    dataset = open_dataset(settings)
     selected = select_items(dataset, settings.max_videos)
     keys = {index: video_key(*dataset.keys()[index]) for index in selected}
     ground_truth = {} if settings.ground_truth is None else find_ground_truth_videos(settings.ground_truth,
                                                                                      list(keys.values()))
-    fingerprint, record = settings_fingerprint(settings, checkpoints, teacher_config_sha256(teacher), scorer, device)
+    fingerprint, record = settings_fingerprint(settings, checkpoints, teacher_config_sha256(teacher), scorer, device,
+                                               rows)
     check_or_write_eval_config(out_dir, fingerprint, record, settings, env)
 
-    # 3. Which are finished, this rank's share.
-    side_by_side_keys = {keys[index] for index in selected[: settings.num_side_by_side]}
+    # 3. Which are finished, this rank's share: units are (video, seed).
+    units = [(index, seed_index) for index in selected for seed_index in range(settings.seeds)]
+    unit_keys = {unit: unit_key(keys[unit[0]], unit[1]) for unit in units}
+    side_by_side_keys = {unit_keys[(index, 0)] for index in selected[: settings.num_side_by_side]}
     result_path = lambda key: out_dir / "videos" / f"{key}.json"  # noqa: E731
-    pending = [index for index in selected if not result_path(keys[index]).is_file()]
+    pending = [unit for unit in units if not result_path(unit_keys[unit]).is_file()]
     mine = pending[env.rank :: env.world_size]
-    log0(f"eval {run_name}: {len(selected)} videos of {settings.sample_table.name}, {len(selected) - len(pending)} "
-         f"already finished, {len(pending)} to run on {env.world_size} rank(s); schedule "
+    seeds_note = "" if settings.seeds == 1 else f" x {settings.seeds} seeds"
+    log0(f"eval {run_name}: {len(selected)} videos{seeds_note} of {settings.sample_table.name}, "
+         f"{len(units) - len(pending)} already finished, {len(pending)} to run on {env.world_size} rank(s); schedule "
          f"{settings.schedule.describe()}; LPIPS column '{scorer.metric_name}'"
          + ("" if context_modes == (EXACT_CONTEXT,) else f"; context modes {', '.join(context_modes)}")
          + ("" if settings.ground_truth is None else f"; ground truth from {settings.ground_truth}"))
@@ -422,26 +482,24 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     # 4. This rank's videos.
     computed = []
     if mine:
-        methods: list[Method] = [ReferenceMethod(), VelocityReuse(), HiddenReuse(teacher)]
-        methods += [PredictorMethod(load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints]
-        methods = add_context_modes(methods, context_modes)  # + reference@M, predictor_<ckpt>@M per other mode
-        runtime = EvalRuntime(
-            teacher=teacher, methods=methods, schedule=settings.schedule,
-            rollout_config=rollout_config_for(settings.dtype),
-            decoder=VaeDecoder.from_folder(settings.vae, device, settings.vae_dtype, settings.vae_tiling),
-            scorer=scorer, dataset=dataset, case_source=settings.case_source, device=device,
-            state_dtype=settings.dtype,
-        )
-        runtime.warm_up(dataset[mine[0]], settings.warmup_chunks)
-        for index in tqdm(mine, desc=f"eval rank {env.rank}", unit="video", disable=not settings.progress):
+        predictors = {ckpt.label: (load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints}
+        methods = (classic_methods(teacher, predictors, context_modes) if rows is None
+                   else rows.build(teacher, predictors))
+        runtime = build_runtime(settings, teacher, methods, dataset, device, scorer=scorer)
+        runtime.warm_up(dataset[mine[0][0]], settings.warmup_chunks)
+        for unit in tqdm(mine, desc=f"eval rank {env.rank}", unit="video", disable=not settings.progress):
+            index, seed_index = unit
             item = dataset[index]
-            result, frames = runtime.evaluate(item, rotation=selected.index(index),
+            item["seed"] = seed_for(item["seed"], seed_index)
+            result, frames = runtime.evaluate(item, rotation=units.index(unit),
                                               ground_truth=ground_truth.get(keys[index]))
+            if seed_index:
+                result.update(key=unit_keys[unit], video_key=keys[index], seed_index=seed_index)
             result["fingerprint"] = fingerprint
             if result["key"] in side_by_side_keys:
                 result["side_by_side"] = write_side_by_side(out_dir, result["key"], frames, runtime.methods,
                                                             settings.fps, settings.side_by_side_scale)
-            if result.get("revisits"):  # a picture of three frames: every such row gets one
+            if result.get("revisits") and settings.revisit_sheets:  # three frames: every such row gets one
                 pairs = {frame: first for frame, first in result["revisits"]["pairs"]}
                 result["revisit_sheet"] = write_revisit_sheet(out_dir, result["key"], frames, runtime.methods,
                                                               pairs, settings.side_by_side_scale)
@@ -452,15 +510,17 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
     # 5. Gather on rank 0 (results written by other ranks are read from the shared directory).
     gathered = all_gather_objects(computed)
     report = {"out_dir": out_dir, "computed": sorted(key for keys_ in gathered for key in keys_),
-              "skipped": len(selected) - len(pending)}
+              "skipped": len(units) - len(pending)}
     barrier()
     if env.is_main:
-        results = [read_video_result(result_path(keys[index]), fingerprint) for index in selected]
+        results = [read_video_result(result_path(unit_keys[unit]), fingerprint) for unit in units]
         method_names = list(results[0]["methods"])
         aggregate = aggregate_results(results, method_names)
         aggregate_truth = None if settings.ground_truth is None else aggregate_ground_truth(results)
         display_names = {name: name for name in method_names}
         display_names.update({ckpt.method: f"predictor {ckpt.panel}" for ckpt in checkpoints})
+        if rows is not None:
+            display_names.update(rows.display_names())
         for mode in context_modes[1:]:  # reference @incremental, predictor ckptstep8 @incremental, ...
             for base in [REFERENCE] + [ckpt.method for ckpt in checkpoints]:
                 display_names[context_mode_name(base, mode)] = f"{display_names[base]} @{mode}"
@@ -488,6 +548,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv) -> dict:
         report["aggregate"] = aggregate
         report["aggregate_ground_truth"] = aggregate_truth
         report["table"] = (out_dir / "table.md").read_text(encoding="utf-8")
+        report["results"] = results
     barrier()
     return report
 

@@ -33,7 +33,6 @@ from predictor_training.eval.methods import (
     Method,
     PredictorMethod,
     make_step_fn,
-    method_step_kind,
 )
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.teacher.flops import TeacherShape, rollout_flops, text_prefill_flops
@@ -55,6 +54,17 @@ from predictor_training.video.metrics import (
 RESULT_FORMAT = "predictor_training.eval_video"
 RESULT_VERSION = 3
 GROUND_TRUTH = "ground_truth"  # key of the ground-truth frames next to the methods' frames (side-by-side panel)
+
+
+# one letter per FLOP-count step kind (teacher/flops.py STEP_KINDS) in a result's "step_kinds": one string per chunk
+KIND_LETTERS = {"full": "F", "predictor": "P", "reuse_velocity": "R", "reuse_hidden": "H", "forecast": "T",
+                "cache_residual": "A"}
+LETTER_KINDS = {letter: kind for kind, letter in KIND_LETTERS.items()}
+
+
+def step_kind_letters(kinds: dict[tuple[int, int], str], num_chunks: int, num_steps: int) -> list[str]:
+    """{(chunk, step): kind} of a finished rollout -> one string of kind letters per chunk (e.g. "FRRP")."""
+    return ["".join(KIND_LETTERS[kinds[(chunk, step)]] for step in range(num_steps)) for chunk in range(num_chunks)]
 
 
 def score_video(target: Tensor, test: Tensor, scorer: LpipsScorer, ranges: Sequence[tuple[int, int]],
@@ -121,7 +131,8 @@ class EvalRuntime:
                                          state_dtype=self.state_dtype)
         config = dataclasses.replace(self.rollout_config, context_mode=method.context_mode)
         rollout = TimedRollout(self.teacher, text_kv, inputs, config, device=self.device, stopwatch=stopwatch)
-        step_fn = make_step_fn(method, self.schedule, stopwatch, self.autocast)
+        rollout.step_kinds = {}
+        step_fn = make_step_fn(method, self.schedule, stopwatch, self.autocast, rollout.step_kinds)
         with stopwatch.measure("rollout"):
             rollout.run(step_fn, chunks)
         return rollout
@@ -170,6 +181,7 @@ class EvalRuntime:
         frames: dict[str, Tensor] = {}
         timings: dict[str, dict] = {}
         flops: dict[str, dict] = {}
+        step_kinds: dict[str, list[str]] = {}
         context_frames = None
         shift = rotation % len(self.methods)
         run_order = self.methods[shift:] + self.methods[:shift]
@@ -185,9 +197,13 @@ class EvalRuntime:
             with stopwatch.measure("vae_decode"):
                 frames[method.name] = self.decoder.decode(rollout.latents)
             timings[method.name] = method_timings(stopwatch, text_facts["seconds"])
-            predictor_config = method.ckpt.predictor_config if isinstance(method, PredictorMethod) else None
+            ckpt = getattr(method, "ckpt", None)  # a Predictor's, or a planned method's with P steps
+            predictor_config = None if ckpt is None else ckpt.predictor_config
+            step_kinds[method.name] = step_kind_letters(rollout.step_kinds, rollout.num_chunks,
+                                                        self.rollout_config.num_steps)
             flops[method.name] = rollout_flops(
-                shape, height * width, text_kv.num_tokens, context_frames, method_step_kind(method, self.schedule),
+                shape, height * width, text_kv.num_tokens, context_frames,
+                lambda chunk, step, kinds=rollout.step_kinds: kinds[(chunk, step)],
                 num_steps=self.rollout_config.num_steps, chunk_frames=self.chunk_latents,
                 predictor_config=predictor_config, text_prefill=text_flops, context_mode=method.context_mode,
             )
@@ -200,7 +216,7 @@ class EvalRuntime:
                                f"{self.decoder.spatial_compression})")
         methods_out = {}
         for method in self.methods:
-            entry = {"timings": timings[method.name], "flops": flops[method.name]}
+            entry = {"timings": timings[method.name], "flops": flops[method.name], "step_kinds": step_kinds[method.name]}
             if method.name != REFERENCE:
                 entry.update(score_video(reference, frames[method.name], self.scorer, ranges, self.device))
             methods_out[method.name] = entry

@@ -74,3 +74,88 @@ class Schedule:
     def to_dict(self) -> dict:
         return {"replace_steps": list(self.replace_steps), "num_steps": self.num_steps,
                 "chunk0_full": self.chunk0_full, "letters": self.letters()}
+
+
+# A step plan names, per denoising step, what fills it (the leaderboard's rows, SPEC § 13):
+#   F Full Teacher step        R velocity reuse (= the fewer-step Euler sampler)     H hidden reuse
+#   P Predictor step           T first-order forecast of the hidden (TaylorSeer)     C previous-chunk reuse
+#   A adaptive: Full or a cached residual, decided at run time (TeaCache)
+PLAN_LETTERS = "FRHPTCA"
+PLAN_MIXTURE_SEPARATOR = "|"  # "F-R-R-R|F-R-R-F": chunks 1, 3, 5, ... use the first pattern, chunks 2, 4, ... the second
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What fills each denoising step of each chunk: one letter of `PLAN_LETTERS` per step.
+
+    patterns: one pattern per chunk of a cycle, each `num_steps` letters with step 0 'F' (it has no previous step).
+    Chunk 0 is F-F-F-F when chunk0_full (the eval's default, train.md § What is compared); the scheduled chunks
+    1, 2, ... take patterns[0], patterns[1], ... cyclically, so "FRRR|FRRF" time-shares the 1-step and a 2-step
+    sampler across chunks. Without chunk0_full chunk c takes patterns[c mod len].
+    """
+
+    patterns: tuple[str, ...]
+    chunk0_full: bool = True
+
+    def __post_init__(self):
+        if not self.patterns:
+            raise ValueError("a step plan needs at least one pattern")
+        lengths = {len(pattern) for pattern in self.patterns}
+        if len(lengths) != 1:
+            raise ValueError(f"step plan {self.text!r}: every pattern needs the same number of steps")
+        for pattern in self.patterns:
+            bad = sorted(set(pattern) - set(PLAN_LETTERS))
+            if bad:
+                raise ValueError(f"step plan {self.text!r}: unknown letter(s) {bad}; expected letters of "
+                                 f"{PLAN_LETTERS}")
+            if pattern[0] != "F":
+                raise ValueError(f"step plan {self.text!r}: step 0 must be F (the later steps start from it)")
+
+    @classmethod
+    def parse(cls, text: str, chunk0_full: bool = True, num_steps: int = DISTILLED_STEPS) -> "StepPlan":
+        """"F-R-R-P" or "FRRP" (one pattern), "F-R-R-R|F-R-R-F" (a per-chunk mixture) -> StepPlan."""
+        patterns = tuple(part.replace("-", "").strip().upper() for part in str(text).split(PLAN_MIXTURE_SEPARATOR))
+        wrong = [pattern for pattern in patterns if len(pattern) != num_steps]
+        if wrong:
+            raise ValueError(f"step plan {text!r}: every pattern needs {num_steps} letters (one per step), "
+                             f"got {wrong}")
+        return cls(patterns, chunk0_full)
+
+    @classmethod
+    def from_schedule(cls, schedule: Schedule, letter: str) -> "StepPlan":
+        """The plan that fills `schedule`'s replaced steps with `letter` (e.g. 'R' at F-P-P-P -> F-R-R-R)."""
+        return cls(("".join(letter if step in schedule.replace_steps else "F" for step in range(schedule.num_steps)),),
+                   schedule.chunk0_full)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.patterns[0])
+
+    @property
+    def text(self) -> str:
+        """'F-R-R-R|F-R-R-F'."""
+        return PLAN_MIXTURE_SEPARATOR.join("-".join(pattern) for pattern in self.patterns)
+
+    @property
+    def tag(self) -> str:
+        """File-name part: 'frrp', 'frrr+frrf' (mixtures), '_allchunks' appended without chunk0_full."""
+        tag = "+".join(pattern.lower() for pattern in self.patterns)
+        return tag if self.chunk0_full else f"{tag}_allchunks"
+
+    @property
+    def letters_used(self) -> set[str]:
+        return set("".join(self.patterns))
+
+    def letter(self, chunk_index: int, step_index: int) -> str:
+        if self.chunk0_full:
+            if chunk_index == 0:
+                return "F"
+            return self.patterns[(chunk_index - 1) % len(self.patterns)][step_index]
+        return self.patterns[chunk_index % len(self.patterns)][step_index]
+
+    def full_steps(self) -> float:
+        """Full steps per scheduled chunk, averaged over the cycle (the adaptive 'A' counted as not Full)."""
+        return sum(pattern.count("F") for pattern in self.patterns) / len(self.patterns)
+
+    def to_dict(self) -> dict:
+        return {"plan": self.text, "chunk0_full": self.chunk0_full}

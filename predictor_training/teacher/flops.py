@@ -19,6 +19,9 @@ S = n*HW context tokens, L the text tokens kept by the text prefill.
     Predictor step  embed(N) + fusion Linear(streams*D -> D) + 2 * block(N, K = L [+ S for v4] + N) + residual
                     head (2 Linear D -> D) + final layer
     hidden reuse    frame vec + final layer;   velocity reuse: 0
+    forecast        (a TaylorSeer-style forecast of the hidden) frame vec + final layer, as hidden reuse
+    cache residual  (a TeaCache-style skipped step) embed(N) + the first block's modulation + final layer; on a Full
+                    step the same probe is the start of the forward, so it is not counted twice
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ from predictor_training.teacher.frame_kv_cache import check_context_mode
 
 SINUSOID_DIM = 256  # frequency features of time_in / action_in
 REFINER_DEPTH = 2  # txt_in.individual_token_refiner blocks
-STEP_KINDS = ("full", "predictor", "reuse_velocity", "reuse_hidden")
+# The real 480p config's chunk and text sizes (tools/print_flop_bounds.py, the leaderboard's real-config axis):
+# 480 x 832 pixels / 16 = 30 x 52 latent tokens per frame; SigLIP's 729 tokens plus a prompt
+REAL_LATENT_GRID = (30, 52)
+REAL_TEXT_TOKENS = 1000
+STEP_KINDS = ("full", "predictor", "reuse_velocity", "reuse_hidden", "forecast", "cache_residual")
 
 
 @dataclass(frozen=True)
@@ -227,14 +234,21 @@ def predictor_step_flops(
     return embed + fusion + blocks + head + final
 
 
+REUSE_KINDS = ("reuse_velocity", "reuse_hidden", "forecast", "cache_residual")
+
+
 def reuse_step_flops(shape: TeacherShape, kind: str, tokens_per_frame: int, chunk_frames: int = 4) -> int:
-    """Velocity reuse: nothing. Hidden reuse: the step's frame vec and the final layer on the previous hidden."""
+    """Velocity reuse: nothing. Hidden reuse and a forecast of the hidden: the step's frame vec and the final layer.
+    A cached residual: the embedded input, the first block's modulation (the skip indicator) and the final layer."""
+    queries = chunk_frames * tokens_per_frame
     if kind == "reuse_velocity":
         return 0
-    if kind == "reuse_hidden":
-        queries = chunk_frames * tokens_per_frame
+    if kind in ("reuse_hidden", "forecast"):
         return frame_vec_flops(shape, chunk_frames) + final_layer_flops(shape, queries, chunk_frames)
-    raise ValueError(f"reuse kind must be 'reuse_velocity' or 'reuse_hidden', got {kind!r}")
+    if kind == "cache_residual":
+        modulation = linear_flops(chunk_frames, shape.hidden_size, 6 * shape.hidden_size)
+        return embed_flops(shape, queries, chunk_frames) + modulation + final_layer_flops(shape, queries, chunk_frames)
+    raise ValueError(f"reuse kind must be one of {REUSE_KINDS}, got {kind!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,7 +299,7 @@ def rollout_flops(
                 parts["predictor_step"] += predictor_step_flops(
                     shape, predictor_config, tokens_per_frame, text_tokens, context_frames, chunk_frames
                 )
-            elif kind in ("reuse_velocity", "reuse_hidden"):
+            elif kind in REUSE_KINDS:
                 parts["reuse_step"] += reuse_step_flops(shape, kind, tokens_per_frame, chunk_frames)
             else:
                 raise ValueError(f"step kind of chunk {chunk} step {step} is {kind!r}; expected one of {STEP_KINDS}")

@@ -412,6 +412,22 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         vec = self.time_in(timestep.reshape(-1)) + self.action_in(action.reshape(-1))
         return vec.view(batch, frames, vec.shape[-1])
 
+    def modulated_input(self, hidden_states: Tensor, timestep: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """What the first double block's attention reads, without running the block: (embedded `img_in` tokens
+        [1, T*HW, hidden], their timestep-modulated LayerNorm [1, T*HW, hidden], frame vec [1, T, hidden]).
+
+        hidden_states [1, 2C+1, T, H, W]; timestep [T]; action [1, T]. The indicator of TeaCache-style skipping
+        (predictor_training/eval/caches.py).
+        """
+        x = self.embed_image(hidden_states)
+        vec = self.frame_vec(timestep, action)
+        block = self.double_blocks[0]
+        shift, scale = block._image_modulation(vec)[:2]
+        frames = vec.shape[1]
+        tokens_per_frame = x.shape[1] // frames
+        modulated = modulate(layer_norm_no_affine(block._per_frame(x, frames, tokens_per_frame)), shift, scale)
+        return x, modulated.flatten(1, 2), vec
+
     def rope_table(self, num_frames: int, height: int, width: int, start: int) -> RopeTable:
         """cos/sin [T*H*W, head_dim] float32 for temporal positions start..start+T-1."""
         return build_rope_table(

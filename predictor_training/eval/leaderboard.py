@@ -1,0 +1,639 @@
+"""The leaderboard: every schedule, the fewer-step samplers, training-free caches and every Predictor, on the same
+videos and seeds, at matched cost, with intervals (SPEC § 13; the command is tools/leaderboard.py).
+
+Rows (each a `PlannedMethod` of eval/methods.py run by the eval's own per-video loop, `run.run_evaluation`):
+
+    reference            F-F-F-F
+    sampler_<k>step_*    the k-step Euler sampler on the Teacher's sigma grid = velocity reuse at the steps it skips
+                         (F-R-R-R is the 1-step sampler; F-R-R-F the 2-step one at sigma 1 and 0.625); every subset
+                         of the steps that keeps step 0
+    reuse_hidden_*       hidden reuse at the same plans (H)
+    taylor_*             TaylorSeer-style first-order forecast of the hidden (T; eval/caches.py)
+    prev_chunk_*         the previous chunk's output of the same step (C)
+    teacache_nfe<n>      TeaCache-style adaptive skipping (A), its threshold calibrated to n Full steps per chunk on
+                         calibration videos of another split
+    mixture_*            per-chunk mixtures of plans ("F-R-R-R|F-R-R-F": chunks alternate), measured
+    predictor_<ckpt>_*   each Predictor at each plan asked for (and @<mode> under another context mode)
+    reference@<mode>     the reference under another context mode
+
+Every row but the Predictors' is a baseline: the **front** of the baselines (eval/front.py; mixtures interpolated in
+MSE) is what a Predictor must beat at its own cost. Costs on four axes: the FLOP bound on the config that ran, the
+FLOP bound of the same work at the real 8.6B config (54 blocks, 30 x 52 latents, 1000 text tokens; text prefill not
+counted), and the measured DiT and end-to-end speedups (every method of a video in one process, order rotated per
+video). Quality against F-F-F-F (PSNR with a paired bootstrap interval, SSIM, LPIPS, last chunk, temporal-delta
+error) and, where given, against the ground truth (chunks 1..) and at revisited cameras.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from predictor_training.eval.caches import (
+    AdaptiveSkip,
+    PreviousChunkReuse,
+    TaylorForecast,
+    calibrate_threshold,
+    fit_rescale,
+)
+from predictor_training.eval.front import (
+    Estimate,
+    FrontRow,
+    Units,
+    front_curve,
+    margin_over_front,
+    paired_difference,
+    pareto_rows,
+    weighted_mean,
+)
+from predictor_training.eval.methods import (
+    EXACT_CONTEXT,
+    REFERENCE,
+    HiddenReuse,
+    Method,
+    PlannedMethod,
+    PredictorMethod,
+    ReferenceMethod,
+    VelocityReuse,
+    context_mode_name,
+    with_context_mode,
+)
+from predictor_training.eval.reports import write_side_by_side
+from predictor_training.eval.run import MethodRows, build_runtime, load_predictor, open_dataset
+from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRuntime
+from predictor_training.eval.timing import Stopwatch
+from predictor_training.rollout.schedule import StepPlan
+from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
+from predictor_training.runtime.io import write_json_atomic, write_text_atomic
+from predictor_training.teacher.config import preset_config
+from predictor_training.teacher.source import load_teacher
+from predictor_training.video.metrics import jsonable
+from predictor_training.video.ground_truth import find_ground_truth_videos, load_ground_truth, video_key
+from predictor_training.teacher.flops import (
+    REAL_LATENT_GRID,
+    REAL_TEXT_TOKENS,
+    TeacherShape,
+    rollout_flops,
+)
+
+CACHE_LETTERS = {"reuse_hidden": "H", "taylor": "T", "prev_chunk": "C"}
+CACHES = (*CACHE_LETTERS, "teacache")
+CACHE_TITLES = {"reuse_hidden": "hidden reuse", "taylor": "TaylorSeer forecast", "prev_chunk": "previous-chunk reuse"}
+PREDICTOR_FAMILY = "predictor"
+DEFAULT_BASELINE = "sampler_1step_frrr"  # the cheapest honest alternative: one Full step per chunk
+COST_AXES = {  # key -> what the axis measures
+    "flops_run": "FLOP bound, config that ran",
+    "flops_real": "FLOP bound, real 8.6B config",
+    "measured_dit": "measured DiT",
+    "measured_end_to_end": "measured end-to-end",
+}
+MARGIN_AXES = ("flops_run", "flops_real", "measured_dit")
+
+
+# =============================================================================================================
+# 1. Rows
+# =============================================================================================================
+@dataclass(frozen=True)
+class RowSpec:
+    """One leaderboard row, declaratively (it joins the eval fingerprint).
+
+    key: the method key in the results; family: reference | sampler | cache | mixture | predictor; plan: the
+    `StepPlan` text; checkpoint: the Predictor's label (P rows); adaptive: {"target_full_steps", "threshold",
+    "rescale"} of an A row (threshold None until calibrated)."""
+
+    key: str
+    family: str
+    plan: str
+    display: str
+    panel: str
+    checkpoint: str | None = None
+    context_mode: str = EXACT_CONTEXT
+    adaptive: dict | None = None
+
+    @property
+    def baseline(self) -> bool:
+        return self.family != PREDICTOR_FAMILY
+
+
+def sampler_sigmas(num_steps: int, shift: float) -> list[float]:
+    """The Teacher's sigma grid [num_steps] (1 ... the last step's level)."""
+    scheduler = FlowMatchEulerScheduler(shift=shift)
+    scheduler.set_timesteps(num_steps)
+    return [float(sigma) for sigma in scheduler.sigmas[:-1]]
+
+
+def sampler_plans(num_steps: int, step_counts: Sequence[int]) -> list[tuple[int, str]]:
+    """(k, plan) of every k-step sampler, k in `step_counts` (< num_steps): step 0 and k-1 of the later steps
+    kept, the rest filled by velocity reuse."""
+    plans = []
+    for k in step_counts:
+        if not 1 <= k < num_steps:
+            raise ValueError(f"--samplers: a sampler takes 1..{num_steps - 1} steps, got {k}")
+        for kept in combinations(range(1, num_steps), k - 1):
+            plans.append((k, "-".join("F" if step == 0 or step in kept else "R" for step in range(num_steps))))
+    return plans
+
+
+def _tag(plan: str) -> str:
+    return StepPlan.parse(plan, num_steps=len(plan.split("|")[0].replace("-", ""))).tag
+
+
+def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches: Sequence[str],
+               teacache_full_steps: Sequence[float], mixtures: Sequence[str], predictor_plans: dict[str, Sequence[str]],
+               context_modes: Sequence[str] = (EXACT_CONTEXT,)) -> list[RowSpec]:
+    """The rows of one leaderboard, in table order.
+
+    samplers: the k of the k-step samplers; caches: of `CACHES` (the letter caches run at every sampler plan);
+    teacache_full_steps: one adaptive row per target of Full steps per chunk; mixtures: extra baseline plans (with
+    '|'); predictor_plans: {checkpoint label: plans to run it at}; context_modes: exact first, then the modes whose
+    reference and Predictor rows run once more."""
+    unknown = sorted(set(caches) - set(CACHES))
+    if unknown:
+        raise ValueError(f"--caches: unknown {unknown}; expected some of {', '.join(CACHES)}")
+    sigmas = sampler_sigmas(num_steps, shift)
+    rows = [RowSpec(REFERENCE, "reference", "-".join("F" * num_steps), "reference F-F-F-F", "reference")]
+    plans = sampler_plans(num_steps, samplers)
+    for k, plan in plans:
+        kept = [sigmas[step] for step, letter in enumerate(plan.split("-")) if letter == "F"]
+        levels = ", ".join(f"{sigma:.4g}" for sigma in kept)
+        rows.append(RowSpec(f"sampler_{k}step_{_tag(plan)}", "sampler", plan, f"{k}-step sampler σ{{{levels}}}",
+                            f"{k}-step {plan}"))
+    for cache in caches:
+        if cache == "teacache":
+            continue
+        letter = CACHE_LETTERS[cache]
+        for _, plan in plans:
+            cached = plan.replace("R", letter)
+            rows.append(RowSpec(f"{cache}_{_tag(cached)}", "cache", cached, f"{CACHE_TITLES[cache]} {cached}",
+                                f"{cache} {cached}"))
+    if "teacache" in caches:
+        for target in teacache_full_steps:
+            if not 1 <= target <= num_steps:
+                raise ValueError(f"--teacache_full_steps: a target is 1..{num_steps} Full steps per chunk, "
+                                 f"got {target}")
+            rows.append(RowSpec(f"teacache_full{target:g}", "cache", "-".join("F" + "A" * (num_steps - 1)),
+                                f"TeaCache adaptive, {target:g} Full steps/chunk", f"teacache {target:g}",
+                                adaptive={"target_full_steps": float(target), "threshold": None, "rescale": None}))
+    for plan in mixtures:
+        parsed = StepPlan.parse(plan, num_steps=num_steps)
+        if "P" in parsed.letters_used:
+            continue
+        family = "mixture" if len(parsed.patterns) > 1 else "cache"
+        rows.append(RowSpec(f"plan_{parsed.tag}", family, parsed.text, f"{family} {parsed.text}", parsed.text))
+    for label, plans_of in predictor_plans.items():
+        for plan in plans_of:
+            parsed = StepPlan.parse(plan, num_steps=num_steps)
+            for mode in context_modes:
+                key = context_mode_name(f"predictor_{label}_{parsed.tag}", mode)
+                suffix = "" if mode == EXACT_CONTEXT else f" @{mode}"
+                rows.append(RowSpec(key, PREDICTOR_FAMILY, parsed.text, f"P {label} {parsed.text}{suffix}",
+                                    f"P {label} {parsed.text}{suffix}", checkpoint=label, context_mode=mode))
+    for mode in context_modes:
+        if mode != EXACT_CONTEXT:
+            rows.append(RowSpec(context_mode_name(REFERENCE, mode), "reference", rows[0].plan,
+                                f"reference F-F-F-F @{mode}", f"reference @{mode}", context_mode=mode))
+    keys = [row.key for row in rows]
+    duplicates = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicates:
+        raise ValueError(f"leaderboard rows {duplicates} are given twice")
+    return rows
+
+
+def build_method(spec: RowSpec, teacher, predictors: dict) -> Method:
+    """The method of one row (Predictor modules shared between rows: `predictors` {label: (Predictor, ckpt)})."""
+    if spec.family == "reference":
+        return with_context_mode(ReferenceMethod(), spec.context_mode)
+    fillers: dict[str, Method] = {"R": VelocityReuse(), "H": HiddenReuse(teacher), "T": TaylorForecast(teacher),
+                                  "C": PreviousChunkReuse()}
+    ckpt = None
+    if spec.checkpoint is not None:
+        predictor, ckpt = predictors[spec.checkpoint]
+        fillers["P"] = PredictorMethod(predictor, ckpt)
+    adaptive = None
+    if spec.adaptive is not None:
+        if spec.adaptive["threshold"] is None:
+            raise ValueError(f"{spec.key}: the adaptive row is not calibrated")
+        adaptive = AdaptiveSkip(teacher, float(spec.adaptive["threshold"]), tuple(spec.adaptive["rescale"]))
+    method = PlannedMethod(spec.key, StepPlan.parse(spec.plan), fillers, spec.panel, adaptive=adaptive, ckpt=ckpt)
+    method.context_mode = spec.context_mode
+    return method
+
+
+@dataclass
+class LeaderboardRows(MethodRows):
+    """The rows as an evaluation's method set (`run.run_evaluation(settings, env, rows)`)."""
+
+    specs: list[RowSpec]
+
+    def record(self) -> list:
+        return [asdict(spec) for spec in self.specs]
+
+    def display_names(self) -> dict[str, str]:
+        return {spec.key: spec.display for spec in self.specs}
+
+    def build(self, teacher, predictors: dict) -> list[Method]:
+        return [build_method(spec, teacher, predictors) for spec in self.specs]
+
+
+# =============================================================================================================
+# 2. Calibration of the adaptive rows
+# =============================================================================================================
+def full_steps_per_chunk(step_kinds: dict[tuple[int, int], str], first_chunk: int = 1) -> float:
+    """Mean Full steps per chunk over chunks >= first_chunk of one rollout's recorded step kinds."""
+    chunks = sorted({chunk for chunk, _ in step_kinds if chunk >= first_chunk})
+    full = sum(kind == "full" for (chunk, _), kind in step_kinds.items() if chunk >= first_chunk)
+    return full / max(len(chunks), 1)
+
+
+def calibrate_adaptive(specs: Sequence[RowSpec], runtime: EvalRuntime, items: Sequence[dict],
+                       log=print) -> list[RowSpec]:
+    """Thresholds (and TeaCache's rescaling polynomial) of the adaptive rows, on `items` (rows of a calibration
+    split, never the evaluated one): the rescaling is fitted on their all-Full rollouts, then each threshold is
+    bisected until the mean Full steps per scheduled chunk is closest to its target."""
+    targets = [spec for spec in specs if spec.adaptive is not None]
+    if not targets:
+        return list(specs)
+    teacher = runtime.teacher
+    cases = [(item, runtime.dataset.load_case(item["case_id"])) for item in items]
+    cases = [(item, case, runtime.text_kv(case)[0]) for item, case in cases]
+    plan = StepPlan.parse(targets[0].plan)
+
+    def rollouts(threshold: float, rescale) -> tuple[float, list]:
+        rule = AdaptiveSkip(teacher, threshold, tuple(rescale))
+        method = PlannedMethod("calibration", plan, {}, "calibration", adaptive=rule)
+        full = []
+        for item, case, text_kv in cases:
+            rollout = runtime.rollout(method, text_kv, item, case, Stopwatch(runtime.device))
+            full.append(full_steps_per_chunk(rollout.step_kinds))
+        return float(np.mean(full)), rule.observed
+
+    _, observed = rollouts(0.0, (1.0, 0.0))
+    rescale = fit_rescale(observed)
+    log(f"[leaderboard] TeaCache rescaling fitted on {len(observed)} consecutive Full steps of {len(items)} "
+        f"calibration video(s): {', '.join(f'{c:.4g}' for c in rescale)} (highest power first)")
+    calibrated = {}
+    for spec in targets:
+        target = spec.adaptive["target_full_steps"]
+        threshold, reached = calibrate_threshold(lambda value: rollouts(value, rescale)[0], target)
+        log(f"[leaderboard] {spec.key}: threshold {threshold:.5g} gives {reached:.3f} Full steps per chunk on the "
+            f"calibration videos (target {target:g})")
+        calibrated[spec.key] = RowSpec(**{**asdict(spec), "adaptive": {
+            "target_full_steps": target, "threshold": threshold, "rescale": list(rescale),
+            "calibration_full_steps": reached}})
+    return [calibrated.get(spec.key, spec) for spec in specs]
+
+
+# =============================================================================================================
+# 3. The analysis: costs, qualities, intervals, the front
+# =============================================================================================================
+def real_config_flops(result: dict, method: str, predictor_config: dict | None) -> int:
+    """DiT FLOPs of `method`'s recorded steps of one result, at the real config (REAL_LATENT_GRID, REAL_TEXT_TOKENS,
+    the same context frames per chunk; no text prefill)."""
+    config = preset_config("worldplay_480p_i2v")
+    shape = TeacherShape.from_config(config)
+    letters = result["methods"][method]["step_kinds"]
+    kind = lambda chunk, step: LETTER_KINDS[letters[chunk][step]]  # noqa: E731
+    real_predictor = None if predictor_config is None else {**predictor_config, "hidden_size": shape.hidden_size}
+    mode = EXACT_CONTEXT if "@" not in method else method.split("@", 1)[1]
+    height, width = REAL_LATENT_GRID
+    return rollout_flops(shape, height * width, REAL_TEXT_TOKENS, result["context_frames_per_chunk"], kind,
+                         num_steps=len(letters[0]), predictor_config=real_predictor, context_mode=mode)["total"]
+
+
+def _unit_values(results: Sequence[dict], method: str, path: Sequence[str]) -> np.ndarray:
+    """One number per unit from each result's method entry (NaN where missing)."""
+    values = []
+    for result in results:
+        node = result["methods"].get(method)
+        for key in path:
+            node = None if node is None else node.get(key) if isinstance(node, dict) else node[key]
+        values.append(math.nan if node is None else float(node))
+    return np.asarray(values)
+
+
+def _truth_values(results: Sequence[dict], method: str, path: Sequence[str]) -> np.ndarray | None:
+    if any("against_ground_truth" not in result for result in results):
+        return None
+    values = []
+    for result in results:
+        node = result["against_ground_truth"]["methods"][method]
+        for key in path:
+            node = node[key]
+        values.append(float(node))
+    return np.asarray(values)
+
+
+def _revisit_values(results: Sequence[dict], method: str, figure: str) -> float | None:
+    values = [result["revisits"]["methods"][method][figure] for result in results if result.get("revisits")]
+    return float(np.mean(values)) if values else None
+
+
+@dataclass
+class RowResult:
+    spec: RowSpec
+    costs: dict[str, float]  # axis -> fraction of the reference's cost
+    psnr: np.ndarray  # per unit, vs F-F-F-F
+    quality: Estimate  # mean PSNR vs F-F-F-F, with its interval
+    figures: dict[str, float | None] = field(default_factory=dict)
+    vs_baseline: Estimate | None = None
+    margins: dict[str, tuple[Estimate, str]] = field(default_factory=dict)
+    on_front: bool = False
+
+    def speedup(self, axis: str) -> float:
+        return 1.0 / self.costs[axis]
+
+
+def analyse(results: Sequence[dict], specs: Sequence[RowSpec], predictor_configs: dict[str, dict], *,
+            baseline: str = DEFAULT_BASELINE, resamples: int = 2000, seed: int = 0) -> dict:
+    """Every row's costs, quality with interval, difference from `baseline`, margin over the baselines' front
+    (on `MARGIN_AXES`), and whether it is on the front of all measured rows (on the real-config FLOP axis).
+    predictor_configs: {checkpoint label: its predictor config} (for the real-config FLOPs)."""
+    keys = [result.get("video_key", result["key"]) for result in results]
+    units = Units.from_video_keys(keys)
+    weights = units.weights(resamples, seed)
+    lpips = next((key for key in results[0]["methods"][specs[1].key]["metrics"] if key.startswith("lpips")), None)
+
+    def total(method: str, path: Sequence[str]) -> float:
+        return float(np.nansum(_unit_values(results, method, path)))
+
+    reference_cost = {
+        "flops_run": total(REFERENCE, ("flops", "total")),
+        "flops_real": float(sum(real_config_flops(result, REFERENCE, None) for result in results)),
+        "measured_dit": total(REFERENCE, ("timings", "dit_s")),
+        "measured_end_to_end": total(REFERENCE, ("timings", "end_to_end_s")),
+    }
+    rows: list[RowResult] = []
+    for spec in specs:
+        config = predictor_configs.get(spec.checkpoint) if spec.checkpoint else None
+        costs = {
+            "flops_run": total(spec.key, ("flops", "total")) / reference_cost["flops_run"],
+            "flops_real": sum(real_config_flops(result, spec.key, config) for result in results)
+            / reference_cost["flops_real"],
+            "measured_dit": total(spec.key, ("timings", "dit_s")) / reference_cost["measured_dit"],
+            "measured_end_to_end": total(spec.key, ("timings", "end_to_end_s"))
+            / reference_cost["measured_end_to_end"],
+        }
+        if spec.key == REFERENCE:
+            psnr = np.full(len(results), np.inf)
+        else:
+            psnr = _unit_values(results, spec.key, ("metrics", "psnr_full"))
+        row = RowResult(spec, costs, psnr, Estimate.from_samples(weighted_mean(weights, psnr)))
+        if spec.key != REFERENCE:
+            figures = {
+                "ssim": np.nanmean(_unit_values(results, spec.key, ("metrics", "ssim"))),
+                "temporal_delta_mse": np.nanmean(_unit_values(results, spec.key, ("metrics", "temporal_delta_mse"))),
+                "last_chunk_psnr": np.nanmean([result["methods"][spec.key]["per_chunk"][-1]["psnr_full"]
+                                               for result in results]),
+            }
+            if lpips is not None:
+                figures["lpips"] = np.nanmean(_unit_values(results, spec.key, ("metrics", lpips)))
+            row.figures.update({key: float(value) for key, value in figures.items()})
+        truth = _truth_values(results, spec.key, ("after_first_chunk", "psnr_full"))
+        if truth is not None:
+            row.figures["gt_psnr_after_first_chunk"] = float(np.mean(truth))
+            row.figures["gt_ssim_after_first_chunk"] = float(np.mean(
+                _truth_values(results, spec.key, ("after_first_chunk", "ssim"))))
+        for figure in ("self_psnr", "return_minus_first_visit"):
+            row.figures[f"revisit_{figure}"] = _revisit_values(results, spec.key, figure)
+        row.figures["full_steps_per_chunk"] = float(np.mean([
+            np.mean([letters.count("F") for letters in result["methods"][spec.key]["step_kinds"][1:]])
+            for result in results]))
+        rows.append(row)
+    by_key = {row.spec.key: row for row in rows}
+    if baseline not in by_key:
+        raise ValueError(f"--baseline {baseline}: no such row (rows: {', '.join(by_key)})")
+    for row in rows:
+        if row.spec.key not in (REFERENCE, baseline):
+            row.vs_baseline = paired_difference(FrontRow(row.spec.key, 0, row.psnr),
+                                                FrontRow(baseline, 0, by_key[baseline].psnr), weights)
+    for axis in MARGIN_AXES:
+        front_rows = [FrontRow(row.spec.key, row.costs[axis], row.psnr) for row in rows if row.spec.baseline]
+        for row in rows:
+            if not row.spec.baseline:
+                row.margins[axis] = margin_over_front(FrontRow(row.spec.key, row.costs[axis], row.psnr), front_rows,
+                                                      weights)
+    on_front = pareto_rows([row.costs["flops_real"] for row in rows], [row.quality.value for row in rows])
+    for row, flag in zip(rows, on_front):
+        row.on_front = flag
+    return {"rows": rows, "num_videos": units.num_videos, "num_units": len(results), "baseline": baseline,
+            "resamples": resamples, "lpips_key": lpips, "weights": weights}
+
+
+# =============================================================================================================
+# 4. Reports: leaderboard.md / .csv / .json and the Pareto plots
+# =============================================================================================================
+def _fmt(value, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def row_record(row: RowResult) -> dict:
+    return {"key": row.spec.key, "family": row.spec.family, "plan": row.spec.plan, "display": row.spec.display,
+            "checkpoint": row.spec.checkpoint, "context_mode": row.spec.context_mode, "adaptive": row.spec.adaptive,
+            "speedup": {axis: 1.0 / cost for axis, cost in row.costs.items()},
+            "psnr_vs_reference": row.quality.to_dict(), "figures": row.figures,
+            "vs_baseline": None if row.vs_baseline is None else row.vs_baseline.to_dict(),
+            "margin_over_front": {axis: {**estimate.to_dict(), "front": front}
+                                  for axis, (estimate, front) in row.margins.items()},
+            "on_front_flops_real": row.on_front}
+
+
+def markdown(analysis: dict, header: dict) -> str:
+    rows: list[RowResult] = analysis["rows"]
+    baseline = analysis["baseline"]
+    lines = [f"# Leaderboard: {header['split']} ({analysis['num_videos']} videos, {analysis['num_units']} units "
+             f"of video x seed)", ""]
+    lines += [f"- {key}: {value}" for key, value in header.items() if key not in ("split",)]
+    lines += ["", "Quality is PSNR against F-F-F-F of the same seed (dB; mean over videos, bracket: paired bootstrap "
+              f"95 % interval over videos, {analysis['resamples']} resamples). Speedups: FLOP bound on the config "
+              "that ran / at the real 8.6B config / measured DiT / measured end-to-end. ★: on the quality-cost "
+              "front of all rows on the real-config FLOP axis. Δ: difference from "
+              f"`{baseline}` (paired; **bold** where the interval excludes 0).", "",
+              "## Cost and quality against F-F-F-F", "",
+              "| row | plan | Full steps/chunk | speedup FLOP run | FLOP real | measured DiT | e2e | PSNR [95 % CI] | "
+              f"Δ vs {baseline} | SSIM | LPIPS | last chunk PSNR | temporal-Δ MSE | |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        quality = "∞" if row.spec.key == REFERENCE else (
+            f"{row.quality.value:.2f} [{row.quality.low:.2f}, {row.quality.high:.2f}]")
+        delta = "–" if row.vs_baseline is None else row.vs_baseline.format()
+        if row.vs_baseline is not None and row.vs_baseline.excludes_zero:
+            delta = f"**{delta}**"
+        figures = row.figures
+        lines.append(
+            f"| {row.spec.display} | {row.spec.plan} | {_fmt(figures.get('full_steps_per_chunk'))} | "
+            + " | ".join(f"{row.speedup(axis):.2f}×" for axis in COST_AXES)
+            + f" | {quality} | {delta} | {_fmt(figures.get('ssim'), 3)} | {_fmt(figures.get('lpips'), 3)} | "
+            f"{_fmt(figures.get('last_chunk_psnr'))} | {_fmt(figures.get('temporal_delta_mse'), 5)} | "
+            f"{'★' if row.on_front else ''} |")
+    predictors = [row for row in rows if not row.spec.baseline]
+    if predictors:
+        lines += ["", "## Predictors against the front of the samplers and caches", "",
+                  "Margin = the row's PSNR minus the best the baselines reach at the same cost (a measured row, or a "
+                  "per-chunk time-sharing of a cheaper and a dearer one, interpolated in MSE); negative: dominated. "
+                  "**Bold** where the interval excludes 0.", "",
+                  "| row | margin, FLOP run axis | front there | margin, real-config FLOP axis | front there | "
+                  "margin, measured DiT axis |",
+                  "| --- | ---: | --- | ---: | --- | ---: |"]
+        for row in predictors:
+            cells = []
+            for axis in MARGIN_AXES:
+                estimate, front = row.margins[axis]
+                text = estimate.format()
+                cells.append(f"**{text}**" if estimate.excludes_zero else text)
+                if axis != "measured_dit":
+                    cells.append(front)
+            lines.append(f"| {row.spec.display} | " + " | ".join(cells) + " |")
+    if any("gt_psnr_after_first_chunk" in row.figures for row in rows) or any(
+            row.figures.get("revisit_self_psnr") is not None for row in rows):
+        lines += ["", "## Against the ground truth (chunks 1..) and at revisited cameras", "",
+                  "| row | GT PSNR | GT SSIM | revisit self-PSNR | return − first visit |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for row in rows:
+            figures = row.figures
+            lines.append(f"| {row.spec.display} | {_fmt(figures.get('gt_psnr_after_first_chunk'))} | "
+                         f"{_fmt(figures.get('gt_ssim_after_first_chunk'), 3)} | "
+                         f"{_fmt(figures.get('revisit_self_psnr'))} | "
+                         f"{_fmt(figures.get('revisit_return_minus_first_visit'))} |")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ("key", "family", "plan", "checkpoint", "context_mode", "full_steps_per_chunk",
+              *(f"speedup_{axis}" for axis in COST_AXES), "psnr", "psnr_low", "psnr_high", "delta_vs_baseline",
+              "delta_low", "delta_high", *(f"margin_{axis}{part}" for axis in MARGIN_AXES
+                                           for part in ("", "_low", "_high")),
+              "ssim", "lpips", "last_chunk_psnr", "temporal_delta_mse", "gt_psnr_after_first_chunk",
+              "gt_ssim_after_first_chunk", "revisit_self_psnr", "revisit_return_minus_first_visit", "on_front")
+
+
+def csv_text(analysis: dict) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for row in analysis["rows"]:
+        record = {"key": row.spec.key, "family": row.spec.family, "plan": row.spec.plan,
+                  "checkpoint": row.spec.checkpoint or "", "context_mode": row.spec.context_mode,
+                  "psnr": row.quality.value, "psnr_low": row.quality.low, "psnr_high": row.quality.high,
+                  "on_front": int(row.on_front)}
+        record.update({f"speedup_{axis}": row.speedup(axis) for axis in COST_AXES})
+        if row.vs_baseline is not None:
+            record.update(delta_vs_baseline=row.vs_baseline.value, delta_low=row.vs_baseline.low,
+                          delta_high=row.vs_baseline.high)
+        for axis, (estimate, _) in row.margins.items():
+            record.update({f"margin_{axis}": estimate.value, f"margin_{axis}_low": estimate.low,
+                           f"margin_{axis}_high": estimate.high})
+        record.update({key: value for key, value in row.figures.items() if key in CSV_FIELDS})
+        writer.writerow(record)
+    return buffer.getvalue()
+
+
+def plot_pareto(path: Path, analysis: dict, axis: str, title: str) -> None:
+    """Quality vs speedup on one cost axis: every row with its interval bar, the baselines' front (mixtures in MSE)
+    as a line, the Predictors highlighted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in analysis["rows"] if row.spec.key != REFERENCE]
+    weights = analysis["weights"]
+    baselines = [FrontRow(row.spec.key, row.costs[axis], row.psnr) for row in analysis["rows"] if row.spec.baseline]
+    speedups = [row.speedup(axis) for row in rows]
+    grid = np.linspace(1.0 / max(speedups) * 0.999, 1.0, 200)
+    curve = front_curve(grid, baselines, weights)
+    finite = np.isfinite(curve)
+    colours = {"sampler": "tab:blue", "cache": "tab:green", "mixture": "tab:cyan", "reference": "tab:gray",
+               PREDICTOR_FAMILY: "tab:red"}
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.plot(1.0 / grid[finite], curve[finite], color="black", lw=1, label="front of samplers and caches")
+    for family, colour in colours.items():
+        members = [row for row in rows if row.spec.family == family]
+        if not members:
+            continue
+        x = [row.speedup(axis) for row in members]
+        y = [row.quality.value for row in members]
+        err = [[row.quality.value - row.quality.low for row in members],
+               [row.quality.high - row.quality.value for row in members]]
+        ax.errorbar(x, y, yerr=err, fmt="o" if family != PREDICTOR_FAMILY else "*", ms=5 if family !=
+                    PREDICTOR_FAMILY else 11, color=colour, capsize=2, lw=0.8, label=family)
+        for row, xi, yi in zip(members, x, y):
+            ax.annotate(row.spec.panel, (xi, yi), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.set_xlabel(f"speedup over F-F-F-F ({COST_AXES[axis]})")
+    ax.set_ylabel("PSNR vs F-F-F-F (dB), 95 % interval")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=130)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_leaderboard(out_dir: Path, analysis: dict, header: dict) -> list[str]:
+    """leaderboard.md / .csv / .json and pareto_<axis>.png (flops_run, flops_real, measured_dit)."""
+    out_dir = Path(out_dir)
+    write_text_atomic(out_dir / "leaderboard.md", markdown(analysis, header))
+    write_text_atomic(out_dir / "leaderboard.csv", csv_text(analysis))
+    write_json_atomic(out_dir / "leaderboard.json", jsonable({
+        "header": header, "num_videos": analysis["num_videos"], "num_units": analysis["num_units"],
+        "baseline": analysis["baseline"], "resamples": analysis["resamples"],
+        "rows": [row_record(row) for row in analysis["rows"]]}))
+    written = ["leaderboard.md", "leaderboard.csv", "leaderboard.json"]
+    for axis in MARGIN_AXES:
+        name = f"pareto_{axis}.png"
+        plot_pareto(out_dir / name, analysis, axis, f"{header['split']}: {COST_AXES[axis]} "
+                    f"({analysis['num_videos']} videos)")
+        written.append(name)
+    return written
+
+
+def front_keys(analysis: dict, limit: int = 6) -> list[str]:
+    """The rows a side-by-side shows: the reference, every Predictor row, and the baselines on the front (on the
+    real-config FLOP axis), fastest first, at most `limit` baselines."""
+    rows = analysis["rows"]
+    baselines = sorted((row for row in rows if row.spec.baseline and row.on_front and row.spec.key != REFERENCE),
+                       key=lambda row: -row.speedup("flops_real"))[:limit]
+    return [REFERENCE] + [row.spec.key for row in baselines] + [row.spec.key for row in rows
+                                                                 if not row.spec.baseline]
+
+
+def write_front_side_by_side(out_dir: Path, settings, keys: Sequence[str], specs: Sequence[RowSpec], checkpoints,
+                             device, num_videos: int) -> list[str]:
+    """front/side_by_side/<key>.mp4 for the first `num_videos` videos: [ground truth |] the rows `keys` (rolled out
+    again, seed of the table)."""
+    by_key = {spec.key: spec for spec in specs}
+    chosen = [by_key[key] for key in keys]
+    teacher = load_teacher(settings.teacher_source, device, settings.dtype)
+    labels = {spec.checkpoint for spec in chosen if spec.checkpoint}
+    predictors = {ckpt.label: (load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints if ckpt.label in labels}
+    methods = [build_method(spec, teacher, predictors) for spec in chosen]
+    dataset = open_dataset(settings)
+    runtime = build_runtime(settings, teacher, methods, dataset, device)
+    indices = list(range(min(num_videos, len(dataset))))
+    names = [video_key(*dataset.keys()[index]) for index in indices]
+    truth = {} if settings.ground_truth is None else find_ground_truth_videos(settings.ground_truth, names)
+    written = []
+    for index, name in zip(indices, names):
+        item = dataset[index]
+        case = dataset.load_case(item["case_id"])
+        text_kv, _ = runtime.text_kv(case)
+        frames = {method.name: runtime.decoder.decode(
+            runtime.rollout(method, text_kv, item, case, Stopwatch(device)).latents) for method in methods}
+        if name in truth:
+            frames[GROUND_TRUTH] = load_ground_truth(truth[name], tuple(frames[REFERENCE].shape[:3]))
+        written.append("front/" + write_side_by_side(Path(out_dir) / "front", name, frames, methods, settings.fps,
+                                                     settings.side_by_side_scale))
+    return written

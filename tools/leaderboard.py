@@ -1,0 +1,280 @@
+#!/usr/bin/env python
+"""Is a Predictor worth training? One table: every schedule, the fewer-step samplers, training-free caches and every
+Predictor given, on the same videos and seeds, at matched cost, with paired bootstrap intervals (SPEC § 13).
+
+Rows (predictor_training/eval/leaderboard.py): the reference F-F-F-F; the k-step Euler samplers (--samplers: every
+choice of steps that keeps step 0; velocity reuse at a schedule is exactly such a sampler); the training-free
+caches (--caches: hidden reuse, a TaylorSeer first-order forecast, previous-chunk reuse at the same plans, and
+TeaCache adaptive skipping calibrated on --calibration_split to --teacache_full_steps); per-chunk mixtures (--plans);
+each --ckpt at each plan of --predictor_plans (and every P plan of --plans, e.g. F-R-R-P). The rows run through the
+eval's own per-video loop (tools/eval_predictor.py's outputs are written too), then:
+
+    leaderboard.md / .csv / .json   per row: Full steps per chunk, speedups (FLOP bound on the config that ran and at
+                                    the real 8.6B config, measured DiT and end-to-end), PSNR vs F-F-F-F with its 95 %
+                                    interval, the paired difference from --baseline, SSIM, LPIPS, last chunk,
+                                    temporal-delta error, ground truth (chunks 1..) and revisit figures; for each
+                                    Predictor its margin over the front of the samplers and caches on three cost axes
+    pareto_<axis>.png               quality vs speedup with interval bars and the front (mixtures in MSE)
+    front/side_by_side/*.mp4        ground truth | reference | the front's rows | the Predictors, first videos
+
+Demo (CPU; the main job's two Predictors; about <see train.md> on 2 cores):
+
+    python tools/leaderboard.py --demo demo_data/assets --split holdout25 --lpips_random_backbone \\
+        --ckpt checkpoints/<offline run>/training_latest.pt --ckpt checkpoints/<rollout run>/training_latest.pt
+
+Real model, 8 GPUs (run it first on your own checkpoint: it says whether fewer Teacher steps already do the job):
+
+    torchrun --nproc_per_node 8 tools/leaderboard.py --split holdout25 --samples_dir /data/samples \\
+        --encoded /data/encoded --vae /models/HunyuanVideo-1.5-i2v/vae --teacher /models/worldplay/transformer \\
+        --ckpt RUN/predictor_step_02000.safetensors --lpips_alexnet ~/weights/alexnet-owt-7be5be79.pth
+
+A rerun with the same flags skips finished videos (the eval's resume); another row set needs another --run_name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from predictor_training.eval import DTYPES, settings_from_args
+from predictor_training.eval.front import Estimate
+from predictor_training.eval.inputs import add_input_args, resolve_inputs, sample_table_path
+from predictor_training.eval.leaderboard import (
+    CACHES,
+    DEFAULT_BASELINE,
+    LeaderboardRows,
+    analyse,
+    build_rows,
+    calibrate_adaptive,
+    front_keys,
+    write_front_side_by_side,
+    write_leaderboard,
+)
+from predictor_training.eval.methods import parse_context_modes
+from predictor_training.eval.run import (
+    build_runtime,
+    label_checkpoints,
+    open_dataset,
+    read_predictor_checkpoint,
+    run_evaluation,
+)
+from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, StepPlan
+from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.distributed import all_gather_objects, cleanup_distributed, init_distributed, print0
+from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.io import sha256_json, write_json_atomic
+from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
+from predictor_training.teacher.source import load_teacher
+from predictor_training.video.metrics import LpipsWeightsError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TRAINED = "trained"  # --predictor_plans entry: the schedule the checkpoint's run trained (its --replace_steps)
+DEFAULT_PLANS = "F-R-R-R|F-R-R-F,F-R-R-R|F-R-R-R|F-R-R-R|F-R-R-F"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_input_args(parser)
+    rows = parser.add_argument_group("rows")
+    rows.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
+                      "(predictor_step_XXXXX.safetensors or training_latest.pt); repeat for several")
+    rows.add_argument("--predictor_plans", default=f"{TRAINED},F-P-P-P,F-P-P-F,F-P-F-P", help="comma list of the "
+                      f"plans every --ckpt runs at; '{TRAINED}' = the schedule its run trained (its --replace_steps, "
+                      "F-P-P-P when the run has none); duplicates are run once (default: %(default)s)")
+    rows.add_argument("--samplers", default="1,2,3", help="k of the k-step samplers, every subset of steps that keeps "
+                      "step 0 ('' = none; default: %(default)s)")
+    rows.add_argument("--caches", default=",".join(CACHES), help="comma list of the training-free caches: "
+                      "reuse_hidden, taylor, prev_chunk (each at every sampler plan), teacache (one row per "
+                      "--teacache_full_steps); '' = none (default: %(default)s)")
+    rows.add_argument("--teacache_full_steps", default="1.5,2,2.5", help="target Full steps per chunk of the "
+                      "TeaCache rows (default: %(default)s)")
+    rows.add_argument("--calibration_split", default="train", help="sample table whose first "
+                      "--calibration_videos rows calibrate TeaCache's threshold and rescaling (default: %(default)s; "
+                      "must not be the evaluated --split)")
+    rows.add_argument("--calibration_videos", type=int, default=2, help="(default: %(default)s)")
+    rows.add_argument("--plans", default=DEFAULT_PLANS, help="comma list of extra plans, letters F R H P T C per step "
+                      "and '|' between the patterns of a per-chunk mixture (chunks 1, 2, ... take them in turn): "
+                      "plans without P are baselines, plans with P run once per --ckpt (e.g. F-R-R-P). '' = none "
+                      "(default: %(default)s)")
+    rows.add_argument("--context_modes", default="exact", help="comma list: the reference and every Predictor row "
+                      "also run under each mode other than exact (default: %(default)s)")
+    stats = parser.add_argument_group("statistics")
+    stats.add_argument("--seeds", type=int, default=1, help="run every video under N noise seeds (seed j = table "
+                       "seed + j * 100003); intervals resample videos, a video's seeds together (default: %(default)s)")
+    stats.add_argument("--baseline", default=DEFAULT_BASELINE, help="row key every row's paired difference is "
+                       "taken from (default: %(default)s, the 1-step sampler)")
+    stats.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: %(default)s)")
+    stats.add_argument("--bootstrap_seed", type=int, default=0, help="(default: %(default)s)")
+    run = parser.add_argument_group("run and outputs")
+    run.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="as "
+                     "tools/eval_predictor.py --dtype (default: auto)")
+    run.add_argument("--vae_dtype", choices=("auto", *DTYPES), default="auto", help="VAE weights; auto = --dtype")
+    run.add_argument("--vae_tiling", action="store_true", help="decode in spatial tiles (less GPU memory)")
+    run.add_argument("--output_root", type=Path, default=REPO_ROOT / "eval", help="parent of the run directory "
+                     "(default: eval/ in the repository)")
+    run.add_argument("--run_name", default=None, help="default: leaderboard_<split>_<sha8 of the rows and "
+                     "checkpoints>")
+    run.add_argument("--num_side_by_side", type=int, default=2, help="side-by-side mp4 of the front's rows and the "
+                     "Predictors for the first N videos (default: %(default)s)")
+    run.add_argument("--side_by_side_scale", type=int, default=0, metavar="N", help="integer upscaling of every "
+                     f"panel; 0 = auto (at least {SIDE_BY_SIDE_MIN_HEIGHT} pixels high)")
+    run.add_argument("--fps", type=float, default=24.0, help="frame rate of the side-by-side mp4")
+    run.add_argument("--lpips_alexnet", type=Path, default=None, help="torchvision AlexNet state dict for LPIPS")
+    run.add_argument("--lpips_random_backbone", action="store_true", help="no real AlexNet: a random one, reported "
+                     "as lpips_random_backbone_NOT_LPIPS (demo / tests only)")
+    run.add_argument("--warmup_chunks", type=int, default=2, help="chunks of every row run untimed first")
+    run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend")
+    run.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_threads_arg(parser)
+    return parser
+
+
+def comma_list(text: str) -> list[str]:
+    return [part.strip() for part in str(text).split(",") if part.strip()]
+
+
+def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    resolve_inputs(parser, args)
+    if args.lpips_alexnet is not None and args.lpips_random_backbone:
+        parser.error("--lpips_alexnet and --lpips_random_backbone exclude each other")
+    for flag, minimum in (("seeds", 1), ("resamples", 100), ("calibration_videos", 1), ("num_side_by_side", 0),
+                          ("side_by_side_scale", 0), ("warmup_chunks", 0)):
+        if getattr(args, flag) < minimum:
+            parser.error(f"--{flag} must be >= {minimum}, got {getattr(args, flag)}")
+    try:
+        args.samplers = [int(part) for part in comma_list(args.samplers)]
+        args.teacache_full_steps = [float(part) for part in comma_list(args.teacache_full_steps)]
+    except ValueError as error:
+        parser.error(f"--samplers / --teacache_full_steps: expected comma-separated numbers ({error})")
+    args.caches = comma_list(args.caches)
+    args.plans = comma_list(args.plans)
+    try:
+        for plan in args.plans:
+            StepPlan.parse(plan)
+        for plan in comma_list(args.predictor_plans):
+            if plan != TRAINED:
+                StepPlan.parse(plan)
+        args.context_modes = parse_context_modes(args.context_modes)
+    except ValueError as error:
+        parser.error(str(error))
+    if "teacache" in args.caches:
+        if args.calibration_split == args.split:
+            parser.error(f"--calibration_split {args.calibration_split} is the evaluated --split: calibrate on "
+                         "another split")
+        args.calibration_table = sample_table_path(parser, args.samples_dir, args.calibration_split,
+                                                   "--calibration_split")
+    args.schedule = Schedule(DEFAULT_REPLACE_STEPS)  # unused by the rows (each carries its plan); the eval needs one
+    args.replace_steps = ",".join(map(str, DEFAULT_REPLACE_STEPS))
+    return args
+
+
+def trained_plan(run_flags: dict) -> str:
+    """The plan a checkpoint's run trained: F with P at its --replace_steps (F-P-P-P without the flag)."""
+    steps = run_flags.get("replace_steps", list(DEFAULT_REPLACE_STEPS))
+    if isinstance(steps, str):
+        steps = [int(part) for part in steps.split(",") if part.strip()]
+    return "-".join("P" if step in steps else "F" for step in range(DISTILLED_STEPS))
+
+
+def predictor_plans(args: argparse.Namespace, checkpoints) -> dict[str, list[str]]:
+    """{checkpoint label: its plans, in order, each once}."""
+    wanted = comma_list(args.predictor_plans) + [plan for plan in args.plans if "P" in StepPlan.parse(plan).letters_used]
+    plans = {}
+    for ckpt in checkpoints:
+        texts = [trained_plan(ckpt.run_flags) if plan == TRAINED else StepPlan.parse(plan).text for plan in wanted]
+        plans[ckpt.label] = list(dict.fromkeys(texts))
+    return plans
+
+
+def calibrated_rows(args, settings, specs, env) -> list:
+    """The adaptive rows with their thresholds: computed once on rank 0 (kept in calibration.json of the run
+    directory, reused by a rerun with the same rows) and shared with every rank."""
+    if not any(spec.adaptive is not None for spec in specs):
+        return specs
+    out_dir = Path(settings.output_root) / settings.run_name
+    path = out_dir / "calibration.json"
+    key = sha256_json({"rows": [dataclasses.asdict(spec) for spec in specs], "table": str(args.calibration_table),
+                       "videos": args.calibration_videos, "teacher": str(settings.teacher_source.folder),
+                       "dtype": str(settings.dtype)})
+    calibrated = None
+    if env.is_main:
+        if path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if saved.get("key") == key:
+                calibrated = saved["rows"]
+        if calibrated is None:
+            teacher = load_teacher(settings.teacher_source, env.device, settings.dtype)
+            dataset = open_dataset(settings, args.calibration_table)
+            runtime = build_runtime(settings, teacher, [], dataset, env.device, decoder=False)
+            items = [dataset[index] for index in range(min(args.calibration_videos, len(dataset)))]
+            calibrated = [dataclasses.asdict(spec) for spec in calibrate_adaptive(specs, runtime, items, log=print0)]
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {"key": key, "rows": calibrated})
+    calibrated = next(rows for rows in all_gather_objects(calibrated) if rows is not None)
+    return [type(specs[0])(**row) for row in calibrated]
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(parser, argv)
+    set_cpu_threads(args.threads, tool="leaderboard", load_aware=True)
+    env = init_distributed(args.backend)
+    try:
+        # 1. Checkpoints, rows, the eval's settings.
+        try:
+            checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt])
+            specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
+                               caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
+                               predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)
+            eval_args = argparse.Namespace(**{**vars(args), "context_modes": "exact", "run_name": None,
+                                              "num_side_by_side": 0, "chunk0": "full"})
+            settings = settings_from_args(eval_args, argv, env.device)
+        except (ValueError, FileNotFoundError, KeyError) as error:
+            parser.error(str(error))
+        run_name = args.run_name or f"leaderboard_{args.split}_" + sha256_json(
+            {"rows": [spec.key for spec in specs], "ckpt": [str(path.resolve()) for path in args.ckpt],
+             "seeds": args.seeds})[:8]
+        settings = dataclasses.replace(settings, run_name=run_name, seeds=args.seeds, revisit_sheets=False,
+                                       num_side_by_side=0)
+        # 2. TeaCache thresholds, then every row on every video (the eval's loop; resumable).
+        specs = calibrated_rows(args, settings, specs, env)
+        report = run_evaluation(settings, env, LeaderboardRows(specs))
+        # 3. Statistics, the front, reports, side-by-side videos of the front (rank 0).
+        if env.is_main:
+            configs = {ckpt.label: ckpt.predictor_config for ckpt in checkpoints}
+            analysis = analyse(report["results"], specs, configs, baseline=args.baseline, resamples=args.resamples,
+                               seed=args.bootstrap_seed)
+            header = {"split": args.split, "run_name": run_name, "device": str(env.device),
+                      "world_size": env.world_size, "dtype": str(settings.dtype).removeprefix("torch."),
+                      "seeds": args.seeds, "lpips": analysis["lpips_key"],
+                      "checkpoints": {ckpt.label: str(ckpt.path) for ckpt in checkpoints},
+                      "command": " ".join(["tools/leaderboard.py", *argv])}
+            written = write_leaderboard(report["out_dir"], analysis, header)
+            if args.num_side_by_side:
+                written += write_front_side_by_side(report["out_dir"], settings, front_keys(analysis), specs,
+                                                    checkpoints, env.device, args.num_side_by_side)
+            print0((Path(report["out_dir"]) / "leaderboard.md").read_text(encoding="utf-8"))
+            for row in analysis["rows"]:
+                if not row.spec.baseline:
+                    margin: Estimate = row.margins["flops_run"][0]
+                    real: Estimate = row.margins["flops_real"][0]
+                    print0(f"[leaderboard] {row.spec.display}: {margin.format()} dB over the samplers/caches front "
+                           f"on the FLOP axis of the config that ran, {real.format()} on the real config's")
+            print0(f"[leaderboard] {len(report['computed'])} units computed, {report['skipped']} already finished; "
+                   f"outputs in {report['out_dir']}: {', '.join(written)}")
+    finally:
+        cleanup_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (LpipsWeightsError, ValueError, FileNotFoundError, KeyError) as error:
+        sys.exit(f"leaderboard: error: {error}")
