@@ -60,6 +60,7 @@ from predictor_training.runtime.flags import (
     parse_subset_cases,
     parse_recipe_args,
 )
+from predictor_training.teacher.config import DISTILLED_STEPS
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.data.trajectory_dataset import trajectory_batches
@@ -122,6 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          help="steps the Predictor runs in every trained chunk, as the eval's --replace_steps: "
                               "1,2,3 = F-P-P-P (default), 1,2 = F-P-P-F, 1,3 = F-P-F-P; the others are Full "
                               "Teacher steps, where gradients stop. The run name and checkpoints record it")
+    rollout.add_argument("--reuse_steps", type=parse_replace_steps, default=(),
+                         help="steps filled by velocity reuse in every trained chunk (the fewer-step sampler's skipped "
+                              "steps: no model call, no label), disjoint from --replace_steps: --reuse_steps 1,2 "
+                              "--replace_steps 3 = F-R-R-P. Default: none. The run name and checkpoints record it")
     rollout.add_argument("--context_mode", choices=CONTEXT_MODES, default="exact",
                          help="how each chunk's context K/V are built: exact (a Teacher prefill of the selected "
                               "frames, default), incremental (per-frame K/V cached once after each chunk), last_step "
@@ -147,10 +152,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.replace_steps:
         parser.error("--replace_steps is empty: a rollout run trains the Predictor on at least one step")
     try:
-        schedule = Schedule(args.replace_steps)
+        Schedule(args.replace_steps)
+        Schedule(args.reuse_steps)
     except ValueError as error:
-        parser.error(f"--replace_steps: {error}")
-    args.experiment = args.experiment.replace("{schedule}", schedule.letters().lower())
+        parser.error(f"--replace_steps / --reuse_steps: {error}")
+    overlap = sorted(set(args.replace_steps) & set(args.reuse_steps))
+    if overlap:
+        parser.error(f"--reuse_steps {','.join(map(str, args.reuse_steps))}: steps {overlap} are also in "
+                     "--replace_steps; a step is either reused or run by the Predictor")
+    args.experiment = args.experiment.replace("{schedule}", plan_letters(args.replace_steps, args.reuse_steps).lower())
     if args.resume is None and args.init_from is None:
         parser.error("--init_from is missing: a rollout run starts from an offline v4 checkpoint "
                      "(training_latest.pt or predictor_step_XXXXX.safetensors)")
@@ -167,6 +177,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if isinstance(args.subset_cases, int) and args.subset_cases < 1:
         parser.error(f"--subset_cases={args.subset_cases}: expected >= 1")
     return args
+
+
+def plan_letters(replace_steps, reuse_steps, num_steps: int = DISTILLED_STEPS) -> str:
+    """'FPPP', or 'FRRP' with --reuse_steps 1,2 --replace_steps 3."""
+    return "".join("P" if step in replace_steps else "R" if step in reuse_steps else "F" for step in range(num_steps))
 
 
 class DuplicateTrajectoryError(RuntimeError):
@@ -257,7 +272,7 @@ def main(argv=None) -> int:
                                   subset_cases=args.subset_cases, subset_seed=args.subset_seed,
                                   context_mode=args.context_mode)
         dataset, batches, rollout_config = data.dataset, data.batches, data.rollout_config
-        letters = Schedule.for_rollout(args.replace_steps, rollout_config).letters()
+        letters = plan_letters(args.replace_steps, args.reuse_steps, rollout_config.num_steps)
         recipe = RECIPE_PREFIX + letters.lower()
 
         # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
@@ -310,11 +325,13 @@ def main(argv=None) -> int:
         # 7. Train: the trajectory step and the shared loop.
         settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                        predictor_autocast_dtype=policy.autocast_dtype,
-                                       replace_steps=tuple(args.replace_steps))
+                                       replace_steps=tuple(args.replace_steps),
+                                       reuse_steps=tuple(args.reuse_steps))
         step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                               settings=settings, env=env)
         validation = predictor_validation(args, teacher=teacher, predictor=predictor,
                                           teacher_folder=teacher_source.folder, replace_steps=args.replace_steps,
+                                          reuse_steps=args.reuse_steps,
                                           rollout_config=rollout_config, env=env, run_dir=start.run_dir)
         run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
                      config=config, meta=meta, validation=validation,

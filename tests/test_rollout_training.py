@@ -774,6 +774,52 @@ def test_fpfp_anchors_step_3_on_the_teachers_step_2(teacher, text_kv):
                                                            replace_steps=(0, 1)))
 
 
+def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent(teacher, text_kv, monkeypatch):
+    """F-R-R-P (--reuse_steps 1,2 --replace_steps 3): steps 1, 2 repeat the Teacher's v0 (no model call, no label),
+    the Predictor runs step 3 on x3 = x0 + v0 (sigma_3 - sigma_0) anchored on h0, and that latent is exactly the one
+    the leaderboard's F-R-R-P plan (velocity reuse, eval/methods.py) hands its step 3."""
+    from predictor_training.eval.methods import PlannedMethod, PredictorMethod, VelocityReuse, make_step_fn
+    from predictor_training.eval.timing import Stopwatch
+    from predictor_training.rollout.schedule import Schedule, StepPlan
+
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,), reuse_steps=(1, 2))
+    predictor = RecordingPredictor(make_predictor(teacher))
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
+    teacher_calls = []
+    full_step = trajectory.rollout.full_step
+    monkeypatch.setattr(trajectory.rollout, "full_step", lambda *a, **k: teacher_calls.append(1) or full_step(*a, **k))
+    trajectory.run_chunk_zero()
+    teacher_calls.clear()
+    graph = trajectory.run_trained_chunk(1)
+    assert [step.step_index for step in graph.steps] == [3] and len(predictor.calls) == 1
+    assert len(teacher_calls) == 2  # step 0 and step 3's label: the reused steps call nothing
+    step3 = graph.steps[0]
+    assert step3.anchor is graph.full_hidden
+    sigmas = flow_match_sigmas(4, 5.0)
+    noise = make_inputs().noise[:, :, 4:8]
+    expected = noise + graph.full_velocity * (sigmas[3] - sigmas[0])
+    torch.testing.assert_close(step3.latent.detach(), expected, rtol=1e-6, atol=1e-6)
+    # the same x3 as the eval's plan F-R-R-P gives the Predictor (recorded by a spy on its forward)
+    seen = []
+
+    class Spy(PredictorMethod):
+        def replaced_step(self, call):
+            seen.append(call.latent.clone())
+            return super().replaced_step(call)
+
+    from predictor_training.eval.methods import PredictorCheckpoint
+
+    raw = make_predictor(teacher)
+    label = PredictorCheckpoint(Path("."), "t", 0, {}, raw.predictor_config(), {}, label="t", panel="t")
+    method = PlannedMethod("p", StepPlan.parse("F-R-R-P"), {"R": VelocityReuse(), "P": Spy(raw, label)}, "p")
+    rollout = ARRollout(teacher, text_kv, make_inputs(), RolloutConfig())
+    rollout.run(make_step_fn(method, Schedule((1, 2, 3)), Stopwatch("cpu"), torch.no_grad), chunks=[0, 1])
+    torch.testing.assert_close(seen[0], expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="disjoint"):
+        SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SelfRolloutSettings(
+            velocity_weight=1.0, hidden_weight=0.0, replace_steps=(2, 3), reuse_steps=(2,)))
+
+
 def test_incremental_context_trains_like_exact_where_they_must_agree(teacher, text_kv):
     """Chunk 1's context is chunk 0's frames, which had no context: the cached K/V equal the exact prefill's, so
     chunk 1's loss is the same in both modes; later chunks see the approximation."""

@@ -20,6 +20,7 @@ import dataclasses
 import random
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -33,14 +34,21 @@ from predictor_training.data.dataset_config import (
 )
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.data.video_latents import CHUNK_LATENTS, VideoLatentDataset, read_clip_manifest
-from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, ReferenceMethod, make_step_fn
+from predictor_training.eval.methods import (
+    PlannedMethod,
+    PredictorCheckpoint,
+    PredictorMethod,
+    ReferenceMethod,
+    VelocityReuse,
+    make_step_fn,
+)
 from predictor_training.eval.revisits import PSNR_CAP_DB
 from predictor_training.eval.runtime import EvalRuntime, score_video
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import Schedule, StepPlan
 from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, unwrap_model
 from predictor_training.runtime.io import atomic_write
@@ -87,8 +95,8 @@ class PredictorValidation:
     best_metric = "val/psnr_vs_reference"
 
     def __init__(self, *, teacher, predictor, schedule: Schedule, rollout_config: RolloutConfig, dataset_root: Path,
-                 split: str, num_videos: int, vae: Path, ground_truth: Path | None, env: DistEnv, run_dir: Path):
-        self.predictor = predictor
+                 split: str, num_videos: int, vae: Path, ground_truth: Path | None, env: DistEnv, run_dir: Path,
+                 reuse_steps: Sequence[int] = ()):
         self.env = env
         self.run_dir = Path(run_dir)
         dataset = TrajectoryTableDataset(
@@ -100,7 +108,13 @@ class PredictorValidation:
         raw = unwrap_model(predictor)
         label = PredictorCheckpoint(self.run_dir, self.run_dir.name, 0, {}, raw.predictor_config(), {},
                                     label="training", panel="training")
+        self.predictor = raw
         self.method = PredictorMethod(raw, label)
+        if reuse_steps:  # F-R-R-P: the Predictor's steps and velocity reuse, as the leaderboard runs it
+            plan = StepPlan(("".join("P" if schedule.replaces(1, k) else "R" if k in reuse_steps else "F"
+                                     for k in range(schedule.num_steps)),))
+            self.method = PlannedMethod("predictor_training", plan, {"P": self.method, "R": VelocityReuse()},
+                                        "training", ckpt=label)
         self.runtime = EvalRuntime(
             teacher=teacher, methods=[ReferenceMethod(), self.method], schedule=schedule,
             rollout_config=rollout_config, decoder=VaeDecoder.from_folder(vae, env.device, torch.float32, False),
@@ -140,7 +154,7 @@ class PredictorValidation:
     @torch.no_grad()
     def __call__(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
-        raw = self.method.predictor
+        raw = self.predictor
         was_training = raw.training
         raw.eval()
         scores, sheet = [], None
@@ -212,7 +226,8 @@ def contact_sheet(videos: list) -> Image.Image:
 
 def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, replace_steps,
                          rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path,
-                         autocast_dtype: torch.dtype | None = None) -> PredictorValidation | None:
+                         autocast_dtype: torch.dtype | None = None,
+                         reuse_steps: Sequence[int] = ()) -> PredictorValidation | None:
     """The recipe's validation from its flags (None with --val_every 0). Without --val_vae the VAE is the
     `encoders/vae` folder beside the Teacher's folder, and without --val_ground_truth the truth is its
     `ground_truth` folder, when they exist (the demo assets' layout). `rollout_config`: the recipe's AR loop (None:
@@ -237,7 +252,8 @@ def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, repl
     with restored_random_state():
         return PredictorValidation(teacher=teacher, predictor=predictor, schedule=schedule,
                                    rollout_config=rollout_config, dataset_root=Path(args.dataset_root), split=split,
-                                   num_videos=args.val_videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir)
+                                   num_videos=args.val_videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir,
+                                   reuse_steps=tuple(reuse_steps))
 
 
 def default_video_val_split(dataset_root: Path, train_split: str = "train") -> str:

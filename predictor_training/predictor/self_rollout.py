@@ -4,7 +4,9 @@ gradients stop.
 The schedule is `SelfRolloutSettings.replace_steps` (the eval's `--replace_steps`): the Predictor runs those steps
 of every trained chunk, the Teacher every other step. Step 0 is always Full. A Full step k >= 1 inside a trained
 chunk is a Teacher step on the detached student latent: its velocity advances the latent (no graph), its hidden is
-the next anchor, and gradients stop there. Below, F-P-P-P (replace_steps 1, 2, 3).
+the next anchor, and gradients stop there. A step of `reuse_steps` repeats the previous step's velocity (the eval's
+velocity reuse; F-R-R-P = reuse 1, 2 and the Predictor at 3): no model call, no label, the anchor unchanged.
+Below, F-P-P-P (replace_steps 1, 2, 3).
 
 One trajectory of T latents = T / 4 chunks. Chunk 0 is the Teacher's F-F-F-F (no gradients): it seeds the
 self-generated history and gives the previous-chunk hidden of steps 1, 2, 3 for chunk 1. Every later chunk c is
@@ -61,13 +63,16 @@ class SelfRolloutSettings:
     velocity_weight / hidden_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (the recipe's
     --velocity_weight / --hidden_weight). predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the
     real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``. replace_steps: the
-    steps the Predictor runs in every trained chunk (ascending, within 1..num_steps-1).
+    steps the Predictor runs in every trained chunk (ascending, within 1..num_steps-1); reuse_steps: steps that reuse
+    the previous step's velocity, as the eval's velocity reuse (the fewer-step sampler's skipped steps), disjoint
+    from replace_steps.
     """
 
     velocity_weight: float
     hidden_weight: float
     predictor_autocast_dtype: torch.dtype | None = None
     replace_steps: tuple[int, ...] = (1, 2, 3)
+    reuse_steps: tuple[int, ...] = ()  # steps filled by velocity reuse (no model call, no label): F-R-R-P = (1, 2)
 
 
 # ---- what one trained chunk produces ---------------------------------------------------------------------------
@@ -160,6 +165,11 @@ class SelfRolloutTrajectory:
         if not steps or list(steps) != sorted(set(steps)) or not all(1 <= k < rollout_config.num_steps for k in steps):
             raise ValueError(f"replace_steps {list(steps)} must be ascending, without repeats, within "
                              f"1..{rollout_config.num_steps - 1} (step 0 is always Full)")
+        reuse = tuple(settings.reuse_steps)
+        if list(reuse) != sorted(set(reuse)) or not all(1 <= k < rollout_config.num_steps for k in reuse) or \
+                set(reuse) & set(steps):
+            raise ValueError(f"reuse_steps {list(reuse)} must be ascending, within 1..{rollout_config.num_steps - 1} "
+                             f"and disjoint from replace_steps {list(steps)}")
         self.rollout = ARRollout(teacher, text_kv, inputs, rollout_config, recorder=None, device=device)
         if self.rollout.num_chunks < 2:
             raise ValueError(f"{inputs.num_latents} latents make {self.rollout.num_chunks} chunk(s); self-rollout "
@@ -240,10 +250,14 @@ class SelfRolloutTrajectory:
         # 3. Steps 1..n-1: Predictor steps keep the latent's and the anchor's graphs from one to the next; a Full
         #    step advances the detached latent with the Teacher's velocity and hands on its hidden (no graph).
         anchor = full.final_hidden
+        velocity = full.velocity  # the last step's velocity: what a reuse step repeats
         full_outputs = [full]
         steps: list[PredictorStep] = []
         tracked: dict[int, Tensor] = {}
         for k in range(FULL_STEP + 1, config.num_steps):
+            if k in settings.reuse_steps:  # the eval's velocity reuse: the anchor is handed on unchanged
+                latent = differentiable_euler_step(latent, velocity, scheduler.sigmas, k).to(state_dtype)
+                continue
             timestep = timesteps[k].expand(size).to(device=self.device, dtype=torch.float32)
             # The label is computed on the state the Predictor actually visits, cut from its graph.
             teacher_input = torch.cat([latent.detach().to(model_dtype), cond.to(model_dtype)], dim=1)
@@ -252,7 +266,7 @@ class SelfRolloutTrajectory:
                 full_outputs.append(target)
                 latent = differentiable_euler_step(latent.detach(), target.velocity, scheduler.sigmas, k)
                 latent = latent.to(state_dtype)
-                anchor = target.final_hidden
+                anchor, velocity = target.final_hidden, target.velocity
                 continue
             predictor_input = torch.cat([latent, cond.to(latent.dtype)], dim=1)
             prev_hidden = self.prev_chunk_hidden[k]
@@ -275,7 +289,7 @@ class SelfRolloutTrajectory:
             if k + 1 in self.predictor_steps and latent.requires_grad:
                 tracked[k + 1] = latent
                 latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
-            anchor = pred_hidden
+            anchor, velocity = pred_hidden, pred_velocity
 
         # 4. Chunk loss: the mean over the Predictor steps.
         chunk_loss = torch.stack([step.loss for step in steps]).mean()
