@@ -180,6 +180,40 @@ def test_calibration_finds_the_threshold_of_a_monotone_count():
     assert fit_rescale([(0.1, 0.2), (0.2, 0.4), (0.3, 0.6)]) == pytest.approx((2.0, 0.0), abs=1e-9)
 
 
+def test_adaptive_rule_accumulates_until_the_threshold_and_resets_when_it_computes():
+    """Relative L1 changes of 0.3 per step and a threshold of 0.5: skip (0.3), compute (0.6, reset), skip (0.3);
+    a skipped step adds the residual of the last computed step to its own embedded input."""
+
+    class Teacher:
+        def modulated_input(self, model_input, timestep, action):
+            return model_input, model_input, None
+
+        def final_projection(self, hidden, vec, tokens):
+            return hidden
+
+        def unpatchify(self, tokens, frames, height, width):
+            return tokens
+
+    class Call:
+        def __init__(self, step, value):
+            self.step_index, self.chunk_index = step, 1
+            self.model_input = torch.full((1, 4), value)
+            self.latent = torch.zeros(1, 1, 4, 1, 1)
+            self.timestep, self.action, self.previous = None, None, None
+            self.run_teacher = lambda: StepOutput(velocity=self.model_input * 0, final_hidden=self.model_input + 10)
+
+    rule = AdaptiveSkip(Teacher(), threshold=0.5)
+    values = [1.0, 1.3, 1.69, 2.197]  # each 30 % above the one before
+    kinds, outputs = [], []
+    for step, value in enumerate(values):
+        output, kind = rule.step(Call(step, value), False, Stopwatch("cpu"), torch.no_grad)
+        kinds.append(kind)
+        outputs.append(output)
+    assert kinds == ["full", "cache_residual", "full", "cache_residual"]
+    assert torch.allclose(outputs[1].final_hidden, torch.full((1, 4), 1.3 + 10.0))  # embedded + cached residual 10
+    assert rule.accumulated == pytest.approx(0.3)
+
+
 def test_adaptive_skipping_hits_its_full_step_target(world):
     """TeaCache calibrated to 2 Full steps per chunk on the train split's video (one scheduled chunk) runs 2 on it, 4 at threshold 0 (every step computed), and skips with a cached residual."""
     teacher = _teacher(world)
@@ -233,6 +267,9 @@ def test_front_mixes_in_mse_and_margins_are_signed():
     front, names = front_at(0.75, [cheap, dear, dominated], weights)
     expected = mse_to_psnr(0.5 * psnr_to_mse(20.0) + 0.5 * psnr_to_mse(40.0))  # 22.97 dB, not the dB mean 30
     assert front[0] == pytest.approx(expected) and names == ["cheap", "dear", "0.500"]
+    # at cost 0.6, 80 % of the chunks run the cheap row: 0.8 * 0.5 + 0.2 * 1.0 = 0.6
+    mostly_cheap = mse_to_psnr(0.8 * psnr_to_mse(20.0) + 0.2 * psnr_to_mse(40.0))
+    assert front_at(0.6, [cheap, dear], weights)[0][0] == pytest.approx(mostly_cheap)
     assert front_at(0.4, [cheap, dear], weights)[0][0] == -np.inf
     above = FrontRow("P", 0.75, np.array([expected + 1.0, expected + 1.0]))
     margin, where = margin_over_front(above, [cheap, dear, dominated], weights)

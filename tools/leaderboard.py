@@ -174,11 +174,15 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
 
 
 def trained_plan(run_flags: dict) -> str:
-    """The plan a checkpoint's run trained: F with P at its --replace_steps (F-P-P-P without the flag)."""
-    steps = run_flags.get("replace_steps", list(DEFAULT_REPLACE_STEPS))
-    if isinstance(steps, str):
-        steps = [int(part) for part in steps.split(",") if part.strip()]
-    return "-".join("P" if step in steps else "F" for step in range(DISTILLED_STEPS))
+    """The plan a checkpoint's run trained: P at its --replace_steps (1,2,3 without the flag: the offline recipes
+    train every step), R at its --reuse_steps, F elsewhere."""
+
+    def steps(name: str, default) -> list[int]:
+        value = run_flags.get(name, default)
+        return [int(part) for part in value.split(",") if part.strip()] if isinstance(value, str) else list(value)
+
+    replaced, reused = steps("replace_steps", DEFAULT_REPLACE_STEPS), steps("reuse_steps", ())
+    return "-".join("P" if step in replaced else "R" if step in reused else "F" for step in range(DISTILLED_STEPS))
 
 
 def predictor_plans(args: argparse.Namespace, checkpoints) -> dict[str, list[str]]:
