@@ -62,6 +62,9 @@ SLOW_TESTS = frozenset({
     "test_run_names.py::test_bad_flag_on_the_command_line_has_no_traceback",
     "test_roles.py::test_two_rank_multi_role_resume_matches_uninterrupted_run",
     "test_checkpoint.py::test_training_state_survives_sigkill_during_write",
+    "test_leaderboard.py::test_leaderboard_writes_its_table_intervals_and_plots",
+    "test_leaderboard.py::test_leaderboard_rerun_resumes_and_keeps_the_calibration",
+    "test_leaderboard.py::test_calibrating_on_the_evaluated_split_is_refused",
 })
 
 
