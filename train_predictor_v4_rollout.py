@@ -249,8 +249,9 @@ class RolloutStep:
                                         device=self.env.device)
         # 3. Roll out and train.
         metrics = train_trajectory(trajectory, sync=sync)
-        gathered = all_gather_objects(metrics["latent_grad_l1_min"])
-        metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
+        if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
+            gathered = all_gather_objects(metrics["latent_grad_l1_min"])
+            metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
         metrics["trajectory/distinct_keys"] = distinct
         return metrics
 

@@ -55,7 +55,6 @@ Launchers (8 GPUs; with no GPU and no DATASET_ROOT the CPU demo):
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -307,8 +306,6 @@ class AdversarialRolloutStep:
             return weight * term
 
         metrics = train_trajectory(trajectory, sync=sync, chunk_hook=chunk_hook)
-        if not math.isfinite(metrics.get("latent_grad_l1_min", 0.0)):
-            metrics.pop("latent_grad_l1_min")  # no Predictor-made latent feeds a Predictor step in this schedule
         real, fake = torch.cat(reals), torch.cat(fakes)
         d_metrics = self.adversary.discriminator_pass(real, fake, torch.cat(timesteps), torch.cat(conditions),
                                                       train=DISCRIMINATOR in due)
