@@ -29,6 +29,7 @@ from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import config_field, read_dataset_config
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs
 from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.errors import command
 from train_predictor_v4 import finish_offline_args, offline_parser, train_offline
 
 VARIANT = "disca"
@@ -72,6 +73,7 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
     return dataset, batches, context_timestep
 
 
+@command
 def main(argv=None) -> int:
     return train_offline(parse_args(argv), VARIANT, build_data)
 

@@ -33,6 +33,7 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
 from predictor_training.predictor.pair_step import pair_step
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything, wrap_ddp
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
@@ -68,7 +69,7 @@ PRESETS = {
 def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentParser:
     """The offline recipe's flags (v4 and disca): every default below is the recipe (train.md § Configuration);
     `experiment` names the variant's runs."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     add_teacher_args(parser)
     add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
@@ -112,8 +113,10 @@ OfflineData = Callable[[argparse.Namespace, DistEnv], tuple[PairDataset, Resumab
 def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineData) -> int:
     """The offline recipe of both variants; `build_data(args, env)` -> (pairs, this rank's batches, the dataset's
     context timestep) is what differs between them."""
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args)
+    # 1. The run directory, named from the flags; a second launch continues it or finds it finished. A checkpoint
+    #    it would resume must record this `meta`.
+    meta = checkpoint_meta(variant, args.source_blocks, args.precision)
+    start = plan_run(args, meta=meta)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -146,7 +149,6 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
         #    the run directory's own unfinished run) restores it and the data position.
         model = wrap_ddp(predictor, env)
         role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        meta = checkpoint_meta(variant, args.source_blocks, args.precision)
         run_state = resume_roles(start, [role], batches, meta)
 
         # 6. Config and summary.
@@ -179,6 +181,7 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
     return 0
 
 
+@command
 def main(argv=None) -> int:
     return train_offline(parse_args(argv), VARIANT, build_data)
 

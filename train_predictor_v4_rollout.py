@@ -47,6 +47,7 @@ from predictor_training.runtime.distributed import (
     wrap_ddp,
 )
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, parse_replace_steps, Schedule
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
@@ -107,7 +108,7 @@ PRESETS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The rollout recipe: every default below is the recipe (train.md § 2)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs=None, num_workers=2)
     rollout = parser.add_argument_group("rollout")
     rollout.add_argument("--sample_table", type=Path, default=None,
@@ -240,10 +241,11 @@ class RolloutStep:
         return metrics
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, subset=run_tags(args))
+    start = plan_run(args, meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args))
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:

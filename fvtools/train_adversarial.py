@@ -78,6 +78,7 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule,
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
 from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_data_args, add_loss_args,
                                              add_optimization_args, add_predictor_args, add_run_args,
                                              add_teacher_args, add_tracker_args, add_validation_args, at_least,
@@ -110,7 +111,7 @@ PRESETS = {
 def parse_args(argv=None) -> argparse.Namespace:
     """The adversarial recipe: every default below is the recipe (train.md § 4.4); the Predictor's are the v4
     offline recipe's."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     data = parser.add_argument_group("adversarial data")
     data.add_argument("--data", choices=DATA_MODES, default="offline",
@@ -323,10 +324,12 @@ class AdversarialRolloutStep:
         return metrics
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, subset=run_tag(args))
+    meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
+    start = plan_run(args, meta=meta, subset=run_tag(args))
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -386,7 +389,6 @@ def main(argv=None) -> int:
         model = wrap_ddp(predictor, env)
         predictor_role = Role(PREDICTOR, predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
         roles = [predictor_role, discriminator_role]
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
         run_state = resume_roles(start, roles, batches, meta)
         adversary = Adversary(predictor_role, discriminator_role, adv_weight=args.adv_weight,
                               adv_warmup_steps=args.adv_warmup_steps, r1_weight=args.r1_weight, r1_every=args.r1_every)

@@ -691,7 +691,7 @@ def test_run_names_follow_the_convention(world):
 
 
 def test_bad_flags_are_usage_errors(world, tmp_path, capsys):
-    """Flag problems end like argparse's own: usage line, 'error:' message, exit code 2, no traceback, no output.
+    """Flag problems end with one line ('error:' message), exit code 2, no traceback, no output.
     The problems found in a checkpoint go through the command line (a subprocess); those argparse finds alone are
     checked in-process on the same parser (a subprocess each would only repeat torch's import)."""
     tool = load_eval_tool()
@@ -706,14 +706,13 @@ def test_bad_flags_are_usage_errors(world, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             tool.parse_args(tool.build_parser(), [*argv, *extra])
         lines = capsys.readouterr().err.splitlines()
-        assert exit_info.value.code == 2 and lines[0].startswith("usage: "), (extra, lines)
+        assert exit_info.value.code == 2 and len(lines) == 1, (extra, lines)
         assert lines[-1].split(": error: ")[1].count(message) == 1, (extra, lines)
     for extra, message in ((("--chunk0", "schedule"), "are v4 Predictors"),  # found in the checkpoint's metadata
                            (("--ckpt", str(tmp_path / "missing.safetensors")), "missing.safetensors")):
         result = _cli(world, tmp_path, *extra)
         lines = result.stderr.splitlines()
         assert result.returncode == 2 and "Traceback" not in result.stderr, (extra, result.stderr)
-        assert any(line.startswith("usage: eval_predictor.py") for line in lines), (extra, result.stderr)
         assert lines[-1].startswith("eval_predictor.py: error: ") and message in lines[-1], (extra, result.stderr)
     assert not list(tmp_path.iterdir())
 

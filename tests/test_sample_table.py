@@ -221,4 +221,4 @@ def test_tool_rejects_bad_cases_before_writing(tmp_path):
     assert re.search(r"line 3: field 'source_image' points to .*missing.png", bad_case.stderr), bad_case.stderr
     assert not out.exists()
     bad_flag = run_tool("--cases", str(cases_path), "--out", str(out), "--actions", "0,9")
-    assert bad_flag.returncode == 2 and bad_flag.stderr.startswith("usage: ")
+    assert bad_flag.returncode == 2 and bad_flag.stderr.startswith("make_sample_table.py: error: --actions")

@@ -72,7 +72,8 @@ def slow_step(batch, *, step_seconds: float, pause, **kwargs):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = plan_run(args, naming=lambda args, **_: "toy_run")
+    meta = {"recipe": "toy", "precision": args.precision}
+    start = plan_run(args, meta=meta, naming=lambda args, **_: "toy_run")
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -87,7 +88,6 @@ def main(argv=None) -> int:
         schedule = TwoGroupLRSchedule(optimizer, warmup_steps=1, max_steps=args.max_steps, block_warmup_steps=None)
         ddp_model = wrap_ddp(model, env)
         role = Role("predictor", model, optimizer, schedule, module=ddp_model, grad_clip=1.0)
-        meta = {"recipe": "toy", "precision": args.precision}
         run_state = resume_roles(start, [role], batches, meta)
         step_fn = partial(slow_step, step_seconds=args.step_seconds, pause=pause_from_environment(),
                           ddp_model=ddp_model, seen_indices=[], device=env.device)

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.video.folder_metrics import (
     compare_video_folders,
@@ -33,7 +34,7 @@ from predictor_training.video.metrics import LpipsWeightsError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ref_dir", type=Path, help="folder of reference videos (mp4 files and/or PNG-frame folders)")
     parser.add_argument("test_dir", type=Path, help="folder of test videos, same relative names as REF_DIR")
     parser.add_argument("--out", type=Path, required=True, help="output folder for metrics.json and the CSV files")
@@ -77,6 +78,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     return args
 
 
+@command
 def main(argv=None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)

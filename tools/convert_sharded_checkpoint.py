@@ -24,6 +24,7 @@ import safetensors.torch
 import torch
 
 from predictor_training.runtime.checkpoint import read_training_state
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.io import atomic_write
 from predictor_training.runtime.sharded_checkpoint import (
     SHARDED_SUFFIX,
@@ -36,7 +37,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="training_latest.pt (or training_prev.pt) of a run with a "
                         "sharded role, or a sharded folder (*.dcp) itself")
     parser.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
@@ -75,6 +76,7 @@ def resolve(args) -> tuple[Path, str, dict]:
     return args.checkpoint, role, {"role": role}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     folder, role, metadata = resolve(args)

@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predictor_training.rollout.camera import turning_camera_row
 from predictor_training.rollout.schedule import Schedule
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.memory_rehearsal import (
     CUDA_CONTEXT_GIB,
     GIB,
@@ -116,7 +117,7 @@ def parse_steps(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, choices=RECIPES, help="the recipe to rehearse")
     parser.add_argument("--config", default="worldplay_480p_i2v",
                         help="Teacher preset (predictor_training/teacher/config.py; default %(default)s)")
@@ -1167,6 +1168,7 @@ def estimate(args) -> list[MemoryReport]:
     return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)

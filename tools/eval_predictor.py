@@ -55,6 +55,7 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     print0,
 )
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 from predictor_training.video.metrics import LpipsWeightsError
@@ -64,7 +65,7 @@ DEMO_CONFIG_NAME = "demo_config.json"  # its optional "ground_truth" key names t
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     inputs = parser.add_argument_group("inputs (either --demo D, or the separate flags)")
     inputs.add_argument("--demo", type=Path, help="demo asset folder (tools/make_demo_assets.py): D/teacher, "
                         "D/encoders/vae, D/samples/<split>.jsonl, D/encoded")
@@ -190,6 +191,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     return args
 
 
+@command
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -33,10 +33,11 @@ from predictor_training.data.sample_table import (
     write_sample_table,
     write_standard_pose_files,
 )
+from predictor_training.runtime.errors import CommandParser, command
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=Path, required=True,
                         help="JSONL of image-caption cases with fields case_id, source_image, caption")
     parser.add_argument("--out", type=Path, required=True,
@@ -68,6 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> dict[str, Path]:
     args = parse_args(argv)
     sizes = {"train": args.train_size, "holdout25": args.holdout25_size, "holdout50": args.holdout50_size}

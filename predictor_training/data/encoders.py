@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from predictor_training.runtime.errors import MissingFileError, UserInputError
 from predictor_training.runtime.io import write_bytes_atomic
 
 ENCODED_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
@@ -51,7 +52,7 @@ ENCODE_CONFIG_NAME = "encode_config.json"
 _USER_TURN_MARKER = "<|im_start|>user\n"
 
 
-class EncodedCaseError(ValueError):
+class EncodedCaseError(UserInputError):
     """Bad encoder input or output; the message names the file, the field and the expected value."""
 
 
@@ -211,7 +212,7 @@ def load_source_image(path: str | Path, source: str = "source_image") -> Image.I
     """Open an image as RGB; a missing or unreadable file raises naming the path and the field."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"field '{source}': image file {path} does not exist")
+        raise MissingFileError(f"field '{source}': image file {path} does not exist")
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
@@ -262,11 +263,11 @@ class CaseEncoder:
 
         folder = Path(folder)
         if not (folder / "model_index.json").is_file():
-            raise FileNotFoundError(f"encoder folder {folder}: model_index.json does not exist (expected a "
+            raise MissingFileError(f"encoder folder {folder}: model_index.json does not exist (expected a "
                                     "diffusers-format HunyuanVideo-1.5 i2v folder)")
         missing = [name for name in ENCODER_COMPONENTS if not (folder / name).is_dir()]
         if missing:
-            raise FileNotFoundError(f"encoder folder {folder}: missing component folder(s) {missing} "
+            raise MissingFileError(f"encoder folder {folder}: missing component folder(s) {missing} "
                                     f"(expected {list(ENCODER_COMPONENTS)})")
         component_dtypes = {"text_encoder": dtype, "image_encoder": dtype, "text_encoder_2": byt5_dtype, "vae": vae_dtype}
         pipeline = HunyuanVideo15ImageToVideoPipeline.from_pretrained(
@@ -483,7 +484,7 @@ def encode_cases_to_folder(
         try:
             tensors = encoder.encode_case(job.image_path, job.caption, height, width)
         except FileNotFoundError as error:
-            raise FileNotFoundError(f"case '{job.case_id}': {error}") from error
+            raise MissingFileError(f"case '{job.case_id}': {error}") from error
         tensors = validate_encoded_case(tensors, spec, source=f"{path} (case '{job.case_id}', freshly encoded)")
         if int(tensors["prompt_mask"].sum()) == tensors["prompt_mask"].shape[1]:
             tqdm.write(f"warning: case '{job.case_id}': the caption fills all {tensors['prompt_mask'].shape[1]} text "

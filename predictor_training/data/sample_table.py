@@ -38,6 +38,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_text_atomic
 from predictor_training.rollout.camera import load_pose, pose_string_to_json
 
@@ -63,7 +64,7 @@ CASE_FIELDS = ("case_id", "source_image", "caption")
 ROW_FIELDS = ("case_id", "source_image", "caption", "action_id", "pose", "seed")
 
 
-class SampleTableError(ValueError):
+class SampleTableError(UserInputError):
     """Bad sample-table / cases input; the message names the file, line and field."""
 
 

@@ -47,6 +47,7 @@ from predictor_training.data.sample_table import SampleRow, read_sample_table
 from predictor_training.data.shards import load_tensors
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 
 CASE_TENSORS = ("image_cond", "text_k", "text_v")
 ENCODED_TENSORS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
@@ -58,13 +59,13 @@ def choose_subset_cases(case_ids: Sequence[str], subset: int | Sequence[str], se
     available = sorted(set(case_ids))
     if isinstance(subset, int) and not isinstance(subset, bool):
         if not 1 <= subset <= len(available):
-            raise ValueError(f"subset_cases={subset}: the tables have {len(available)} cases")
+            raise UserInputError(f"subset_cases={subset}: the tables have {len(available)} cases")
         generator = torch.Generator().manual_seed(int(seed))
         picked = torch.randperm(len(available), generator=generator)[:subset].tolist()
         return sorted(available[index] for index in picked)
     unknown = sorted(set(subset) - set(available))
     if unknown:
-        raise ValueError(f"subset_cases names case_id(s) {unknown[:5]} that are not in the sample tables")
+        raise UserInputError(f"subset_cases names case_id(s) {unknown[:5]} that are not in the sample tables")
     return sorted(set(subset))
 
 
@@ -108,7 +109,7 @@ class TrajectoryTableDataset(Dataset):
             for row in read_sample_table(path):
                 key = (row.case_id, row.action_id)
                 if key in origin:
-                    raise ValueError(f"(case_id, action_id) = {key} appears in {origin[key]} and again in {path}")
+                    raise UserInputError(f"(case_id, action_id) = {key} appears in {origin[key]} and again in {path}")
                 origin[key] = path
                 rows.append(row)
                 table_dirs.append(path.parent.resolve())
@@ -137,14 +138,14 @@ class TrajectoryTableDataset(Dataset):
         config = read_dataset_config(self.dataset_root)
         stored_latents = int(config_field(config, "num_latents", self.dataset_root))
         if stored_latents != self.num_latents:
-            raise ValueError(
+            raise UserInputError(
                 f"{self.dataset_root / 'dataset_config.json'}: num_latents={stored_latents}, "
                 f"this dataset was asked for num_latents={self.num_latents}"
             )
         entries = {entry.case_id: entry for entry in read_manifest(self.dataset_root) if entry.kind == "case"}
         missing = [case_id for case_id in self.case_ids if case_id not in entries]
         if missing:
-            raise ValueError(f"{self.dataset_root / 'manifest.jsonl'}: no case entry for case_id(s) {missing[:5]}")
+            raise UserInputError(f"{self.dataset_root / 'manifest.jsonl'}: no case entry for case_id(s) {missing[:5]}")
         used = [entries[case_id] for case_id in self.case_ids]
         check_files_exist(self.dataset_root, used)
         if verify:
@@ -156,7 +157,7 @@ class TrajectoryTableDataset(Dataset):
         files = {case_id: self.encoded_dir / f"{case_id}.pt" for case_id in self.case_ids}
         for case_id, path in files.items():
             if not path.is_file():
-                raise FileNotFoundError(f"encoder output of case {case_id!r} not found: {path}")
+                raise MissingFileError(f"encoder output of case {case_id!r} not found: {path}")
         return files
 
     # ---- items ------------------------------------------------------------------------------------------------------
@@ -195,10 +196,10 @@ class TrajectoryTableDataset(Dataset):
             return load_tensors(path, CASE_TENSORS, checksums=self._checksums)
         loaded = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a dict of tensors, got {type(loaded).__name__}")
+            raise UserInputError(f"{path}: expected a dict of tensors, got {type(loaded).__name__}")
         missing = [name for name in ENCODED_TENSORS if name not in loaded]
         if missing:
-            raise KeyError(f"{path}: missing tensor(s) {missing}; expected {list(ENCODED_TENSORS)}")
+            raise MissingFieldError(f"{path}: missing tensor(s) {missing}; expected {list(ENCODED_TENSORS)}")
         return {name: loaded[name] for name in ENCODED_TENSORS}
 
 

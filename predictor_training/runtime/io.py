@@ -1,4 +1,4 @@
-"""File writes, fingerprints and secrets: the one implementation of each that the toolkit uses.
+"""File writes, fingerprints, safetensors reads and secrets: the one implementation of each that the toolkit uses.
 
 Atomic writes:
 
@@ -17,6 +17,11 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Callable
+
+import safetensors
+import safetensors.torch
+
+from predictor_training.runtime.errors import UserInputError
 
 SWANLAB_KEY_ENV = "SWANLAB_API_KEY"
 _SECRET_KEY_MARKERS = ("api_key", "apikey", "token", "secret", "password")
@@ -95,6 +100,29 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: handle.read(HASH_BLOCK_BYTES), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ safetensors reads
+def damaged_safetensors(path: str | os.PathLike, error: Exception) -> UserInputError:
+    """The one-line error of a .safetensors file that cannot be read (empty, cut off, not safetensors at all)."""
+    return UserInputError(f"{path}: damaged or not a .safetensors file ({error}); expected a complete safetensors "
+                          "file")
+
+
+def open_safetensors(path: str | os.PathLike, *, device: str = "cpu"):
+    """`safetensors.safe_open(path, framework="pt")` (a context manager), a damaged file reported by name."""
+    try:
+        return safetensors.safe_open(str(path), framework="pt", device=device)
+    except safetensors.SafetensorError as error:
+        raise damaged_safetensors(path, error) from None
+
+
+def load_safetensors(path: str | os.PathLike, *, device: str = "cpu") -> dict:
+    """`safetensors.torch.load_file`, a damaged file reported by name."""
+    try:
+        return safetensors.torch.load_file(str(path), device=device)
+    except safetensors.SafetensorError as error:
+        raise damaged_safetensors(path, error) from None
 
 
 # ------------------------------------------------------------------------------------------------ secrets

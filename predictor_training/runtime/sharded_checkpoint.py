@@ -56,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from predictor_training.runtime.distributed import barrier, current_rank
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_text_atomic
 
 SHARDED_SUFFIX = ".dcp"
@@ -64,7 +65,7 @@ TOKEN_FILE = "checkpoint_token"
 METADATA_FILE = ".metadata"
 
 
-class MissingShardedStateError(FileNotFoundError):
+class MissingShardedStateError(UserInputError, FileNotFoundError):
     """A training state names a sharded folder (by token) that is not on disk or incomplete."""
 
 

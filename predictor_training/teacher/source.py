@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import sha256_json
 from predictor_training.teacher.model import WorldPlayTransformer
 
@@ -44,7 +45,7 @@ def load_teacher(source: TeacherSource, device: torch.device | str, dtype: torch
     if source.expected_config_sha256 is not None:
         actual = teacher_config_sha256(teacher)
         if actual != source.expected_config_sha256:
-            raise ValueError(
+            raise UserInputError(
                 f"Teacher {source.folder} ({source.origin}) has config sha256 {actual[:12]}..., but "
                 f"{source.expected_config_sha256[:12]}... was recorded for it; use the same Teacher"
             )

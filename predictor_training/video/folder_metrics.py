@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 from tqdm import tqdm
 
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_text_atomic
 from predictor_training.video.io import VIDEO_SUFFIXES, is_video_file, list_frame_files, read_video
 from predictor_training.video.metrics import (
@@ -43,7 +44,7 @@ def discover_videos(root: Path) -> dict[str, Path]:
 
     def add(key: str, path: Path) -> None:
         if key in items:
-            raise ValueError(f"{root}: both {items[key]} and {path} map to the name {key!r}; keep one of them")
+            raise UserInputError(f"{root}: both {items[key]} and {path} map to the name {key!r}; keep one of them")
         items[key] = path
 
     for folder, _, file_names in os.walk(root):
@@ -55,7 +56,7 @@ def discover_videos(root: Path) -> dict[str, Path]:
             if is_video_file(path):
                 add(path.relative_to(root).with_suffix("").as_posix(), path)
     if not items:
-        raise ValueError(f"{root}: no videos ({', '.join(VIDEO_SUFFIXES)}) or PNG-frame folders found")
+        raise UserInputError(f"{root}: no videos ({', '.join(VIDEO_SUFFIXES)}) or PNG-frame folders found")
     return dict(sorted(items.items()))
 
 
@@ -68,7 +69,7 @@ def pair_videos(ref_dir: Path, test_dir: Path) -> list[tuple[str, Path, Path]]:
         lines = [f"  {ref_items[key]} has no partner in {test_dir}" for key in missing_in_test]
         lines += [f"  {test_items[key]} has no partner in {ref_dir}" for key in missing_in_ref]
         header = "unpaired videos (partners are matched by relative name, video suffix dropped):\n"
-        raise ValueError(header + "\n".join(lines))
+        raise UserInputError(header + "\n".join(lines))
     return [(key, ref_items[key], test_items[key]) for key in ref_items]
 
 
@@ -183,7 +184,7 @@ def compare_video_folders(
     for name, ref_path, test_path in tqdm(pairs, desc="videos", unit="video"):
         ref, test = read_video(ref_path), read_video(test_path)
         if ref.shape != test.shape:
-            raise ValueError(f"shape mismatch for {name!r}: {ref_path} is {ref.shape} [T, H, W, 3] but "
+            raise UserInputError(f"shape mismatch for {name!r}: {ref_path} is {ref.shape} [T, H, W, 3] but "
                              f"{test_path} is {test.shape}")
         metrics = compute_video_metrics(
             ref, test, scorer, per_frame=per_frame, device=device, frame_batch=frame_batch
