@@ -53,7 +53,7 @@ from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import environment_summary, plan_run, run_config, write_train_config
-from predictor_training.teacher.source import describe_teacher, load_teacher
+from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 
@@ -95,6 +95,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return finish_offline_args(offline_parser(__doc__, experiment="predictor_v4_prefeature"), argv, PRESETS)
 
 
+def check_data(args: argparse.Namespace) -> None:
+    """v4's dataset opened as the run will read it (manifest, files, pairs, pre-feature layers; no tensor read),
+    so a problem ends the launch before anything is created."""
+    PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=True,
+                with_prev_chunk_hidden=True, source_layers=tuple(args.source_blocks), check_tensors=False)
+
+
 def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
     """v4's data -> (pairs, this rank's resumable batches, the dataset's context timestep).
 
@@ -110,11 +117,15 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
 OfflineData = Callable[[argparse.Namespace, DistEnv], tuple[PairDataset, ResumableBatches, float]]
 
 
-def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineData) -> int:
+def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineData,
+                  check_data: Callable[[argparse.Namespace], None]) -> int:
     """The offline recipe of both variants; `build_data(args, env)` -> (pairs, this rank's batches, the dataset's
-    context timestep) is what differs between them."""
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished. A checkpoint
-    #    it would resume must record this `meta`.
+    context timestep) and `check_data(args)` (the dataset opened, nothing read) are what differ between them."""
+    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
+    #    dataset, and the source blocks against its Teacher. Then the run directory, named from the flags; a second
+    #    launch continues it or finds it finished. A checkpoint it would resume must record this `meta`.
+    check_data(args)
+    check_source_blocks(args.source_blocks, resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root))
     meta = checkpoint_meta(variant, args.source_blocks, args.precision)
     start = plan_run(args, meta=meta)
     if (code := early_exit(args, start)) is not None:
@@ -183,7 +194,7 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
 
 @command
 def main(argv=None) -> int:
-    return train_offline(parse_args(argv), VARIANT, build_data)
+    return train_offline(parse_args(argv), VARIANT, build_data, check_data)
 
 
 if __name__ == "__main__":

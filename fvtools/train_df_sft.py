@@ -184,12 +184,16 @@ def build_validation(args, env: DistEnv, method_model: MethodModel, rollout_conf
         split=args.val_split)
 
 
+def open_dataset(args, verify: bool):
+    """The clips of --split (video latents or Teacher samples)."""
+    if args.data == "video_latents":
+        return VideoLatentDataset(args.dataset_root, args.split, verify=verify)
+    return TeacherSampleDataset(args.dataset_root, args.split, verify=verify)
+
+
 def build_data(args, env: DistEnv):
     """The clips of --split and one clip per rank per micro-batch (shuffled, resumable)."""
-    if args.data == "video_latents":
-        dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
-    else:
-        dataset = TeacherSampleDataset(args.dataset_root, args.split, verify=args.verify_dataset)
+    dataset = open_dataset(args, verify=args.verify_dataset)
     return dataset, one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
 
 
@@ -291,7 +295,9 @@ def main(argv=None) -> int:
     if args.dry_run is not None:
         print(dry_run_report(args.dry_run, {ROLE: args.train}, lora_rank=args.lora_rank))
         return 0
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    # 1. The dataset, opened before anything is created (in the launcher's --print_run_dir dry run too); the run
+    #    directory, named from the flags; a second launch continues it or finds it finished.
+    open_dataset(args, verify=False)
     meta = method_meta(METHOD, args)
     start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:

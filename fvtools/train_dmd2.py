@@ -443,6 +443,7 @@ def main(argv=None) -> int:
         print(dry_run_report(args.dry_run, roles, lora_rank=args.lora_rank, predictor_blocks=args.source_blocks))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
     meta = generator_meta(args)
     start = plan_run(args, meta=meta, naming=run_name)
     if (code := early_exit(args, start)) is not None:

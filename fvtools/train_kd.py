@@ -281,6 +281,7 @@ def main(argv=None) -> int:
         print(dry_run_report(args.dry_run, {ROLE: args.train, "teacher": "frozen"}, lora_rank=args.lora_rank))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    OdeCacheDataset(args.cache_root, args.split)  # opened before anything is created (the dry run's check too)
     meta = method_meta(METHOD, args)
     start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:

@@ -340,6 +340,7 @@ def main(argv=None) -> int:
             "a second full copy (FP32, 4 bytes per parameter; one process only)"))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
     meta = {**method_meta(METHOD, args), "samples_per_group": args.samples_per_group,
             "old_decay_schedule": args.old_decay_schedule, "rewards": args.rewards}
     start = plan_run(args, meta=meta, naming=method_run_name)

@@ -142,7 +142,7 @@ def test_n_ctx_reads_no_tensor(dataset_dir, monkeypatch):
     def refuse(path, *args, **kwargs):
         raise AssertionError(f"a tensor file was opened: {path}")
 
-    monkeypatch.setattr(pair_dataset_module, "safe_open", refuse)
+    monkeypatch.setattr(pair_dataset_module, "open_safetensors", refuse)
     dataset = PairDataset(root, "train", source_layers=SOURCE_LAYERS)
     expected = []
     for ref in dataset.refs:

@@ -26,6 +26,7 @@ from ddp_toy_train import ToyPairs, ToyPredictor, collate, toy_step  # noqa: E40
 
 from predictor_training.data.batches import ResumableBatches  # noqa: E402
 from predictor_training.runtime.distributed import wrap_ddp  # noqa: E402
+from predictor_training.runtime.errors import CommandParser, command  # noqa: E402
 from predictor_training.runtime.flags import add_run_args, add_tracker_args, parse_recipe_args  # noqa: E402
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training  # noqa: E402
 from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer  # noqa: E402
@@ -34,7 +35,7 @@ from predictor_training.runtime.run_directory import plan_run, run_config  # noq
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = CommandParser(description=__doc__)
     parser.add_argument("--max_steps", type=int, default=12)
     parser.add_argument("--stop_at_step", type=int, default=-1)
     parser.add_argument("--grad_accum", type=int, default=1)
@@ -70,6 +71,7 @@ def slow_step(batch, *, step_seconds: float, pause, **kwargs):
     return toy_step(batch, **kwargs)
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     meta = {"recipe": "toy", "precision": args.precision}

@@ -268,8 +268,8 @@ def main(argv=None) -> int:
         if stage not in args.stages:
             continue
         started = time.time()
-        for command in stage_commands(stage, args, out):
-            run(command, out / f"{stage}.log")
+        for stage_command in stage_commands(stage, args, out):
+            run(stage_command, out / f"{stage}.log")
         seconds = time.time() - started
         spent = report.get(stage, {}).get("seconds", 0.0) + seconds  # over every run that worked on the stage
         report[stage] = {"seconds": round(spent, 1), **headline(stage, args, out)}

@@ -24,7 +24,7 @@ import safetensors.torch
 import torch
 
 from predictor_training.runtime.checkpoint import read_training_state
-from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.errors import CommandParser, UserInputError, command
 from predictor_training.runtime.io import atomic_write
 from predictor_training.runtime.sharded_checkpoint import (
     SHARDED_SUFFIX,
@@ -44,9 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--role", default=None, help="the role to convert (default: the only sharded role)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of the floating tensors written (default %(default)s: the FP32 master weights)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file (default: refuse)")
     args = parser.parse_args(argv)
     if args.out.suffix != ".safetensors":
         parser.error(f"--out {args.out}: expected a path ending in .safetensors")
+    if args.out.exists() and not args.overwrite:
+        parser.error(f"--out {args.out}: exists; pass --overwrite to replace it, or another --out")
     if not args.checkpoint.exists():
         parser.error(f"checkpoint {args.checkpoint} does not exist")
     if args.checkpoint.suffix not in (".pt", SHARDED_SUFFIX):
@@ -61,18 +64,18 @@ def resolve(args) -> tuple[Path, str, dict]:
         payload = read_training_state(args.checkpoint)
         sharded = sorted(name for name, entry in payload["roles"].items() if "sharded" in entry)
         if not sharded:
-            raise ValueError(f"{args.checkpoint} holds no sharded role (roles {sorted(payload['roles'])}); its "
+            raise UserInputError(f"{args.checkpoint} holds no sharded role (roles {sorted(payload['roles'])}); its "
                              "weights are in the file itself")
         role = args.role or (sharded[0] if len(sharded) == 1 else None)
         if role not in sharded:
-            raise ValueError(f"--role {args.role}: {args.checkpoint} holds the sharded roles {sharded}; name one")
+            raise UserInputError(f"--role {args.role}: {args.checkpoint} holds the sharded roles {sharded}; name one")
         folder = sharded_folder_for(args.checkpoint, payload["roles"][role]["sharded"])
         metadata = {**payload["meta"], "role": role, "step": int(payload["run_state"]["global_step"])}
         return folder, role, metadata
     roles = saved_roles(args.checkpoint)
     role = args.role or (roles[0] if len(roles) == 1 else None)
     if role not in roles:
-        raise ValueError(f"--role {args.role}: {args.checkpoint} holds the roles {roles}; name one")
+        raise UserInputError(f"--role {args.role}: {args.checkpoint} holds the roles {roles}; name one")
     return args.checkpoint, role, {"role": role}
 
 

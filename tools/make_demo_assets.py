@@ -123,6 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.out.exists() and not args.overwrite:
         parser.error(f"--out {args.out} already exists; pass --overwrite to replace it")
+    if args.kind == "world":
+        load_shipped_world(args.world_weights)  # checked before the staging folder is made
     return args
 
 

@@ -7,10 +7,10 @@ all. Every missing field is an error naming the file and the field.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
+from predictor_training.runtime.io import read_json_file
 from predictor_training.teacher.source import TeacherSource
 
 DATASET_CONFIG_NAME = "dataset_config.json"
@@ -22,10 +22,7 @@ def read_dataset_config(root: str | Path) -> dict:
     if not path.is_file():
         raise MissingFileError(f"dataset config not found: {path} (build the dataset with "
                                 "tools/build_predictor_dataset.py)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserInputError(f"{path}: not valid JSON ({error}); expected the dataset's config") from None
+    config = read_json_file(path)
     if not isinstance(config, dict):
         raise UserInputError(f"{path}: holds a {type(config).__name__}; expected a JSON object")
     return config

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -486,12 +487,18 @@ def encode_cases_to_folder(
         except FileNotFoundError as error:
             raise MissingFileError(f"case '{job.case_id}': {error}") from error
         tensors = validate_encoded_case(tensors, spec, source=f"{path} (case '{job.case_id}', freshly encoded)")
-        if int(tensors["prompt_mask"].sum()) == tensors["prompt_mask"].shape[1]:
-            tqdm.write(f"warning: case '{job.case_id}': the caption fills all {tensors['prompt_mask'].shape[1]} text "
-                       "tokens and was probably truncated (as upstream does)")
+        warn_if_caption_truncated(tensors, f"case '{job.case_id}'", job.caption)
         save_encoded_case(path, tensors)
         written += 1
     return EncodeReport(written=written, skipped=skipped)
+
+
+def warn_if_caption_truncated(tensors: dict[str, torch.Tensor], case: str, caption: str) -> None:
+    """A caption that fills every text token was cut there (as upstream does): one warning line naming the case."""
+    length = tensors["prompt_mask"].shape[1]
+    if int(tensors["prompt_mask"].sum()) == length:
+        tqdm.write(f"warning: {case}: the caption ({len(caption)} characters) fills all {length} text tokens and was "
+                   "truncated there (as upstream does); shorten it to keep all of it", file=sys.stderr)
 
 
 def jobs_from_cases(cases: Iterable) -> list[EncodeJob]:

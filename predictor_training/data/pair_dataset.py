@@ -410,7 +410,8 @@ class PairDataset(Dataset):
         for anchor, target in checked:
             if not 0 <= anchor < target < self.num_steps:
                 raise UserInputError(
-                    f"pair ({anchor}, {target}) invalid: need 0 <= anchor < target < num_steps={self.num_steps}"
+                    f"--pairs: pair {anchor}-{target}: expected 0 <= anchor < target < num_steps={self.num_steps} "
+                    f"(of {self.root / DATASET_CONFIG_NAME})"
                 )
         if not checked:
             raise ValueError("pairs is empty")

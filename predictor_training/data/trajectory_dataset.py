@@ -214,6 +214,20 @@ class TrajectoryBatches:
     rollout_config: RolloutConfig
 
 
+def open_trajectory_table(dataset_root: str | Path, split: str, *, sample_table: Path | None, verify: bool = False,
+                          subset_cases: int | list[str] | None = None,
+                          subset_seed: int = 0) -> tuple[TrajectoryTableDataset, Path]:
+    """(the trajectories of `sample_table` - default: the one the dataset recorded for `split` - over the dataset's
+    cases, that table's path). Reads tables and manifest only, so a launch can open it before it creates anything."""
+    sample_table = Path(sample_table or recorded_sample_table(dataset_root, split))
+    dataset = TrajectoryTableDataset(
+        sample_table, dataset_root=dataset_root,
+        num_latents=int(config_field(read_dataset_config(dataset_root), "num_latents", dataset_root)),
+        subset_cases=subset_cases, subset_seed=subset_seed, verify=verify,
+    )
+    return dataset, sample_table
+
+
 def trajectory_batches(dataset_root: str | Path, split: str, env: DistEnv, *, sample_table: Path | None, seed: int,
                        num_workers: int, verify: bool, state_dtype: torch.dtype, autocast_dtype: torch.dtype | None,
                        subset_cases: int | list[str] | None = None, subset_seed: int = 0,
@@ -222,16 +236,12 @@ def trajectory_batches(dataset_root: str | Path, split: str, env: DistEnv, *, sa
     recorded for `split`) as trajectories, one whole trajectory per rank per micro-batch (ranks never share one),
     and the dataset's AR loop (`RolloutConfig.from_dataset_config`) with the given running-latent dtype, Teacher
     autocast and context mode."""
+    dataset, sample_table = open_trajectory_table(dataset_root, split, sample_table=sample_table, verify=verify,
+                                                  subset_cases=subset_cases, subset_seed=subset_seed)
     dataset_config = read_dataset_config(dataset_root)
-    sample_table = sample_table or recorded_sample_table(dataset_root, split)
-    dataset = TrajectoryTableDataset(
-        sample_table, dataset_root=dataset_root,
-        num_latents=int(config_field(dataset_config, "num_latents", dataset_root)),
-        subset_cases=subset_cases, subset_seed=subset_seed, verify=verify,
-    )
     batches = one_item_per_rank_batches(dataset, env, seed=seed, num_workers=num_workers)
     rollout_config = replace(RolloutConfig.from_dataset_config(
         dataset_config, str(Path(dataset_root) / DATASET_CONFIG_NAME),
         state_dtype=state_dtype, autocast_dtype=autocast_dtype,
     ), context_mode=context_mode)
-    return TrajectoryBatches(dataset, batches, Path(sample_table), rollout_config)
+    return TrajectoryBatches(dataset, batches, sample_table, rollout_config)

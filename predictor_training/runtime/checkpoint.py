@@ -379,6 +379,8 @@ def load_state_file(path: Path, **load_options) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True, **load_options)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as error:
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if detail.startswith("Weights only load failed"):  # torch's advice to unpickle it anyway: not for us
+            detail = "not a file written by torch.save"
         message = f"{path} is damaged and cannot be read ({detail})"
         previous = path.with_name(PREVIOUS_TRAINING_STATE_NAME)
         if path.name == TRAINING_STATE_NAME and previous.is_file():
@@ -624,6 +626,22 @@ def read_inference_metadata(path: str | os.PathLike) -> dict:
 def read_inference_config(path: str | os.PathLike) -> dict:
     """The run config stored by `save_inference_weights` (for rebuilding the model at eval time)."""
     return json.loads(_read_inference_header(path)["config"])
+
+
+def check_weights_file(path: str | os.PathLike, expect: dict | None = None) -> dict:
+    """The checks `load_model_weights` makes on a file, without a model to load it into (a launch makes them before
+    it creates anything): readable, its meta matching `expect`, finite weights, an inference file's checksum.
+    Returns the file's meta. A training state is read memory-mapped."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        meta = read_inference_metadata(path)
+        read_inference_weights(path)
+        if expect:
+            _compare_expect(meta, expect, path)
+        return meta
+    if path.suffix == ".pt":
+        return read_training_summary(path, expect=expect or {})["meta"]
+    raise UserInputError(f"{path}: expected a .pt training state or a .safetensors inference file")
 
 
 def load_model_weights(

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import safetensors
 import safetensors.torch
@@ -100,6 +100,43 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: handle.read(HASH_BLOCK_BYTES), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ files users write
+def read_json_file(path: str | os.PathLike, error: type[UserInputError] = UserInputError):
+    """The JSON value in `path`; a file that is not UTF-8 or not JSON raises `error` naming it (a missing file
+    stays FileNotFoundError)."""
+    data = Path(path).read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as problem:
+        raise error(f"{path}: byte {problem.start} ({data[problem.start:problem.start + 1]!r}) is not UTF-8; "
+                    "expected UTF-8 JSON") from None
+    except json.JSONDecodeError as problem:
+        raise error(f"{path}: not valid JSON ({problem})") from None
+
+
+def read_jsonl_objects(path: str | os.PathLike, error: type[UserInputError] = UserInputError,
+                       what: str = "") -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL table; a line that is not UTF-8, not JSON or not a
+    JSON object raises `error` naming `what` (e.g. "clip table "), the file and the line."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{what}{path} line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as problem:
+                raise error(f"{where}: byte {problem.start} ({raw[problem.start:problem.start + 1]!r}) is not "
+                            "UTF-8; expected UTF-8 text (save the file as UTF-8)") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as problem:
+                raise error(f"{where}: not valid JSON ({problem})") from None
+            if not isinstance(record, dict):
+                raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield number, record
 
 
 # ------------------------------------------------------------------------------------------------ safetensors reads

@@ -18,12 +18,13 @@ import argparse
 import fcntl
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, read_training_summary
+from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, DamagedTrainingStateError, read_training_summary
 from predictor_training.runtime.distributed import resolve_backend
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_json_atomic
@@ -146,11 +147,13 @@ def comparable_flags(flags: dict) -> dict:
 
 def saved_run_flags(run_dir: Path) -> tuple[dict, Path] | None:
     """(the comparable flags of the run that lives in `run_dir`, the file they come from): its training state's
-    config, else its train_config.json (a run that stopped before its first checkpoint); None for an empty or new
-    directory."""
+    config, else (none, or a damaged one) its train_config.json; None for an empty or new directory."""
     saved_path = Path(run_dir) / TRAINING_STATE_NAME
     if saved_path.is_file():
-        return comparable_flags(read_training_summary(saved_path)["config"]["flags"]), saved_path
+        try:
+            return comparable_flags(read_training_summary(saved_path)["config"]["flags"]), saved_path
+        except DamagedTrainingStateError:
+            pass
     config_path = Path(run_dir) / TRAIN_CONFIG_NAME
     if config_path.is_file():
         try:
@@ -165,8 +168,10 @@ def check_resume_belongs(resume: Path, saved: dict, run_dir: Path) -> None:
     """A --resume writes into `run_dir`: the checkpoint must be one of that run's (a file in the directory, or the
     same flags as the run saved there), so that it never trains over, and replaces, another run's outputs. An
     empty or new directory takes any checkpoint (a branch)."""
+    if Path(resume).resolve().parent == Path(run_dir).resolve():
+        return
     own = saved_run_flags(run_dir)
-    if own is None or Path(resume).resolve().parent == Path(run_dir).resolve():
+    if own is None:
         return
     own_flags, own_file = own
     resumed_flags = comparable_flags(saved["config"]["flags"])

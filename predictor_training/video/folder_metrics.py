@@ -29,10 +29,12 @@ from predictor_training.video.metrics import (
     LpipsScorer,
     aggregate_videos,
     compute_video_metrics,
+    gaussian_window_1d,
     jsonable,
 )
 
 LOG_PREFIX = "[compute_video_metrics]"
+OUTPUT_NAMES = ("metrics.json", "per_video.csv", "aggregate.csv", "per_frame.csv")  # what write_outputs writes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -183,6 +185,10 @@ def compare_video_folders(
     per_video = []
     for name, ref_path, test_path in tqdm(pairs, desc="videos", unit="video"):
         ref, test = read_video(ref_path), read_video(test_path)
+        window = gaussian_window_1d().numel()
+        if min(ref.shape[1:3]) < window:
+            raise UserInputError(f"{ref_path}: frames of {ref.shape[1]}x{ref.shape[2]} pixels; expected at least "
+                                 f"{window}x{window} (the SSIM window)")
         if ref.shape != test.shape:
             raise UserInputError(f"shape mismatch for {name!r}: {ref_path} is {ref.shape} [T, H, W, 3] but "
                              f"{test_path} is {test.shape}")

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
-from predictor_training.runtime.errors import MissingFileError, UserInputError
+from predictor_training.runtime.errors import MissingFileError, UserInputError, one_line
 from predictor_training.runtime.io import atomic_write
 
 VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".avi", ".webm")
@@ -53,7 +53,11 @@ def ffmpeg_exe() -> str:
 def _read_png_folder(folder: Path) -> np.ndarray:
     frames = []
     for path in list_frame_files(folder):
-        with Image.open(path) as image:
+        try:
+            image = Image.open(path)
+        except (UnidentifiedImageError, OSError) as error:
+            raise UserInputError(f"{path}: not a readable image ({one_line(error)}); expected an RGB PNG frame") from None
+        with image:
             if image.mode != "RGB":
                 raise UserInputError(f"{path}: PNG mode is {image.mode}, expected RGB (8-bit, no alpha)")
             frame = np.asarray(image, dtype=np.uint8)
