@@ -26,7 +26,7 @@ import torch
 
 from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
-from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches
+from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
@@ -98,8 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_data(args: argparse.Namespace) -> None:
     """v4's dataset opened as the run will read it (manifest, files, pairs, pre-feature layers; no tensor read),
     so a problem ends the launch before anything is created."""
-    PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=True,
-                with_prev_chunk_hidden=True, source_layers=tuple(args.source_blocks), check_tensors=False)
+    v4_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+                    check_tensors=False)
 
 
 def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
@@ -124,10 +124,11 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
     # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
     #    dataset, and the source blocks against its Teacher. Then the run directory, named from the flags; a second
     #    launch continues it or finds it finished. A checkpoint it would resume must record this `meta`.
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
     check_data(args)
-    check_source_blocks(args.source_blocks, resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root))
     meta = checkpoint_meta(variant, args.source_blocks, args.precision)
-    start = plan_run(args, meta=meta)
+    start = plan_run(args, meta=meta, inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -138,7 +139,6 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
 
         # 3. Teacher -> Predictor. The Predictor shares the few frozen Teacher modules it runs; dropping our
         #    reference to the Teacher frees every other block.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank

@@ -249,11 +249,13 @@ def main(argv=None) -> int:
     #    directory, named from the flags; a second launch continues it or finds it finished.
     open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table,
                           subset_cases=args.subset_cases, subset_seed=args.subset_seed)
-    check_source_blocks(args.source_blocks, resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root))
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
     init_expect = {"variant": VARIANT, "source_blocks": list(args.source_blocks)}
     if args.resume is None:
         check_weights_file(args.init_from, expect=init_expect)
-    start = plan_run(args, meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args))
+    start = plan_run(args, meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args),
+                     inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -272,7 +274,6 @@ def main(argv=None) -> int:
 
         # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
         #    a training state is resumed below.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)

@@ -63,8 +63,8 @@ import torch
 from torch import Tensor, nn
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
-from predictor_training.data.pair_dataset import v4_pair_batches
-from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, trajectory_batches
+from predictor_training.data.pair_dataset import v4_pair_batches, v4_pair_dataset
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, open_trajectory_table, trajectory_batches
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.methods.adversarial import (DISCRIMINATOR, PREDICTOR, Adversary, adversarial_metrics,
                                                     build_discriminator, build_discriminator_role, context_summary)
@@ -76,7 +76,7 @@ from predictor_training.predictor.self_rollout import (ChunkGraph, SelfRolloutSe
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
-from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
+from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_data_args, add_loss_args,
@@ -90,7 +90,7 @@ from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (environment_summary, format_lr, plan_run, run_config,
                                                       write_train_config)
-from predictor_training.teacher.source import describe_teacher, load_teacher
+from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 DATA_MODES = ("offline", "rollout")
@@ -327,9 +327,21 @@ class AdversarialRolloutStep:
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
+    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the data,
+    #    the source blocks against the Teacher, the --init_from weights. Then the run directory, named from the
+    #    flags; a second launch continues it or finds it finished.
+    if args.data == "offline":
+        v4_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+                        check_tensors=False)
+    else:
+        open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table)
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    init_expect = {"variant": VARIANT, "source_blocks": list(args.source_blocks)}
+    if args.resume is None and args.init_from is not None:
+        check_weights_file(args.init_from, expect=init_expect)
     meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
-    start = plan_run(args, meta=meta, subset=run_tag(args))
+    start = plan_run(args, meta=meta, subset=run_tag(args), inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -358,7 +370,6 @@ def main(argv=None) -> int:
         # 3. Teacher -> Predictor, built as train_predictor_v4.py builds it (same seeding), then --init_from. The
         #    offline mode drops the Teacher (the Predictor shares the frozen modules it runs); the rollout keeps it
         #    for the online labels.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
@@ -373,8 +384,7 @@ def main(argv=None) -> int:
         seed_everything(args.seed, rank=env.rank)
         init_meta = None
         if start.resume_path is None and args.init_from is not None:
-            init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR,
-                                           expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+            init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR, expect=init_expect)
 
         # 4. The roles: the DDP-wrapped Predictor every step, with the v4 recipe's optimizer and schedule; the
         #    discriminator on its cadence, built from its own random stream (the global RNG is left as the v4 recipe

@@ -273,7 +273,7 @@ def test_manifest_without_tensor_checksums_loads_with_one_warning(tmp_path):
 
 def test_source_layers_must_have_prefeatures(dataset_dir):
     root, _ = dataset_dir
-    with pytest.raises(ValueError, match=r"prefeature_layers=\[0, 2\] lacks source layer\(s\) \[1\]"):
+    with pytest.raises(ValueError, match=r"prefeature_layers=\[0, 2\], without layer\(s\) \[1\]"):
         PairDataset(root, "train", source_layers=(0, 1))
 
 

@@ -58,7 +58,6 @@ from predictor_training.runtime.distributed import (
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
-from predictor_training.video.metrics import LpipsWeightsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
 DEMO_CONFIG_NAME = "demo_config.json"  # its optional "ground_truth" key names the demo's ground-truth folder
@@ -214,7 +213,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (LpipsWeightsError, ValueError, FileNotFoundError, KeyError) as error:
-        sys.exit(f"eval_predictor: error: {error}")
+    sys.exit(main())

@@ -426,7 +426,9 @@ class PairDataset(Dataset):
             absent = [layer for layer in layers if layer not in stored]
             if absent:
                 raise UserInputError(
-                    f"{self.root / DATASET_CONFIG_NAME}: prefeature_layers={stored} lacks source layer(s) {absent}"
+                    f"--source_blocks {','.join(map(str, layers))}: {self.root / DATASET_CONFIG_NAME} has "
+                    f"prefeature_layers={stored}, without layer(s) {absent}; expected source blocks the dataset "
+                    "stored pre-features of"
                 )
         return layers
 
@@ -602,6 +604,15 @@ def collate_pairs(items: Sequence[dict]) -> dict:
     return batch
 
 
+def v4_pair_dataset(dataset_root: str | Path, *, split: str, pairs: Sequence[tuple[int, int]],
+                    source_layers: Sequence[int], verify: bool = False, check_tensors: bool = True) -> PairDataset:
+    """The v4 recipe's pairs: with the context pre-features of `source_layers` and the previous chunk's hidden
+    (chunks 1-7). `check_tensors=False` with `verify=False` reads the manifest only: what a launch checks before it
+    creates anything."""
+    return PairDataset(dataset_root, split=split, pairs=pairs, with_prefeatures=True, with_prev_chunk_hidden=True,
+                       source_layers=tuple(source_layers), verify=verify, check_tensors=check_tensors)
+
+
 def v4_pair_batches(
     dataset_root: str | Path,
     *,
@@ -622,8 +633,7 @@ def v4_pair_batches(
     of `batch_size` items of one context length (`BucketBatchSampler`, seeded by `seed`, incomplete batches dropped),
     the same number of batches on every rank. env: the `distributed.DistEnv` (rank, world size, device).
     """
-    dataset = PairDataset(dataset_root, split=split, pairs=pairs, with_prefeatures=True, with_prev_chunk_hidden=True,
-                          source_layers=tuple(source_layers), verify=verify)
+    dataset = v4_pair_dataset(dataset_root, split=split, pairs=pairs, source_layers=source_layers, verify=verify)
     context_timestep = float(config_field(read_dataset_config(dataset_root), "context_timestep", dataset_root))
     sampler = BucketBatchSampler(dataset.n_ctx_list(), batch_size, num_replicas=env.world_size, rank=env.rank,
                                  seed=seed, drop_last=True)

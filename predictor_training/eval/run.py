@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.checkpoint import (
+    check_weights_file,
     load_model_weights,
     read_inference_config,
     read_inference_metadata,
@@ -245,6 +246,8 @@ def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: to
     dtype, labels) and logs the chosen dtypes first. A ValueError or FileNotFoundError here is a problem with the
     flags (the tool reports it as a usage error)."""
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt])
+    for ckpt in checkpoints:
+        check_weights_file(ckpt.path)  # readable, finite, its checksum: refused before the eval directory exists
     check_schedule_fits(checkpoints, args.schedule)
     dtype, dtype_reason = resolve_dtype(args.dtype, [ckpt.meta for ckpt in checkpoints], device)
     if args.vae_dtype == "auto":

@@ -21,6 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -185,16 +186,18 @@ def check_resume_belongs(resume: Path, saved: dict, run_dir: Path) -> None:
                                "to branch from it")
 
 
-def check_output_folder(run_dir: Path, args: argparse.Namespace) -> None:
-    """The run directory can be written and is no input folder (nor inside one): refused before anything exists."""
+def check_output_folder(run_dir: Path, args: argparse.Namespace, inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """The run directory can be written and is no input folder (nor inside one: the flags' `INPUT_FOLDER_FLAGS`
+    and `inputs`, (what, folder) pairs such as a Teacher found in the dataset's config): refused before anything
+    exists."""
     run_dir = Path(run_dir)
     flag = "--output_dir" if args.output_dir is not None else "--output_root"
     resolved = run_dir.resolve()
-    for input_flag in INPUT_FOLDER_FLAGS:
-        folder = getattr(args, input_flag, None)
+    folders = [(f"--{name}", getattr(args, name, None)) for name in INPUT_FOLDER_FLAGS] + list(inputs)
+    for what, folder in folders:
         if folder is not None and Path(folder).is_dir() and resolved.is_relative_to(Path(folder).resolve()):
-            raise UserInputError(f"{flag} {run_dir}: inside --{input_flag} {folder}; expected an output folder "
-                                 "outside every input folder")
+            raise UserInputError(f"{flag} {run_dir}: inside {what} {folder}; expected an output folder outside "
+                                 "every input folder")
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -205,7 +208,8 @@ def check_output_folder(run_dir: Path, args: argparse.Namespace) -> None:
                              "folder")
 
 
-def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dict | None = None) -> RunStart:
+def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dict | None = None,
+                   inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
     """Decide what this launch does in `run_dir` (reads only the saved state's small fields, memory-mapped, and
     checks its weights are finite). `meta`: what this run's checkpoints must record (`checkpoint_meta`); a
     checkpoint saved with other values is refused here, before anything is created.
@@ -213,7 +217,7 @@ def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dic
     Raises RunConflictError when `run_dir` holds a run saved with other settings, naming each differing flag, or
     when --resume names another run's checkpoint."""
     run_dir = Path(run_dir)
-    check_output_folder(run_dir, args)
+    check_output_folder(run_dir, args, inputs)
     stop_step = args.max_steps if args.stop_at_step == -1 else args.stop_at_step
     if args.resume is not None:
         saved = read_training_summary(args.resume, expect=meta)
@@ -236,16 +240,18 @@ def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dic
     return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step)
 
 
-def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=run_name) -> RunStart:
+def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=run_name,
+             inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
     """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
     Predictor recipes' `run_name` or the methods' `method_run_name`, with the world it will train in), find its
     directory, and decide fresh / resume / continue / finished. `meta`: what the run's checkpoints record (a
-    checkpoint to resume or continue must match it). A directory holding a run with other settings, another run's
+    checkpoint to resume or continue must match it); `inputs`: (what, folder) of input folders the flags do not
+    name (e.g. the Teacher a dataset records), which the run directory may not lie in. A directory holding a run with other settings, another run's
     checkpoint, a damaged or mismatched one, or an output folder that cannot be used raise `UserInputError` (one
     line, exit code 2 through `errors.command`), in the launcher's --print_run_dir dry run too."""
     world_size, device_type = launch_world(args.backend)
     name = naming(args, world_size=world_size, device_type=device_type, subset=subset)
-    return plan_run_start(args, run_dir_for(args, name), name, meta)
+    return plan_run_start(args, run_dir_for(args, name), name, meta, inputs)
 
 
 def report_run_start(start: RunStart) -> int:
