@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, DamagedTrainingStateError, read_training_summary
+from predictor_training.runtime.cpu_threads import cpu_kind
 from predictor_training.runtime.distributed import resolve_backend
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_json_atomic
@@ -296,12 +297,14 @@ def write_train_config(run_dir: Path, config: dict) -> None:
     write_json_atomic(Path(run_dir) / TRAIN_CONFIG_NAME, config)
 
 
-def environment_summary() -> dict[str, str]:
-    """torch version, CUDA devices and OMP threads, for train_config.json."""
+def environment_summary() -> dict:
+    """torch version, CUDA devices, OMP threads and the CPU kind (`cpu_threads.cpu_kind`: what decides the bits of
+    CPU results, so a baseline comparison knows where a run was made), for train_config.json."""
     return {
         "torch": torch.__version__,
         "cuda_devices": str(torch.cuda.device_count() if torch.cuda.is_available() else 0),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+        "cpu_kind": cpu_kind(),
     }
 
 
