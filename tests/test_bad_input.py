@@ -102,12 +102,25 @@ def refuse(capsys, command: str, argv: list[str], names: str, world: dict) -> st
     """Run `command`'s main(argv) in-process: one line naming `names`, exit code 2, nothing changed on disk."""
     before = snapshot(world["root"])
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        MAINS[command]([str(arg) for arg in argv])
+    try:
+        with pytest.raises(SystemExit) as exited:
+            MAINS[command]([str(arg) for arg in argv])
+    finally:
+        created = empty_outputs(world)
     out, err = capsys.readouterr()
     line = assert_one_line(exited.value.code, out, err, names)
+    assert not created, f"{command} {argv}: created {created}"
     assert snapshot(world["root"]) == before, f"{command} {argv}: files changed"
     return line
+
+
+def empty_outputs(world: dict) -> list[str]:
+    """What a case created in the outputs folder, which is then emptied (so that a case that fails here does not
+    hide, or fail, the next ones)."""
+    created = sorted(str(path.relative_to(world["out"])) for path in world["out"].rglob("*"))
+    shutil.rmtree(world["out"])
+    world["out"].mkdir()
+    return created
 
 
 def run_subprocess(argv: list, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -384,10 +397,11 @@ def rollout(w, *extra, init=None) -> list:
 
 
 ROLLOUT_CASES = {
-    "init_from_nan_weights": (lambda w: rollout(w, init=w["bad"] / "nan_step_00002.safetensors"),
-                              lambda w: "nan_step_00002.safetensors"),
-    "init_from_tampered_weights": (lambda w: rollout(w, init=w["bad"] / "tampered_step_00002.safetensors"),
-                                   lambda w: "sha256"),
+    "init_from_nan_weights": (lambda w: rollout(w, "--source_blocks", "0,1",
+                                                init=w["bad"] / "nan_step_00002.safetensors"), lambda w: "NaN/Inf"),
+    "init_from_tampered_weights": (lambda w: rollout(w, "--source_blocks", "0,1",
+                                                     init=w["bad"] / "tampered_step_00002.safetensors"),
+                                   lambda w: TENSORS_SHA256_KEY),
     "init_from_truncated_safetensors": (lambda w: rollout(w, init=w["bad"] / "truncated.safetensors"),
                                         lambda w: "truncated.safetensors"),
     "init_from_empty_safetensors": (lambda w: rollout(w, init=w["bad"] / "empty.safetensors"),
@@ -482,7 +496,7 @@ TOOL_CASES = {
     "eval_ckpt_nan_weights": ("eval_predictor", lambda w: evaluate(w, ckpt=w["bad"] / "nan_step_00002.safetensors"),
                               lambda w: "NaN/Inf"),
     "eval_ckpt_tampered": ("eval_predictor", lambda w: evaluate(w, ckpt=w["bad"] / "tampered_step_00002.safetensors"),
-                           lambda w: "sha256"),
+                           lambda w: TENSORS_SHA256_KEY),
     "eval_ckpt_truncated": ("eval_predictor", lambda w: evaluate(w, ckpt=w["bad"] / "truncated.safetensors"),
                             lambda w: "truncated.safetensors"),
     "eval_ckpt_empty": ("eval_predictor", lambda w: evaluate(w, ckpt=w["bad"] / "empty.safetensors"),
@@ -709,8 +723,9 @@ def test_as_the_user_runs_it(case, world):
     argv, env, names = SUBPROCESS_CASES[case]
     before = snapshot(world["root"])
     result = run_subprocess(argv(world), env)
+    created = empty_outputs(world)
     assert_one_line(result.returncode, result.stdout, result.stderr, names(world))
-    assert snapshot(world["root"]) == before
+    assert not created and snapshot(world["root"]) == before, created
 
 
 @pytest.mark.slow
