@@ -753,3 +753,15 @@ def test_an_inference_file_carries_the_checksum_of_its_tensors(world):
         assert all(torch.equal(loaded[name], tensors[name]) for name in tensors)
     finally:
         old.unlink()
+
+
+def test_a_caption_cut_at_the_token_limit_is_named(capsys):
+    """A caption that fills every text token was cut there: one warning naming the case (the encoders' tokenizer
+    keeps at most its max length, as upstream); a shorter one says nothing."""
+    from predictor_training.data.encoders import warn_if_caption_truncated
+
+    warn_if_caption_truncated({"prompt_mask": torch.ones(1, 8, dtype=torch.long)}, "case 'c007'", "x" * 10**6)
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("warning: case 'c007'") and "1000000 characters" in warning and "8 text tokens" in warning
+    warn_if_caption_truncated({"prompt_mask": torch.tensor([[1, 1, 0, 0]])}, "case 'c008'", "short")
+    assert capsys.readouterr().err == ""

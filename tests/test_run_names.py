@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -108,7 +109,8 @@ def test_print_run_dir_names_the_run_without_training(dataset_root, tmp_path, ca
     # The dataset here is only its (empty) config: leave out the dry run's checks of the dataset and its Teacher.
     monkeypatch.setattr(train_predictor_v4, "check_data", lambda args: None)
     monkeypatch.setattr(train_predictor_v4, "check_source_blocks", lambda blocks, source: None)
-    monkeypatch.setattr(train_predictor_v4, "resolve_teacher_source", lambda *args: None)
+    monkeypatch.setattr(train_predictor_v4, "resolve_teacher_source",
+                        lambda *args: SimpleNamespace(origin="--teacher", folder=tmp_path / "teacher"))
     flags = ["--dataset_root", str(dataset_root), "--output_root", str(tmp_path / "runs"), "--fusion_lr", "5e-4",
              "--max_steps", "12", "--scheduler_warmup_steps", "2", "--block_warmup_steps", "2", "--backend", "gloo"]
     assert train_predictor_v4.main([*flags, "--print_run_dir"]) == 0
