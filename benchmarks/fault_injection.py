@@ -94,7 +94,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
 
 def commands(work: Path, inputs: dict[str, Path]) -> dict[str, Command]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    offline = ["--source_blocks", "1,10", "--precision", "fp32", "--max_steps", "12", "--scheduler_warmup_steps", "2",
+    offline = ["--source_blocks", "1,2", "--precision", "fp32", "--max_steps", "12", "--scheduler_warmup_steps", "2",
                "--block_warmup_steps", "2", "--batch_size", "2", "--ckpt_every", "3", "--keep_last", "-1",
                "--tracker", "none", "--num_workers", "0", "--no_progress", "--backend", "gloo"]
     launcher_env = {"NPROC_PER_NODE": "2", "DATASET_ROOT": str(inputs["dataset"])}

@@ -20,12 +20,11 @@ import json
 import sys
 from pathlib import Path
 
-import safetensors.torch
 import torch
 
 from predictor_training.runtime.checkpoint import read_training_state
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
-from predictor_training.runtime.io import atomic_write
+from predictor_training.runtime.io import atomic_write, save_safetensors
 from predictor_training.runtime.sharded_checkpoint import (
     SHARDED_SUFFIX,
     read_sharded_state,
@@ -89,7 +88,7 @@ def main(argv=None) -> int:
                for name, tensor in model.items()}
     header = {"format": "predictor_training.consolidated_sharded_checkpoint", "source": str(folder),
               "dtype": args.dtype, "meta": json.dumps(metadata, sort_keys=True)}
-    atomic_write(args.out, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=header))
+    atomic_write(args.out, lambda tmp: save_safetensors(tensors, tmp, header))
     count = sum(tensor.numel() for tensor in tensors.values())
     print(f"wrote {args.out}: role {role!r}, {len(tensors)} tensors, {count:,} values in {args.dtype}, from {folder}")
     return 0

@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import safetensors.torch
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from predictor_training.runtime.distributed import all_gather_objects, barrier, current_rank, unwrap_model
 from predictor_training.runtime.errors import MissingFileError, UserInputError
-from predictor_training.runtime.io import atomic_write, load_safetensors, open_safetensors
+from predictor_training.runtime.io import atomic_write, load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.io import redact_secrets
 from predictor_training.runtime.roles import module_is_fsdp
 from predictor_training.runtime.sharded_checkpoint import (
@@ -581,7 +580,7 @@ def save_inference_weights(
         "meta": json.dumps(_json_plain(metadata or {}, "inference metadata")),
         "config": json.dumps(_json_plain(redact_secrets(config or {}), "inference config")),
     }
-    return atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=file_metadata))
+    return atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, file_metadata))
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:

@@ -146,6 +146,24 @@ def damaged_safetensors(path: str | os.PathLike, error: Exception) -> UserInputE
                           "file")
 
 
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """`safetensors.torch.save_file`, with the header's metadata in sorted key order: the same tensors and metadata
+    give the same bytes in every process (safetensors keeps the metadata in a hash map whose order changes from
+    process to process). The header is rewritten in place; reordering keeps its length."""
+    safetensors.torch.save_file(tensors, str(path), metadata=metadata)
+    if not metadata:
+        return
+    with open(path, "r+b") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) > length:
+            raise RuntimeError(f"{path}: the sorted safetensors header is longer than the written one")
+        handle.seek(8)
+        handle.write(text + b" " * (length - len(text)))
+
+
 def open_safetensors(path: str | os.PathLike, *, device: str = "cpu"):
     """`safetensors.safe_open(path, framework="pt")` (a context manager), a damaged file reported by name."""
     try:

@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import peft
-import safetensors.torch
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.functional import delete_adapter
@@ -68,7 +67,7 @@ from torch import Tensor, nn
 
 from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import atomic_write
-from predictor_training.runtime.io import load_safetensors, open_safetensors
+from predictor_training.runtime.io import load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.state_dicts import StateDictMismatchError, mismatch_report
 from predictor_training.teacher.loading import read_checkpoint
 from predictor_training.teacher.model import WorldPlayTransformer
@@ -456,7 +455,7 @@ def save_lora(
         "metadata": json.dumps(dict(metadata or {}), sort_keys=True, allow_nan=False),
     }
     tensors = lora_state_dict(teacher, name)
-    return atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=header))
+    return atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, header))
 
 
 def read_lora_header(path: str | os.PathLike) -> dict:
