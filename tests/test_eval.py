@@ -322,11 +322,11 @@ def test_rerun_skips_finished_videos_and_refuses_other_settings(world, fppp_run)
     rerun = _cli(world, fppp_run["out"], "--replace_steps", "1,2,3", "--num_side_by_side", "1")
     assert rerun.returncode == 0 and "0 videos computed, 2 already finished" in rerun.stdout, rerun.stderr
     assert [path.stat().st_mtime_ns for path in videos] == stamps
-    # same directory, other numbers-changing settings: refused (a run error: message, exit 1), nothing overwritten
+    # same directory, other numbers-changing settings: refused (one line, exit 2), nothing overwritten
     refused = _cli(world, fppp_run["out"], "--replace_steps", "1,2", "--run_name", fppp_run["run_dir"].name)
     last = refused.stderr.splitlines()[-1]
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
-    assert last.startswith("eval_predictor: error: ") and "other settings" in last
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert last.startswith("eval_predictor.py: error: ") and "other settings" in last
     assert [path.stat().st_mtime_ns for path in videos] == stamps
 
 
