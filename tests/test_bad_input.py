@@ -48,7 +48,7 @@ from predictor_training.runtime.checkpoint import TENSORS_SHA256_KEY, load_state
 from predictor_training.runtime.errors import DEBUG_ENV
 from predictor_training.runtime.flags import FLAG_RULES
 from tests.method_world import write_method_world
-from tests.test_eval import _write_world as write_eval_world
+from tests.eval_world import write_eval_world
 from tests.test_offline_training import train_args, write_tiny_dataset
 from tests.test_rollout_training import write_rollout_setup
 
