@@ -276,6 +276,8 @@ def test_front_mixes_in_mse_and_margins_are_signed():
     assert margin.value == pytest.approx(1.0) and "cheap" in where
     below = FrontRow("P", 0.75, np.array([21.0, 21.0]))
     assert margin_over_front(below, [cheap, dear], weights)[0].value < 0
+    faster = margin_over_front(FrontRow("P", 0.4, np.array([21.0, 21.0])), [cheap, dear], weights)
+    assert math.isnan(faster[0].value) and faster[1].startswith("none")
     assert pareto_rows([0.5, 1.0, 0.9, 0.75], [20.0, 40.0, 19.0, 30.0]) == [True, True, False, True]
 
 
@@ -372,3 +374,20 @@ def test_row_spec_is_plain_data():
     assert LeaderboardRows([spec]).record() == [{"key": "k", "family": "sampler", "plan": "F-R-R-R", "display": "d",
                                                  "panel": "p", "checkpoint": None, "context_mode": "exact",
                                                  "adaptive": None}]
+
+
+def test_short_labels_name_the_experiment_and_step_and_only_disambiguate_repeats():
+    from pathlib import Path
+
+    from predictor_training.eval.leaderboard import short_labels
+    from predictor_training.eval.methods import PredictorCheckpoint
+
+    def ckpt(experiment, step, blocks):
+        return PredictorCheckpoint(Path("x"), "run", step, {"variant": "v4", "source_blocks": blocks}, {"variant": "v4"},
+                                   {"experiment": experiment})
+
+    checkpoints = [ckpt("predictor_v4_prefeature_demo", 240, [1, 10]), ckpt("predictor_v4_rollout_frrp_demo", 480,
+                   [1, 10]), ckpt("predictor_v4_rollout_frrp_demo", 480, [10, 11]), ckpt("x", 5, [0, 1]),
+                   ckpt("x", 5, [0, 1])]
+    assert short_labels(checkpoints) == ["v4_prefeature_s240", "v4_rollout_frrp_s480_b1-10",
+                                         "v4_rollout_frrp_s480_b10-11", "x_s5_b0-1_1", "x_s5_b0-1_2"]

@@ -17,6 +17,7 @@ another only when the interval of the difference excludes 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -109,7 +110,10 @@ def front_at(cost: float, rows: Sequence[FrontRow], weights: np.ndarray) -> tupl
 
 
 def describe_front_point(names: Sequence[str]) -> str:
-    """'sampler_1step_frrr' or '0.450 x sampler_1step_frrr + 0.550 x sampler_2step_frrf' (chunk shares)."""
+    """'sampler_1step_frrr' or '0.450 x sampler_1step_frrr + 0.550 x sampler_2step_frrf' (chunk shares); 'none'
+    where no baseline is that cheap."""
+    if not names:
+        return "none (cheaper than every baseline)"
     if len(names) == 1:
         return names[0]
     lam = float(names[2])
@@ -148,6 +152,8 @@ class Estimate:
         return {"value": self.value, "low": self.low, "high": self.high}
 
     def format(self, digits: int = 2) -> str:
+        if math.isnan(self.value):
+            return "–"
         return f"{self.value:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
 
 
@@ -155,6 +161,8 @@ def margin_over_front(row: FrontRow, baselines: Sequence[FrontRow], weights: np.
     """The row's quality minus the baselines' front at its own cost (with interval), and what the front is made of
     there. Baselines exclude the row itself."""
     front, names = front_at(row.cost, [base for base in baselines if base.name != row.name], weights)
+    if not names:  # no baseline is this cheap: the front is not defined here
+        return Estimate(math.nan, math.nan, math.nan), describe_front_point(names)
     return Estimate.from_samples(weighted_mean(weights, row.psnr) - front), describe_front_point(names)
 
 

@@ -207,6 +207,25 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
     return rows
 
 
+def short_labels(checkpoints) -> list[str]:
+    """A short row label per checkpoint: its run's experiment without the 'predictor_' / '_demo' decoration, then
+    '_s<step>' ('v4_rollout_frrp_s480'); '_b<a>-<b>' (source blocks) and then a counter are added only where labels
+    would repeat."""
+    def base(ckpt) -> str:
+        experiment = str(ckpt.run_flags.get("experiment") or ckpt.meta.get("recipe") or ckpt.variant)
+        return f"{experiment.removeprefix('predictor_').removesuffix('_demo')}_s{ckpt.step}"
+
+    labels = [base(ckpt) for ckpt in checkpoints]
+    labels = [label if labels.count(label) == 1 else f"{label}_b{'-'.join(map(str, ckpt.meta['source_blocks']))}"
+              for label, ckpt in zip(labels, checkpoints)]
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if labels.count(label) == 1 else f"{label}_{seen[label]}")
+    return out
+
+
 def build_method(spec: RowSpec, teacher, predictors: dict) -> Method:
     """The method of one row (Predictor modules shared between rows: `predictors` {label: (Predictor, ckpt)})."""
     if spec.family == "reference":
