@@ -69,4 +69,9 @@ if [[ -n "${offline_dir:-}" ]]; then
     echo "  ${PYTHON} tools/eval_predictor.py --demo ${DEMO_ROOT}/assets --split ${split} --lpips_random_backbone" \
          "--ckpt ${offline_dir}/training_latest.pt --ckpt ${RUN_DIR}/training_latest.pt"
   done
+  echo "[launch] Where they land against what you could run instead (fewer Teacher steps, training-free caches), at"
+  echo "[launch] matched cost with intervals (docs/leaderboard.md; the samplers and one mixture: about 20 min on 2 cores):"
+  echo "  ${PYTHON} tools/leaderboard.py --demo ${DEMO_ROOT}/assets --split holdout25 --lpips_random_backbone" \
+       "--samplers 1,2 --caches '' --predictor_plans trained,F-R-R-P" \
+       "--ckpt ${offline_dir}/training_latest.pt --ckpt ${RUN_DIR}/training_latest.pt"
 fi
