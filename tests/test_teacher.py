@@ -445,13 +445,32 @@ def test_recomputed_context_releases_rebuilds_once_and_hands_layers_over():
     for index in range(3):  # the forward
         assert context.layer(index).stacked()[0] is original.layer(index).k
     context.release()
-    assert context._kv is None and not rebuilds
+    assert context._store.kv is None and not rebuilds
     for index in reversed(range(3)):  # the backward's recomputes, last block first
         k, v = context.layer(index).stacked()
         assert torch.equal(k, original.layer(index).k) and torch.equal(v, original.layer(index).v)
     assert len(rebuilds) == 1 and context.rebuilds == 1
-    assert all(layer is None for layer in context._kv)  # nothing kept after the backward
+    assert all(layer is None for layer in context._store.kv)  # nothing kept after the backward
     assert torch.equal(context.layer(1).stacked()[1], original.layer(1).v) and context.rebuilds == 2
+
+
+def test_a_dropped_recomputed_context_frees_its_kv_without_the_garbage_collector():
+    """A RecomputedContextKV its last holder drops frees its K/V at once (no reference cycle between the object and
+    its layer handles): at the real config a context is GiBs that would otherwise wait for a collection."""
+    import gc
+    import weakref
+
+    k = torch.randn(2, 2, 6, 8)
+    context = RecomputedContextKV(ContextKV([LayerContextKV(k, torch.randn(2, 2, 6, 8))], 1), rebuild=lambda: None)
+    alive = weakref.ref(k)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del k, context
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def test_cache_containers_stack_select_and_move():

@@ -50,7 +50,7 @@ from predictor_training.eval.leaderboard import (
     build_rows,
     calibrate_adaptive,
     front_keys,
-    short_labels,
+    with_short_labels,
     write_front_side_by_side,
     write_leaderboard,
 )
@@ -234,9 +234,7 @@ def main(argv=None) -> int:
     try:
         # 1. Checkpoints, rows, the eval's settings.
         try:
-            checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt])
-            checkpoints = [dataclasses.replace(ckpt, label=label, panel=label)
-                           for ckpt, label in zip(checkpoints, short_labels(checkpoints))]
+            checkpoints = with_short_labels(label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt]))
             specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
                                caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
                                predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)

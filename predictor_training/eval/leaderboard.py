@@ -30,7 +30,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Sequence
@@ -207,6 +207,11 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
     return rows
 
 
+def with_short_labels(checkpoints: list) -> list:
+    """The checkpoints with their `short_labels` as label and panel."""
+    return [replace(ckpt, label=label, panel=label) for ckpt, label in zip(checkpoints, short_labels(checkpoints))]
+
+
 def short_labels(checkpoints) -> list[str]:
     """A short row label per checkpoint: its run's experiment without the 'predictor_' / '_demo' decoration, then
     '_s<step>' ('v4_rollout_frrp_s480'); '_b<a>-<b>' (source blocks) and then a counter are added only where labels
@@ -260,6 +265,9 @@ class LeaderboardRows(MethodRows):
 
     def build(self, teacher, predictors: dict) -> list[Method]:
         return [build_method(spec, teacher, predictors) for spec in self.specs]
+
+    def label(self, checkpoints: list) -> list:
+        return with_short_labels(checkpoints)
 
 
 # =============================================================================================================

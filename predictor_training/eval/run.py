@@ -434,6 +434,10 @@ class MethodRows:
     def build(self, teacher: WorldPlayTransformer, predictors: dict) -> list[Method]:
         raise NotImplementedError
 
+    def label(self, checkpoints: list[PredictorCheckpoint]) -> list[PredictorCheckpoint]:
+        """The checkpoints relabelled as `build` names them (default: the labels of `label_checkpoints`)."""
+        return checkpoints
+
 
 def classic_methods(teacher: WorldPlayTransformer, predictors: dict, context_modes: Sequence[str]) -> list[Method]:
     """reference, reuse_velocity, reuse_hidden, every Predictor; then the reference and the Predictors once more per
@@ -451,6 +455,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
     device = env.device
     # 1. Checkpoints (metadata), precision, output directory, LPIPS.
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
+    if rows is not None:
+        checkpoints = rows.label(checkpoints)
     check_schedule_fits(checkpoints, settings.schedule)
     context_modes = parse_context_modes(settings.context_modes)
     run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes)

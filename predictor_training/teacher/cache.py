@@ -163,28 +163,22 @@ class RecomputedContextKV(ContextKV):
     """
 
     def __init__(self, context: ContextKV, rebuild: Callable[[], ContextKV]):
-        super().__init__([_RecomputedLayer(self, index) for index in range(context.num_layers)], context.num_frames)
-        self._kv: list[LayerContextKV | None] | None = list(context.layers)
-        self._rebuild = rebuild
-        self._rebuilt = False
-        self.rebuilds = 0
+        store = _RecomputedStore(list(context.layers), context.num_frames, rebuild)
+        # The handles hold the store, not this object: no reference cycle, so a context dropped by its last holder
+        # frees its K/V at once instead of at the next garbage collection.
+        super().__init__([_RecomputedLayer(store, index) for index in range(context.num_layers)], context.num_frames)
+        self._store = store
+
+    @property
+    def rebuilds(self) -> int:
+        return self._store.rebuilds
 
     def release(self) -> None:
         """Drop the K/V (references held elsewhere, e.g. by a graph, stay alive)."""
-        self._kv = None
+        self._store.kv = None
 
     def layer_kv(self, index: int) -> LayerContextKV:
-        if self._kv is None or self._kv[index] is None:
-            rebuilt = self._rebuild()
-            if rebuilt.num_layers != self.num_layers or rebuilt.num_frames != self.num_frames:
-                raise RuntimeError(f"the rebuilt context has {rebuilt.num_layers} layers of {rebuilt.num_frames} "
-                                   f"frames, the released one {self.num_layers} of {self.num_frames}")
-            self._kv, self._rebuilt = list(rebuilt.layers), True
-            self.rebuilds += 1
-        layer = self._kv[index]
-        if self._rebuilt:
-            self._kv[index] = None
-        return layer
+        return self._store.layer_kv(index)
 
     def to(self, device=None, dtype=None) -> ContextKV:
         return ContextKV([self.layer_kv(i).to(device, dtype) for i in range(self.num_layers)], self.num_frames)
@@ -193,14 +187,38 @@ class RecomputedContextKV(ContextKV):
         return ContextKV([self.layer_kv(i) for i in layers], self.num_frames)
 
 
+class _RecomputedStore:
+    """The K/V of a `RecomputedContextKV` and how to rebuild them (see there)."""
+
+    def __init__(self, kv: list[LayerContextKV], num_frames: int, rebuild: Callable[[], ContextKV]):
+        self.kv: list[LayerContextKV | None] | None = kv
+        self.num_layers, self.num_frames = len(kv), num_frames
+        self.rebuild = rebuild
+        self.rebuilt = False
+        self.rebuilds = 0
+
+    def layer_kv(self, index: int) -> LayerContextKV:
+        if self.kv is None or self.kv[index] is None:
+            rebuilt = self.rebuild()
+            if rebuilt.num_layers != self.num_layers or rebuilt.num_frames != self.num_frames:
+                raise RuntimeError(f"the rebuilt context has {rebuilt.num_layers} layers of {rebuilt.num_frames} "
+                                   f"frames, the released one {self.num_layers} of {self.num_frames}")
+            self.kv, self.rebuilt = list(rebuilt.layers), True
+            self.rebuilds += 1
+        layer = self.kv[index]
+        if self.rebuilt:
+            self.kv[index] = None
+        return layer
+
+
 class _RecomputedLayer:
     """One layer of a `RecomputedContextKV`: holds no tensor, so a checkpoint that keeps it keeps no K/V."""
 
-    def __init__(self, owner: RecomputedContextKV, index: int):
-        self.owner, self.index = owner, index
+    def __init__(self, store: _RecomputedStore, index: int):
+        self.store, self.index = store, index
 
     def stacked(self) -> tuple[Tensor, Tensor]:
-        return self.owner.layer_kv(self.index).stacked()
+        return self.store.layer_kv(self.index).stacked()
 
 
 @dataclass
