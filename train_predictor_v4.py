@@ -78,7 +78,7 @@ def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentPar
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
     add_run_args(parser, experiment=experiment, precision="fp32master", ckpt_every=100, keep_last=20,
-                 log_every=1, seed=0)
+                 log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
     return parser

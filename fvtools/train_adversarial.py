@@ -166,7 +166,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="lazy R1: applied on every N-th discriminator update (the first included), weighted by N "
                           "(default %(default)s)")
     add_run_args(parser, experiment="predictor_v4_adversarial", precision="fp32master", ckpt_every=100,
-                 keep_last=20, log_every=1, seed=0)
+                 keep_last=20, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
     args = parse_recipe_args(parser, argv, PRESETS)

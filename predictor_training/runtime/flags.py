@@ -306,7 +306,9 @@ def add_run_args(
                        help="<role>_step_*.safetensors files kept per role (oldest pruned); -1 = keep all "
                             "(default %(default)s)")
     group.add_argument("--log_every", type=int, default=log_every,
-                       help="write a train_log.jsonl record every N steps (default %(default)s)")
+                       help="print a step's full metrics row on the console every N steps (and at the last and every "
+                            "validated step); the progress bar shows loss, LR and s/step every step, and "
+                            "train_log.jsonl (and the tracker) records every step (default %(default)s)")
     group.add_argument("--seed", type=int, default=seed,
                        help="seed of the data order and the per-rank RNG streams (default %(default)s)")
     group.add_argument("--precision", choices=PRECISIONS, default=precision,
