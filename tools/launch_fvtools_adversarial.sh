@@ -30,7 +30,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 SCRIPT=fvtools/train_adversarial.py
 FLAG_VARIABLES+=(ADV_WEIGHT ADV_WARMUP_STEPS DISCRIMINATOR_LR DISCRIMINATOR_EVERY R1_WEIGHT R1_EVERY REPLACE_STEPS)
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

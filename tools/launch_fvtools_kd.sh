@@ -27,7 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 SCRIPT=fvtools/train_kd.py
 FLAG_VARIABLES=("${METHOD_FLAG_VARIABLES[@]}")
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if [[ -z "${CACHE_ROOT:-}" ]] && (( NUM_GPUS == 0 )); then
   echo "[launch] no GPU and no CACHE_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

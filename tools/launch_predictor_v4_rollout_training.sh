@@ -26,7 +26,7 @@ SCRIPT=train_predictor_v4_rollout.py
 # tools/launch_predictor_v4_rollout_overfit8_training.sh sets RECIPE_PRESET=overfit8.
 recipe_preset="${RECIPE_PRESET:-}"
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"
