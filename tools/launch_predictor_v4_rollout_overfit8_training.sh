@@ -8,7 +8,7 @@
 #   bash tools/launch_predictor_v4_rollout_overfit8_training.sh    # CPU demo: --preset overfit8_demo (16 steps)
 #
 # Run name, e.g.:
-#   predictor_v4_rollout_fppp_blocks1-52_overfit8_seed20260721_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup8_bwarmup8_notracker
+#   predictor_v4_rollout_fppp_blocks1-52_overfit8_seed20260721_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup8_bwarmup8_swanlab
 # Everything else (DATASET_ROOT, INIT_FROM, the CPU demo, flags, environment) is the main launcher's:
 # tools/launch_predictor_v4_rollout_training.sh.
 set -euo pipefail

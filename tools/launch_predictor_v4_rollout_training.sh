@@ -9,7 +9,7 @@
 #
 # A fresh run starts from --init_from / INIT_FROM (model weights of an offline v4 run; required outside the demo).
 # RUN_DIR defaults to <--output_root>/<run name>, computed by train_predictor_v4_rollout.py from the flags, e.g.
-#   predictor_v4_rollout_fppp_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_notracker
+#   predictor_v4_rollout_fppp_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_swanlab
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 #
 # The CPU demo (no GPU and no DATASET_ROOT) runs on the demo world (the shipped world Teacher and VAE, rendered
