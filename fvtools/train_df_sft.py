@@ -1,4 +1,4 @@
-"""Diffusion-forcing SFT of the AR world model: flow matching with one noise level per chunk (train.md § 4.1).
+"""Diffusion-forcing SFT of the AR world model: flow matching with one noise level per chunk (docs/methods/df_sft.md).
 
 Per micro-batch every rank takes one clip (video latents, or a Teacher F-F-F-F sample) and trains
 `--chunks_per_clip` of its chunks, each at its own noise level sigma drawn from `--sigma_sampler` inside
@@ -109,7 +109,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The df_sft recipe: every default below is the recipe (train.md § 4.1)."""
+    """The df_sft recipe: every default below is the recipe (docs/methods/df_sft.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,

@@ -1,4 +1,4 @@
-"""DMD2 distribution matching, with Self-Forcing rollouts, for an AR few-step generator (train.md § 4.3).
+"""DMD2 distribution matching, with Self-Forcing rollouts, for an AR few-step generator (docs/methods/dmd2.md).
 
 Roles. The *generator* (trained every `--generator_every` loop steps) makes one clip's chunks; the *fake score*
 (a critic, trained every step) learns the distribution of those chunks by flow matching; the *real score* (frozen)
@@ -109,7 +109,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The dmd2 recipe: every default below is the recipe (train.md § 4.3)."""
+    """The dmd2 recipe: every default below is the recipe (docs/methods/dmd2.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,

@@ -1,4 +1,4 @@
-"""Causal knowledge distillation: a few-step AR student from a many-step teacher's ODE states (train.md § 4.2).
+"""Causal knowledge distillation: a few-step AR student from a many-step teacher's ODE states (docs/methods/kd.md).
 
 The cache (`tools/build_ode_cache.py`) holds, per sample, the many-step teacher's AR rollout: every chunk's latents
 at the noise levels of the student's schedule and its final latents. Per micro-batch every rank takes one sample
@@ -90,7 +90,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The kd recipe: every default below is the recipe (train.md § 4.2)."""
+    """The kd recipe: every default below is the recipe (docs/methods/kd.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--cache_root", type=Path, default=None,

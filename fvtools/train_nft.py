@@ -1,4 +1,4 @@
-"""DiffusionNFT: reinforcement of the AR world model with named reward functions of decoded video (train.md § 4.5).
+"""DiffusionNFT: reinforcement of the AR world model with named reward functions of decoded video (docs/methods/nft.md).
 
 Roles. The policy trains (a LoRA on the Teacher, `--train lora`, or every parameter of a Teacher-shaped model,
 `--train full`, one process only). The old policy samples: a second LoRA adapter (or a frozen copy of the model),
@@ -102,7 +102,7 @@ def reward_weights(text: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The nft recipe: every default below is the recipe (train.md § 4.5)."""
+    """The nft recipe: every default below is the recipe (docs/methods/nft.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,

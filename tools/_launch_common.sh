@@ -2,7 +2,7 @@
 #
 # A launcher passes to its Python script only what the user set: positional arguments, the environment variables
 # below, and every extra flag, unchanged and last (so a flag always wins). All defaults, all validation and the
-# run name live in the Python script (train.md § Run names); the launcher asks it for the run directory first
+# run name live in the Python script (docs/launchers.md § Run names); the launcher asks it for the run directory first
 # (`--print_run_dir`), so torchrun's console log lands in that directory.
 #
 # Environment (all optional):
@@ -123,7 +123,7 @@ check_positional() {
 
 # ensure_demo_assets / ensure_demo_dataset / ensure_demo_video_latents: make what the CPU demo needs when missing.
 # The demo is the shipped demo world (tools/make_demo_assets.py --kind world: the trained world Teacher and VAE,
-# rendered scenes with ground truth; data.md "Demo world"). Completion markers are what the tools write last:
+# rendered scenes with ground truth; docs/demo_world.md). Completion markers are what the tools write last:
 # make_demo_assets.py moves its finished folder (with demo_config.json) into place in one rename; the dataset
 # builders write manifest.jsonl after every rank finished and then remove manifest_parts/. A half-built dataset is
 # resumed by rerunning the builder. Demo folders made by an older version (a random Teacher) are refused, not

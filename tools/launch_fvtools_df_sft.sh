@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Diffusion-forcing SFT of the AR world model with torchrun (fvtools/train_df_sft.py, train.md § 4.1).
+# Diffusion-forcing SFT of the AR world model with torchrun (fvtools/train_df_sft.py, docs/methods/df_sft.md).
 #
 #   bash tools/launch_fvtools_df_sft.sh [RUN_DIR] [RESUME] [fvtools/train_df_sft.py flags...]
 #

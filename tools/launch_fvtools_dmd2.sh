@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DMD2 distribution matching (+ Self-Forcing rollouts) of an AR few-step generator with torchrun
-# (fvtools/train_dmd2.py, train.md § 4.3).
+# (fvtools/train_dmd2.py, docs/methods/dmd2.md).
 #
 #   bash tools/launch_fvtools_dmd2.sh [RUN_DIR] [RESUME] [fvtools/train_dmd2.py flags...]
 #

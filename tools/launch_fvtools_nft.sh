@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DiffusionNFT of the AR world model with named rewards of decoded video, with torchrun (fvtools/train_nft.py,
-# train.md § 4.5).
+# docs/methods/nft.md).
 #
 #   bash tools/launch_fvtools_nft.sh [RUN_DIR] [RESUME] [fvtools/train_nft.py flags...]
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline disca Predictor training with torchrun (train.md § 1).
+# Offline disca Predictor training with torchrun (docs/offline.md).
 #
 #   bash tools/launch_predictor_disca_training.sh [RUN_DIR] [SOURCE_BLOCKS] [RESUME] [train_predictor_disca.py flags...]
 #

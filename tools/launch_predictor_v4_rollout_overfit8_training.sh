@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The overfit8 rollout check (train.md § overfit8): the rollout recipe with `--preset overfit8` - 8 fixed training
-# cases x their actions, chosen with seed 20260721, fusion warmup and block freeze of 8 steps. It separates "the
+# The overfit8 rollout check (docs/rollout.md § overfit8): the rollout recipe with `--preset overfit8` - 8 fixed
+# training cases x their actions, chosen with seed 20260721, fusion warmup and block freeze of 8 steps. It separates "the
 # learning rate is wrong" from "the gradient path or the model cannot learn": the full-epoch mean loss must fall
 # within a few epochs (8 GPUs, 32 trajectories: one epoch = 4 optimizer steps).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On-policy F-P-P-P self-rollout fine-tuning of the v4 Predictor with torchrun (train.md § 2).
+# On-policy F-P-P-P self-rollout fine-tuning of the v4 Predictor with torchrun (docs/rollout.md).
 #
 #   bash tools/launch_predictor_v4_rollout_training.sh [RUN_DIR] [RESUME] [train_predictor_v4_rollout.py flags...]
 #
@@ -13,7 +13,7 @@
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 #
 # The CPU demo (no GPU and no DATASET_ROOT) runs on the demo world (the shipped world Teacher and VAE, rendered
-# scenes with ground truth; data.md "Demo world") and makes what is missing, in order: the demo assets and dataset
+# scenes with ground truth; docs/demo_world.md) and makes what is missing, in order: the demo assets and dataset
 # ($DEMO_ROOT), the offline v4 demo run (tools/launch_predictor_v4_training.sh), then a short rollout run
 # (`--preset demo`) from that run's training_latest.pt. About 8 minutes on 2 CPU cores.
 #
@@ -60,7 +60,7 @@ args+=("${FLAGS_FROM_ENV[@]}")
 [[ -n "${POSITIONAL[1]:-}" ]] && args+=(--resume "${POSITIONAL[1]}")
 launch_recipe "${SCRIPT}" "${args[@]}" "${EXTRA_ARGS[@]}"
 if [[ -n "${offline_dir:-}" ]]; then
-  # What the demo made, and the eval that shows whether the rollout stage bought anything (train.md § 2, demo).
+  # What the demo made, and the eval that shows whether the rollout stage bought anything (docs/rollout.md).
   echo "[launch] demo finished."
   echo "[launch]   offline v4 run (the start): ${offline_dir}"
   echo "[launch]   rollout run:                ${RUN_DIR}"

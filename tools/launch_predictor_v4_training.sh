@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline v4 Predictor training with torchrun (train.md § 1).
+# Offline v4 Predictor training with torchrun (docs/offline.md).
 #
 #   bash tools/launch_predictor_v4_training.sh [RUN_DIR] [SOURCE_BLOCKS] [RESUME] [train_predictor_v4.py flags...]
 #
