@@ -1,4 +1,4 @@
-"""Offline teacher-forcing training of the disca Predictor: no context, no previous-chunk hidden (train.md § 1).
+"""Offline teacher-forcing training of the disca Predictor: no context, no previous-chunk hidden (docs/offline.md).
 
 disca: the two copied Teacher blocks see only the text K/V of their source layers; the fusion merges the current
 noisy input with the anchor hidden. Pairs 0-1, 1-2, 2-3 of chunks 1-7 (the user's 8400-pair set; `--include_chunk0`
@@ -11,7 +11,7 @@ Tiny CPU run (the demo dataset comes from `bash tools/launch_predictor_disca_tra
 
     python train_predictor_disca.py --preset demo --dataset_root demo_data/dataset --max_steps 20
 
-Real run (8 GPUs; the run directory is named from the flags, see train.md § Run names):
+Real run (8 GPUs; the run directory is named from the flags):
 
     DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_disca_training.sh
     DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_disca_training.sh "" 0,53

@@ -1,4 +1,4 @@
-"""Offline teacher-forcing training of the v4 Predictor on stored Teacher pairs (train.md § 1).
+"""Offline teacher-forcing training of the v4 Predictor on stored Teacher pairs (docs/offline.md).
 
 v4: the two copied Teacher blocks see the context K/V of their source layers (rebuilt from the stored pre-features
 by the frozen projector) and a third fusion stream, the previous chunk's hidden of the same step. Pairs 0-1, 1-2,
@@ -8,7 +8,7 @@ Tiny CPU run (the demo dataset comes from `bash tools/launch_predictor_v4_traini
 
     python train_predictor_v4.py --preset demo --dataset_root demo_data/dataset --max_steps 20
 
-Real run (8 GPUs; the run directory is named from the flags, see train.md § Run names):
+Real run (8 GPUs; the run directory is named from the flags):
 
     DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_v4_training.sh
     DATASET_ROOT=/data/predictor_v4 bash tools/launch_predictor_v4_training.sh --source_blocks 0,53 --fusion_lr 5e-4
@@ -67,7 +67,7 @@ PRESETS = {
 
 
 def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentParser:
-    """The offline recipe's flags (v4 and disca): every default below is the recipe (train.md § Configuration);
+    """The offline recipe's flags (v4 and disca): every default below is the recipe (docs/offline.md);
     `experiment` names the variant's runs."""
     parser = CommandParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
@@ -78,7 +78,7 @@ def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentPar
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
     add_run_args(parser, experiment=experiment, precision="fp32master", ckpt_every=100, keep_last=20,
-                 log_every=1, seed=0)
+                 log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
     return parser

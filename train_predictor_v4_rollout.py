@@ -1,4 +1,4 @@
-"""On-policy recursive self-rollout fine-tuning of the v4 Predictor, F-P-P-P by default (train.md § 2).
+"""On-policy recursive self-rollout fine-tuning of the v4 Predictor, F-P-P-P by default (docs/rollout.md).
 
 Stage 2 after offline teacher forcing: the Predictor starts from an offline v4 checkpoint (`--init_from`, model
 weights only; the optimizer and LR schedule start fresh) and learns on the states it visits itself. Per optimizer
@@ -85,7 +85,8 @@ VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
 
 # The demo trains at 5x the recipe's learning rates and on the velocity loss alone: with the recipe's hidden term
-# (0.1) held-out F-P-P-P fell below the offline start on new paths at either rate (train.md § 2, "The CPU demo").
+# (0.1) held-out F-P-P-P fell below the offline start on new paths at either rate
+# (benchmarks/results/2026-12-02-main-job-demo-world.md).
 _DEMO = ["--source_blocks", "1,10", "--precision", "fp32", "--fusion_lr", "5e-4", "--blocks_lr", "5e-5",
          "--hidden_weight", "0", "--max_steps", "96", "--scheduler_warmup_steps", "2",
          "--block_warmup_steps", "2", "--ckpt_every", "16", "--tracker", "none", "--num_workers", "0",
@@ -96,7 +97,7 @@ _FPPF = ["--replace_steps", "1,2", "--max_steps", "300"]
 PRESETS = {
     # The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker.
     "demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO],
-    # overfit8 (train.md § overfit8): 8 fixed cases x their actions, warmup and block freeze of 8 steps.
+    # overfit8 (docs/rollout.md § overfit8): 8 fixed cases x their actions, warmup and block freeze of 8 steps.
     "overfit8": _OVERFIT8,
     "overfit8_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, *_OVERFIT8,
                       "--max_steps", "16", "--ckpt_every", "8"],
@@ -108,7 +109,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The rollout recipe: every default below is the recipe (train.md § 2)."""
+    """The rollout recipe: every default below is the recipe (docs/rollout.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs=None, num_workers=2)
     rollout = parser.add_argument_group("rollout")
@@ -144,7 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
     add_run_args(parser, experiment="predictor_v4_rollout_{schedule}", precision="fp32master", ckpt_every=100,
-                 keep_last=20, log_every=1, seed=0)
+                 keep_last=20, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
     args = parse_recipe_args(parser, argv, PRESETS)

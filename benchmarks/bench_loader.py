@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 # Synthetic dataset
 # ---------------------------------------------------------------------------------------------------------------------
 def build_synthetic_dataset(folder: Path, args: argparse.Namespace) -> Path:
-    """Write a dataset in the data.md layout with the sizes of ``--teacher-preset`` (random tensors)."""
+    """Write a dataset in the docs/dataset.md layout with the sizes of ``--teacher-preset`` (random tensors)."""
 
     from predictor_training.teacher.config import preset_config
 

@@ -3,8 +3,8 @@
     python benchmarks/bench_tensor_checksums.py                    # tiny synthetic dataset in a temporary folder
     python benchmarks/bench_tensor_checksums.py --hidden 1024 --height 8 --width 12 --repeats 7
 
-Builds a tiny dataset in the data.md layout (``predictor_training/data/synthetic.py``, the writer the reader tests use, so the
-manifest carries a CRC-32 per tensor), warms the page cache with one untimed pass, then times full passes over every
+Builds a tiny dataset in the docs/dataset.md layout (``predictor_training/data/synthetic.py``, the writer the reader
+tests use, so the manifest carries a CRC-32 per tensor), warms the page cache with one untimed pass, then times full passes over every
 v4 pair item in alternating order. A pass is what the offline trainer's loader does without workers: the items of
 ``BucketBatchSampler`` batches (``--batch-size``) through ``PairDataset.__getitem__`` and ``collate_pairs``, so every
 byte read is also used once (safetensors maps the file, so an item that nobody touches costs almost nothing):

@@ -31,7 +31,7 @@ MEMORY_TARGETS_GIB = {"v4": 52.0, "disca": 25.0, "rollout": 48.0}
 TOLERANCE = 0.10
 
 
-# This code's memory cuts (train.md § Memory): each can be undone alone.
+# This code's memory cuts (docs/memory.md): each can be undone alone.
 CUTS = ("rms_norm_dtype", "attention_inputs", "rollout_context", "offline_prefeatures")
 
 

@@ -1,2 +1,2 @@
-"""Generic training methods over the WorldPlay model (train.md § 4): flat scripts `train_<method>.py`, each its
-recipe, run as `python fvtools/train_<method>.py` or through `tools/launch_fvtools_<method>.sh`."""
+"""Generic training methods over the WorldPlay model (docs/methods/overview.md): flat scripts `train_<method>.py`,
+each its recipe, run as `python fvtools/train_<method>.py` or through `tools/launch_fvtools_<method>.sh`."""

@@ -1,5 +1,5 @@
 """DisCa-style adversarial training of the v4 Predictor: its regression loss plus a conditional discriminator on
-hidden tokens (train.md § 4.4).
+hidden tokens (docs/methods/adversarial.md).
 
 Two roles, one loop (predictor_training/runtime/loop.py), one checkpoint holding both:
 
@@ -108,8 +108,8 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The adversarial recipe: every default below is the recipe (train.md § 4.4); the Predictor's are the v4
-    offline recipe's."""
+    """The adversarial recipe: every default below is the recipe (docs/methods/adversarial.md); the Predictor's are
+    the v4 offline recipe's."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     data = parser.add_argument_group("adversarial data")
@@ -166,7 +166,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="lazy R1: applied on every N-th discriminator update (the first included), weighted by N "
                           "(default %(default)s)")
     add_run_args(parser, experiment="predictor_v4_adversarial", precision="fp32master", ckpt_every=100,
-                 keep_last=20, log_every=1, seed=0)
+                 keep_last=20, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
     args = parse_recipe_args(parser, argv, PRESETS)

@@ -1,4 +1,4 @@
-"""Diffusion-forcing SFT of the AR world model: flow matching with one noise level per chunk (train.md § 4.1).
+"""Diffusion-forcing SFT of the AR world model: flow matching with one noise level per chunk (docs/methods/df_sft.md).
 
 Per micro-batch every rank takes one clip (video latents, or a Teacher F-F-F-F sample) and trains
 `--chunks_per_clip` of its chunks, each at its own noise level sigma drawn from `--sigma_sampler` inside
@@ -109,7 +109,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The df_sft recipe: every default below is the recipe (train.md § 4.1)."""
+    """The df_sft recipe: every default below is the recipe (docs/methods/df_sft.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,
@@ -138,7 +138,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                           gradient_checkpointing=True, context_grad=True)
     add_method_optimization_args(parser, lr=1e-4, max_steps=2000, warmup_steps=100, grad_accum=1, weight_decay=0.01,
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
-    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
+    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
     add_validation_args(parser, val_every=0, val_videos=2)
     args = parse_recipe_args(parser, argv, PRESETS)

@@ -1,4 +1,4 @@
-"""DMD2 distribution matching, with Self-Forcing rollouts, for an AR few-step generator (train.md § 4.3).
+"""DMD2 distribution matching, with Self-Forcing rollouts, for an AR few-step generator (docs/methods/dmd2.md).
 
 Roles. The *generator* (trained every `--generator_every` loop steps) makes one clip's chunks; the *fake score*
 (a critic, trained every step) learns the distribution of those chunks by flow matching; the *real score* (frozen)
@@ -109,7 +109,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The dmd2 recipe: every default below is the recipe (train.md § 4.3)."""
+    """The dmd2 recipe: every default below is the recipe (docs/methods/dmd2.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,
@@ -210,7 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                           gradient_checkpointing=True, context_grad=False)
     add_method_optimization_args(parser, lr=1e-5, max_steps=2000, warmup_steps=100, grad_accum=1, weight_decay=0.01,
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
-    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
+    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
     add_validation_args(parser, val_every=0, val_videos=2)
     # What the shared flags mean in this recipe (argparse has no public way to amend a help; _actions is read the

@@ -1,4 +1,4 @@
-"""Causal knowledge distillation: a few-step AR student from a many-step teacher's ODE states (train.md § 4.2).
+"""Causal knowledge distillation: a few-step AR student from a many-step teacher's ODE states (docs/methods/kd.md).
 
 The cache (`tools/build_ode_cache.py`) holds, per sample, the many-step teacher's AR rollout: every chunk's latents
 at the noise levels of the student's schedule and its final latents. Per micro-batch every rank takes one sample
@@ -90,7 +90,7 @@ PRESETS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The kd recipe: every default below is the recipe (train.md § 4.2)."""
+    """The kd recipe: every default below is the recipe (docs/methods/kd.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--cache_root", type=Path, default=None,
@@ -118,7 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                           gradient_checkpointing=True, context_grad=True)
     add_method_optimization_args(parser, lr=1e-4, max_steps=2000, warmup_steps=100, grad_accum=1, weight_decay=0.01,
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
-    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=1, seed=0)
+    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=200, keep_last=5, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
     add_validation_args(parser, val_every=0, val_videos=2)
     args = parse_recipe_args(parser, argv, PRESETS)

@@ -1,4 +1,4 @@
-"""DiffusionNFT: reinforcement of the AR world model with named reward functions of decoded video (train.md § 4.5).
+"""DiffusionNFT: reinforcement of the AR world model with named reward functions of decoded video (docs/methods/nft.md).
 
 Roles. The policy trains (a LoRA on the Teacher, `--train lora`, or every parameter of a Teacher-shaped model,
 `--train full`, one process only). The old policy samples: a second LoRA adapter (or a frozen copy of the model),
@@ -102,7 +102,7 @@ def reward_weights(text: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The nft recipe: every default below is the recipe (train.md § 4.5)."""
+    """The nft recipe: every default below is the recipe (docs/methods/nft.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,
@@ -182,7 +182,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                           gradient_checkpointing=True, context_grad=True)
     add_method_optimization_args(parser, lr=3e-4, max_steps=1000, warmup_steps=20, grad_accum=1, weight_decay=0.0,
                                  adam_beta1=0.9, adam_beta2=0.999, grad_clip=1.0)
-    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=100, keep_last=5, log_every=1, seed=0)
+    add_run_args(parser, experiment=METHOD, precision="fp32master", ckpt_every=100, keep_last=5, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-fvtools")
     add_validation_args(parser, val_every=0, val_videos=2)
     args = parse_recipe_args(parser, argv, PRESETS)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,64 @@ def test_every_launcher_variable_is_a_flag_of_its_scripts(list_name, modules):
             assert having, f"{list_name}: {name} is a flag of none of {modules}"
         else:
             assert having == list(modules), f"{list_name}: {name} is not a flag of {sorted(set(modules) - set(having))}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Positional slots: a value that cannot be what its slot means is refused with one line naming the slot
+# ---------------------------------------------------------------------------------------------------------------
+def fake_python(tmp_path: Path) -> Path:
+    """A PYTHON for the launchers that reports no GPU and does nothing else (the refusals come before any Python)."""
+    script = tmp_path / "fake_python"
+    script.write_text("#!/usr/bin/env bash\necho 0\n")
+    script.chmod(0o755)
+    return script
+
+
+def run_launcher(tmp_path: Path, launcher: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": str(fake_python(tmp_path)), "DEMO_ROOT": str(tmp_path / "demo")}
+    return subprocess.run(["bash", str(REPO_ROOT / "tools" / launcher), *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60)
+
+
+@pytest.mark.parametrize("launcher, args, message", [
+    ("launch_predictor_v4_rollout_training.sh", ["RUN", "1,52"],
+     "positional 2 (RESUME) '1,52': looks like a source-blocks spec; expected a training state file such as "
+     "RUN_DIR/training_latest.pt (this launcher takes the blocks as SOURCE_BLOCKS=a,b or --source_blocks a,b); "
+     "positionals: [RUN_DIR] [RESUME]"),
+    ("launch_predictor_v4_rollout_training.sh", ["RUN", "RUN"], "positional 2 (RESUME) 'RUN': is a folder"),
+    ("launch_predictor_v4_training.sh", ["1,52"], "positional 1 (RUN_DIR) '1,52': looks like a source-blocks spec"),
+    ("launch_predictor_v4_training.sh", ["RUN", "RUN/training_latest.pt"],
+     "positional 2 (SOURCE_BLOCKS) 'RUN/training_latest.pt': expected two Teacher block indices such as 1,52; "
+     "positionals: [RUN_DIR] [SOURCE_BLOCKS] [RESUME]"),
+    ("launch_predictor_disca_training.sh", ["", "0,53", "RUN/missing.pt"],
+     "positional 3 (RESUME) 'RUN/missing.pt': no such file"),
+    ("launch_fvtools_dmd2.sh", ["RUN/training_latest.pt"], "positional 1 (RUN_DIR) 'RUN/training_latest.pt': is a file"),
+])
+def test_a_positional_that_cannot_fill_its_slot_is_refused_in_one_line(tmp_path, launcher, args, message):
+    (tmp_path / "RUN").mkdir()
+    (tmp_path / "RUN" / "training_latest.pt").write_bytes(b"")
+    result = run_launcher(tmp_path, launcher, *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{launcher}: error: {message}"), result.stderr
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("slots, args, positional, extra", [
+    ("RUN_DIR SOURCE_BLOCKS RESUME", ["", "0,53"], ["", "0,53"], []),
+    ("RUN_DIR SOURCE_BLOCKS RESUME", ["RUN", "1,52", "RUN/training_latest.pt", "--fusion_lr", "5e-4"],
+     ["RUN", "1,52", "RUN/training_latest.pt"], ["--fusion_lr", "5e-4"]),
+    ("RUN_DIR RESUME", ["RUN", "RUN/training_latest.pt"], ["RUN", "RUN/training_latest.pt"], []),
+    ("RUN_DIR RESUME", ["new_run_dir", "--max_steps", "6"], ["new_run_dir"], ["--max_steps", "6"]),
+])
+def test_the_users_positional_forms_still_fill_their_slots(tmp_path, slots, args, positional, extra):
+    (tmp_path / "RUN").mkdir()
+    (tmp_path / "RUN" / "training_latest.pt").write_bytes(b"")
+    script = (f'PYTHON={fake_python(tmp_path)} source {REPO_ROOT / "tools" / "_launch_common.sh"}; '
+              f'split_positional "{slots}" "$@"; printf "P:%s\\n" "${{POSITIONAL[@]}}"; '
+              'printf "E:%s\\n" "${EXTRA_ARGS[@]}"')
+    result = subprocess.run(["bash", "-c", script, "bash", *args], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line[2:] for line in lines if line.startswith("P:")] == positional
+    assert [line[2:] for line in lines if line.startswith("E:") and line != "E:"] == extra

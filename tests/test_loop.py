@@ -218,6 +218,25 @@ def test_grad_accum_averages_micro_batch_gradients(tmp_path):
     assert (state.global_step, state.micro_step, state.data["position"]) == (1, 2, 2)
 
 
+def test_console_shows_a_short_bar_every_step_and_the_full_row_every_log_every_steps(tmp_path, capsys):
+    """train_log.jsonl gets every step whatever --log_every is; the console prints the full row only every
+    log_every steps and at the last one, and the bar carries loss, LR and s/step (issue 39)."""
+    model, optimizer, schedule, _, batches = setup_loop(tmp_path, max_steps=7)
+    role = Role("predictor", model, optimizer, schedule, grad_clip=1.0)
+    with MetricsLogger(tmp_path, SINGLE) as logger:
+        train_loop(roles=[role], batches=batches, step_fn=partial(regression_step, model=model), run_dir=tmp_path,
+                   env=SINGLE, run_state=RunState(), max_steps=7, grad_accum=1, ckpt_every=-1, log_every=3,
+                   metrics_logger=logger, config={}, meta=META, progress=True)
+    out, err = capsys.readouterr()
+    assert [record["step"] for record in read_log(tmp_path)] == [1, 2, 3, 4, 5, 6, 7]
+    rows = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [row.split(" | ")[0] for row in rows] == ["step 3/7", "step 6/7", "step 7/7"]
+    assert all("grad_norm" in row and "lr/fusion" in row and "memory/cpu_peak_rss_gib" in row for row in rows)
+    bar = err.replace("\r", "\n").splitlines()[-1]
+    assert "7/7" in bar and "loss " in bar and " lr " in bar and "s/step" in bar, bar
+    assert "grad_norm" not in err
+
+
 @pytest.mark.parametrize("failure", ["loss", "grad_norm"])
 def test_non_finite_step_is_refused_and_the_last_checkpoint_is_kept(tmp_path, failure):
     model, optimizer, schedule, _, batches = setup_loop(tmp_path, max_steps=4)

@@ -2,7 +2,7 @@
 #
 # A launcher passes to its Python script only what the user set: positional arguments, the environment variables
 # below, and every extra flag, unchanged and last (so a flag always wins). All defaults, all validation and the
-# run name live in the Python script (train.md § Run names); the launcher asks it for the run directory first
+# run name live in the Python script (docs/launchers.md § Run names); the launcher asks it for the run directory first
 # (`--print_run_dir`), so torchrun's console log lands in that directory.
 #
 # Environment (all optional):
@@ -73,20 +73,57 @@ flags_from_environment() {
   done
 }
 
-# split_positional MAX ARGS...: the first up-to-MAX arguments that do not start with '-' go to POSITIONAL
-# (empty strings count, so `"" 0,53` skips the first one); everything after them goes to EXTRA_ARGS.
+# split_positional "SLOT ..." ARGS...: the launcher's positional slots (RUN_DIR, SOURCE_BLOCKS, RESUME, in its own
+# order), then the command line. The first up-to-as-many arguments that do not start with '-' go to POSITIONAL
+# (empty strings count, so `"" 0,53` skips the first one); everything after them goes to EXTRA_ARGS. A value that
+# cannot be what its slot means is refused with one line naming the slot, before anything runs: a blocks spec such
+# as 1,52 in a path slot, a file as RUN_DIR, a RESUME that is not a file, SOURCE_BLOCKS that are not two indices.
 split_positional() {
-  local max="$1"; shift
+  local -a slots
+  read -r -a slots <<< "$1"; shift
   POSITIONAL=()
-  while (( $# > 0 && ${#POSITIONAL[@]} < max )) && [[ "$1" != -* ]]; do
+  while (( $# > 0 && ${#POSITIONAL[@]} < ${#slots[@]} )) && [[ "$1" != -* ]]; do
+    check_positional "${slots[${#POSITIONAL[@]}]}" "$(( ${#POSITIONAL[@]} + 1 ))" "$1" "${slots[*]}"
     POSITIONAL+=("$1"); shift
   done
   EXTRA_ARGS=("$@")
 }
 
+# check_positional SLOT INDEX VALUE "SLOTS": one line and exit 2 when VALUE cannot fill SLOT (an empty one is skipped).
+check_positional() {
+  local slot="$1" index="$2" value="$3" synopsis="[${4// /] [}]" problem=""
+  [[ -z "${value}" ]] && return 0
+  local blocks_spec='^[[:space:]]*[0-9]+[[:space:]]*,[[:space:]]*[0-9]+[[:space:]]*$'
+  case "${slot}" in
+    RUN_DIR)
+      if [[ "${value}" =~ ${blocks_spec} ]]; then
+        problem="looks like a source-blocks spec; expected the run's folder"
+      elif [[ -f "${value}" || "${value}" == *.pt || "${value}" == *.safetensors ]]; then
+        problem="is a file; expected the run's folder (a training state to resume goes in the RESUME slot)"
+      fi ;;
+    SOURCE_BLOCKS)
+      [[ "${value}" =~ ${blocks_spec} ]] || problem="expected two Teacher block indices such as 1,52" ;;
+    RESUME)
+      if [[ "${value}" =~ ${blocks_spec} ]]; then
+        problem="looks like a source-blocks spec; expected a training state file such as RUN_DIR/training_latest.pt"
+        [[ " ${4} " == *" SOURCE_BLOCKS "* ]] || problem+=" (this launcher takes the blocks as SOURCE_BLOCKS=a,b or --source_blocks a,b)"
+      elif [[ -d "${value}" ]]; then
+        problem="is a folder; expected a training state file such as ${value%/}/training_latest.pt"
+      elif [[ ! -f "${value}" ]]; then
+        problem="no such file; expected a training state file such as RUN_DIR/training_latest.pt"
+      fi ;;
+    *)
+      echo "$(basename "$0"): internal error: unknown positional slot ${slot}" >&2; exit 2 ;;
+  esac
+  if [[ -n "${problem}" ]]; then
+    echo "$(basename "$0"): error: positional ${index} (${slot}) '${value}': ${problem}; positionals: ${synopsis}" >&2
+    exit 2
+  fi
+}
+
 # ensure_demo_assets / ensure_demo_dataset / ensure_demo_video_latents: make what the CPU demo needs when missing.
 # The demo is the shipped demo world (tools/make_demo_assets.py --kind world: the trained world Teacher and VAE,
-# rendered scenes with ground truth; data.md "Demo world"). Completion markers are what the tools write last:
+# rendered scenes with ground truth; docs/demo_world.md). Completion markers are what the tools write last:
 # make_demo_assets.py moves its finished folder (with demo_config.json) into place in one rename; the dataset
 # builders write manifest.jsonl after every rank finished and then remove manifest_parts/. A half-built dataset is
 # resumed by rerunning the builder. Demo folders made by an older version (a random Teacher) are refused, not
@@ -176,7 +213,7 @@ run_torchrun() {
 # on the demo dataset, made first if missing).
 launch_offline_training() {
   local script="$1"; shift
-  split_positional 3 "$@"
+  split_positional "RUN_DIR SOURCE_BLOCKS RESUME" "$@"
   local args=()
   if is_demo; then
     echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

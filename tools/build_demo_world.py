@@ -1,5 +1,5 @@
 """Rebuild the demo world from nothing: render -> VAE -> encoders -> encode -> df_sft [-> df_sft_continue]
-[-> ODE cache -> kd] -> ship.
+[-> ODE cache -> kd] -> ship (docs/demo_world.md).
 
     python tools/build_demo_world.py --out demo_data/world            # every stage; rerun to resume
     python tools/build_demo_world.py --out demo_data/world --stages render,vae
@@ -30,8 +30,8 @@ Stages and outputs (all under --out):
 
 Which model is shipped as the Teacher (`--teacher_from`): the df_sft model, run with the real 4-step schedule at
 shift 5, is the default, because it measured closer to the ground-truth renders than the kd student of its own
-16-step rollouts (data.md, "Demo world": 17.5 against 15.5 dB on held-out scenes; the student drifts on its own
-history in late chunks). `--teacher_from kd` adds the two distillation stages and ships their student;
+16-step rollouts (benchmarks/results/2026-12-02-demo-world-build.md: 17.5 against 15.5 dB on held-out scenes; the
+student drifts on its own history in late chunks). `--teacher_from kd` adds the two distillation stages and ships their student;
 `--teacher_from df_sft_continue` trains the df_sft model on (a second cosine schedule: a finished run's schedule
 cannot be lengthened in place) and ships that.
 """

@@ -1,4 +1,4 @@
-"""Build the ODE-state cache of causal KD: a many-step teacher's AR rollouts, chunk by chunk (data.md, "ODE-state cache").
+"""Build the ODE-state cache of causal KD: a many-step teacher's AR rollouts, chunk by chunk (docs/ode_cache.md).
 
 Conditions from a video-latent dataset (its clips' first frames, cameras, captions), or from sample tables with the
 encoder stage's outputs:

@@ -3,7 +3,7 @@ r"""Build the Predictor training dataset: the Teacher's F-F-F-F rollouts, stored
 Per case (image-caption pair): one text prefill (text K/V of every double block, valid tokens only) and the
 image-condition latent -> ``cases/{case_id}.safetensors``. Per trajectory (case x camera action, one sample-table
 row): the 8-chunk autoregressive rollout of ``predictor_training.rollout.ar_rollout`` with noise and memory points from the
-row's seed, recorded step by step -> ``trajectories/{case_id}__a{action_id}.safetensors``. Layout: data.md.
+row's seed, recorded step by step -> ``trajectories/{case_id}__a{action_id}.safetensors``. Layout: docs/dataset.md.
 
 Demo (CPU, seconds):
     python tools/make_demo_assets.py --out demo_data/D

@@ -7,7 +7,7 @@ Input: clip tables (JSONL, one clip per line; the split of a clip is its table's
 ``video`` is a folder of PNG frames or an mp4 with exactly --num_frames frames (4k+1); ``pose`` a WorldPlay pose JSON
 with one entry per latent frame (k+1); relative paths are relative to the table. Output: ``OUT/clips/{clip_id}
 .safetensors``, ``OUT/manifest.jsonl`` (sha256 + per-tensor CRC-32), ``OUT/video_dataset_config.json``. Layout, fields
-and the VAE scaling convention: data.md, section "Video-latent dataset".
+and the VAE scaling convention: docs/video_latents.md.
 
 Your own videos (one node, 8 GPUs; 125 frames -> 32 latents at 480 x 832):
     torchrun --nproc_per_node 8 tools/build_video_latent_dataset.py \

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Compare every video in TEST_DIR with its partner in REF_DIR: PSNR (full / frame-mean), SSIM, LPIPS-AlexNet,
-pixel MSE / RMSE / MAE and temporal-delta MSE (definitions: predictor_training/video/metrics.py and train.md).
+pixel MSE / RMSE / MAE and temporal-delta MSE (definitions: predictor_training/video/metrics.py and
+docs/video_metrics.md).
 
 Videos are mp4 (or .mov/.mkv/.avi/.webm) files or folders of PNG frames, paired by their path relative to the root
 with the video suffix dropped (ref/case1/act0.mp4 pairs with test/case1/act0.mp4 or the frame folder

@@ -1,4 +1,5 @@
-"""Convert a sharded (DCP) checkpoint of an FSDP2 role into one consolidated safetensors file, for export.
+"""Convert a sharded (DCP) checkpoint of an FSDP2 role into one consolidated safetensors file, for export
+(docs/loop.md).
 
     python tools/convert_sharded_checkpoint.py RUN/training_latest.pt --out teacher.safetensors
     python tools/convert_sharded_checkpoint.py RUN/training_latest.pt --role generator --dtype bfloat16 --out g.safetensors

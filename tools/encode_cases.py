@@ -2,7 +2,7 @@
 
 Calls diffusers' HunyuanVideo-1.5 i2v pipeline methods (Qwen2.5-VL + ByT5 `encode_prompt`, SigLIP `encode_image`,
 the VAE image latent) on encoders loaded from a local diffusers-format folder; the transformer is never loaded.
-Output layout (upstream trainer's `.pt`, batch dim 1) and the differences from upstream: data.md.
+Output layout (upstream trainer's `.pt`, batch dim 1) and the differences from upstream: docs/encoders.md.
 
 Demo (CPU, seconds; make_demo_assets.py already runs this stage into D/encoded):
     python tools/encode_cases.py --encoders D/encoders --cases D/cases.jsonl --out D/encoded \

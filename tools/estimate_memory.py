@@ -1,4 +1,5 @@
-"""Per-GPU memory of a recipe's training step at real size, without a GPU: the recipe's own code on fake tensors.
+"""Per-GPU memory of a recipe's training step at real size, without a GPU: the recipe's own code on fake tensors
+(docs/memory.md).
 
     python tools/estimate_memory.py --recipe v4                          # 8.6B config, batch 16, 20 context frames
     python tools/estimate_memory.py --recipe v4 --context_frames 0 4 8 12 16 20 --json

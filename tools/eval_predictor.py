@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate Predictor checkpoints against the full Teacher: quality, speed and side-by-side videos (train.md § 3).
+"""Evaluate Predictor checkpoints against the full Teacher: quality, speed and side-by-side videos (docs/eval.md).
 
 For each (case, action) of a split, the same seed is rolled out as the reference F-F-F-F, as velocity reuse and
 hidden reuse at the replaced steps, and with each --ckpt's Predictor at the replaced steps; the videos are decoded
@@ -8,7 +8,7 @@ RMSE / MAE, temporal-delta MSE; per video, per chunk and aggregated). With --gro
 one) every method, and the still first frame (repeat_first_frame), is also scored against the ground-truth videos.
 With --context_modes exact,incremental (or last_step) the reference and each Predictor also run with that context
 mode (reference@incremental, predictor_<ckpt>@incremental), still scored and timed against the exact reference.
-The logic lives in the package predictor_training/eval/; see train.md, section "Evaluation".
+The logic lives in the package predictor_training/eval/.
 
 Demo (CPU, after `bash tools/launch_predictor_v4_rollout_training.sh`; no AlexNet weights here, so the LPIPS column is
 the clearly labelled random-backbone figure):
@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     method.add_argument("--replace_steps", type=str, default=",".join(map(str, DEFAULT_REPLACE_STEPS)), help="denoising steps replaced in every "
                         "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
-                        "and the schedule applies to chunks 1.. (train.md § What is compared); schedule: chunk 0 follows it too "
-                        "(not possible for v4, which needs a previous chunk)")
+                        "and the schedule applies to chunks 1.. (docs/eval.md § What is compared); schedule: chunk 0 "
+                        "follows it too (not possible for v4, which needs a previous chunk)")
     method.add_argument("--context_modes", type=str, default="exact", metavar="MODES", help="comma list of the "
                         f"context modes to compare, from {', '.join(CONTEXT_MODES)} (predictor_training/"
                         "frame_kv_cache.py; default: exact). exact re-prefills each chunk's context and is always "

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# DisCa-style adversarial training of the v4 Predictor with torchrun (fvtools/train_adversarial.py, train.md § 4.4).
+# DisCa-style adversarial training of the v4 Predictor with torchrun (fvtools/train_adversarial.py,
+# docs/methods/adversarial.md).
 #
 #   bash tools/launch_fvtools_adversarial.sh [RUN_DIR] [RESUME] [fvtools/train_adversarial.py flags...]
 #
@@ -14,7 +15,7 @@
 #   predictor_v4_adversarial_blocks1-52_offline_adv0.01_dlr1e-4_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_swanlab
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 #
-# The CPU demo (no GPU and no DATASET_ROOT) runs on the demo world (data.md "Demo world") on 2 gloo ranks and makes
+# The CPU demo (no GPU and no DATASET_ROOT) runs on the demo world (docs/demo_world.md) on 2 gloo ranks and makes
 # what is missing, in order: the demo assets and dataset ($DEMO_ROOT), the offline v4 demo run
 # (tools/launch_predictor_v4_training.sh), then `--preset demo` (offline pairs, 120 steps) starting from that run's
 # training_latest.pt: DisCa adds its discriminator to a Predictor already trained by regression, so the
@@ -30,7 +31,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 SCRIPT=fvtools/train_adversarial.py
 FLAG_VARIABLES+=(ADV_WEIGHT ADV_WARMUP_STEPS DISCRIMINATOR_LR DISCRIMINATOR_EVERY R1_WEIGHT R1_EVERY REPLACE_STEPS)
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

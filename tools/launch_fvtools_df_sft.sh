@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Diffusion-forcing SFT of the AR world model with torchrun (fvtools/train_df_sft.py, train.md § 4.1).
+# Diffusion-forcing SFT of the AR world model with torchrun (fvtools/train_df_sft.py, docs/methods/df_sft.md).
 #
 #   bash tools/launch_fvtools_df_sft.sh [RUN_DIR] [RESUME] [fvtools/train_df_sft.py flags...]
 #
@@ -26,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 SCRIPT=fvtools/train_df_sft.py
 FLAG_VARIABLES=("${METHOD_FLAG_VARIABLES[@]}")
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DMD2 distribution matching (+ Self-Forcing rollouts) of an AR few-step generator with torchrun
-# (fvtools/train_dmd2.py, train.md § 4.3).
+# (fvtools/train_dmd2.py, docs/methods/dmd2.md).
 #
 #   bash tools/launch_fvtools_dmd2.sh [RUN_DIR] [RESUME] [fvtools/train_dmd2.py flags...]
 #
@@ -34,7 +34,7 @@ SCRIPT=fvtools/train_dmd2.py
 FLAG_VARIABLES=("${METHOD_FLAG_VARIABLES[@]}" REAL_SCORE INIT_FROM GENERATOR ROLLOUT GENERATOR_EVERY ANCHOR_WEIGHT
                 FAKE_SCORE_TRAIN FAKE_SCORE_LR FUSION_LR BLOCKS_LR SOURCE_BLOCKS)
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Causal KD of a few-step AR student from a many-step teacher's ODE states with torchrun (fvtools/train_kd.py,
-# train.md § 4.2).
+# docs/methods/kd.md).
 #
 #   bash tools/launch_fvtools_kd.sh [RUN_DIR] [RESUME] [fvtools/train_kd.py flags...]
 #
 #   TEACHER=RUN/model CACHE_ROOT=/data/ode_cache bash tools/launch_fvtools_kd.sh
 #   bash tools/launch_fvtools_kd.sh     # no GPU, no CACHE_ROOT: the CPU demo
 #
-# The cache comes first (tools/build_ode_cache.py, data.md "ODE-state cache"). RUN_DIR defaults to
+# The cache comes first (tools/build_ode_cache.py, docs/ode_cache.md). RUN_DIR defaults to
 # <--output_root>/<run name>, e.g. kd_lora64_fp32master_8gpu_lr1e-4_steps2000_warmup100_swanlab; running the same
 # command again continues an interrupted run, or says the run is finished and exits 0.
 #
@@ -27,7 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 SCRIPT=fvtools/train_kd.py
 FLAG_VARIABLES=("${METHOD_FLAG_VARIABLES[@]}")
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if [[ -z "${CACHE_ROOT:-}" ]] && (( NUM_GPUS == 0 )); then
   echo "[launch] no GPU and no CACHE_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

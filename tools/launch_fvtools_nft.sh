@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DiffusionNFT of the AR world model with named rewards of decoded video, with torchrun (fvtools/train_nft.py,
-# train.md § 4.5).
+# docs/methods/nft.md).
 #
 #   bash tools/launch_fvtools_nft.sh [RUN_DIR] [RESUME] [fvtools/train_nft.py flags...]
 #
@@ -31,7 +31,7 @@ for name in "${METHOD_FLAG_VARIABLES[@]}"; do
   [[ "${name}" == CACHE_ROOT || "${name}" == CHUNKS_PER_CLIP ]] || FLAG_VARIABLES+=("${name}")
 done
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"

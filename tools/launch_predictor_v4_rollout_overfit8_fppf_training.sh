@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The overfit8 F-P-P-F rollout run (train.md § overfit8): the rollout recipe with `--preset overfit8_fppf` - the
+# The overfit8 F-P-P-F rollout run (docs/rollout.md § overfit8): the rollout recipe with `--preset overfit8_fppf` - the
 # 8 fixed training cases of overfit8 (seed 20260721) x their actions, trained under F-P-P-F (`--replace_steps 1,2`:
 # the Predictor runs steps 1 and 2, the Teacher step 3) over a 300-step schedule, fusion warmup and block freeze of
 # 8 steps.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On-policy F-P-P-P self-rollout fine-tuning of the v4 Predictor with torchrun (train.md § 2).
+# On-policy F-P-P-P self-rollout fine-tuning of the v4 Predictor with torchrun (docs/rollout.md).
 #
 #   bash tools/launch_predictor_v4_rollout_training.sh [RUN_DIR] [RESUME] [train_predictor_v4_rollout.py flags...]
 #
@@ -9,11 +9,11 @@
 #
 # A fresh run starts from --init_from / INIT_FROM (model weights of an offline v4 run; required outside the demo).
 # RUN_DIR defaults to <--output_root>/<run name>, computed by train_predictor_v4_rollout.py from the flags, e.g.
-#   predictor_v4_rollout_fppp_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_notracker
+#   predictor_v4_rollout_fppp_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_swanlab
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 #
 # The CPU demo (no GPU and no DATASET_ROOT) runs on the demo world (the shipped world Teacher and VAE, rendered
-# scenes with ground truth; data.md "Demo world") and makes what is missing, in order: the demo assets and dataset
+# scenes with ground truth; docs/demo_world.md) and makes what is missing, in order: the demo assets and dataset
 # ($DEMO_ROOT), the offline v4 demo run (tools/launch_predictor_v4_training.sh), then a short rollout run
 # (`--preset demo`) from that run's training_latest.pt. About 8 minutes on 2 CPU cores.
 #
@@ -26,7 +26,7 @@ SCRIPT=train_predictor_v4_rollout.py
 # tools/launch_predictor_v4_rollout_overfit8_training.sh sets RECIPE_PRESET=overfit8.
 recipe_preset="${RECIPE_PRESET:-}"
 
-split_positional 2 "$@"
+split_positional "RUN_DIR RESUME" "$@"
 args=()
 if is_demo; then
   echo "[launch] no GPU and no DATASET_ROOT: running the CPU demo (demo data in ${DEMO_ROOT})"
@@ -60,7 +60,7 @@ args+=("${FLAGS_FROM_ENV[@]}")
 [[ -n "${POSITIONAL[1]:-}" ]] && args+=(--resume "${POSITIONAL[1]}")
 launch_recipe "${SCRIPT}" "${args[@]}" "${EXTRA_ARGS[@]}"
 if [[ -n "${offline_dir:-}" ]]; then
-  # What the demo made, and the eval that shows whether the rollout stage bought anything (train.md § 2, demo).
+  # What the demo made, and the eval that shows whether the rollout stage bought anything (docs/rollout.md).
   echo "[launch] demo finished."
   echo "[launch]   offline v4 run (the start): ${offline_dir}"
   echo "[launch]   rollout run:                ${RUN_DIR}"

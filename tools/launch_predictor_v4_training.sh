@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline v4 Predictor training with torchrun (train.md § 1).
+# Offline v4 Predictor training with torchrun (docs/offline.md).
 #
 #   bash tools/launch_predictor_v4_training.sh [RUN_DIR] [SOURCE_BLOCKS] [RESUME] [train_predictor_v4.py flags...]
 #
@@ -10,7 +10,7 @@
 #   bash tools/launch_predictor_v4_training.sh          # no GPU, no DATASET_ROOT: the CPU demo (builds demo data first)
 #
 # RUN_DIR defaults to <--output_root>/<run name>, the name computed by train_predictor_v4.py from the flags, e.g.
-#   predictor_v4_prefeature_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_notracker
+#   predictor_v4_prefeature_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_swanlab
 # Running the same command again continues an interrupted run, or says the run is finished and exits 0.
 # Every flag of `python train_predictor_v4.py --help` can be given after the positionals, or as an environment
 # variable of the same name in capitals (FUSION_LR=5e-4); see tools/_launch_common.sh for the rendezvous ones.

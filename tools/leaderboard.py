@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Is a Predictor worth training? One table: every schedule, the fewer-step samplers, training-free caches and every
-Predictor given, on the same videos and seeds, at matched cost, with paired bootstrap intervals (SPEC § 13).
+Predictor given, on the same videos and seeds, at matched cost, with paired bootstrap intervals (docs/leaderboard.md).
 
 Rows (predictor_training/eval/leaderboard.py): the reference F-F-F-F; the k-step Euler samplers (--samplers: every
 choice of steps that keeps step 0; velocity reuse at a schedule is exactly such a sampler); the training-free
@@ -17,7 +17,7 @@ eval's own per-video loop (tools/eval_predictor.py's outputs are written too), t
     pareto_<axis>.png               quality vs speedup with interval bars and the front (mixtures in MSE)
     front/side_by_side/*.mp4        ground truth | reference | the front's rows | the Predictors, first videos
 
-Demo (CPU; the main job's two Predictors; about <see train.md> on 2 cores):
+Demo (CPU; the main job's two Predictors):
 
     python tools/leaderboard.py --demo demo_data/assets --split holdout25 --lpips_random_backbone \\
         --ckpt checkpoints/<offline run>/training_latest.pt --ckpt checkpoints/<rollout run>/training_latest.pt

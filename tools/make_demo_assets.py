@@ -4,7 +4,7 @@
     python tools/make_demo_assets.py --out demo_data/D --kind random    # a tiny random Teacher (what tests use)
 
 --kind world (default; about a minute on 2 CPU cores, ~15 MB): the shipped demo world
-(`predictor_training/world/weights/`, data.md "Demo world"): its trained 4-step Teacher and VAE, its rendered scenes
+(`predictor_training/world/weights/`, docs/demo_world.md): its trained 4-step Teacher and VAE, its rendered scenes
 and camera paths. A case is a scene, an action one of its camera paths (see predictor_training/world/shipped.py for
 which scenes go to which split):
 

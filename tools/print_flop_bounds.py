@@ -1,4 +1,5 @@
-"""Print the FLOP-count speed bounds of every schedule under every context mode, and the context cache's memory.
+"""Print the FLOP-count speed bounds of every schedule under every context mode, and the context cache's memory
+(docs/eval.md).
 
     python tools/print_flop_bounds.py                                   # the real 480p WorldPlay config, 8 chunks
     python tools/print_flop_bounds.py --num_chunks 32

@@ -3,8 +3,8 @@ r"""Render the demo world: procedural 3D scenes seen along exact camera paths, a
 Writes W/frames/{clip_id}/ (PNG frames; --video_format mp4: W/videos/{clip_id}.mp4, lossless), W/poses/{clip_id}.json
 (inference-format pose JSON, one key per latent), W/train.jsonl, W/holdout.jsonl and W/world_config.json (every
 setting, the split rule, each clip's scene seed and pose string). Held out: the last --holdout_scenes scenes (all
-their paths) and --holdout_paths new paths of every train scene. Layout, splits and timings: data.md, section
-"Demo world: rendered clips"; the code: predictor_training.world.
+their paths) and --holdout_paths new paths of every train scene. Layout and splits: docs/demo_world.md; the code:
+predictor_training.world.
 
     python tools/render_world.py --out demo_data/world
     python tools/build_video_latent_dataset.py --clips demo_data/world/train.jsonl,demo_data/world/holdout.jsonl \

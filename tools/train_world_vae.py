@@ -1,4 +1,4 @@
-"""Train the demo world's VAE (`predictor_training/world/vae.py`) on rendered clips (data.md, "Demo world").
+"""Train the demo world's VAE (`predictor_training/world/vae.py`) on rendered clips (docs/demo_world.md).
 
     python tools/render_world.py --out demo_data/world/render
     python tools/train_world_vae.py --clips demo_data/world/render/train.jsonl \

@@ -1,4 +1,4 @@
-"""The Predictor dataset builder: plan, Teacher rollouts, shards, manifest, resume (layout and CLI: data.md).
+"""The Predictor dataset builder: plan, Teacher rollouts, shards, manifest, resume (layout and CLI: docs/dataset.md).
 
 ``tools/build_predictor_dataset.py`` is the command line around this module: it parses the flags into an
 ``argparse.Namespace`` with the fields of ``BuildOptions`` and calls ``run``. Everything else lives here:
@@ -75,7 +75,7 @@ class DatasetInputError(UserInputError):
 # =============================================================================================================
 @dataclass
 class BuildOptions:
-    """What ``run`` needs: the fields of the command line's parsed arguments (flags and defaults: data.md).
+    """What ``run`` needs: the fields of the command line's parsed arguments (flags and defaults: docs/dataset.md).
 
     teacher: Teacher folder (config.json + safetensors); action_ckpt: optional action checkpoint on top of it;
     samples: sample tables (a row's split is its table's file stem); encoded: folder of encoder outputs
@@ -248,7 +248,7 @@ def rollout_inputs_for_job(job: TrajectoryJob, image_cond: torch.Tensor, num_lat
 
 
 def trajectory_tensors(recorder: TrajectoryRecorder, inputs: RolloutInputs, rollout: ARRollout, seed: int) -> dict:
-    """The stored tensors of one trajectory (names and shapes: data.md); the batch axis is dropped."""
+    """The stored tensors of one trajectory (names and shapes: docs/dataset.md); the batch axis is dropped."""
     tensors = {
         "viewmats": inputs.viewmats.to(torch.float32),
         "Ks": inputs.Ks.to(torch.float32),

@@ -1,8 +1,8 @@
 """`dataset_config.json`: what a dataset root records about how it was built (read here, written by the builder).
 
 Fields the readers use: `num_latents`, `num_chunks`, `num_steps`, `chunk_latents`, `shift`, `context_timestep`,
-`memory`, `prefeature_layers`, `sample_tables` and `teacher` (folder, config_sha256, action_ckpt); data.md lists them
-all. Every missing field is an error naming the file and the field.
+`memory`, `prefeature_layers`, `sample_tables` and `teacher` (folder, config_sha256, action_ckpt); docs/dataset.md
+lists them all. Every missing field is an error naming the file and the field.
 """
 
 from __future__ import annotations

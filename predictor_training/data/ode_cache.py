@@ -1,6 +1,6 @@
 """The ODE-state cache of causal KD: a many-step teacher's AR rollouts, stored chunk by chunk (fvtools/train_kd.py).
 
-Built by ``tools/build_ode_cache.py``; layout, commands and sizes: data.md, section "ODE-state cache".
+Built by ``tools/build_ode_cache.py``; layout, commands and sizes: docs/ode_cache.md.
 
 Each sample is one condition (first-frame latent, per-latent cameras and actions, text encoder outputs) and a seed.
 The builder runs the teacher's AR loop (``ar_rollout.ARRollout``: memory selection, context prefill at timestep 14,

@@ -1,4 +1,5 @@
-"""Pair reader of the offline Predictor dataset (layout: data.md, built by ``tools/build_predictor_dataset.py``).
+"""Pair reader of the offline Predictor dataset (layout: docs/dataset.md; built by
+``tools/build_predictor_dataset.py``).
 
 One item is one supervision pair ``(anchor step j -> target step k)`` of one chunk ``c`` of one trajectory
 ``(case_id, action_id)``. The Predictor sees the noisy input of step ``k`` and the Teacher's final hidden of step

@@ -21,6 +21,12 @@ Standard actions, each a 32-latent pose file (= 125 video frames) made by ``came
     3     forward 0.08 + yaw right 3 deg       ``w+right-31``
     ====  ===================================  ============
 
+Your own camera paths (``read_camera_paths``, ``tools/make_sample_table.py --poses FILE``): a JSONL file with one
+path per line, ``{"action_id": 4, "pose": "cams/orbit.json"}`` (an inference- or training-format pose JSON, relative
+to the file) or ``{"action_id": 5, "pose_string": "w-10, left-21"}``, optionally ``"name"`` (the pose file's name in
+the table folder) and ``"case_id"`` (the path is then used for that case only). ``action_id`` only names the path in
+the table: every case gets one row per path (its own paths included), seeded by the same rule.
+
 Splits: the image-caption cases are shuffled with a seed (after sorting by case_id, so the input order does not
 matter) and cut into ``train`` / ``holdout25`` / ``holdout50`` (default 100 / 25 / 50 cases, i.e. 400 / 100 / 200
 rows). No case_id and no (source_image, caption) pair may appear in two splits (``check_disjoint_splits``).
@@ -101,6 +107,17 @@ class SampleRow:
         return Path(table_dir) / self.source_image
 
 
+@dataclass(frozen=True)
+class CameraPath:
+    """A camera path that becomes one row per case: ``pose_json`` is written to ``relpath`` under the table's folder;
+    ``case_id`` None = every case, else that case only."""
+
+    action_id: int
+    relpath: str
+    pose_json: dict
+    case_id: str | None = None
+
+
 # =============================================================================================================
 # Rows and standard poses
 # =============================================================================================================
@@ -122,23 +139,27 @@ def sample_seed(case_id: str, action_id: int, seed_base: int = 0) -> int:
 
 
 def build_sample_rows(
-    cases: Iterable[Case | Mapping], action_ids: Sequence[int] = (0, 1, 2, 3), seed_base: int = 0
+    cases: Iterable[Case | Mapping], action_ids: Sequence[int] = (0, 1, 2, 3), seed_base: int = 0,
+    camera_paths: Sequence[CameraPath] = (),
 ) -> list[SampleRow]:
-    """One row per (case, action), cases in the given order, actions in ``action_ids`` order."""
+    """One row per (case, camera path), cases in the given order: first the standard actions in ``action_ids``
+    order, then ``camera_paths`` in file order (a path with a ``case_id`` only for that case)."""
     for action_id in action_ids:
         _standard_action(action_id)
     if len(set(action_ids)) != len(action_ids):
         raise ValueError(f"action_ids contains duplicates: {list(action_ids)}")
     rows = []
     for case in (_as_case(case) for case in cases):
-        for action_id in action_ids:
+        paths = [(action_id, standard_pose_relpath(action_id)) for action_id in action_ids]
+        paths += [(path.action_id, path.relpath) for path in camera_paths if path.case_id in (None, case.case_id)]
+        for action_id, relpath in paths:
             rows.append(
                 SampleRow(
                     case_id=case.case_id,
                     source_image=case.source_image,
                     caption=case.caption,
                     action_id=action_id,
-                    pose=standard_pose_relpath(action_id),
+                    pose=relpath,
                     seed=sample_seed(case.case_id, action_id, seed_base),
                 )
             )
@@ -154,6 +175,86 @@ def write_standard_pose_files(table_dir: str | Path, action_ids: Sequence[int] =
         write_text_atomic(path, json.dumps(standard_pose_json(action_id), indent=1) + "\n")
         paths[action_id] = path
     return paths
+
+
+CAMERA_PATH_FIELDS = ("action_id", "pose", "pose_string", "name", "case_id")
+
+
+def read_camera_paths(path: str | Path, *, num_latents: int = STANDARD_NUM_LATENTS,
+                      standard_ids: Sequence[int] = (), case_ids: Iterable[str] | None = None) -> list[CameraPath]:
+    """Read a camera-path file (JSONL; see the module docstring): each path is loaded and must describe exactly
+    ``num_latents`` latents. An ``action_id`` may not repeat for a case (a path for every case counts for all of
+    them) nor reuse one of ``standard_ids``; a ``case_id`` must be one of ``case_ids`` (when given). Raises
+    SampleTableError naming the file, line and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise SampleTableError(f"camera-path file {path} does not exist")
+    known_cases = None if case_ids is None else set(case_ids)
+    paths: list[CameraPath] = []
+    used: dict[tuple[int, str | None], int] = {}  # (action_id, case_id or None for every case) -> line
+    for line_number, record in _read_jsonl(path):
+        where = f"camera-path file {path} line {line_number}"
+        # 1. fields
+        unknown = sorted(set(record) - set(CAMERA_PATH_FIELDS))
+        if unknown:
+            raise SampleTableError(f"{where}: unknown field '{unknown[0]}'; expected {', '.join(CAMERA_PATH_FIELDS)}")
+        if "action_id" not in record:
+            raise SampleTableError(f"{where}: field 'action_id' is missing")
+        _require_int(record, "action_id", where)
+        if ("pose" in record) == ("pose_string" in record):
+            raise SampleTableError(f"{where}: give exactly one of the fields 'pose' (a pose JSON file) and "
+                                   "'pose_string' (e.g. \"w-10, left-21\")")
+        for field in ("pose", "pose_string", "name", "case_id"):
+            if field in record:
+                _require_text(record, field, where)
+        action_id, case_id, name = record["action_id"], record.get("case_id"), record.get("name", "custom")
+        if not all(char.isalnum() or char in "-_." for char in name):
+            raise SampleTableError(f"{where}: field 'name' is {name!r}; expected letters, digits, '-', '_', '.'")
+        # 2. ids: unique per case, apart from the standard actions, for a known case
+        if case_id is not None and known_cases is not None and case_id not in known_cases:
+            raise SampleTableError(f"{where}: field 'case_id' is '{case_id}', which is not a case of the cases file")
+        if action_id in standard_ids:
+            raise SampleTableError(f"{where}: action_id {action_id} is also a standard action of --actions; "
+                                   "choose another id")
+        clash = [line for (other_id, other_case), line in used.items() if other_id == action_id
+                 and (case_id is None or other_case is None or other_case == case_id)]
+        if clash:
+            raise SampleTableError(f"{where}: action_id {action_id} is already used on line {clash[0]} for "
+                                   f"{'case ' + repr(case_id) if case_id else 'the same cases'}")
+        used[(action_id, case_id)] = line_number
+        # 3. the pose itself, with exactly num_latents latents
+        if "pose" in record:
+            pose_file = Path(record["pose"])
+            pose_file = pose_file if pose_file.is_absolute() else path.parent / pose_file
+            try:
+                load_pose(pose_file, num_latents)
+            except UserInputError as error:
+                raise SampleTableError(f"{where}: field 'pose': {error}") from None
+            pose_json = json.loads(pose_file.read_text(encoding="utf-8"))
+        else:
+            try:
+                pose_json = pose_string_to_json(record["pose_string"])
+            except UserInputError as error:
+                raise SampleTableError(f"{where}: field 'pose_string': {error}") from None
+            if len(pose_json) != num_latents:
+                raise SampleTableError(f"{where}: field 'pose_string' {record['pose_string']!r} gives "
+                                       f"{len(pose_json)} latents (1 + its step counts); expected {num_latents}")
+        folder = POSE_FOLDER if case_id is None else f"{POSE_FOLDER}/{case_id}"
+        paths.append(CameraPath(action_id, f"{folder}/action{action_id}_{name}.json", pose_json, case_id))
+    if not paths:
+        raise SampleTableError(f"camera-path file {path} has no rows")
+    return paths
+
+
+def write_camera_pose_files(table_dir: str | Path, camera_paths: Sequence[CameraPath]) -> dict[str, Path]:
+    """Write each camera path's pose JSON under ``table_dir`` (atomically); returns relpath -> path."""
+    written = {}
+    for camera_path in camera_paths:
+        target = Path(table_dir) / camera_path.relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(target, json.dumps(camera_path.pose_json, indent=1) + "\n")
+        written[camera_path.relpath] = target
+    return written
 
 
 # =============================================================================================================

@@ -1,4 +1,4 @@
-"""Synthetic predictor dataset in the data.md layout (random tensors, tiny sizes): what the reader tests and the
+"""Synthetic predictor dataset in the docs/dataset.md layout (random tensors, tiny sizes): what the reader tests and the
 loader benchmarks read.
 
 ``write_synthetic_dataset(root, spec)`` writes ``dataset_config.json``, ``cases/{case_id}.safetensors``,

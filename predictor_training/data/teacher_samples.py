@@ -1,6 +1,6 @@
 """The Teacher's own F-F-F-F videos as training data: one item per trajectory of the offline Predictor dataset.
 
-The dataset built by ``tools/build_predictor_dataset.py`` (layout: data.md, "Layout of DS/") stores, for every
+The dataset built by ``tools/build_predictor_dataset.py`` (layout: docs/dataset.md § Layout of DS/) stores, for every
 trajectory, the running latents after the last Euler step of every chunk (``chunk{c}.final_latent`` [C, 4, H, W]).
 Concatenated along the frame axis they are the Teacher's finished video latent ``[C, T, H, W]``: "final latents as
 data" for a diffusion-forcing SFT. Everything else of a trajectory file (per-step latents, hiddens, velocities,

@@ -15,7 +15,7 @@ tensors come from ``load_case(case_id)``, on demand, from one of two sources:
 * ``dataset_root``: the offline dataset's case file ``cases/{case_id}.safetensors`` (located through the manifest):
   ``image_cond`` [1, C, 1, H, W], ``text_k`` / ``text_v`` [depth, heads, L_txt, d] (valid tokens only), each tensor
   checked against its manifest CRC-32 the first time a process loads it;
-* ``encoded_dir``: the encoder outputs ``{case_id}.pt`` (upstream trainer layout, data.md): ``image_cond``,
+* ``encoded_dir``: the encoder outputs ``{case_id}.pt`` (upstream trainer layout, docs/encoders.md): ``image_cond``,
   ``prompt_embeds``, ``prompt_mask``, ``byt5_text_states``, ``byt5_text_mask``, ``vision_states`` (the trainer then
   runs the text prefill itself).
 """

@@ -2,7 +2,7 @@
 
 ``tools/build_video_latent_dataset.py`` is the command line around this module. The layout of what it writes, the
 stored tensors and the VAE scaling convention: ``predictor_training.data.video_latents`` (module docstring) and
-data.md, section "Video-latent dataset"; the ``--demo`` inputs are made by ``predictor_training.world.video_latent_demo``.
+docs/video_latents.md; the ``--demo`` inputs are made by ``predictor_training.world.video_latent_demo``.
 
 Input is one or more clip tables (JSONL, one clip per line; the split of a clip is its table's file stem)::
 
@@ -70,7 +70,7 @@ VAE_CONVENTION = ("latent_dist.mode() * vae.config.scaling_factor (posterior mea
 # =============================================================================================================
 @dataclass
 class VideoBuildOptions:
-    """What ``run`` needs (the command line's flags; data.md lists them).
+    """What ``run`` needs (the command line's flags; docs/video_latents.md lists them).
 
     clips: clip tables (a clip's split is its table's file stem); encoders: diffusers-format HunyuanVideo-1.5 i2v
     folder (text_encoder, tokenizer, text_encoder_2, tokenizer_2, image_encoder, feature_extractor, vae); out:

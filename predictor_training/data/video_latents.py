@@ -5,7 +5,7 @@ Per clip: VAE latents + camera/action + caption encoder outputs + first-frame co
 inputs ``predictor_training.world.video_latent_demo``). This module also holds what the builder and the demo share
 with the reader: the file and tensor names below, ``latents_for_frames`` and ``VideoDatasetInputError``.
 
-Layout (fields and commands: data.md, section "Video-latent dataset")::
+Layout (fields and commands: docs/video_latents.md)::
 
     OUT/video_dataset_config.json      what determines the stored tensors (resume guard)
     OUT/manifest.jsonl                 one entry per clip: bytes, sha256, per-tensor CRC-32, input fingerprint

@@ -1,4 +1,4 @@
-"""Evaluation of Predictor checkpoints against the full Teacher (train.md § 3).
+"""Evaluation of Predictor checkpoints against the full Teacher (docs/eval.md).
 
 For every (case, action) row of a split, the same seed (same noise, same memory points) is rolled out several ways
 with the Teacher's AR loop (`ar_rollout.ARRollout`, one step hook per method), decoded with the VAE, and compared
@@ -12,8 +12,8 @@ frame by frame with the reference:
                      v4 also gets this rollout's previous-chunk hidden of the same step and the exact context K/V of
                      its source layers from the Teacher's prefill of this chunk
 
-The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default, runs chunk 0 F-F-F-F (train.md § What is compared;
-`chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
+The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default, runs chunk 0 F-F-F-F
+(docs/eval.md § What is compared; `chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
 exactly "the Predictor replaced by a copy".
 
 Context modes (`EvalSettings.context_modes`, `--context_modes`; predictor_training/teacher/frame_kv_cache.py): the methods

@@ -1,4 +1,4 @@
-"""Held-out video quality while a Predictor trains, by the eval's own code path (train.md § Validation).
+"""Held-out video quality while a Predictor trains, by the eval's own code path (docs/validation.md).
 
 Every `--val_every` steps (and at the last step) the loop calls a `PredictorValidation`: for the first
 `--val_videos` rows of the held-out split, sharded over the ranks, the eval's AR loop (`EvalRuntime.rollout`, the

@@ -1,5 +1,5 @@
-"""Predictor supervision loss (train.md § What is trained, and the loss): FP32 MSE on the velocity and on the final
-hidden. The weights are the recipes' --velocity_weight / --hidden_weight flags."""
+"""Predictor supervision loss (docs/offline.md § What is trained, and the loss): FP32 MSE on the velocity and on
+the final hidden. The weights are the recipes' --velocity_weight / --hidden_weight flags."""
 
 from __future__ import annotations
 

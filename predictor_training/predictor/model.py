@@ -1,4 +1,5 @@
-"""The Predictor (train.md § What is trained, and the loss): two trainable copies of Teacher double blocks that stand in for a Teacher denoising step.
+"""The Predictor (docs/offline.md § What is trained, and the loss): two trainable copies of Teacher double blocks
+that stand in for a Teacher denoising step.
 
 One Predictor call replaces one Full-DiT step `k` of a chunk. It sees the current noisy input `x_k`
 (`[B, 2C+1, T, H, W]`: latent | image condition | mask), the anchor hidden `h_{k-1}` (the hidden entering the
@@ -15,7 +16,7 @@ Inside the blocks the image queries attend to [text K/V of the block's source la
 layer (v4) ; own tokens] in the RoPE and ProPE branches, exactly like the Teacher's AR chunk step
 (`DoubleStreamBlock.image_forward`), with the chunk at temporal RoPE positions `rope_start..rope_start+T-1`.
 
-Variants (train.md § The variants):
+Variants (docs/offline.md § The variants):
 * `v4`: context K/V of the source layers (offline: `context_from_prefeatures`, the frozen ORIGINAL source block's
   K/V path applied to the stored pre-features; online: the Teacher prefill's exact K/V,
   `context_kv.select(source_blocks)`), and the previous-chunk hidden as a third fusion stream.

@@ -1,4 +1,4 @@
-"""On-policy self-rollout of one trajectory under a schedule (F-P-P-P by default; train.md § 2): what runs, and where
+"""On-policy self-rollout of one trajectory under a schedule (F-P-P-P by default; docs/rollout.md): what runs, and where
 gradients stop.
 
 The schedule is `SelfRolloutSettings.replace_steps` (the eval's `--replace_steps`): the Predictor runs those steps

@@ -27,7 +27,8 @@ class Schedule:
     """Which denoising steps of which chunks are replaced.
 
     replace_steps: steps k in 1..num_steps-1 (step 0 has no previous step to reuse or anchor on), ascending.
-    chunk0_full: chunk 0 stays F-F-F-F (train.md § What is compared) when True; otherwise chunk 0 follows the schedule too.
+    chunk0_full: chunk 0 stays F-F-F-F (docs/eval.md § What is compared) when True; otherwise chunk 0 follows the
+    schedule too.
     """
 
     replace_steps: tuple[int, ...]
@@ -89,7 +90,7 @@ class StepPlan:
     """What fills each denoising step of each chunk: one letter of `PLAN_LETTERS` per step.
 
     patterns: one pattern per chunk of a cycle, each `num_steps` letters with step 0 'F' (it has no previous step).
-    Chunk 0 is F-F-F-F when chunk0_full (the eval's default, train.md § What is compared); the scheduled chunks
+    Chunk 0 is F-F-F-F when chunk0_full (the eval's default, docs/eval.md § What is compared); the scheduled chunks
     1, 2, ... take patterns[0], patterns[1], ... cyclically, so "FRRR|FRRF" time-shares the 1-step and a 2-step
     sampler across chunks. Without chunk0_full chunk c takes patterns[c mod len].
     """

@@ -285,7 +285,7 @@ def add_run_args(
     """Run name and directory, resume, checkpoint cadence, logging, seed, precision, backend."""
     group = parser.add_argument_group("run")
     group.add_argument("--experiment", type=str, default=experiment,
-                       help="first part of the run name (default %(default)s); see train.md § Run names")
+                       help="first part of the run name (default %(default)s); see docs/launchers.md § Run names")
     group.add_argument("--output_root", type=Path, default=Path("checkpoints"),
                        help="folder that receives the run directory <output_root>/<run name> (default %(default)s)")
     group.add_argument("--output_dir", type=Path, default=None,
@@ -306,7 +306,9 @@ def add_run_args(
                        help="<role>_step_*.safetensors files kept per role (oldest pruned); -1 = keep all "
                             "(default %(default)s)")
     group.add_argument("--log_every", type=int, default=log_every,
-                       help="write a train_log.jsonl record every N steps (default %(default)s)")
+                       help="print a step's full metrics row on the console every N steps (and at the last and every "
+                            "validated step); the progress bar shows loss, LR and s/step every step, and "
+                            "train_log.jsonl (and the tracker) records every step (default %(default)s)")
     group.add_argument("--seed", type=int, default=seed,
                        help="seed of the data order and the per-rank RNG streams (default %(default)s)")
     group.add_argument("--precision", choices=PRECISIONS, default=precision,
@@ -474,7 +476,7 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_validation_args(parser: argparse.ArgumentParser, *, val_every: int, val_videos: int) -> None:
     """--val_every, --val_split, --val_videos, --val_vae, --val_ground_truth (held-out quality while training)."""
-    group = parser.add_argument_group("validation (held-out videos while training; train.md § Validation)")
+    group = parser.add_argument_group("validation (held-out videos while training; docs/validation.md)")
     group.add_argument("--val_every", type=int, default=val_every,
                        help="validate every N optimizer steps and at the last step; 0 = never (default %(default)s)")
     group.add_argument("--val_split", type=str, default=None,

@@ -17,14 +17,15 @@ per rollout chunk) and returns detached python floats, including the total under
         then over ranks; clip_grad_norm_ per role                    # 3
         refuse NaN/Inf (NonFiniteError, nothing stepped or written), extra_step_check
         due roles: optimizer.step(); lr_schedule.step(); EMA update   # 4
-        log one record; checkpoint on the interval and on the last step   # 5
+        log one record (every step); checkpoint on the interval and on the last step   # 5
             (on several ranks a checkpoint first checks that every replicated role's weights agree over ranks)
 
 `step_fn` must wrap the forward and backward of non-final micro-batches of a DDP role in
 `maybe_no_sync(role.module, enabled=not sync)`, so DDP all-reduces once per step. It backpropagates its micro-batch
 loss unscaled: the loop divides the accumulated gradients by `grad_accum`. With one role the log keeps the
 single-model keys (`grad_norm`, `lr/<group>`); with several it writes `grad_norm/<role>`, `lr/<role>/<group>` and
-`updates/<role>`.
+`updates/<role>`. The console: the progress bar carries the loss, LR and seconds of every step, and the full record
+is printed as one row every `log_every` steps; `train_log.jsonl` has every step.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def train_loop(
     grad_accum: int,
     ckpt_every: int = 100,
     keep_last: int = 20,
-    log_every: int = 1,
+    log_every: int = 10,
     metrics_logger: MetricsLogger,
     config: dict,
     meta: dict,
@@ -200,7 +201,9 @@ def train_loop(
     updates). stop_at_step: end this run earlier (e.g. stop a 2000-step schedule at 600), with a checkpoint at that
     step. ckpt_every: `<role>_step_XXXXX.safetensors` per role (inference weights, `meta` + step in its metadata)
     and `training_latest.pt` (every role) every N steps and always at the last step; -1 = last step only.
-    keep_last: how many safetensors to keep per role (-1 all). extra_step_check(step, metrics): called before the
+    keep_last: how many safetensors to keep per role (-1 all). log_every: the console prints a step's full record
+    every N steps (and at the last and every validated step); train_log.jsonl and the tracker get every step, and the
+    progress bar shows the loss, LR and s/step of every step. extra_step_check(step, metrics): called before the
     optimizer steps; raise to refuse the step - on every rank alike, so no rank is left waiting in a collective.
     Every rank must call this function.
     """
@@ -279,41 +282,62 @@ def train_loop(
             run_state.epoch = batches.epoch
             synchronize(env.device)  # so step time includes the queued GPU work
             step_time = time.perf_counter() - step_start
-            # 5. Validate (every val_every steps and at the run's last step), log, checkpoint.
+            # 5. Validate (every val_every steps and at the run's last step); log the step's record to
+            #    train_log.jsonl and the tracker (every step); the console shows the figures that matter on the bar
+            #    every step and the full record every log_every steps (and at the last and every validated step).
             figures = {}
             if validation is not None and val_every > 0 and (step % val_every == 0 or step == max_steps):
                 figures = validation(step)
-            if step % log_every == 0 or step == stop_step or figures:
-                memory_key, memory_gib = peak_memory_gib(env.device)
-                if single:
-                    norms = {"grad_norm": grad_norms[roles[0].name]} if grad_norms else {}
-                else:
-                    norms = {f"grad_norm/{name}": norm for name, norm in grad_norms.items()}
-                    norms.update({f"updates/{role.name}": float(role.updates) for role in roles})
-                record = {**metrics, **norms, **lrs, "epoch": run_state.epoch, "time/step_s": step_time,
-                          "time/data_s": data_time, memory_key: memory_gib, **figures}
-                metrics_logger.log(step, record)
-                if figures:
-                    image = validation.image(step)
-                    if image is not None:
-                        metrics_logger.log_image(step, "val/contact_sheet", image)
-                    if env.is_main:
-                        write_best(Path(run_dir), validation.best_metric, roles)
-                        plot_validation_curve(Path(run_dir))
+            memory_key, memory_gib = peak_memory_gib(env.device)
+            if single:
+                norms = {"grad_norm": grad_norms[roles[0].name]} if grad_norms else {}
+            else:
+                norms = {f"grad_norm/{name}": norm for name, norm in grad_norms.items()}
+                norms.update({f"updates/{role.name}": float(role.updates) for role in roles})
+            record = {**metrics, **norms, **lrs, "epoch": run_state.epoch, "time/step_s": step_time,
+                      "time/data_s": data_time, memory_key: memory_gib, **figures}
+            metrics_logger.log(step, record)
+            if figures:
+                image = validation.image(step)
+                if image is not None:
+                    metrics_logger.log_image(step, "val/contact_sheet", image)
                 if env.is_main:
-                    norm_text = " ".join(f"{key} {value:.4g}" for key, value in norms.items())
-                    lr_text = " ".join(f"{key} {value:.3e}" for key, value in lrs.items())
-                    terms = " ".join(f"{key} {value:.6g}" for key, value in metrics.items())
-                    bar.write(f"step {step}/{stop_step} | {terms} | {norm_text} | {lr_text} | "
-                              f"step {step_time:.3f}s data {data_time:.3f}s | {memory_key} {memory_gib:.2f}")
+                    write_best(Path(run_dir), validation.best_metric, roles)
+                    plot_validation_curve(Path(run_dir))
+            if env.is_main and (step % log_every == 0 or step == stop_step or figures):
+                bar.write(console_row(step, stop_step, metrics=metrics, norms=norms, lrs=lrs, step_time=step_time,
+                                      data_time=data_time, memory=(memory_key, memory_gib), figures=figures))
+            bar.set_postfix_str(bar_figures(metrics["loss"], lrs, step_time), refresh=False)
             bar.update(1)
-            bar.set_postfix(loss=f"{metrics['loss']:.4g}")
             if (ckpt_every != -1 and step % ckpt_every == 0) or step == stop_step:
                 _write_checkpoints(run_dir, step, roles=roles, run_state=run_state, config=config, meta=meta, env=env,
                                    keep_last=keep_last)
     finally:
         bar.close()
     return run_state
+
+
+def bar_figures(loss: float, lrs: dict[str, float], step_time: float) -> str:
+    """What the progress bar shows beside the step count every step: the loss, the step's first learning rate (the
+    fusion group's in the Predictor recipes) and the seconds the step took."""
+    lr_text = f" lr {next(iter(lrs.values())):.2e}" if lrs else ""
+    return f"loss {loss:.4g}{lr_text} {step_time:.2f}s/step"
+
+
+def console_row(step: int, stop_step: int, *, metrics: dict[str, float], norms: dict[str, float],
+                lrs: dict[str, float], step_time: float, data_time: float, memory: tuple[str, float],
+                figures: dict[str, float]) -> str:
+    """The full record of a step as one console line (printed every --log_every steps; train_log.jsonl holds every
+    step's): step | every metric | grad norms | LRs | times | peak memory [| validation figures]."""
+    terms = " ".join(f"{key} {value:.6g}" for key, value in metrics.items())
+    norm_text = " ".join(f"{key} {value:.4g}" for key, value in norms.items())
+    lr_text = " ".join(f"{key} {value:.3e}" for key, value in lrs.items())
+    memory_key, memory_gib = memory
+    row = (f"step {step}/{stop_step} | {terms} | {norm_text} | {lr_text} | step {step_time:.3f}s data "
+           f"{data_time:.3f}s | {memory_key} {memory_gib:.2f}")
+    if figures:
+        row += " | " + " ".join(f"{key} {value:.4g}" for key, value in figures.items())
+    return row
 
 
 def write_best(run_dir: Path, metric: str, roles: Sequence[Role]) -> None:

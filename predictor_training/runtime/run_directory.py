@@ -1,7 +1,7 @@
 """The run directory: its name (computed from the flags that ran), whether a launch starts, continues or has
 nothing left to do, and `train_config.json`.
 
-Run names (train.md § Run names):
+Run names (docs/launchers.md § Run names):
 
     <experiment>_blocks<a>-<b>_[<subset>_]<precision>_<N>gpu|cpu_flr<fusion_lr>_blr<blocks_lr>_schedsteps<max_steps>
         _swarmup<scheduler_warmup_steps>_bwarmup<block_warmup_steps|none>_<tracker|notracker>

@@ -8,7 +8,7 @@
   ``make_revisit_pose_string(seed, num_latents, kind)``: paths that come back exactly to earlier cameras.
 * ``revisits``: ``revisits(pose)`` -> the latents / video frames of a pose JSON whose camera equals an earlier one's.
 * ``clips``: ``WorldSettings``, ``make_world(out, settings)`` -> clip tables for the video-latent builder
-  (``tools/render_world.py`` is the command line; data.md, section "Demo world: rendered clips").
+  (``tools/render_world.py`` is the command line; docs/demo_world.md).
 * ``vae``: the world VAE (a small ``AutoencoderKLHunyuanVideo15``), its training windows and PSNR
   (``tools/train_world_vae.py``).
 * ``assets``: the world Teacher's config and the encoder folder (tiny text/vision encoders + the world VAE).

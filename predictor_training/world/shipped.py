@@ -59,7 +59,7 @@ def load_shipped_world(root: str | Path = WORLD_WEIGHTS) -> ShippedWorld:
     for required in ("vae/config.json", "teacher/config.json", WORLD_CONFIG_NAME):
         if not (root / required).is_file():
             hint = (" (the shipped Teacher is written by `python tools/build_demo_world.py --out demo_data/world`; "
-                    "see data.md, 'Demo world')")
+                    "see docs/demo_world.md)")
             raise MissingFileError(f"world weights {root}: {required} is missing{hint}")
     config_path = root / WORLD_CONFIG_NAME
     config = read_json_file(config_path, WorldConfigError)
