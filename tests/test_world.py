@@ -343,8 +343,29 @@ def test_rebuild_can_distil_reused_weights(tmp_path):
         with pytest.raises(SystemExit):
             build_demo_world.parse_args(["--out", "x", *bad])
 
+    # With --reuse_weights the encode stage encodes only the distilled clips (the same evenly spaced subset).
+    subset, encode = build_demo_world.stage_commands("encode", args, out)
+    assert encode[encode.index("--clips") + 1] == f"{out / 'distil_clips' / 'train.jsonl'},{out / 'distil_clips' / 'holdout.jsonl'}"
+    render = out / "render"
+    render.mkdir(parents=True)
+    for name, count in (("train", 100), ("holdout", 10)):
+        (render / f"{name}.jsonl").write_text("".join(json.dumps(
+            {"clip_id": f"{name}{index}", "video": f"frames/{name}{index}", "pose": f"poses/{name}{index}.json",
+             "caption": "c"}) + "\n" for index in range(count)))
+    subprocess.run(subset, check=True, capture_output=True, cwd=REPO_ROOT)
+    rows = {name: [json.loads(line) for line in (out / "distil_clips" / f"{name}.jsonl").read_text().splitlines()]
+            for name in ("train", "holdout")}
+    assert [row["clip_id"] for row in rows["train"]] == [f"train{index * 100 // 40}" for index in range(40)]
+    assert [row["clip_id"] for row in rows["holdout"]] == [f"holdout{index * 10 // 4}" for index in range(4)]
+    assert (out / "distil_clips" / rows["train"][1]["video"]).resolve() == (render / "frames" / "train2").resolve()
+    assert len(build_demo_world.stage_commands("encode", build_demo_world.parse_args(
+        ["--out", str(out), "--reuse_weights", str(weights), "--teacher_from", "kd"]), out)) == 1
+    assert len(build_demo_world.stage_commands("encode", build_demo_world.parse_args(
+        ["--out", "x", "--teacher_from", "kd", "--distil_clips", "4"]), Path("x"))) == 1  # df_sft needs every clip
+    with pytest.raises(SystemExit):
+        build_demo_world.parse_args(["--out", "x", "--distil_clips", "4,x"])
+
     # The copy, run as the stage runs it.
-    (out / "render").mkdir(parents=True)
     (out / "render" / "world_config.json").write_text(json.dumps({**world, "clips": []}))
     vae_stage = build_demo_world.stage_commands("vae", args, out)[0]
     refused = subprocess.run(vae_stage, capture_output=True, text=True, cwd=REPO_ROOT)

@@ -16,7 +16,8 @@ Stages and outputs (all under --out):
     render     render/            tools/render_world.py: clips, poses, captions, train / holdout tables
     vae        vae_run/vae/       tools/train_world_vae.py: the world VAE (held-out PSNR in vae_run/vae_eval.json)
     encoders   encoders/          tiny text / glyph / vision encoders + the world VAE (predictor_training.world.assets)
-    encode     video_latents/     tools/build_video_latent_dataset.py over both tables
+    encode     video_latents/     tools/build_video_latent_dataset.py over both tables (with --reuse_weights and
+               --distil_clips only the clips the distillation uses, tables in distil_clips/)
     df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
     df_sft_continue  df_sft_continue/model/   fvtools/train_df_sft.py again, from df_sft/model/ with a new
                learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr, and the lowest noise level
@@ -129,8 +130,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--distil_clips", type=str, default=None,
                         help="ode_cache: at most this many clips of train,holdout, evenly spaced (e.g. 400,8: one "
                              "number per split, or one for both; tools/build_ode_cache.py --max_clips; default: "
-                             "every clip)")
+                             "every clip); with --reuse_weights the encode stage also encodes only those clips "
+                             "(tables in distil_clips/)")
     args = parser.parse_args(argv)
+    if args.distil_clips is not None:
+        try:
+            counts = [int(item) for item in args.distil_clips.split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) not in (1, 2) or min(counts) < 1:
+            parser.error(f"--distil_clips={args.distil_clips!r}: one count >= 1 for train and holdout, or two (N,M)")
     if args.distil_from is None:
         args.distil_from = "weights" if args.reuse_weights is not None else "df_sft"
     if args.distil_from == "weights" and args.reuse_weights is None:
@@ -223,6 +232,29 @@ print(f'reused the VAE of {weights} in {target}')
 """
 
 
+# The encode stage under --reuse_weights with --distil_clips: clip tables of the evenly spaced subset of each table
+# (predictor_training.data.ode_cache.evenly_spaced, as tools/build_ode_cache.py --max_clips picks them), with the
+# same splits (file names) and paths made relative to the new tables.
+SUBSET_TABLES_CODE = """
+import json, os, sys
+from pathlib import Path
+from predictor_training.data.ode_cache import evenly_spaced
+from predictor_training.runtime.io import write_bytes_atomic
+out, counts, tables = Path(sys.argv[1]), [int(item) for item in sys.argv[2].split(',')], [Path(arg) for arg in sys.argv[3:]]
+out.mkdir(parents=True, exist_ok=True)
+for table, count in zip(tables, counts * len(tables) if len(counts) == 1 else counts):
+    rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
+    lines = []
+    for index in evenly_spaced(len(rows), count):
+        row = dict(rows[index])
+        for key in ('video', 'pose'):
+            row[key] = os.path.relpath((table.parent / row[key]).resolve(), out.resolve())
+        lines.append(json.dumps(row) + chr(10))
+    write_bytes_atomic(out / table.name, ''.join(lines).encode('utf-8'))
+    print(f'{out / table.name}: {len(lines)} of {len(rows)} clips')
+"""
+
+
 def run(command: list[str], log: Path) -> None:
     """Run one stage's command; its output goes to `log` (and the last lines to the console on failure)."""
     print(f"[build_demo_world] $ {' '.join(command)}", flush=True)
@@ -261,8 +293,14 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
         return [[python, "-c", code, str(out), str(args.seed)]]
     if stage == "encode":
         render = out / "render"
-        return [[python, "tools/build_video_latent_dataset.py", "--clips",
-                 f"{render / 'train.jsonl'},{render / 'holdout.jsonl'}", "--encoders", str(out / "encoders"),
+        tables, subset = [render / "train.jsonl", render / "holdout.jsonl"], []
+        if args.reuse_weights is not None and args.distil_clips:
+            # The video latents serve only the distillation: encode the clips the ode_cache stage will cache.
+            subset = [[python, "-c", SUBSET_TABLES_CODE, str(out / "distil_clips"), args.distil_clips,
+                       *map(str, tables)]]
+            tables = [out / "distil_clips" / table.name for table in tables]
+        return [*subset, [python, "tools/build_video_latent_dataset.py", "--clips",
+                 ",".join(map(str, tables)), "--encoders", str(out / "encoders"),
                  "--out", str(out / "video_latents"), "--height", str(args.height), "--width", str(args.width),
                  "--num_frames", str(args.num_frames),
                  "--dtype", "float32", "--storage_dtype", "float32", "--device", "cpu"]]

@@ -25,6 +25,7 @@ from predictor_training.data.ode_cache import (
     CacheJob,
     CacheSettings,
     build_cache,
+    evenly_spaced,
     video_clip_seed,
 )
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
@@ -103,13 +104,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--max_clips={args.max_clips!r}: one count >= 1, or one per split of --splits {splits}")
         args.max_clips = dict(zip(splits, counts * len(splits) if len(counts) == 1 else counts))
     return args
-
-
-def evenly_spaced(count: int, limit: int | None) -> list[int]:
-    """Indices of at most `limit` of `count` items, evenly spaced from the first (all of them without a limit)."""
-    if limit is None or limit >= count:
-        return list(range(count))
-    return [index * count // limit for index in range(limit)]
 
 
 def plan_jobs(args) -> tuple[list[CacheJob], object, dict]:
