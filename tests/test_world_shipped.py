@@ -59,6 +59,28 @@ def world_demo(tmp_path_factory):
     return root
 
 
+def test_world_demo_assets_take_another_teacher(world_demo, tmp_path):
+    """make_demo_assets --teacher DIR: the same world (scenes, tables, encoders) with DIR's Teacher copied in, recorded
+    in demo_config.json as teacher_source; without the flag the weights' own Teacher and no such field."""
+    teacher = tmp_path / "student"
+    shutil.copytree(WORLD_WEIGHTS / "teacher", teacher)
+    (teacher / "meta.json").write_text('{"role": "student"}')  # any file of the folder comes along
+    root = tmp_path / "D"
+    make_demo_assets.main(["--out", str(root), "--num_train", "1", "--num_holdout25", "1", "--num_holdout50", "1",
+                           "--teacher", str(teacher)])
+    assert (root / "teacher" / "meta.json").read_text() == '{"role": "student"}'
+    config = json.loads((root / "demo_config.json").read_text())
+    assert config.pop("teacher_source") == str(teacher.resolve())
+    assert config == json.loads((world_demo / "demo_config.json").read_text())
+    assert "teacher_source" not in config and not (world_demo / "teacher" / "meta.json").exists()
+    for path in ("samples/holdout25.jsonl", "encoded/s388.pt"):
+        assert (root / path).read_bytes() == (world_demo / path).read_bytes()
+    with pytest.raises(SystemExit):
+        make_demo_assets.parse_args(["--out", str(tmp_path / "E"), "--teacher", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit):
+        make_demo_assets.parse_args(["--out", str(tmp_path / "E"), "--kind", "random", "--teacher", str(teacher)])
+
+
 def test_world_demo_assets_fit_together(world_demo):
     config = json.loads((world_demo / "demo_config.json").read_text())
     assert config["kind"] == "world" and config["latent_grid"] == {"channels": 16, "height": 4, "width": 6}

@@ -16,14 +16,16 @@ Stages and outputs (all under --out):
     render     render/            tools/render_world.py: clips, poses, captions, train / holdout tables
     vae        vae_run/vae/       tools/train_world_vae.py: the world VAE (held-out PSNR in vae_run/vae_eval.json)
     encoders   encoders/          tiny text / glyph / vision encoders + the world VAE (predictor_training.world.assets)
-    encode     video_latents/     tools/build_video_latent_dataset.py over both tables
+    encode     video_latents/     tools/build_video_latent_dataset.py over both tables (with --reuse_weights and
+               --distil_clips only the clips the distillation uses, tables in distil_clips/)
     df_sft     df_sft/model/      fvtools/train_df_sft.py: the world Teacher, every parameter from scratch
     df_sft_continue  df_sft_continue/model/   fvtools/train_df_sft.py again, from df_sft/model/ with a new
                learning-rate schedule (--df_sft_continue_steps, --df_sft_continue_lr, and the lowest noise level
                it trains, --df_sft_continue_sigma_min); with several rounds
                (--df_sft_continue_steps 4000,5000) round k trains round k-1's model on into df_sft_continue_<k>/
                and the last round's model ships                                  (--teacher_from df_sft_continue)
-    ode_cache  ode_cache/         tools/build_ode_cache.py: the df_sft model's many-step rollouts   (--teacher_from kd)
+    ode_cache  ode_cache/         tools/build_ode_cache.py: the many-step rollouts of the model named by --distil_from
+               (default the df_sft model; --distil_clips caches a subset of the clips)   (--teacher_from kd)
     kd         kd/model/          fvtools/train_kd.py: a 4-step student of them at shift 5          (--teacher_from kd)
     ship       predictor_training/world/weights/{vae,teacher}/, plus world_config.json and build_report.json:
                what the package ships (commit it; git keeps every version, so rarely)
@@ -34,6 +36,16 @@ shift 5, is the default, because it measured closer to the ground-truth renders 
 student drifts on its own history in late chunks). `--teacher_from kd` adds the two distillation stages and ships their student;
 `--teacher_from df_sft_continue` trains the df_sft model on (a second cosine schedule: a finished run's schedule
 cannot be lengthened in place) and ships that.
+
+Distilling a world that was already built (`--reuse_weights DIR`, e.g. the shipped predictor_training/world/weights):
+the vae stage copies DIR/vae/ and DIR/vae_eval.json into vae_run/ instead of training (after checking that the
+render stage made the world of DIR/world_config.json), the df_sft stages are left out, and the distillation stages
+distil DIR/teacher/ (`--distil_from weights`, the default with --reuse_weights). The 4-step student of the shipped
+Teacher, from 400 train clips' 16-step rollouts, without touching the shipped weights (no ship stage):
+
+    python tools/build_demo_world.py --out /work/world_build --reuse_weights predictor_training/world/weights \
+        --teacher_from kd --stages render,vae,encoders,encode,ode_cache,kd --distil_clips 400,8 \
+        --num_scenes 400 --holdout_scenes 12 --paths_per_scene 4 --holdout_paths 1 --revisit_paths 2
 """
 
 from __future__ import annotations
@@ -54,6 +66,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("render", "vae", "encoders", "encode", "df_sft", "df_sft_continue", "ode_cache", "kd", "ship")
 # Stages run by default only when --teacher_from names the model they make.
 OPTIONAL_STAGES = {"df_sft_continue": ("df_sft_continue",), "kd": ("ode_cache", "kd")}
+DISTIL_SOURCES = ("df_sft", "df_sft_continue", "weights")
+REUSED_FILES = ("vae/config.json", "vae_eval.json", "teacher/config.json", "world_config.json")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -104,10 +118,44 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(1, 0.94, 0.83, 0.625) (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
-                        help="steps of the df_sft model's rollouts that kd distils (default %(default)s)")
+                        help="steps of the distilled model's rollouts that kd distils (default %(default)s)")
+    parser.add_argument("--reuse_weights", type=Path, default=None,
+                        help="a world-weights folder (vae/, teacher/, vae_eval.json, world_config.json; e.g. the "
+                             "shipped predictor_training/world/weights) whose VAE the vae stage copies instead of "
+                             "training and whose Teacher the distillation stages distil; the df_sft stages are then "
+                             "left out of the default stages (default: none, train everything)")
+    parser.add_argument("--distil_from", choices=DISTIL_SOURCES, default=None,
+                        help="the many-step model the ode_cache and kd stages distil: df_sft (df_sft/model), "
+                             "df_sft_continue (the last round's model) or weights (--reuse_weights DIR/teacher) "
+                             "(default: weights with --reuse_weights, else df_sft)")
+    parser.add_argument("--distil_clips", type=str, default=None,
+                        help="ode_cache: at most this many clips of train,holdout, evenly spaced (e.g. 400,8: one "
+                             "number per split, or one for both; tools/build_ode_cache.py --max_clips; default: "
+                             "every clip); with --reuse_weights the encode stage also encodes only those clips "
+                             "(tables in distil_clips/)")
     args = parser.parse_args(argv)
+    if args.distil_clips is not None:
+        try:
+            counts = [int(item) for item in args.distil_clips.split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) not in (1, 2) or min(counts) < 1:
+            parser.error(f"--distil_clips={args.distil_clips!r}: one count >= 1 for train and holdout, or two (N,M)")
+    if args.distil_from is None:
+        args.distil_from = "weights" if args.reuse_weights is not None else "df_sft"
+    if args.distil_from == "weights" and args.reuse_weights is None:
+        parser.error("--distil_from weights needs --reuse_weights DIR")
+    if args.reuse_weights is not None:
+        missing = [name for name in REUSED_FILES if not (args.reuse_weights / name).exists()]
+        if missing:
+            parser.error(f"--reuse_weights={str(args.reuse_weights)!r}: {', '.join(missing)} missing there")
+        if args.teacher_from != "kd":
+            parser.error(f"--reuse_weights reuses the world Teacher, so --teacher_from {args.teacher_from} (a model "
+                         "the df_sft stages train) has nothing to ship; use --teacher_from kd")
     if args.stages is None:
         skipped = {stage for name, stages in OPTIONAL_STAGES.items() if name != args.teacher_from for stage in stages}
+        if args.reuse_weights is not None:
+            skipped |= {"df_sft", "df_sft_continue"}
         args.stages = [stage for stage in STAGES if stage not in skipped]
     else:
         args.stages = [stage for stage in args.stages.split(",") if stage]
@@ -149,6 +197,65 @@ def shipped_teacher(args, out: Path) -> Path:
     return out / args.teacher_from / "model"
 
 
+def distilled_model(args, out: Path) -> Path:
+    """The many-step model the ode_cache and kd stages distil (--distil_from)."""
+    if args.distil_from == "weights":
+        return args.reuse_weights.resolve() / "teacher"
+    if args.distil_from == "df_sft_continue":
+        return continue_rounds(args, out)[-1]["run_dir"] / "model"
+    return out / "df_sft" / "model"
+
+
+# The vae stage under --reuse_weights: check that the rendered world is the weights' world, then copy their VAE (a
+# rerun finds the same files and keeps them).
+REUSE_VAE_CODE = """
+import filecmp, json, shutil, sys
+from pathlib import Path
+out, weights = Path(sys.argv[1]), Path(sys.argv[2])
+rendered = json.loads((out / 'render' / 'world_config.json').read_text())
+recorded = json.loads((weights / 'world_config.json').read_text())
+different = [key for key in ('settings', 'clips') if rendered.get(key) != recorded.get(key)]
+if different:
+    sys.exit(f'{out}/render is not the world of {weights} (different {different}): render it with the world flags '
+             'the weights were built with (data.md, Demo world)')
+vae, target = weights / 'vae', out / 'vae_run' / 'vae'
+if target.exists():
+    comparison = filecmp.dircmp(vae, target)
+    if comparison.left_only or comparison.right_only or filecmp.cmpfiles(vae, target, comparison.common_files,
+                                                                         shallow=False)[1:] != ([], []):
+        sys.exit(f'{target} exists and differs from {vae}; remove it to reuse the weights VAE')
+else:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(vae, target.parent / '.vae.copying', dirs_exist_ok=True)
+    (target.parent / '.vae.copying').rename(target)
+shutil.copy(weights / 'vae_eval.json', out / 'vae_run' / 'vae_eval.json')
+print(f'reused the VAE of {weights} in {target}')
+"""
+
+
+# The encode stage under --reuse_weights with --distil_clips: clip tables of the evenly spaced subset of each table
+# (predictor_training.data.ode_cache.evenly_spaced, as tools/build_ode_cache.py --max_clips picks them), with the
+# same splits (file names) and paths made relative to the new tables.
+SUBSET_TABLES_CODE = """
+import json, os, sys
+from pathlib import Path
+from predictor_training.data.ode_cache import evenly_spaced
+from predictor_training.runtime.io import write_bytes_atomic
+out, counts, tables = Path(sys.argv[1]), [int(item) for item in sys.argv[2].split(',')], [Path(arg) for arg in sys.argv[3:]]
+out.mkdir(parents=True, exist_ok=True)
+for table, count in zip(tables, counts * len(tables) if len(counts) == 1 else counts):
+    rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
+    lines = []
+    for index in evenly_spaced(len(rows), count):
+        row = dict(rows[index])
+        for key in ('video', 'pose'):
+            row[key] = os.path.relpath((table.parent / row[key]).resolve(), out.resolve())
+        lines.append(json.dumps(row) + chr(10))
+    write_bytes_atomic(out / table.name, ''.join(lines).encode('utf-8'))
+    print(f'{out / table.name}: {len(lines)} of {len(rows)} clips')
+"""
+
+
 def run(command: list[str], log: Path) -> None:
     """Run one stage's command; its output goes to `log` (and the last lines to the console on failure)."""
     print(f"[build_demo_world] $ {' '.join(command)}", flush=True)
@@ -164,6 +271,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
     if stage == "render":
         world = [f"--{name}={getattr(args, name)}" for name in asdict(WorldSettings()) if name not in ("seed", "video_format")]
         return [[python, "tools/render_world.py", "--out", str(out / "render"), "--seed", str(args.seed), *world]]
+    if stage == "vae" and args.reuse_weights is not None:
+        return [[python, "-c", REUSE_VAE_CODE, str(out), str(args.reuse_weights.resolve())]]
     if stage == "vae":
         return [[python, "tools/train_world_vae.py", "--clips", str(out / "render" / "train.jsonl"), "--holdout",
                  str(out / "render" / "holdout.jsonl"), "--max_steps", str(args.vae_steps), "--seed", str(args.seed),
@@ -185,8 +294,14 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
         return [[python, "-c", code, str(out), str(args.seed)]]
     if stage == "encode":
         render = out / "render"
-        return [[python, "tools/build_video_latent_dataset.py", "--clips",
-                 f"{render / 'train.jsonl'},{render / 'holdout.jsonl'}", "--encoders", str(out / "encoders"),
+        tables, subset = [render / "train.jsonl", render / "holdout.jsonl"], []
+        if args.reuse_weights is not None and args.distil_clips:
+            # The video latents serve only the distillation: encode the clips the ode_cache stage will cache.
+            subset = [[python, "-c", SUBSET_TABLES_CODE, str(out / "distil_clips"), args.distil_clips,
+                       *map(str, tables)]]
+            tables = [out / "distil_clips" / table.name for table in tables]
+        return [*subset, [python, "tools/build_video_latent_dataset.py", "--clips",
+                 ",".join(map(str, tables)), "--encoders", str(out / "encoders"),
                  "--out", str(out / "video_latents"), "--height", str(args.height), "--width", str(args.width),
                  "--num_frames", str(args.num_frames),
                  "--dtype", "float32", "--storage_dtype", "float32", "--device", "cpu"]]
@@ -208,12 +323,13 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--experiment", f"world_{run['name']}", "--output_dir", str(run["run_dir"]), "--no_progress"]
                 for run in runs]
     if stage == "ode_cache":
-        return [[python, "tools/build_ode_cache.py", "--teacher", str(out / "df_sft" / "model"), "--video_latents",
+        return [[python, "tools/build_ode_cache.py", "--teacher", str(distilled_model(args, out)), "--video_latents",
                  str(out / "video_latents"), "--splits", "train,holdout", "--steps", str(args.teacher_steps),
                  "--store_grid", "4", "--dtype", "float32", "--storage_dtype", "float32", "--seed", str(args.seed),
+                 *(["--max_clips", args.distil_clips] if args.distil_clips else []),
                  "--out", str(out / "ode_cache")]]
     if stage == "kd":
-        return [[python, "fvtools/train_kd.py", "--teacher", str(out / "df_sft" / "model"), "--cache_root",
+        return [[python, "fvtools/train_kd.py", "--teacher", str(distilled_model(args, out)), "--cache_root",
                  str(out / "ode_cache"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
                  "--lr", "3e-4", "--max_steps", str(args.kd_steps), "--warmup_steps", "50", "--chunks_per_clip", "2",
                  "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2", "--log_every", "10",

@@ -8,7 +8,9 @@ encoder stage's outputs:
     torchrun --nproc_per_node 8 tools/build_ode_cache.py --teacher RUN/model --samples train.jsonl,holdout.jsonl \
         --encoded encoded/ --num_latents 32 --out /data/ode_cache
 
-Sample i is built by rank i % world size; rerunning the same command resumes (finished samples are verified and
+`--max_clips 400,8` caches at most 400 train and 8 holdout clips of the video-latent dataset, evenly spaced over each
+split (a CPU-sized subset; the cache records it, so a rerun must give the same counts). Sample i is built by rank
+i % world size; rerunning the same command resumes (finished samples are verified and
 kept); COMPLETE is written last. The builder is ``predictor_training.data.ode_cache``.
 """
 
@@ -23,6 +25,7 @@ from predictor_training.data.ode_cache import (
     CacheJob,
     CacheSettings,
     build_cache,
+    evenly_spaced,
     video_clip_seed,
 )
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
@@ -52,6 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     source.add_argument("--video_latents", type=Path, default=None, help="a video-latent dataset root")
     source.add_argument("--splits", type=str, default="train",
                         help="--video_latents: comma-separated splits to cache (default %(default)s)")
+    source.add_argument("--max_clips", type=str, default=None,
+                        help="--video_latents: cache at most this many clips of each split, evenly spaced over the "
+                             "split's clips in order; one number for every split or one per --splits entry "
+                             "(e.g. 400,8; default: every clip)")
     source.add_argument("--samples", type=str, default=None,
                         help="comma-separated sample tables (JSONL); a row's split is its table's file stem")
     source.add_argument("--encoded", type=Path, default=None, help="--samples: folder of encoder outputs {case}.pt")
@@ -86,6 +93,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--shift={args.shift}: expected > 0")
     if not (args.teacher / "config.json").is_file():
         parser.error(f"--teacher={str(args.teacher)!r}: no config.json in that folder")
+    if args.max_clips is not None:
+        if args.video_latents is None:
+            parser.error("--max_clips needs --video_latents (a sample table is its own subset)")
+        splits = [item for item in args.splits.split(",") if item]
+        try:
+            counts = [int(item) for item in args.max_clips.split(",")]
+        except ValueError:
+            parser.error(f"--max_clips={args.max_clips!r}: comma-separated integers expected")
+        if len(counts) not in (1, len(splits)) or min(counts) < 1:
+            parser.error(f"--max_clips={args.max_clips!r}: one count >= 1, or one per split of --splits {splits}")
+        args.max_clips = dict(zip(splits, counts * len(splits) if len(counts) == 1 else counts))
     return args
 
 
@@ -95,8 +113,10 @@ def plan_jobs(args) -> tuple[list[CacheJob], object, dict]:
     if args.video_latents is not None:
         datasets = {split: VideoLatentDataset(args.video_latents, split)
                     for split in [item for item in args.splits.split(",") if item]}
+        limits = args.max_clips or {}
         for split, dataset in datasets.items():
-            for index, entry in enumerate(dataset.clips):
+            for index in evenly_spaced(len(dataset.clips), limits.get(split)):
+                entry = dataset.clips[index]
                 jobs.append(CacheJob(len(jobs), entry.clip_id, split, video_clip_seed(args.seed, entry.clip_id),
                                      (split, index)))
 
@@ -105,6 +125,8 @@ def plan_jobs(args) -> tuple[list[CacheJob], object, dict]:
             return datasets[split][index]
 
         inputs = {"video_latents": str(args.video_latents.resolve()), "splits": sorted(datasets), "seed": args.seed}
+        if limits:
+            inputs["max_clips"] = {split: limits[split] for split in sorted(limits)}
         return jobs, load_condition, inputs
     tables = {Path(path).stem: TrajectoryTableDataset(path, encoded_dir=args.encoded, num_latents=args.num_latents)
               for path in args.samples.split(",") if path}

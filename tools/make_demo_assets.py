@@ -2,6 +2,7 @@
 
     python tools/make_demo_assets.py --out demo_data/D                  # the demo world (default)
     python tools/make_demo_assets.py --out demo_data/D --kind random    # a tiny random Teacher (what tests use)
+    python tools/make_demo_assets.py --out demo_data/D_kd --teacher W/kd/model   # the world with another Teacher
 
 --kind world (default; about a minute on 2 CPU cores, ~15 MB): the shipped demo world
 (`predictor_training/world/weights/`, docs/demo_world.md): its trained 4-step Teacher and VAE, its rendered scenes
@@ -105,6 +106,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "on procedural images (default %(default)s)")
     parser.add_argument("--world_weights", type=Path, default=WORLD_WEIGHTS, help="--kind world: the world weights "
                         "folder (vae/, teacher/, world_config.json; default: the shipped one)")
+    parser.add_argument("--teacher", type=Path, default=None, help="--kind world: another Teacher folder of the same "
+                        "world (config.json + weights, e.g. a distilled student's kd/model/) in place of "
+                        "--world_weights' teacher/ (default: that one); demo_config.json records it")
     parser.add_argument("--num_train", type=int, default=12, help="cases in samples/train.jsonl (world: scenes, each "
                         "with its 4 train paths; random: images, each with the 4 standard actions)")
     parser.add_argument("--num_holdout25", type=int, default=8, help="cases in samples/holdout25.jsonl (world: "
@@ -123,6 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.out.exists() and not args.overwrite:
         parser.error(f"--out {args.out} already exists; pass --overwrite to replace it")
+    if args.teacher is not None:
+        if args.kind != "world":
+            parser.error("--teacher is for --kind world (the random kind makes its own Teacher)")
+        if not (args.teacher / "config.json").is_file():
+            parser.error(f"--teacher={str(args.teacher)!r}: no config.json in that folder")
     if args.kind == "world":
         load_shipped_world(args.world_weights)  # checked before the staging folder is made
     return args
@@ -268,12 +277,12 @@ def assemble_random(root: Path, sizes: dict[str, int], seed: int) -> dict:
                              seed)
 
 
-def assemble_world(root: Path, sizes: dict[str, int], seed: int, weights: Path) -> dict:
-    """--kind world into `root`; returns demo_config."""
+def assemble_world(root: Path, sizes: dict[str, int], seed: int, weights: Path, teacher: Path | None = None) -> dict:
+    """--kind world into `root`; returns demo_config. `teacher`: a Teacher folder in place of the weights' own."""
     world = load_shipped_world(weights)
     splits = demo_split_clips(world, sizes["train"], sizes["holdout25"], sizes["holdout50"])
     rows = write_world_cases(root, world, splits, seed)
-    shutil.copytree(world.teacher, root / "teacher")
+    shutil.copytree(world.teacher if teacher is None else teacher, root / "teacher")
     teacher_config = WorldPlayTransformer.load_config(str(root / "teacher"))
     write_world_encoders(root / "encoders", world.vae, world.captions, world.settings.seed)
     resolution = (world.settings.height, world.settings.width)
@@ -281,12 +290,15 @@ def assemble_world(root: Path, sizes: dict[str, int], seed: int, weights: Path) 
     extra = {"ground_truth": "ground_truth", "clips": {name: f"clips/{name}.jsonl" for name in ("train", "holdout")},
              "world": {"settings": world.settings.recorded(),
                        "splits": {name: [clip.clip_id for clip in clips] for name, clips in splits.items()}}}
+    if teacher is not None:
+        extra["teacher_source"] = str(Path(teacher).resolve())
     return write_demo_config(root, "world", teacher_config, resolution, world.settings.num_latents, grid, rows, seed,
                              extra)
 
 
 def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout50: int, seed: int,
-                      overwrite: bool = False, kind: str = "world", world_weights: Path = WORLD_WEIGHTS) -> dict:
+                      overwrite: bool = False, kind: str = "world", world_weights: Path = WORLD_WEIGHTS,
+                      teacher: Path | None = None) -> dict:
     """Build every demo asset in a staging folder next to `out`, then move it to `out`. Returns demo_config."""
     out = Path(out)
     if out.exists() and not overwrite:
@@ -298,7 +310,7 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
 
     sizes = {"train": num_train, "holdout25": num_holdout25, "holdout50": num_holdout50}
     if kind == "world":
-        config = assemble_world(staging, sizes, seed, Path(world_weights))
+        config = assemble_world(staging, sizes, seed, Path(world_weights), teacher)
     elif kind == "random":
         config = assemble_random(staging, sizes, seed)
     else:
@@ -322,7 +334,8 @@ def main(argv=None) -> dict:
     set_cpu_threads(args.threads, tool="make_demo_assets", load_aware=False)
     started = time.time()
     config = build_demo_assets(args.out, args.num_train, args.num_holdout25, args.num_holdout50, args.seed,
-                               overwrite=args.overwrite, kind=args.kind, world_weights=args.world_weights)
+                               overwrite=args.overwrite, kind=args.kind, world_weights=args.world_weights,
+                               teacher=args.teacher)
     size = sum(path.stat().st_size for path in args.out.rglob("*") if path.is_file())
     print(f"demo assets ({config['kind']}) in {args.out}: {config['sample_rows']} sample rows, grid "
           f"{config['latent_grid']}, {size / 2**20:.1f} MiB, {time.time() - started:.1f} s")

@@ -262,6 +262,15 @@ def build_cache(teacher, plan: Sequence[CacheJob], load_condition, settings: Cac
     return counts
 
 
+def evenly_spaced(count: int, limit: int | None) -> list[int]:
+    """Indices of at most `limit` of `count` items, evenly spaced from the first (all of them without a limit, or
+    when `limit` >= `count`): the clip subset of `tools/build_ode_cache.py --max_clips` (and of the encode stage of
+    `tools/build_demo_world.py --distil_clips`, so a dataset of only those clips gives the same subset)."""
+    if limit is None or limit >= count:
+        return list(range(count))
+    return [index * count // limit for index in range(limit)]
+
+
 def video_clip_seed(seed: int, clip_id: str) -> int:
     """The noise seed of a video clip's cached rollout: a pure function of the build seed and the clip id."""
     return stream_seed(seed, zlib.crc32(clip_id.encode("utf-8")))
