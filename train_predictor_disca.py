@@ -29,6 +29,8 @@ from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import config_field, read_dataset_config
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs
 from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.errors import UserInputError, command
+from predictor_training.runtime.run_directory import launch_world
 from train_predictor_v4 import finish_offline_args, offline_parser, train_offline
 
 VARIANT = "disca"
@@ -51,20 +53,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     return finish_offline_args(parser, argv, PRESETS)
 
 
-def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
-    """disca's data -> (pairs, this rank's resumable batches, the dataset's context timestep).
+def open_dataset(args: argparse.Namespace, *, verify: bool = False, check_tensors: bool = True) -> PairDataset:
+    """disca's pairs: no context or previous-chunk hidden (chunks 1-7, or 0-7 with --include_chunk0)."""
+    return PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=False,
+                       with_prev_chunk_hidden=False, source_layers=tuple(args.source_blocks), verify=verify,
+                       include_chunk0=args.include_chunk0, check_tensors=check_tensors)
 
-    Pairs without context or previous-chunk hidden (chunks 1-7, or 0-7 with --include_chunk0), from a plain
+
+def check_data(args: argparse.Namespace) -> None:
+    """The dataset opened as the run will read it (no tensor read) and one batch per rank: a problem ends the
+    launch before anything is created."""
+    pairs = len(open_dataset(args, check_tensors=False))
+    world_size, _ = launch_world(args.backend)
+    if pairs < args.batch_size * world_size:
+        raise UserInputError(f"--batch_size {args.batch_size}: {args.dataset_root} split {args.split} has {pairs} "
+                             f"pairs, which cannot fill one batch on each of {world_size} ranks; expected "
+                             f"--batch_size <= {pairs // world_size}")
+
+
+def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
+    """disca's data -> (pairs, this rank's resumable batches, the dataset's context timestep), from a plain
     DistributedSampler; incomplete batches are dropped, so every rank sees the same number.
     """
-    dataset = PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=False,
-                          with_prev_chunk_hidden=False, source_layers=tuple(args.source_blocks),
-                          verify=args.verify_dataset, include_chunk0=args.include_chunk0)
+    dataset = open_dataset(args, verify=args.verify_dataset)
     context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
                                           args.dataset_root))
-    if len(dataset) < args.batch_size * env.world_size:
-        raise ValueError(f"{len(dataset)} pairs cannot fill one batch of {args.batch_size} on each of "
-                         f"{env.world_size} ranks; lower --batch_size")
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=args.batch_size, drop_last=True,
@@ -72,8 +85,9 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
     return dataset, batches, context_timestep
 
 
+@command
 def main(argv=None) -> int:
-    return train_offline(parse_args(argv), VARIANT, build_data)
+    return train_offline(parse_args(argv), VARIANT, build_data, check_data)
 
 
 if __name__ == "__main__":

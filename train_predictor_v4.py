@@ -26,13 +26,14 @@ import torch
 
 from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
-from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches
+from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
 from predictor_training.predictor.pair_step import pair_step
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything, wrap_ddp
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
@@ -52,7 +53,7 @@ from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import environment_summary, plan_run, run_config, write_train_config
-from predictor_training.teacher.source import describe_teacher, load_teacher
+from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 
@@ -68,7 +69,7 @@ PRESETS = {
 def offline_parser(description: str, *, experiment: str) -> argparse.ArgumentParser:
     """The offline recipe's flags (v4 and disca): every default below is the recipe (train.md § Configuration);
     `experiment` names the variant's runs."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     add_teacher_args(parser)
     add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
@@ -94,6 +95,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return finish_offline_args(offline_parser(__doc__, experiment="predictor_v4_prefeature"), argv, PRESETS)
 
 
+def check_data(args: argparse.Namespace) -> None:
+    """v4's dataset opened as the run will read it (manifest, files, pairs, pre-feature layers; no tensor read),
+    so a problem ends the launch before anything is created."""
+    v4_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+                    check_tensors=False)
+
+
 def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
     """v4's data -> (pairs, this rank's resumable batches, the dataset's context timestep).
 
@@ -109,11 +117,18 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
 OfflineData = Callable[[argparse.Namespace, DistEnv], tuple[PairDataset, ResumableBatches, float]]
 
 
-def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineData) -> int:
+def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineData,
+                  check_data: Callable[[argparse.Namespace], None]) -> int:
     """The offline recipe of both variants; `build_data(args, env)` -> (pairs, this rank's batches, the dataset's
-    context timestep) is what differs between them."""
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args)
+    context timestep) and `check_data(args)` (the dataset opened, nothing read) are what differ between them."""
+    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
+    #    dataset, and the source blocks against its Teacher. Then the run directory, named from the flags; a second
+    #    launch continues it or finds it finished. A checkpoint it would resume must record this `meta`.
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    check_data(args)
+    meta = checkpoint_meta(variant, args.source_blocks, args.precision)
+    start = plan_run(args, meta=meta, inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -124,7 +139,6 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
 
         # 3. Teacher -> Predictor. The Predictor shares the few frozen Teacher modules it runs; dropping our
         #    reference to the Teacher frees every other block.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
@@ -146,7 +160,6 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
         #    the run directory's own unfinished run) restores it and the data position.
         model = wrap_ddp(predictor, env)
         role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        meta = checkpoint_meta(variant, args.source_blocks, args.precision)
         run_state = resume_roles(start, [role], batches, meta)
 
         # 6. Config and summary.
@@ -179,8 +192,9 @@ def train_offline(args: argparse.Namespace, variant: str, build_data: OfflineDat
     return 0
 
 
+@command
 def main(argv=None) -> int:
-    return train_offline(parse_args(argv), VARIANT, build_data)
+    return train_offline(parse_args(argv), VARIANT, build_data, check_data)
 
 
 if __name__ == "__main__":

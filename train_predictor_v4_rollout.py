@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
+from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
 from predictor_training.data.dataset_config import (
     DATASET_CONFIG_NAME,
     resolve_teacher_source,
@@ -47,6 +47,7 @@ from predictor_training.runtime.distributed import (
     wrap_ddp,
 )
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, parse_replace_steps, Schedule
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_data_args,
     add_loss_args,
@@ -63,7 +64,7 @@ from predictor_training.runtime.flags import (
 from predictor_training.teacher.config import DISTILLED_STEPS
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
-from predictor_training.data.trajectory_dataset import trajectory_batches
+from predictor_training.data.trajectory_dataset import open_trajectory_table, trajectory_batches
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import precision_policy
@@ -78,7 +79,7 @@ from predictor_training.runtime.run_directory import (
     write_train_config,
 )
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
-from predictor_training.teacher.source import describe_teacher, load_teacher
+from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
@@ -108,7 +109,7 @@ PRESETS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The rollout recipe: every default below is the recipe (train.md § 2)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs=None, num_workers=2)
     rollout = parser.add_argument_group("rollout")
     rollout.add_argument("--sample_table", type=Path, default=None,
@@ -249,16 +250,28 @@ class RolloutStep:
                                         device=self.env.device)
         # 3. Roll out and train.
         metrics = train_trajectory(trajectory, sync=sync)
-        gathered = all_gather_objects(metrics["latent_grad_l1_min"])
-        metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
+        if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
+            gathered = all_gather_objects(metrics["latent_grad_l1_min"])
+            metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
         metrics["trajectory/distinct_keys"] = distinct
         return metrics
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, subset=run_tags(args))
+    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
+    #    trajectory table and dataset, the source blocks against the Teacher, the --init_from weights. Then the run
+    #    directory, named from the flags; a second launch continues it or finds it finished.
+    open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table,
+                          subset_cases=args.subset_cases, subset_seed=args.subset_seed)
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    init_expect = {"variant": VARIANT, "source_blocks": list(args.source_blocks)}
+    if args.resume is None:
+        check_weights_file(args.init_from, expect=init_expect)
+    start = plan_run(args, meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args),
+                     inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -277,14 +290,12 @@ def main(argv=None) -> int:
 
         # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
         #    a training state is resumed below.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
         init_meta = None
         if start.resume_path is None:
-            init_meta = load_model_weights(args.init_from, predictor,
-                                           expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+            init_meta = load_model_weights(args.init_from, predictor, expect=init_expect)
 
         # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
         optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)

@@ -55,7 +55,6 @@ Launchers (8 GPUs; with no GPU and no DATASET_ROOT the CPU demo):
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -63,8 +62,8 @@ import torch
 from torch import Tensor, nn
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
-from predictor_training.data.pair_dataset import v4_pair_batches
-from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, trajectory_batches
+from predictor_training.data.pair_dataset import v4_pair_batches, v4_pair_dataset
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, open_trajectory_table, trajectory_batches
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.methods.adversarial import (DISCRIMINATOR, PREDICTOR, Adversary, adversarial_metrics,
                                                     build_discriminator, build_discriminator_role, context_summary)
@@ -75,8 +74,9 @@ from predictor_training.predictor.self_rollout import (ChunkGraph, SelfRolloutSe
                                                        trajectory_for_row)
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
-from predictor_training.runtime.checkpoint import checkpoint_meta, load_model_weights
+from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_data_args, add_loss_args,
                                              add_optimization_args, add_predictor_args, add_run_args,
                                              add_teacher_args, add_tracker_args, add_validation_args, at_least,
@@ -88,7 +88,7 @@ from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (environment_summary, format_lr, plan_run, run_config,
                                                       write_train_config)
-from predictor_training.teacher.source import describe_teacher, load_teacher
+from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 DATA_MODES = ("offline", "rollout")
@@ -109,7 +109,7 @@ PRESETS = {
 def parse_args(argv=None) -> argparse.Namespace:
     """The adversarial recipe: every default below is the recipe (train.md § 4.4); the Predictor's are the v4
     offline recipe's."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     data = parser.add_argument_group("adversarial data")
     data.add_argument("--data", choices=DATA_MODES, default="offline",
@@ -303,8 +303,6 @@ class AdversarialRolloutStep:
             return weight * term
 
         metrics = train_trajectory(trajectory, sync=sync, chunk_hook=chunk_hook)
-        if not math.isfinite(metrics.get("latent_grad_l1_min", 0.0)):
-            metrics.pop("latent_grad_l1_min")  # no Predictor-made latent feeds a Predictor step in this schedule
         real, fake = torch.cat(reals), torch.cat(fakes)
         d_metrics = self.adversary.discriminator_pass(real, fake, torch.cat(timesteps), torch.cat(conditions),
                                                       train=DISCRIMINATOR in due)
@@ -319,10 +317,24 @@ class AdversarialRolloutStep:
         return metrics
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, subset=run_tag(args))
+    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the data,
+    #    the source blocks against the Teacher, the --init_from weights. Then the run directory, named from the
+    #    flags; a second launch continues it or finds it finished.
+    if args.data == "offline":
+        v4_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+                        check_tensors=False)
+    else:
+        open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table)
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    init_expect = {"variant": VARIANT, "source_blocks": list(args.source_blocks)}
+    if args.resume is None and args.init_from is not None:
+        check_weights_file(args.init_from, expect=init_expect)
+    meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
+    start = plan_run(args, meta=meta, subset=run_tag(args), inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -351,7 +363,6 @@ def main(argv=None) -> int:
         # 3. Teacher -> Predictor, built as train_predictor_v4.py builds it (same seeding), then --init_from. The
         #    offline mode drops the Teacher (the Predictor shares the frozen modules it runs); the rollout keeps it
         #    for the online labels.
-        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
         teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
         log0(describe_teacher(teacher_source, teacher))
         torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
@@ -366,8 +377,7 @@ def main(argv=None) -> int:
         seed_everything(args.seed, rank=env.rank)
         init_meta = None
         if start.resume_path is None and args.init_from is not None:
-            init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR,
-                                           expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+            init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR, expect=init_expect)
 
         # 4. The roles: the DDP-wrapped Predictor every step, with the v4 recipe's optimizer and schedule; the
         #    discriminator on its cadence, built from its own random stream (the global RNG is left as the v4 recipe
@@ -382,7 +392,6 @@ def main(argv=None) -> int:
         model = wrap_ddp(predictor, env)
         predictor_role = Role(PREDICTOR, predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
         roles = [predictor_role, discriminator_role]
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
         run_state = resume_roles(start, roles, batches, meta)
         adversary = Adversary(predictor_role, discriminator_role, adv_weight=args.adv_weight,
                               adv_warmup_steps=args.adv_warmup_steps, r1_weight=args.r1_weight, r1_every=args.r1_every)

@@ -48,6 +48,7 @@ from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NA
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.eval.validation import ClipRolloutValidation, own_rollout, resolve_video_val_args
 from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_method_model_args,
     add_method_optimization_args,
@@ -109,7 +110,7 @@ PRESETS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The df_sft recipe: every default below is the recipe (train.md § 4.1)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,
                       help="dataset root: a video-latent dataset (video_dataset_config.json) or, with --data "
@@ -183,12 +184,16 @@ def build_validation(args, env: DistEnv, method_model: MethodModel, rollout_conf
         split=args.val_split)
 
 
+def open_dataset(args, verify: bool):
+    """The clips of --split (video latents or Teacher samples)."""
+    if args.data == "video_latents":
+        return VideoLatentDataset(args.dataset_root, args.split, verify=verify)
+    return TeacherSampleDataset(args.dataset_root, args.split, verify=verify)
+
+
 def build_data(args, env: DistEnv):
     """The clips of --split and one clip per rank per micro-batch (shuffled, resumable)."""
-    if args.data == "video_latents":
-        dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
-    else:
-        dataset = TeacherSampleDataset(args.dataset_root, args.split, verify=args.verify_dataset)
+    dataset = open_dataset(args, verify=args.verify_dataset)
     return dataset, one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
 
 
@@ -284,13 +289,17 @@ class DiffusionForcingStep:
                 "sigma/spread": float(sigmas.max() - sigmas.min()), "chunks": float(len(chunks))}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
         print(dry_run_report(args.dry_run, {ROLE: args.train}, lora_rank=args.lora_rank))
         return 0
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, naming=method_run_name)
+    # 1. The dataset, opened before anything is created (in the launcher's --print_run_dir dry run too); the run
+    #    directory, named from the flags; a second launch continues it or finds it finished.
+    open_dataset(args, verify=False)
+    meta = method_meta(METHOD, args)
+    start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -304,7 +313,6 @@ def main(argv=None) -> int:
         source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
         method_model = build_method_model(source, args, env, policy, role_name=ROLE)
         log0(describe_teacher(source, method_model.model))
-        meta = method_meta(METHOD, args)
         run_state = resume_roles(start, [method_model.role], batches, meta)
 
         # 4. Config and summary.

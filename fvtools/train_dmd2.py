@@ -78,6 +78,7 @@ from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR, flow_mat
 from predictor_training.rollout.teacher_forcing import draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState, checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_loss_args, add_method_model_args,
                                              add_method_optimization_args, add_run_args, add_tracker_args,
                                              add_validation_args, at_least, check_args, checked, parse_recipe_args,
@@ -109,7 +110,7 @@ PRESETS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The dmd2 recipe: every default below is the recipe (train.md § 4.3)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,
                       help="video-latent dataset (tools/build_video_latent_dataset.py: video_dataset_config.json): "
@@ -422,6 +423,18 @@ class DistributionMatchingStep:
         return result
 
 
+def generator_meta(args: argparse.Namespace) -> dict:
+    """The checkpoint meta of a dmd2 run: what its generator is and how it trains (a resume must match it)."""
+    if args.generator == "predictor":
+        return checkpoint_meta(PREDICTOR_VARIANT, args.source_blocks, args.precision,
+                               recipe=f"dmd2_{Schedule(args.replace_steps).letters().lower()}", method=METHOD,
+                               generator="predictor", rollout=args.rollout, fake_score=args.fake_score_train)
+    return {"method": METHOD, "generator": "student", "train": args.train, "precision": args.precision,
+            "lora_rank": args.lora_rank if args.train == "lora" else None, "rollout": args.rollout,
+            "fake_score": args.fake_score_train, "student_steps": args.student_steps}
+
+
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
@@ -430,7 +443,9 @@ def main(argv=None) -> int:
         print(dry_run_report(args.dry_run, roles, lora_rank=args.lora_rank, predictor_blocks=args.source_blocks))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, naming=run_name)
+    VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
+    meta = generator_meta(args)
+    start = plan_run(args, meta=meta, naming=run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -452,16 +467,10 @@ def main(argv=None) -> int:
             predictor, generator_role, init_meta = build_predictor_role(args, teacher, env, resuming)
             derived["predictor"] = predictor.predictor_config()
             letters = Schedule(args.replace_steps).letters()
-            meta = checkpoint_meta(PREDICTOR_VARIANT, args.source_blocks, args.precision,
-                                   recipe=f"dmd2_{letters.lower()}", method=METHOD, generator="predictor",
-                                   rollout=args.rollout, fake_score=args.fake_score_train)
             generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "
                               f"{'-'.join(letters)}; from {args.init_from if not resuming else start.resume_path}")
         else:
             student, generator_role, student_model = build_student(args, teacher, env, policy)
-            meta = {"method": METHOD, "generator": "student", "train": args.train, "precision": args.precision,
-                    "lora_rank": args.lora_rank if args.train == "lora" else None, "rollout": args.rollout,
-                    "fake_score": args.fake_score_train, "student_steps": args.student_steps}
             generator_text = f"{student_model.describe()}; {args.student_steps} steps at shift " \
                              f"{args.student_shift:g}, exit step {args.exit_step}"
         real, fake, fake_role = build_scores(args, teacher, env, policy)

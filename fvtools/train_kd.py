@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
@@ -90,7 +91,7 @@ PRESETS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The kd recipe: every default below is the recipe (train.md § 4.2)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--cache_root", type=Path, default=None,
                       help="finished ODE-state cache (tools/build_ode_cache.py); required to train")
@@ -273,13 +274,16 @@ def few_step_distance(model, dataset: OdeCacheDataset, count: int, *, steps: int
             "samples": min(count, len(dataset)), "steps": steps, "shift": shift}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
         print(dry_run_report(args.dry_run, {ROLE: args.train, "teacher": "frozen"}, lora_rank=args.lora_rank))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, naming=method_run_name)
+    OdeCacheDataset(args.cache_root, args.split)  # opened before anything is created (the dry run's check too)
+    meta = method_meta(METHOD, args)
+    start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -296,7 +300,6 @@ def main(argv=None) -> int:
         source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
         method_model = build_method_model(source, args, env, policy, role_name=ROLE)
         log0(describe_teacher(source, method_model.model))
-        meta = method_meta(METHOD, args)
         run_state = resume_roles(start, [method_model.role], batches, meta)
 
         # 4. Config and summary; the student's distance to the teacher before training (a fresh run only).

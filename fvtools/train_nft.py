@@ -60,6 +60,7 @@ from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
 from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import UNIT_INTERVAL, add_method_model_args, add_method_optimization_args, \
     add_run_args, add_tracker_args, add_validation_args, at_least, check_args, checked, parse_recipe_args, positive
 from predictor_training.runtime.io import write_json_atomic
@@ -102,7 +103,7 @@ def reward_weights(text: str) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The nft recipe: every default below is the recipe (train.md § 4.5)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--dataset_root", type=Path, default=None,
                       help="video-latent dataset (video_dataset_config.json): the conditions sampled from, and "
@@ -329,6 +330,7 @@ class NftStep:
                 "sigma/mean": sum(sigmas_seen) / len(sigmas_seen)}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run is not None:
@@ -338,7 +340,10 @@ def main(argv=None) -> int:
             "a second full copy (FP32, 4 bytes per parameter; one process only)"))
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    start = plan_run(args, naming=method_run_name)
+    VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
+    meta = {**method_meta(METHOD, args), "samples_per_group": args.samples_per_group,
+            "old_decay_schedule": args.old_decay_schedule, "rewards": args.rewards}
+    start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -363,8 +368,6 @@ def main(argv=None) -> int:
         scorer = RewardScorer(parse_reward_weights(args.rewards), sampled_frames=args.reward_frames)
         rewards = VideoRewards(scorer, decoder, args.reference_video, args.ground_truth)
 
-        meta = {**method_meta(METHOD, args), "samples_per_group": args.samples_per_group,
-                "old_decay_schedule": args.old_decay_schedule, "rewards": args.rewards}
         run_state = resume_roles(start, [method_model.role], batches, meta)
 
         # 5. Config and summary.

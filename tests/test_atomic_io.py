@@ -54,3 +54,24 @@ def test_safetensors_checkpoint_is_not_private(tmp_path):
     path = save_inference_weights(tmp_path / "predictor_step_00001.safetensors", {"w": torch.ones(2)},
                                   dtype=torch.float32)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~current_umask()
+
+
+def test_safetensors_with_metadata_are_the_same_bytes_every_time(tmp_path):
+    """safetensors orders the header's metadata by a randomly seeded hash map (8 saves give 8 orders);
+    `save_safetensors` sorts it, so equal weights make equal files (the fault-injection benchmark compares bytes)."""
+    import safetensors.torch
+    import torch
+
+    from predictor_training.runtime.io import save_safetensors
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(2, dtype=torch.bfloat16)}
+    metadata = {key: f"value of {key} é" for key in "abcdefgh"}
+    written = set()
+    for index in range(8):
+        save_safetensors(tensors, tmp_path / f"{index}.safetensors", metadata)
+        written.add((tmp_path / f"{index}.safetensors").read_bytes())
+    assert len(written) == 1
+    loaded = safetensors.torch.load_file(tmp_path / "0.safetensors")
+    assert all(torch.equal(loaded[name], tensors[name]) for name in tensors)
+    with safetensors.safe_open(tmp_path / "0.safetensors", framework="pt") as handle:
+        assert handle.metadata() == metadata

@@ -280,7 +280,7 @@ def test_encode_cases_tool_writes_validates_and_skips_finished(tmp_path, encoder
 
     # other settings into the same folder: refused, naming the settings file and field
     refused = run_tool(argv + ["--vision_crop", "target"])
-    assert refused.returncode == 1 and "EncodedCaseError" in refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr  # one line (runtime.errors.command)
     assert re.search(r"encode_config.json: field 'vision_crop' is 'bucket'.*'target'", refused.stderr)
 
 
@@ -294,7 +294,7 @@ def test_missing_image_is_reported_before_anything_is_encoded(tmp_path, encoders
     (tmp_path / "images" / "demo002.png").unlink()
     (out / "demo002.pt").unlink()
     refused = run_tool(argv)
-    assert refused.returncode == 1 and "SampleTableError" in refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr  # one line (runtime.errors.command)
     assert re.search(r"cases.jsonl line 3: field 'source_image' points to .*demo002.png", refused.stderr)
     assert {path.name: path.read_bytes() for path in out.glob("*.pt")} == {
         name: data for name, data in finished.items() if name != "demo002.pt"

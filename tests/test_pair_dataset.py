@@ -142,7 +142,7 @@ def test_n_ctx_reads_no_tensor(dataset_dir, monkeypatch):
     def refuse(path, *args, **kwargs):
         raise AssertionError(f"a tensor file was opened: {path}")
 
-    monkeypatch.setattr(pair_dataset_module, "safe_open", refuse)
+    monkeypatch.setattr(pair_dataset_module, "open_safetensors", refuse)
     dataset = PairDataset(root, "train", source_layers=SOURCE_LAYERS)
     expected = []
     for ref in dataset.refs:
@@ -273,7 +273,7 @@ def test_manifest_without_tensor_checksums_loads_with_one_warning(tmp_path):
 
 def test_source_layers_must_have_prefeatures(dataset_dir):
     root, _ = dataset_dir
-    with pytest.raises(ValueError, match=r"prefeature_layers=\[0, 2\] lacks source layer\(s\) \[1\]"):
+    with pytest.raises(ValueError, match=r"prefeature_layers=\[0, 2\], without layer\(s\) \[1\]"):
         PairDataset(root, "train", source_layers=(0, 1))
 
 

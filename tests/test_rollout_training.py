@@ -8,6 +8,8 @@ resume) share ONE torchrun launch of this very file on 2 gloo ranks (`__main__` 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -624,7 +626,7 @@ def ddp_checks(root: Path) -> None:
 
     import train_predictor_v4_rollout as trainer
     from predictor_training.runtime import launch
-    from predictor_training.runtime.checkpoint import CheckpointMismatchError, load_model_weights
+    from predictor_training.runtime.checkpoint import load_model_weights
     from predictor_training.runtime.distributed import all_gather_objects, init_distributed, wrap_ddp
     from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 
@@ -709,22 +711,29 @@ def ddp_checks(root: Path) -> None:
     trainer.main(trainer_args(paths, root / "cut_resumed", *resume))
     # a resume must refuse other source blocks, and (before loading anything) a BF16-master state
     refusals = {}
-    try:
-        trainer.main(trainer_args(paths, root / "other_blocks", *resume, "--source_blocks", "2,0"))
-        refusals["other_source_blocks"] = False
-    except CheckpointMismatchError:
-        refusals["other_source_blocks"] = True
+
+    def refusal(argv) -> str | None:
+        """The one error line (exit code 2) of a refused launch, or None when it ran."""
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                trainer.main(argv)
+        except SystemExit as exited:
+            lines = stderr.getvalue().splitlines()
+            return lines[-1] if exited.code == 2 and len(lines) == 1 else f"exit {exited.code}: {lines}"
+        return None
+
+    line = refusal(trainer_args(paths, root / "other_blocks", *resume, "--source_blocks", "2,0"))
+    refusals["other_source_blocks"] = (line is not None and "source_blocks: saved [0, 2], requested [2, 0]" in line
+                                       and not (root / "other_blocks").exists())
     if env.is_main:
         payload = torch.load(root / "cut_resumed" / "training_latest.pt", weights_only=True)
         for state in payload["roles"]["predictor"]["optimizer"]["state"].values():
             state["exp_avg"] = state["exp_avg"].bfloat16()
         torch.save(payload, root / "bf16_master.pt")
     dist.barrier()
-    try:
-        trainer.main(trainer_args(paths, root / "bf16_resume", *resume[:-1], str(root / "bf16_master.pt")))
-        refusals["bf16_master"] = False
-    except ValueError as error:
-        refusals["bf16_master"] = "not an FP32-master training state" in str(error)
+    line = refusal(trainer_args(paths, root / "bf16_resume", *resume[:-1], str(root / "bf16_master.pt")))
+    refusals["bf16_master"] = line is not None and "not an FP32-master training state" in line
     report["resume_refusals"] = refusals
     if env.is_main:
         (root / "report.json").write_text(json.dumps(report, indent=1))

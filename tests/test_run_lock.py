@@ -34,14 +34,14 @@ def hold_lock(run_dir: Path) -> subprocess.Popen:
     return holder
 
 
-def test_a_held_lock_refuses_and_dies_with_its_holder(tmp_path, capsys):
+def test_a_held_lock_refuses_and_dies_with_its_holder(tmp_path):
     holder = hold_lock(tmp_path)
     try:
         with pytest.raises(RunLockedError, match="already running \\(PIDs holder\\)"):
             RunLock(tmp_path).acquire()
         start = RunStart(tmp_path, "run", "continue", None, 3, 10)
-        assert report_run_start(start) == 2
-        assert "already running (PIDs holder)" in capsys.readouterr().err
+        with pytest.raises(RunLockedError, match="already running \\(PIDs holder\\)"):
+            report_run_start(start)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

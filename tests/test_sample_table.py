@@ -203,7 +203,7 @@ def test_tool_writes_poses_and_three_disjoint_tables(tmp_path):
     assert run_tool("--cases", str(cases_path), "--out", str(out), *sizes).returncode == 0  # same inputs: same files
     assert {name: path.read_text() for name, path in paths.items()} == before
     refused = run_tool("--cases", str(cases_path), "--out", str(out), *sizes, "--split-seed", "5")
-    assert refused.returncode == 1 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
     assert {name: path.read_text() for name, path in paths.items()} == before
     assert run_tool("--cases", str(cases_path), "--out", str(out), *sizes, "--split-seed", "5",
                     "--overwrite").returncode == 0
@@ -217,8 +217,8 @@ def test_tool_rejects_bad_cases_before_writing(tmp_path):
     cases_path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "table"
     bad_case = run_tool("--cases", str(cases_path), "--out", str(out), "--train-size", "2")
-    assert bad_case.returncode == 1 and "Traceback" not in bad_case.stderr
+    assert bad_case.returncode == 2 and "Traceback" not in bad_case.stderr
     assert re.search(r"line 3: field 'source_image' points to .*missing.png", bad_case.stderr), bad_case.stderr
     assert not out.exists()
     bad_flag = run_tool("--cases", str(cases_path), "--out", str(out), "--actions", "0,9")
-    assert bad_flag.returncode == 2 and bad_flag.stderr.startswith("usage: ")
+    assert bad_flag.returncode == 2 and bad_flag.stderr.startswith("make_sample_table.py: error: --actions")

@@ -52,7 +52,8 @@ def test_the_previous_state_is_kept_and_a_truncated_latest_is_named(tmp_path, ca
         run_toy(tmp_path / "cut")
     assert stopped.value.code == 2
     message = capsys.readouterr().err.strip()
-    assert message.startswith("error: ") and str(latest) in message and "--resume" in message
+    assert len(message.splitlines()) == 1 and message.startswith("toy_launch_recipe.py: error: ")
+    assert str(latest) in message and "--resume" in message
 
     previous = run_dir / PREVIOUS_TRAINING_STATE_NAME
     assert run_toy(tmp_path / "cut", "--resume", str(previous)) == 0

@@ -26,6 +26,7 @@ from ddp_toy_train import ToyPairs, ToyPredictor, collate, toy_step  # noqa: E40
 
 from predictor_training.data.batches import ResumableBatches  # noqa: E402
 from predictor_training.runtime.distributed import wrap_ddp  # noqa: E402
+from predictor_training.runtime.errors import CommandParser, command  # noqa: E402
 from predictor_training.runtime.flags import add_run_args, add_tracker_args, parse_recipe_args  # noqa: E402
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training  # noqa: E402
 from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer  # noqa: E402
@@ -34,7 +35,7 @@ from predictor_training.runtime.run_directory import plan_run, run_config  # noq
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = CommandParser(description=__doc__)
     parser.add_argument("--max_steps", type=int, default=12)
     parser.add_argument("--stop_at_step", type=int, default=-1)
     parser.add_argument("--grad_accum", type=int, default=1)
@@ -70,9 +71,11 @@ def slow_step(batch, *, step_seconds: float, pause, **kwargs):
     return toy_step(batch, **kwargs)
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = plan_run(args, naming=lambda args, **_: "toy_run")
+    meta = {"recipe": "toy", "precision": args.precision}
+    start = plan_run(args, meta=meta, naming=lambda args, **_: "toy_run")
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
@@ -87,7 +90,6 @@ def main(argv=None) -> int:
         schedule = TwoGroupLRSchedule(optimizer, warmup_steps=1, max_steps=args.max_steps, block_warmup_steps=None)
         ddp_model = wrap_ddp(model, env)
         role = Role("predictor", model, optimizer, schedule, module=ddp_model, grad_clip=1.0)
-        meta = {"recipe": "toy", "precision": args.precision}
         run_state = resume_roles(start, [role], batches, meta)
         step_fn = partial(slow_step, step_seconds=args.step_seconds, pause=pause_from_environment(),
                           ddp_model=ddp_model, seen_indices=[], device=env.device)

@@ -35,6 +35,16 @@ count_gpus() {
   "${PYTHON}" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 }
 
+# require_integer NAME MIN [MAX]: the variable NAME holds a whole number in [MIN, MAX], else one line and exit 2
+# (before anything is created: bash arithmetic would read "abc" as an unset variable and 0 would start no rank).
+require_integer() {
+  local name="$1" min="$2" max="${3:-}" value="${!1}"
+  if [[ ! "${value}" =~ ^[0-9]+$ ]] || (( 10#${value} < min )) || { [[ -n "${max}" ]] && (( 10#${value} > max )); }; then
+    echo "$(basename "$0"): error: ${name}=${value}: expected a whole number >= ${min}${max:+ and <= ${max}}" >&2
+    exit 2
+  fi
+}
+
 NUM_GPUS="$(count_gpus)"
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
   if (( NUM_GPUS > 0 )); then NPROC_PER_NODE="${NUM_GPUS}"; else NPROC_PER_NODE=2; fi
@@ -43,7 +53,11 @@ NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-WORLD_SIZE_TOTAL=$(( NPROC_PER_NODE * NNODES ))
+require_integer NPROC_PER_NODE 1
+require_integer NNODES 1
+require_integer NODE_RANK 0 $(( 10#${NNODES} - 1 ))
+require_integer MASTER_PORT 1 65535
+WORLD_SIZE_TOTAL=$(( 10#${NPROC_PER_NODE} * 10#${NNODES} ))
 
 # is_demo: no GPU and no DATASET_ROOT -> the launchers run the CPU demo (their script's `--preset demo`).
 is_demo() {

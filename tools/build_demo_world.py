@@ -46,6 +46,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.world.clips import WorldSettings
 
@@ -56,7 +57,7 @@ OPTIONAL_STAGES = {"df_sft_continue": ("df_sft_continue",), "kd": ("ode_cache", 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the world's build folder")
     parser.add_argument("--stages", type=str, default=None,
                         help=f"comma-separated stages to run, in this order: {','.join(STAGES)} (default: all, "
@@ -256,6 +257,7 @@ def headline(stage: str, args, out: Path) -> dict:
     return {}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
@@ -266,8 +268,8 @@ def main(argv=None) -> int:
         if stage not in args.stages:
             continue
         started = time.time()
-        for command in stage_commands(stage, args, out):
-            run(command, out / f"{stage}.log")
+        for stage_command in stage_commands(stage, args, out):
+            run(stage_command, out / f"{stage}.log")
         seconds = time.time() - started
         spent = report.get(stage, {}).get("seconds", 0.0) + seconds  # over every run that worked on the stage
         report[stage] = {"seconds": round(spent, 1), **headline(stage, args, out)}

@@ -33,6 +33,7 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     log0,
 )
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.runtime.io import sha256_file
 from predictor_training.teacher.config import DISTILLED_SHIFT
@@ -44,7 +45,7 @@ from predictor_training.teacher.source import (
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, required=True, help="the many-step teacher's transformer folder")
     parser.add_argument("--action_ckpt", type=Path, default=None, help="action checkpoint loaded on top (optional)")
     source = parser.add_argument_group("conditions (either --video_latents, or --samples with --encoded)")
@@ -130,6 +131,7 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
     return {path.name: sha256_file(path) for path in files}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="build_ode_cache", load_aware=False)

@@ -37,11 +37,12 @@ from pathlib import Path
 from predictor_training.data.builder import DTYPES, run
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("inputs (either --demo D, or --teacher/--samples/--encoded)")
     source.add_argument("--demo", type=Path, help="demo asset folder of tools/make_demo_assets.py: uses D/teacher, "
                         "every D/samples/*.jsonl table and D/encoded")
@@ -118,6 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="build_predictor_dataset", load_aware=False)

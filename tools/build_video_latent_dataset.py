@@ -42,6 +42,7 @@ from predictor_training.data.video_latent_build import (
     run,
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.world.video_latent_demo import (
     DEMO_ENCODERS_DIR,
@@ -54,7 +55,7 @@ from predictor_training.world.video_latent_demo import (
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("inputs (either --demo D, or --clips and --encoders)")
     source.add_argument("--demo", type=Path, help="demo folder: makes D/video_clips (procedural clips, poses, tables "
                         "train.jsonl / holdout.jsonl) and D/encoders (tiny random encoders) when absent, then builds "
@@ -134,6 +135,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="build_video_latent_dataset", load_aware=False)

@@ -31,11 +31,12 @@ from pathlib import Path
 
 from predictor_training.conformance.calls import CATEGORIES, TIERS, run_conformance
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "folder", help="conformance folder (config.json, weights.safetensors.xz, vectors.*, pose*.json)"
     )
@@ -50,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="check_conformance", load_aware=False)

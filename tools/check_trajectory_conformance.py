@@ -35,11 +35,12 @@ from predictor_training.conformance.trajectory import (
     print_report,
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="conformance folder with trajectory.safetensors / trajectory.json, "
                         "config.json, weights.safetensors(.xz) and vectors.safetensors")
     parser.add_argument("--tier", choices=sorted(TIERS), default="strict", help="tolerance tier (section 11 of "
@@ -52,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="check_trajectory_conformance", load_aware=False)

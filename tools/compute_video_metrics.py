@@ -23,17 +23,18 @@ import sys
 from pathlib import Path
 
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.video.folder_metrics import (
+    OUTPUT_NAMES,
     compare_video_folders,
     pair_videos,
     resolve_device,
 )
-from predictor_training.video.metrics import LpipsWeightsError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ref_dir", type=Path, help="folder of reference videos (mp4 files and/or PNG-frame folders)")
     parser.add_argument("test_dir", type=Path, help="folder of test videos, same relative names as REF_DIR")
     parser.add_argument("--out", type=Path, required=True, help="output folder for metrics.json and the CSV files")
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--frame_batch", type=int, default=16, help="frames per batch on the device")
     parser.add_argument("--per_frame", action="store_true", help="also write per-frame series (per_frame.csv and "
                         "a per_frame entry per video in metrics.json)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out "
+                        "(default: refuse)")
     return parser
 
 
@@ -70,6 +73,14 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         parser.error(f"--frame_batch must be >= 1, got {args.frame_batch}")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out}: exists and is not a folder")
+    earlier = [name for name in OUTPUT_NAMES if (args.out / name).exists()]
+    if earlier and not args.overwrite:
+        parser.error(f"--out {args.out}: holds {', '.join(earlier)} of an earlier run; pass --overwrite to replace "
+                     "them, or another --out")
+    for name in ("ref_dir", "test_dir"):
+        if args.out.resolve().is_relative_to(getattr(args, name).resolve()):
+            parser.error(f"--out {args.out}: inside {name.upper()} {getattr(args, name)}; expected a folder outside "
+                         "the inputs")
     try:
         args.device = resolve_device(args.device)
     except RuntimeError as error:
@@ -77,6 +88,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     return args
 
 
+@command
 def main(argv=None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
@@ -94,7 +106,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (LpipsWeightsError, ValueError, FileNotFoundError) as error:  # input problems: message, no traceback
-        sys.exit(f"compute_video_metrics: error: {error}")
+    sys.exit(main())

@@ -20,11 +20,11 @@ import json
 import sys
 from pathlib import Path
 
-import safetensors.torch
 import torch
 
 from predictor_training.runtime.checkpoint import read_training_state
-from predictor_training.runtime.io import atomic_write
+from predictor_training.runtime.errors import CommandParser, UserInputError, command
+from predictor_training.runtime.io import atomic_write, save_safetensors
 from predictor_training.runtime.sharded_checkpoint import (
     SHARDED_SUFFIX,
     read_sharded_state,
@@ -36,16 +36,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="training_latest.pt (or training_prev.pt) of a run with a "
                         "sharded role, or a sharded folder (*.dcp) itself")
     parser.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
     parser.add_argument("--role", default=None, help="the role to convert (default: the only sharded role)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of the floating tensors written (default %(default)s: the FP32 master weights)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file (default: refuse)")
     args = parser.parse_args(argv)
     if args.out.suffix != ".safetensors":
         parser.error(f"--out {args.out}: expected a path ending in .safetensors")
+    if args.out.exists() and not args.overwrite:
+        parser.error(f"--out {args.out}: exists; pass --overwrite to replace it, or another --out")
     if not args.checkpoint.exists():
         parser.error(f"checkpoint {args.checkpoint} does not exist")
     if args.checkpoint.suffix not in (".pt", SHARDED_SUFFIX):
@@ -60,21 +63,22 @@ def resolve(args) -> tuple[Path, str, dict]:
         payload = read_training_state(args.checkpoint)
         sharded = sorted(name for name, entry in payload["roles"].items() if "sharded" in entry)
         if not sharded:
-            raise ValueError(f"{args.checkpoint} holds no sharded role (roles {sorted(payload['roles'])}); its "
+            raise UserInputError(f"{args.checkpoint} holds no sharded role (roles {sorted(payload['roles'])}); its "
                              "weights are in the file itself")
         role = args.role or (sharded[0] if len(sharded) == 1 else None)
         if role not in sharded:
-            raise ValueError(f"--role {args.role}: {args.checkpoint} holds the sharded roles {sharded}; name one")
+            raise UserInputError(f"--role {args.role}: {args.checkpoint} holds the sharded roles {sharded}; name one")
         folder = sharded_folder_for(args.checkpoint, payload["roles"][role]["sharded"])
         metadata = {**payload["meta"], "role": role, "step": int(payload["run_state"]["global_step"])}
         return folder, role, metadata
     roles = saved_roles(args.checkpoint)
     role = args.role or (roles[0] if len(roles) == 1 else None)
     if role not in roles:
-        raise ValueError(f"--role {args.role}: {args.checkpoint} holds the roles {roles}; name one")
+        raise UserInputError(f"--role {args.role}: {args.checkpoint} holds the roles {roles}; name one")
     return args.checkpoint, role, {"role": role}
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     folder, role, metadata = resolve(args)
@@ -84,7 +88,7 @@ def main(argv=None) -> int:
                for name, tensor in model.items()}
     header = {"format": "predictor_training.consolidated_sharded_checkpoint", "source": str(folder),
               "dtype": args.dtype, "meta": json.dumps(metadata, sort_keys=True)}
-    atomic_write(args.out, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=header))
+    atomic_write(args.out, lambda tmp: save_safetensors(tensors, tmp, header))
     count = sum(tensor.numel() for tensor in tensors.values())
     print(f"wrote {args.out}: role {role!r}, {len(tensors)} tensors, {count:,} values in {args.dtype}, from {folder}")
     return 0

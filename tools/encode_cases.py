@@ -42,13 +42,14 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     log0,
 )
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoders", type=Path, required=True,
                         help="diffusers-format HunyuanVideo-1.5 i2v folder (model_index.json, text_encoder, tokenizer, "
                         "text_encoder_2, tokenizer_2, image_encoder, feature_extractor, vae; transformer not needed)")
@@ -81,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> dict:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="encode_cases", load_aware=False)

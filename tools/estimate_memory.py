@@ -65,8 +65,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.camera import turning_camera_row
 from predictor_training.rollout.schedule import Schedule
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.memory_rehearsal import (
     CUDA_CONTEXT_GIB,
     GIB,
@@ -83,6 +85,8 @@ from predictor_training.runtime.memory_rehearsal import (
 
 RECIPES = ("v4", "disca", "rollout", "df_sft", "kd", "dmd2", "adversarial", "nft", "eval")
 CONTEXT_TIMESTEP = 14.0
+MAX_CONTEXT_FRAMES = RolloutConfig.memory_frames  # the AR loop's memory window: no chunk sees more context
+MAX_TEXT_TOKENS = 1000  # the pipeline's tokenizer_max_length (data/encoders.py)
 # The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
 USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
 USER_SECONDS_PER_MICRO_BATCH = {"v4": 4.49, "disca": 1.66}
@@ -116,15 +120,18 @@ def parse_steps(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, choices=RECIPES, help="the recipe to rehearse")
     parser.add_argument("--config", default="worldplay_480p_i2v",
                         help="Teacher preset (predictor_training/teacher/config.py; default %(default)s)")
     parser.add_argument("--batch_size", type=int, default=16, help="per-GPU batch of the offline recipes (16)")
     parser.add_argument("--context_frames", type=int, nargs="+", default=[20],
-                        help="v4: context frames of the batch (buckets of the dataset: 4..20; default 20, the peak)")
+                        help=f"v4: context frames of the batch, multiples of 4 in 0..{MAX_CONTEXT_FRAMES} (the "
+                             "memory window; the dataset's buckets are 4..20; default 20, the peak)")
     parser.add_argument("--source_blocks", type=parse_blocks, default=(1, 52), help="Predictor blocks (1,52)")
-    parser.add_argument("--text_tokens", type=int, default=1000, help="text tokens of the longest case (1000)")
+    parser.add_argument("--text_tokens", type=int, default=MAX_TEXT_TOKENS,
+                        help=f"text tokens of the longest case, 1..{MAX_TEXT_TOKENS} (the text encoder keeps at most "
+                             f"{MAX_TEXT_TOKENS}; default %(default)s)")
     parser.add_argument("--latent_grid", type=parse_grid, default=(30, 52), help="latent HxW (480x832 -> 30x52)")
     parser.add_argument("--chunks", type=int, default=8,
                         help="rollout, the fvtools methods: chunks of one trajectory / clip (8)")
@@ -173,8 +180,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--data {args.data}: a mode of --recipe adversarial (the rollout recipe is --recipe rollout)")
     if args.batch_size < 1:
         parser.error(f"--batch_size {args.batch_size}: expected >= 1")
-    if any(frames < 0 or frames % 4 for frames in args.context_frames):
-        parser.error(f"--context_frames {args.context_frames}: expected multiples of 4 (whole chunks), >= 0")
+    if any(not 0 <= frames <= MAX_CONTEXT_FRAMES or frames % 4 for frames in args.context_frames):
+        parser.error(f"--context_frames {' '.join(map(str, args.context_frames))}: expected multiples of 4 (whole "
+                     f"chunks) in 0..{MAX_CONTEXT_FRAMES} (the memory window)")
+    if not 1 <= args.text_tokens <= MAX_TEXT_TOKENS:
+        parser.error(f"--text_tokens {args.text_tokens}: expected 1..{MAX_TEXT_TOKENS} (the text encoder's limit)")
     if args.chunks < 2:
         parser.error(f"--chunks {args.chunks}: expected >= 2 (chunk 0 plus a trained chunk)")
     if args.world_size < 1 or args.optimizer_steps < 1:
@@ -1167,6 +1177,7 @@ def estimate(args) -> list[MemoryReport]:
     return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)

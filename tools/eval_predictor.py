@@ -54,15 +54,15 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     print0,
 )
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
-from predictor_training.video.metrics import LpipsWeightsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(parser)
     method = parser.add_argument_group("methods")
     method.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
@@ -129,6 +129,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     return args
 
 
+@command
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -151,7 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (LpipsWeightsError, ValueError, FileNotFoundError, KeyError) as error:
-        sys.exit(f"eval_predictor: error: {error}")
+    sys.exit(main())

@@ -65,11 +65,11 @@ from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, StepPlan
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.distributed import all_gather_objects, cleanup_distributed, init_distributed, print0
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.runtime.io import sha256_json, write_json_atomic
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher.source import load_teacher
-from predictor_training.video.metrics import LpipsWeightsError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAINED = "trained"  # --predictor_plans entry: the schedule the checkpoint's run trained (its --replace_steps)
@@ -77,7 +77,7 @@ DEFAULT_PLANS = "F-R-R-R|F-R-R-F,F-R-R-R|F-R-R-R|F-R-R-R|F-R-R-F"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(parser)
     rows = parser.add_argument_group("rows")
     rows.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
@@ -223,6 +223,7 @@ def calibrated_rows(args, settings, specs, env) -> list:
     return [type(specs[0])(**row) for row in calibrated]
 
 
+@command
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -278,7 +279,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (LpipsWeightsError, ValueError, FileNotFoundError, KeyError) as error:
-        sys.exit(f"leaderboard: error: {error}")
+    sys.exit(main())

@@ -70,6 +70,7 @@ from predictor_training.data.sample_table import (
 )
 from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.runtime.cpu_threads import set_cpu_threads
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_threads_arg
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.video.ground_truth import video_key
@@ -97,7 +98,7 @@ _TEACHER_SEED, _TEACHER_ZERO_INIT_SEED, _ENCODER_SEED = 1000, 2000, 3000
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="demo folder to create")
     parser.add_argument("--kind", choices=("world", "random"), default="world", help="world: the shipped demo world "
                         "(trained Teacher and VAE, rendered scenes with ground truth); random: a tiny random Teacher "
@@ -122,6 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.out.exists() and not args.overwrite:
         parser.error(f"--out {args.out} already exists; pass --overwrite to replace it")
+    if args.kind == "world":
+        load_shipped_world(args.world_weights)  # checked before the staging folder is made
     return args
 
 
@@ -313,6 +316,7 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
     return config
 
 
+@command
 def main(argv=None) -> dict:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="make_demo_assets", load_aware=False)

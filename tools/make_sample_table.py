@@ -23,7 +23,6 @@ from pathlib import Path
 from predictor_training.data.sample_table import (
     DEFAULT_SPLIT_SIZES,
     STANDARD_ACTIONS,
-    SampleTableError,
     build_sample_rows,
     check_disjoint_splits,
     format_sample_table,
@@ -33,10 +32,11 @@ from predictor_training.data.sample_table import (
     write_sample_table,
     write_standard_pose_files,
 )
+from predictor_training.runtime.errors import CommandParser, UserInputError, command
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=Path, required=True,
                         help="JSONL of image-caption cases with fields case_id, source_image, caption")
     parser.add_argument("--out", type=Path, required=True,
@@ -68,27 +68,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv=None) -> dict[str, Path]:
     args = parse_args(argv)
     sizes = {"train": args.train_size, "holdout25": args.holdout25_size, "holdout50": args.holdout50_size}
 
     # 1. validate and split the cases (nothing is written before this succeeds)
-    try:
-        cases = read_cases(args.cases)
-        splits = split_cases(cases, sizes, seed=args.split_seed)
-        tables = {name: build_sample_rows(split, args.action_ids, args.seed_base) for name, split in splits.items()}
-        check_disjoint_splits(tables)
-    except SampleTableError as error:
-        raise SystemExit(f"error: {error}") from None
+    cases = read_cases(args.cases)
+    splits = split_cases(cases, sizes, seed=args.split_seed)
+    tables = {name: build_sample_rows(split, args.action_ids, args.seed_base) for name, split in splits.items()}
+    check_disjoint_splits(tables)
     texts = {name: format_sample_table(rows) for name, rows in tables.items()}
 
     # 2. refuse to silently change an existing split
     paths = {name: args.out / f"{name}.jsonl" for name in tables}
     changed = [str(path) for name, path in paths.items() if path.exists() and path.read_text("utf-8") != texts[name]]
     if changed and not args.overwrite:
-        raise SystemExit(
-            f"error: {', '.join(changed)} already exist with different content; pass --overwrite to replace them"
-        )
+        raise UserInputError(f"{', '.join(changed)} already exist with different content; pass --overwrite to "
+                             "replace them")
 
     # 3. write poses, then the tables, then read them back as the trainers will
     write_standard_pose_files(args.out, args.action_ids)

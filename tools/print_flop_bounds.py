@@ -21,6 +21,7 @@ import torch
 
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.flops import (
@@ -39,7 +40,7 @@ SCHEDULES = {"F-F-F-F": "", "F-P-P-P": "1,2,3", "F-P-P-F": "1,2", "F-P-F-P": "1,
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, default=None, help="a Teacher folder (its config.json); default: the "
                         "real WorldPlay-1.5 480p i2v config")
     parser.add_argument("--height", type=int, default=REAL_LATENT_GRID[0],
@@ -71,6 +72,7 @@ def teacher_config(folder: Path | None) -> dict:
     return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text()), str(path))
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     config = teacher_config(args.teacher)

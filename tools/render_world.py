@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.world.clips import (
     VIDEO_FORMATS,
     WorldConfigError,
@@ -34,7 +35,7 @@ DEFAULTS = WorldSettings()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="world folder W to create (or reuse)")
     parser.add_argument("--num_scenes", type=int, default=DEFAULTS.num_scenes)
     parser.add_argument("--paths_per_scene", type=int, default=DEFAULTS.paths_per_scene,
@@ -59,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     settings = WorldSettings(

@@ -33,6 +33,7 @@ from predictor_training.runtime.distributed import (
     log0,
     seed_everything,
 )
+from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_method_optimization_args,
     add_run_args,
@@ -68,7 +69,7 @@ EVAL_NAME = "vae_eval.json"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data")
     data.add_argument("--clips", type=Path, default=None, help="clip table (JSONL) of the training clips; required")
     data.add_argument("--holdout", type=Path, default=None, help="clip table of the held-out clips (PSNR at the end)")
@@ -244,9 +245,11 @@ def save_vae_folder(vae, folder: Path) -> None:
     staging.rename(folder)
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = plan_run(args, naming=vae_run_name)
+    meta = {"method": "world_vae", "precision": args.precision}
+    start = plan_run(args, meta=meta, naming=vae_run_name)
     if args.print_run_dir:
         return report_run_start(start)
     if start.kind == "finished" and (start.run_dir / "vae" / "config.json").is_file():
@@ -258,7 +261,6 @@ def main(argv=None) -> int:
         seed_everything(args.seed, rank=env.rank)
         vae = build_world_vae(world_vae_config(args.latent_channels, args.block_out_channels), args.seed)
         vae = vae.to(env.device).train()
-        meta = {"method": "world_vae", "precision": args.precision}
         if start.kind == "finished":  # trained, but stopped before the export below
             load_model_weights(start.resume_path, vae, expect=meta, role=ROLE)
         else:

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load as load_safetensors_bytes
 
 from predictor_training.conformance import TIERS
+from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import sha256_bytes
 from predictor_training.teacher import (
     ContextKV,
@@ -98,7 +99,7 @@ class ConformanceSet:
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise FileNotFoundError(f"conformance folder is missing {path.name}: {path}")
+        raise MissingFileError(f"conformance folder is missing {path.name}: {path}")
     with open(path) as handle:
         return json.load(handle)
 
@@ -107,14 +108,14 @@ def load_conformance_set(root: str | Path) -> ConformanceSet:
     """Read every file of a conformance folder; verifies the sha256 sums listed in vectors.json["files"]."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"conformance folder not found: {root}")
+        raise MissingFileError(f"conformance folder not found: {root}")
     config = _read_json(root / "config.json")
     info = _read_json(root / "vectors.json")
     weights_path = root / WEIGHTS_FILE
     vectors_path = root / "vectors.safetensors"
     for path in (weights_path, vectors_path):
         if not path.is_file():
-            raise FileNotFoundError(f"conformance folder is missing {path.name}: {path}")
+            raise MissingFileError(f"conformance folder is missing {path.name}: {path}")
     raw_files = {path.name: path.read_bytes() for path in (weights_path, vectors_path)}
     weights_bytes = lzma.decompress(raw_files[WEIGHTS_FILE])
     if "files" not in info:
@@ -125,7 +126,7 @@ def load_conformance_set(root: str | Path) -> ConformanceSet:
         else:
             path = root / entry
             if not path.is_file():
-                raise FileNotFoundError(f"{root / 'vectors.json'} lists {entry!r}, which is not in {root}")
+                raise MissingFileError(f"{root / 'vectors.json'} lists {entry!r}, which is not in {root}")
             data = raw_files[entry] if entry in raw_files else path.read_bytes()
         if sha256_bytes(data) != meta["sha256"]:
             raise ValueError(f"{root / entry}: sha256 {sha256_bytes(data)} differs from vectors.json ({meta['sha256']})")

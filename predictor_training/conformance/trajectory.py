@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import load_file
 
 from predictor_training.rollout.ar_rollout import (
     RolloutConfig,
@@ -36,6 +35,8 @@ from predictor_training.rollout.ar_rollout import (
 )
 from predictor_training.rollout.camera import make_retrieval_points
 from predictor_training.conformance import TIERS
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.io import load_safetensors
 from predictor_training.teacher import WorldPlayTransformer, load_state_dict_strict
 
 CHUNK_NAME = re.compile(r"^chunk(\d+)\.(.+)$")
@@ -44,7 +45,7 @@ STEP_TENSORS = ("latent_in", "timestep", "velocity", "final_hidden", "latent_out
 STEP_NAME = re.compile(rf"^step(\d+)\.({'|'.join(STEP_TENSORS)})$")
 
 
-class ConformanceInputError(ValueError):
+class ConformanceInputError(UserInputError):
     """The folder lacks a file or tensor the check needs."""
 
 
@@ -66,7 +67,7 @@ def load_conformance_teacher(folder: Path) -> WorldPlayTransformer:
         state_dict = load_safetensors_bytes(lzma.open(compressed).read())
         source = compressed
     elif plain.is_file():
-        state_dict = load_file(plain)
+        state_dict = load_safetensors(plain)
         source = plain
     else:
         raise ConformanceInputError(f"{folder}: neither weights.safetensors.xz nor weights.safetensors exists")
@@ -98,9 +99,9 @@ class GoldenTrajectory:
                 raise ConformanceInputError(f"{folder}: {name} is missing")
         return cls(
             folder=folder,
-            tensors=load_file(folder / "trajectory.safetensors"),
+            tensors=load_safetensors(folder / "trajectory.safetensors"),
             meta=json.loads((folder / "trajectory.json").read_text()),
-            vectors=load_file(folder / "vectors.safetensors"),
+            vectors=load_safetensors(folder / "vectors.safetensors"),
         )
 
     def tensor(self, name: str) -> torch.Tensor:

@@ -51,6 +51,7 @@ from predictor_training.data.shards import (
     write_jsonl_atomic,
     write_safetensors_atomic,
 )
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import canonical_json, sha256_json
 from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed
 from predictor_training.runtime.precision import autocast
@@ -65,7 +66,7 @@ PARTS_DIR = "manifest_parts"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-class DatasetInputError(ValueError):
+class DatasetInputError(UserInputError):
     """Bad builder input; the message names the file and field and the expected value."""
 
 

@@ -7,9 +7,10 @@ all. Every missing field is an error naming the file and the field.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
+from predictor_training.runtime.io import read_json_file
 from predictor_training.teacher.source import TeacherSource
 
 DATASET_CONFIG_NAME = "dataset_config.json"
@@ -19,16 +20,18 @@ def read_dataset_config(root: str | Path) -> dict:
     """``root/dataset_config.json`` as a dict (FileNotFoundError naming the path when absent)."""
     path = Path(root) / DATASET_CONFIG_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"dataset config not found: {path} (build the dataset with "
+        raise MissingFileError(f"dataset config not found: {path} (build the dataset with "
                                 "tools/build_predictor_dataset.py)")
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    config = read_json_file(path)
+    if not isinstance(config, dict):
+        raise UserInputError(f"{path}: holds a {type(config).__name__}; expected a JSON object")
+    return config
 
 
 def config_field(config: dict, name: str, root: str | Path):
     """One required field of the dataset config; KeyError naming the file and field when absent."""
     if name not in config:
-        raise KeyError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field {name!r}")
+        raise MissingFieldError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field {name!r}")
     return config[name]
 
 
@@ -37,7 +40,7 @@ def dataset_teacher_record(root: str | Path) -> dict:
     teacher = config_field(read_dataset_config(root), "teacher", root)
     for field in ("folder", "config_sha256", "action_ckpt"):
         if field not in teacher:
-            raise KeyError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field 'teacher.{field}'")
+            raise MissingFieldError(f"{Path(root) / DATASET_CONFIG_NAME}: missing field 'teacher.{field}'")
     return teacher
 
 
@@ -47,10 +50,10 @@ def recorded_sample_table(root: str | Path, split: str) -> Path:
     recorded = [Path(path) for path in config_field(read_dataset_config(root), "sample_tables", root)]
     matching = [path for path in recorded if path.stem == split]
     if len(matching) != 1:
-        raise ValueError(f"{where}: sample_tables {[str(p) for p in recorded]} hold {len(matching)} table(s) named "
+        raise UserInputError(f"{where}: sample_tables {[str(p) for p in recorded]} hold {len(matching)} table(s) named "
                          f"{split}.jsonl; pass --sample_table")
     if not matching[0].is_file():
-        raise FileNotFoundError(f"{where}: recorded sample table {matching[0]} does not exist; pass --sample_table")
+        raise MissingFileError(f"{where}: recorded sample table {matching[0]} does not exist; pass --sample_table")
     return matching[0]
 
 
@@ -65,14 +68,14 @@ def resolve_teacher_source(
     if teacher is not None:
         return TeacherSource(Path(teacher), action_ckpt, "--teacher", expected_sha)
     if record is None:
-        raise ValueError("no Teacher: pass --teacher DIR (or a --dataset_root whose dataset_config.json records one)")
+        raise UserInputError("no Teacher: pass --teacher DIR (or a --dataset_root whose dataset_config.json records one)")
     where = Path(dataset_root) / DATASET_CONFIG_NAME
     folder = Path(record["folder"])
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{where}: teacher.folder={str(folder)!r} has no config.json; pass --teacher DIR")
+        raise MissingFileError(f"{where}: teacher.folder={str(folder)!r} has no config.json; pass --teacher DIR")
     if action_ckpt is None and record["action_ckpt"] is not None:
         action_ckpt = Path(record["action_ckpt"])
         if not action_ckpt.is_file():
-            raise FileNotFoundError(f"{where}: teacher.action_ckpt={str(action_ckpt)!r} does not exist; "
+            raise MissingFileError(f"{where}: teacher.action_ckpt={str(action_ckpt)!r} does not exist; "
                                     "pass --action_ckpt FILE")
     return TeacherSource(folder, action_ckpt, f"teacher.folder of {where}", expected_sha)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from predictor_training.runtime.errors import MissingFileError, UserInputError
 from predictor_training.runtime.io import write_bytes_atomic
 
 ENCODED_FIELDS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
@@ -51,7 +53,7 @@ ENCODE_CONFIG_NAME = "encode_config.json"
 _USER_TURN_MARKER = "<|im_start|>user\n"
 
 
-class EncodedCaseError(ValueError):
+class EncodedCaseError(UserInputError):
     """Bad encoder input or output; the message names the file, the field and the expected value."""
 
 
@@ -211,7 +213,7 @@ def load_source_image(path: str | Path, source: str = "source_image") -> Image.I
     """Open an image as RGB; a missing or unreadable file raises naming the path and the field."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"field '{source}': image file {path} does not exist")
+        raise MissingFileError(f"field '{source}': image file {path} does not exist")
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
@@ -262,11 +264,11 @@ class CaseEncoder:
 
         folder = Path(folder)
         if not (folder / "model_index.json").is_file():
-            raise FileNotFoundError(f"encoder folder {folder}: model_index.json does not exist (expected a "
+            raise MissingFileError(f"encoder folder {folder}: model_index.json does not exist (expected a "
                                     "diffusers-format HunyuanVideo-1.5 i2v folder)")
         missing = [name for name in ENCODER_COMPONENTS if not (folder / name).is_dir()]
         if missing:
-            raise FileNotFoundError(f"encoder folder {folder}: missing component folder(s) {missing} "
+            raise MissingFileError(f"encoder folder {folder}: missing component folder(s) {missing} "
                                     f"(expected {list(ENCODER_COMPONENTS)})")
         component_dtypes = {"text_encoder": dtype, "image_encoder": dtype, "text_encoder_2": byt5_dtype, "vae": vae_dtype}
         pipeline = HunyuanVideo15ImageToVideoPipeline.from_pretrained(
@@ -483,14 +485,20 @@ def encode_cases_to_folder(
         try:
             tensors = encoder.encode_case(job.image_path, job.caption, height, width)
         except FileNotFoundError as error:
-            raise FileNotFoundError(f"case '{job.case_id}': {error}") from error
+            raise MissingFileError(f"case '{job.case_id}': {error}") from error
         tensors = validate_encoded_case(tensors, spec, source=f"{path} (case '{job.case_id}', freshly encoded)")
-        if int(tensors["prompt_mask"].sum()) == tensors["prompt_mask"].shape[1]:
-            tqdm.write(f"warning: case '{job.case_id}': the caption fills all {tensors['prompt_mask'].shape[1]} text "
-                       "tokens and was probably truncated (as upstream does)")
+        warn_if_caption_truncated(tensors, f"case '{job.case_id}'", job.caption)
         save_encoded_case(path, tensors)
         written += 1
     return EncodeReport(written=written, skipped=skipped)
+
+
+def warn_if_caption_truncated(tensors: dict[str, torch.Tensor], case: str, caption: str) -> None:
+    """A caption that fills every text token was cut there (as upstream does): one warning line naming the case."""
+    length = tensors["prompt_mask"].shape[1]
+    if int(tensors["prompt_mask"].sum()) == length:
+        tqdm.write(f"warning: {case}: the caption ({len(caption)} characters) fills all {length} text tokens and was "
+                   "truncated there (as upstream does); shorten it to keep all of it", file=sys.stderr)
 
 
 def jobs_from_cases(cases: Iterable) -> list[EncodeJob]:

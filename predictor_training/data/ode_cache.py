@@ -68,6 +68,7 @@ from predictor_training.data.shards import (
     write_bytes_atomic,
     write_safetensors_atomic,
 )
+from predictor_training.runtime.errors import MissingFileError, UserInputError
 from predictor_training.runtime.io import sha256_json
 from predictor_training.runtime.distributed import barrier
 from predictor_training.runtime.random_streams import stream_seed
@@ -84,7 +85,7 @@ SAMPLE_TENSORS = ("states", "sigmas", "final", "seed", *CONDITION_TENSORS)
 STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class OdeCacheError(ValueError):
+class OdeCacheError(UserInputError):
     """A cache folder that cannot be read or resumed as asked (names the file and field)."""
 
 
@@ -300,7 +301,7 @@ class OdeCacheDataset(Dataset):
             if verify:
                 verify_file(entry, self.root)
             elif not (self.root / entry["file"]).is_file():
-                raise FileNotFoundError(f"{self.root / entry['file']}: listed in the manifest but missing")
+                raise MissingFileError(f"{self.root / entry['file']}: listed in the manifest but missing")
         self.checksums = TensorChecksums({self.root / entry["file"]: entry[TENSOR_CHECKSUM_FIELD]
                                           for entry in self.entries})
         self.stored_sigmas = [float(value) for value in self.config["stored_sigmas"]]

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch.utils.data import Dataset
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
@@ -56,6 +55,8 @@ from predictor_training.data.shards import (
 )
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.data.batches import ResumableBatches
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
+from predictor_training.runtime.io import open_safetensors
 
 DEFAULT_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (1, 2), (2, 3))
 MANIFEST_NAME = "manifest.jsonl"
@@ -93,7 +94,7 @@ class ManifestEntry:
     def shape(self, tensor_name: str) -> tuple[int, ...]:
         """Recorded shape of one tensor; KeyError naming the file and tensor when the builder did not record it."""
         if tensor_name not in self.tensors:
-            raise KeyError(f"manifest entry for {self.file!r} lists no tensor {tensor_name!r}")
+            raise MissingFieldError(f"manifest entry for {self.file!r} lists no tensor {tensor_name!r}")
         return self.tensors[tensor_name][0]
 
 
@@ -105,7 +106,7 @@ def read_manifest(root: str | Path) -> list[ManifestEntry]:
     """
     path = Path(root) / MANIFEST_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"dataset manifest not found: {path}")
+        raise MissingFileError(f"dataset manifest not found: {path}")
     by_file: dict[str, ManifestEntry] = {}
     for line_number, record in enumerate(read_jsonl(path), start=1):
         entry = _parse_manifest_record(record, f"{path} line {line_number}")
@@ -117,15 +118,15 @@ def read_manifest(root: str | Path) -> list[ManifestEntry]:
 def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
     missing = [name for name in MANIFEST_FIELDS if name not in record]
     if missing:
-        raise ValueError(f"{where}: missing field(s) {missing}; expected fields {list(MANIFEST_FIELDS)}")
+        raise UserInputError(f"{where}: missing field(s) {missing}; expected fields {list(MANIFEST_FIELDS)}")
     if record["kind"] not in MANIFEST_KINDS:
-        raise ValueError(f"{where}: field 'kind' is {record['kind']!r}, expected one of {MANIFEST_KINDS}")
+        raise UserInputError(f"{where}: field 'kind' is {record['kind']!r}, expected one of {MANIFEST_KINDS}")
     if record["kind"] == "trajectory" and not isinstance(record["action_id"], int):
-        raise ValueError(f"{where}: field 'action_id' is {record['action_id']!r}, expected an int for a trajectory")
+        raise UserInputError(f"{where}: field 'action_id' is {record['action_id']!r}, expected an int for a trajectory")
     tensors = {}
     for name, spec in record["tensors"].items():
         if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list)):
-            raise ValueError(f"{where}: tensors[{name!r}] is {spec!r}, expected [shape list, dtype string]")
+            raise UserInputError(f"{where}: tensors[{name!r}] is {spec!r}, expected [shape list, dtype string]")
         tensors[name] = (tuple(int(size) for size in spec[0]), str(spec[1]))
     checksums = record.get(TENSOR_CHECKSUM_FIELD)
     if checksums is not None:
@@ -133,9 +134,9 @@ def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
             isinstance(value, str) and len(value) == 8 and set(value) <= _HEX_DIGITS for value in checksums.values()
         )
         if not valid:
-            raise ValueError(f"{where}: field {TENSOR_CHECKSUM_FIELD!r} must map tensor names to 8 hex digits")
+            raise UserInputError(f"{where}: field {TENSOR_CHECKSUM_FIELD!r} must map tensor names to 8 hex digits")
         if sorted(checksums) != sorted(tensors):
-            raise ValueError(
+            raise UserInputError(
                 f"{where}: field {TENSOR_CHECKSUM_FIELD!r} names {sorted(checksums)[:6]}, field 'tensors' names "
                 f"{sorted(tensors)[:6]}: they must list the same tensors"
             )
@@ -159,7 +160,7 @@ def check_files_exist(root: str | Path, entries: Sequence[ManifestEntry]) -> Non
     for entry in entries:
         path = Path(root) / entry.file
         if not path.is_file():
-            raise FileNotFoundError(f"{Path(root) / MANIFEST_NAME} lists {entry.file!r} but {path} does not exist")
+            raise MissingFileError(f"{Path(root) / MANIFEST_NAME} lists {entry.file!r} but {path} does not exist")
 
 
 def verify_checksums(root: str | Path, entries: Sequence[ManifestEntry]) -> None:
@@ -220,7 +221,7 @@ class SafetensorsHandles:
         if key in self._handles:
             self._handles.move_to_end(key)
             return self._handles[key]
-        handle = safe_open(key, framework="pt", device="cpu")
+        handle = open_safetensors(key)
         self._handles[key] = (handle, frozenset(handle.keys()))
         if len(self._handles) > self.max_open:
             self._handles.popitem(last=False)
@@ -229,7 +230,7 @@ class SafetensorsHandles:
     def _checked_entry(self, path: str | Path, name: str):
         handle, names = self._entry(path)
         if name not in names:
-            raise KeyError(f"{path}: no tensor {name!r}")
+            raise MissingFieldError(f"{path}: no tensor {name!r}")
         return handle
 
     def read(self, path: str | Path, name: str) -> torch.Tensor:
@@ -368,11 +369,11 @@ class PairDataset(Dataset):
         )
         if not self.trajectories:
             splits = sorted({e.split for e in entries if e.kind == "trajectory"})
-            raise ValueError(f"{self.root / MANIFEST_NAME}: no trajectory of split {split!r}; splits present: {splits}")
+            raise UserInputError(f"{self.root / MANIFEST_NAME}: no trajectory of split {split!r}; splits present: {splits}")
         cases = {e.case_id: e for e in entries if e.kind == "case"}
         missing_cases = sorted({t.case_id for t in self.trajectories} - set(cases))
         if missing_cases:
-            raise ValueError(f"{self.root / MANIFEST_NAME}: no case entry for case_id(s) {missing_cases[:5]}")
+            raise UserInputError(f"{self.root / MANIFEST_NAME}: no case entry for case_id(s) {missing_cases[:5]}")
         self.cases = {t.case_id: cases[t.case_id] for t in self.trajectories}
 
         # 2. files present (always), checksums (verify=True), tensors recorded
@@ -408,8 +409,9 @@ class PairDataset(Dataset):
         checked = tuple((int(j), int(k)) for j, k in pairs)
         for anchor, target in checked:
             if not 0 <= anchor < target < self.num_steps:
-                raise ValueError(
-                    f"pair ({anchor}, {target}) invalid: need 0 <= anchor < target < num_steps={self.num_steps}"
+                raise UserInputError(
+                    f"--pairs: pair {anchor}-{target}: expected 0 <= anchor < target < num_steps={self.num_steps} "
+                    f"(of {self.root / DATASET_CONFIG_NAME})"
                 )
         if not checked:
             raise ValueError("pairs is empty")
@@ -423,8 +425,10 @@ class PairDataset(Dataset):
             stored = [int(layer) for layer in config_field(config, "prefeature_layers", self.root)]
             absent = [layer for layer in layers if layer not in stored]
             if absent:
-                raise ValueError(
-                    f"{self.root / DATASET_CONFIG_NAME}: prefeature_layers={stored} lacks source layer(s) {absent}"
+                raise UserInputError(
+                    f"--source_blocks {','.join(map(str, layers))}: {self.root / DATASET_CONFIG_NAME} has "
+                    f"prefeature_layers={stored}, without layer(s) {absent}; expected source blocks the dataset "
+                    "stored pre-features of"
                 )
         return layers
 
@@ -438,11 +442,11 @@ class PairDataset(Dataset):
                 required += [ctx_prefeature_tensor(chunk, layer) for layer in self.source_layers]
         absent = [name for name in required if name not in trajectory.tensors]
         if absent:
-            raise ValueError(f"manifest entry for {trajectory.file!r} lacks tensor(s) {absent[:6]}")
+            raise UserInputError(f"manifest entry for {trajectory.file!r} lacks tensor(s) {absent[:6]}")
         frames = trajectory.shape("action")[0]
         expected = self.num_chunks * self.chunk_latents
         if frames != expected:
-            raise ValueError(
+            raise UserInputError(
                 f"{trajectory.file}: action has {frames} frames, expected num_chunks*chunk_latents = {expected}"
             )
 
@@ -600,6 +604,15 @@ def collate_pairs(items: Sequence[dict]) -> dict:
     return batch
 
 
+def v4_pair_dataset(dataset_root: str | Path, *, split: str, pairs: Sequence[tuple[int, int]],
+                    source_layers: Sequence[int], verify: bool = False, check_tensors: bool = True) -> PairDataset:
+    """The v4 recipe's pairs: with the context pre-features of `source_layers` and the previous chunk's hidden
+    (chunks 1-7). `check_tensors=False` with `verify=False` reads the manifest only: what a launch checks before it
+    creates anything."""
+    return PairDataset(dataset_root, split=split, pairs=pairs, with_prefeatures=True, with_prev_chunk_hidden=True,
+                       source_layers=tuple(source_layers), verify=verify, check_tensors=check_tensors)
+
+
 def v4_pair_batches(
     dataset_root: str | Path,
     *,
@@ -620,8 +633,7 @@ def v4_pair_batches(
     of `batch_size` items of one context length (`BucketBatchSampler`, seeded by `seed`, incomplete batches dropped),
     the same number of batches on every rank. env: the `distributed.DistEnv` (rank, world size, device).
     """
-    dataset = PairDataset(dataset_root, split=split, pairs=pairs, with_prefeatures=True, with_prev_chunk_hidden=True,
-                          source_layers=tuple(source_layers), verify=verify)
+    dataset = v4_pair_dataset(dataset_root, split=split, pairs=pairs, source_layers=source_layers, verify=verify)
     context_timestep = float(config_field(read_dataset_config(dataset_root), "context_timestep", dataset_root))
     sampler = BucketBatchSampler(dataset.n_ctx_list(), batch_size, num_replicas=env.world_size, rank=env.rank,
                                  seed=seed, drop_last=True)

@@ -38,6 +38,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.io import read_jsonl_objects
 from predictor_training.runtime.io import write_text_atomic
 from predictor_training.rollout.camera import load_pose, pose_string_to_json
 
@@ -63,7 +65,7 @@ CASE_FIELDS = ("case_id", "source_image", "caption")
 ROW_FIELDS = ("case_id", "source_image", "caption", "action_id", "pose", "seed")
 
 
-class SampleTableError(ValueError):
+class SampleTableError(UserInputError):
     """Bad sample-table / cases input; the message names the file, line and field."""
 
 
@@ -337,19 +339,7 @@ def _check_unique_cases(cases: Sequence[Case]) -> None:
 
 def _read_jsonl(path: Path) -> Iterable[tuple[int, dict]]:
     """(line number, object) for each non-blank line."""
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SampleTableError(f"{path} line {line_number}: not valid JSON ({error})") from None
-            if not isinstance(record, dict):
-                raise SampleTableError(
-                    f"{path} line {line_number}: expected a JSON object, got {type(record).__name__}"
-                )
-            yield line_number, record
+    return read_jsonl_objects(path, SampleTableError)
 
 
 def _check_fields(record: Mapping, fields: Sequence[str], where: str) -> None:

@@ -33,17 +33,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
 from predictor_training.runtime import io as atomic_io
-from predictor_training.runtime.io import HASH_BLOCK_BYTES, canonical_json, sha256_bytes, sha256_file
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
+from predictor_training.runtime.io import HASH_BLOCK_BYTES, canonical_json, open_safetensors, sha256_bytes, sha256_file
 
 MANIFEST_KINDS = ("case", "trajectory")
 TENSOR_CHECKSUM_FIELD = "tensor_crc32"
 
 
-class ShardVerificationError(RuntimeError):
+class ShardVerificationError(UserInputError):
     """A dataset file disagrees with its manifest entry (missing, wrong size/checksum/tensor list)."""
 
 
@@ -216,7 +216,7 @@ def write_safetensors_atomic(path: str | os.PathLike, tensors: Mapping[str, torc
 def read_tensor_specs(path: str | os.PathLike) -> dict[str, list]:
     """``{name: [shape, dtype name]}`` of a safetensors file, read from its header only."""
     specs = {}
-    with safe_open(str(path), framework="pt") as handle:
+    with open_safetensors(path) as handle:
         for name in handle.keys():
             tensor_slice = handle.get_slice(name)
             specs[name] = [list(tensor_slice.get_shape()), _safetensors_dtype_name(tensor_slice.get_dtype())]
@@ -242,12 +242,12 @@ def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None, de
     With ``checksums`` every loaded tensor is checked against the manifest's per-tensor CRC-32 (once per process;
     TensorChecksumError naming file and tensor on a mismatch).
     """
-    with safe_open(str(path), framework="pt", device=device) as handle:
+    with open_safetensors(path, device=device) as handle:
         available = set(handle.keys())
         wanted = sorted(available) if names is None else list(names)
         missing = [name for name in wanted if name not in available]
         if missing:
-            raise KeyError(f"{path}: missing tensor(s) {missing}")
+            raise MissingFieldError(f"{path}: missing tensor(s) {missing}")
         tensors = {name: handle.get_tensor(name) for name in wanted}
     if checksums is not None:
         for name, tensor in tensors.items():
@@ -269,8 +269,8 @@ class LazyShard:
     def _open(self):
         if self._handle is None:
             if not self.path.is_file():
-                raise FileNotFoundError(f"dataset shard {self.path} does not exist")
-            self._handle = safe_open(str(self.path), framework="pt")
+                raise MissingFileError(f"dataset shard {self.path} does not exist")
+            self._handle = open_safetensors(self.path)
         return self._handle
 
     def keys(self) -> list[str]:
@@ -285,7 +285,7 @@ class LazyShard:
     def get(self, name: str) -> torch.Tensor:
         handle = self._open()
         if name not in handle.keys():
-            raise KeyError(f"{self.path}: no tensor named {name!r}")
+            raise MissingFieldError(f"{self.path}: no tensor named {name!r}")
         return handle.get_tensor(name)
 
     def __getstate__(self):
@@ -352,20 +352,23 @@ def read_jsonl(path: str | os.PathLike, allow_torn_tail: bool = False) -> list[d
     complete line always raises, naming the file and line number.
     """
     path = Path(path)
-    text = path.read_text(encoding="ascii")
+    try:
+        text = path.read_text(encoding="ascii")
+    except UnicodeDecodeError as error:
+        raise UserInputError(f"{path}: byte {error.start} is not ASCII; expected canonical JSON lines") from None
     lines = text.split("\n")
     tail = lines.pop()  # "" when the file ends with a newline
     if tail:
         if not allow_torn_tail:
-            raise ValueError(f"{path}: last line has no newline (torn append?): {tail[:80]!r}")
+            raise UserInputError(f"{path}: last line has no newline (torn append?): {tail[:80]!r}")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
-            raise ValueError(f"{path}:{number}: empty line in a JSONL file")
+            raise UserInputError(f"{path}:{number}: empty line in a JSONL file")
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error})") from error
+            raise UserInputError(f"{path}:{number}: not valid JSON ({error})") from error
     return records
 
 

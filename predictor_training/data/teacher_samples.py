@@ -54,6 +54,7 @@ from predictor_training.data.pair_dataset import (
     tensor_checksums,
     verify_checksums,
 )
+from predictor_training.runtime.errors import MissingFieldError, UserInputError
 
 CASE_TENSORS = ("image_cond", "text_k", "text_v")
 CAMERA_TENSORS = ("viewmats", "Ks", "action")
@@ -103,11 +104,11 @@ class TeacherSampleDataset(Dataset):
         )
         if not self.trajectories:
             splits = sorted({e.split for e in entries if e.kind == "trajectory"})
-            raise ValueError(f"{self.root / MANIFEST_NAME}: no trajectory of split {split!r}; splits present: {splits}")
+            raise UserInputError(f"{self.root / MANIFEST_NAME}: no trajectory of split {split!r}; splits present: {splits}")
         cases = {e.case_id: e for e in entries if e.kind == "case"}
         missing = sorted({t.case_id for t in self.trajectories} - set(cases))
         if missing:
-            raise ValueError(f"{self.root / MANIFEST_NAME}: no case entry for case_id(s) {missing[:5]}")
+            raise UserInputError(f"{self.root / MANIFEST_NAME}: no case entry for case_id(s) {missing[:5]}")
         self.cases: dict[str, ManifestEntry] = {t.case_id: cases[t.case_id] for t in self.trajectories}
 
         # 2. files present (always), whole-file checks (verify=True), recorded tensors and shapes (always)
@@ -130,18 +131,18 @@ class TeacherSampleDataset(Dataset):
         self.num_latents = int(config_field(config, "num_latents", self.root))
         self.chunk_latents = int(config_field(config, "chunk_latents", self.root))
         if self.chunk_latents < 1 or self.num_latents < 1 or self.num_latents % self.chunk_latents:
-            raise ValueError(f"{where}: fields 'num_latents'={self.num_latents} and 'chunk_latents'="
+            raise UserInputError(f"{where}: fields 'num_latents'={self.num_latents} and 'chunk_latents'="
                              f"{self.chunk_latents}: num_latents must be a positive multiple of chunk_latents")
         self.num_chunks = self.num_latents // self.chunk_latents
         if "num_chunks" in config and int(config["num_chunks"]) != self.num_chunks:
-            raise ValueError(f"{where}: field 'num_chunks'={config['num_chunks']}, but num_latents / chunk_latents = "
+            raise UserInputError(f"{where}: field 'num_chunks'={config['num_chunks']}, but num_latents / chunk_latents = "
                              f"{self.num_chunks}")
         grid = config_field(config, "grid", self.root)
         if not isinstance(grid, dict):
-            raise ValueError(f"{where}: field 'grid' is {grid!r}, expected {{'C': .., 'H': .., 'W': ..}}")
+            raise UserInputError(f"{where}: field 'grid' is {grid!r}, expected {{'C': .., 'H': .., 'W': ..}}")
         absent = [axis for axis in ("C", "H", "W") if axis not in grid]
         if absent:
-            raise KeyError(f"{where}: missing field(s) {['grid.' + axis for axis in absent]}")
+            raise MissingFieldError(f"{where}: missing field(s) {['grid.' + axis for axis in absent]}")
         self.channels, self.height, self.width = (int(grid[axis]) for axis in ("C", "H", "W"))
 
     @property
@@ -154,10 +155,10 @@ class TeacherSampleDataset(Dataset):
         naming the file, the tensor and ``dataset_config.json``."""
         absent = [name for name in expected if name not in entry.tensors]
         if absent:
-            raise ValueError(f"{self.root / MANIFEST_NAME}: entry of {entry.file!r} lacks tensor(s) {absent[:6]}")
+            raise UserInputError(f"{self.root / MANIFEST_NAME}: entry of {entry.file!r} lacks tensor(s) {absent[:6]}")
         for name, shape in expected.items():
             if shape is not None and entry.shape(name) != shape:
-                raise ValueError(
+                raise UserInputError(
                     f"{self.root / entry.file}: tensor {name!r} has shape {list(entry.shape(name))}, "
                     f"{DATASET_CONFIG_NAME} (grid, num_latents, chunk_latents) says {list(shape)}"
                 )
@@ -166,7 +167,7 @@ class TeacherSampleDataset(Dataset):
         self._expect_shapes(case, {"image_cond": (1, self.channels, 1, self.height, self.width),
                                    "text_k": None, "text_v": None})
         if case.shape("text_k") != case.shape("text_v") or len(case.shape("text_k")) != 4:
-            raise ValueError(f"{self.root / case.file}: tensors 'text_k' {list(case.shape('text_k'))} and 'text_v' "
+            raise UserInputError(f"{self.root / case.file}: tensors 'text_k' {list(case.shape('text_k'))} and 'text_v' "
                              f"{list(case.shape('text_v'))} must share one shape [depth, heads, L, d]")
 
     def _check_trajectory_entry(self, trajectory: ManifestEntry) -> None:

@@ -47,6 +47,7 @@ from predictor_training.data.sample_table import SampleRow, read_sample_table
 from predictor_training.data.shards import load_tensors
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 
 CASE_TENSORS = ("image_cond", "text_k", "text_v")
 ENCODED_TENSORS = ("prompt_embeds", "prompt_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "image_cond")
@@ -58,13 +59,13 @@ def choose_subset_cases(case_ids: Sequence[str], subset: int | Sequence[str], se
     available = sorted(set(case_ids))
     if isinstance(subset, int) and not isinstance(subset, bool):
         if not 1 <= subset <= len(available):
-            raise ValueError(f"subset_cases={subset}: the tables have {len(available)} cases")
+            raise UserInputError(f"subset_cases={subset}: the tables have {len(available)} cases")
         generator = torch.Generator().manual_seed(int(seed))
         picked = torch.randperm(len(available), generator=generator)[:subset].tolist()
         return sorted(available[index] for index in picked)
     unknown = sorted(set(subset) - set(available))
     if unknown:
-        raise ValueError(f"subset_cases names case_id(s) {unknown[:5]} that are not in the sample tables")
+        raise UserInputError(f"subset_cases names case_id(s) {unknown[:5]} that are not in the sample tables")
     return sorted(set(subset))
 
 
@@ -108,7 +109,7 @@ class TrajectoryTableDataset(Dataset):
             for row in read_sample_table(path):
                 key = (row.case_id, row.action_id)
                 if key in origin:
-                    raise ValueError(f"(case_id, action_id) = {key} appears in {origin[key]} and again in {path}")
+                    raise UserInputError(f"(case_id, action_id) = {key} appears in {origin[key]} and again in {path}")
                 origin[key] = path
                 rows.append(row)
                 table_dirs.append(path.parent.resolve())
@@ -137,14 +138,14 @@ class TrajectoryTableDataset(Dataset):
         config = read_dataset_config(self.dataset_root)
         stored_latents = int(config_field(config, "num_latents", self.dataset_root))
         if stored_latents != self.num_latents:
-            raise ValueError(
+            raise UserInputError(
                 f"{self.dataset_root / 'dataset_config.json'}: num_latents={stored_latents}, "
                 f"this dataset was asked for num_latents={self.num_latents}"
             )
         entries = {entry.case_id: entry for entry in read_manifest(self.dataset_root) if entry.kind == "case"}
         missing = [case_id for case_id in self.case_ids if case_id not in entries]
         if missing:
-            raise ValueError(f"{self.dataset_root / 'manifest.jsonl'}: no case entry for case_id(s) {missing[:5]}")
+            raise UserInputError(f"{self.dataset_root / 'manifest.jsonl'}: no case entry for case_id(s) {missing[:5]}")
         used = [entries[case_id] for case_id in self.case_ids]
         check_files_exist(self.dataset_root, used)
         if verify:
@@ -156,7 +157,7 @@ class TrajectoryTableDataset(Dataset):
         files = {case_id: self.encoded_dir / f"{case_id}.pt" for case_id in self.case_ids}
         for case_id, path in files.items():
             if not path.is_file():
-                raise FileNotFoundError(f"encoder output of case {case_id!r} not found: {path}")
+                raise MissingFileError(f"encoder output of case {case_id!r} not found: {path}")
         return files
 
     # ---- items ------------------------------------------------------------------------------------------------------
@@ -195,10 +196,10 @@ class TrajectoryTableDataset(Dataset):
             return load_tensors(path, CASE_TENSORS, checksums=self._checksums)
         loaded = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a dict of tensors, got {type(loaded).__name__}")
+            raise UserInputError(f"{path}: expected a dict of tensors, got {type(loaded).__name__}")
         missing = [name for name in ENCODED_TENSORS if name not in loaded]
         if missing:
-            raise KeyError(f"{path}: missing tensor(s) {missing}; expected {list(ENCODED_TENSORS)}")
+            raise MissingFieldError(f"{path}: missing tensor(s) {missing}; expected {list(ENCODED_TENSORS)}")
         return {name: loaded[name] for name in ENCODED_TENSORS}
 
 
@@ -213,6 +214,20 @@ class TrajectoryBatches:
     rollout_config: RolloutConfig
 
 
+def open_trajectory_table(dataset_root: str | Path, split: str, *, sample_table: Path | None, verify: bool = False,
+                          subset_cases: int | list[str] | None = None,
+                          subset_seed: int = 0) -> tuple[TrajectoryTableDataset, Path]:
+    """(the trajectories of `sample_table` - default: the one the dataset recorded for `split` - over the dataset's
+    cases, that table's path). Reads tables and manifest only, so a launch can open it before it creates anything."""
+    sample_table = Path(sample_table or recorded_sample_table(dataset_root, split))
+    dataset = TrajectoryTableDataset(
+        sample_table, dataset_root=dataset_root,
+        num_latents=int(config_field(read_dataset_config(dataset_root), "num_latents", dataset_root)),
+        subset_cases=subset_cases, subset_seed=subset_seed, verify=verify,
+    )
+    return dataset, sample_table
+
+
 def trajectory_batches(dataset_root: str | Path, split: str, env: DistEnv, *, sample_table: Path | None, seed: int,
                        num_workers: int, verify: bool, state_dtype: torch.dtype, autocast_dtype: torch.dtype | None,
                        subset_cases: int | list[str] | None = None, subset_seed: int = 0,
@@ -221,16 +236,12 @@ def trajectory_batches(dataset_root: str | Path, split: str, env: DistEnv, *, sa
     recorded for `split`) as trajectories, one whole trajectory per rank per micro-batch (ranks never share one),
     and the dataset's AR loop (`RolloutConfig.from_dataset_config`) with the given running-latent dtype, Teacher
     autocast and context mode."""
+    dataset, sample_table = open_trajectory_table(dataset_root, split, sample_table=sample_table, verify=verify,
+                                                  subset_cases=subset_cases, subset_seed=subset_seed)
     dataset_config = read_dataset_config(dataset_root)
-    sample_table = sample_table or recorded_sample_table(dataset_root, split)
-    dataset = TrajectoryTableDataset(
-        sample_table, dataset_root=dataset_root,
-        num_latents=int(config_field(dataset_config, "num_latents", dataset_root)),
-        subset_cases=subset_cases, subset_seed=subset_seed, verify=verify,
-    )
     batches = one_item_per_rank_batches(dataset, env, seed=seed, num_workers=num_workers)
     rollout_config = replace(RolloutConfig.from_dataset_config(
         dataset_config, str(Path(dataset_root) / DATASET_CONFIG_NAME),
         state_dtype=state_dtype, autocast_dtype=autocast_dtype,
     ), context_mode=context_mode)
-    return TrajectoryBatches(dataset, batches, Path(sample_table), rollout_config)
+    return TrajectoryBatches(dataset, batches, sample_table, rollout_config)

@@ -36,14 +36,14 @@ from predictor_training.data.builder import (
     merge_manifest_entries,
     write_merged_manifest,
 )
-from predictor_training.data.encoders import CaseEncoder, validate_encoded_case
+from predictor_training.data.encoders import CaseEncoder, validate_encoded_case, warn_if_caption_truncated
 from predictor_training.data.shards import (
     TENSOR_CHECKSUM_FIELD,
     append_jsonl,
     write_bytes_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.runtime.io import sha256_file, sha256_json
+from predictor_training.runtime.io import read_jsonl_objects, sha256_file, sha256_json
 from predictor_training.data.video_latents import (
     CHUNK_LATENTS,
     CLIP_TENSORS,
@@ -171,18 +171,7 @@ def check_clip_id(clip_id, where: str) -> str:
 
 
 def _read_table_records(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise VideoDatasetInputError(f"clip table {path} line {number}: not valid JSON ({error})") from None
-            if not isinstance(record, dict):
-                raise VideoDatasetInputError(f"clip table {path} line {number}: expected a JSON object, got "
-                                             f"{type(record).__name__}")
-            yield number, record
+    return read_jsonl_objects(path, VideoDatasetInputError, "clip table ")
 
 
 def _resolve(table: Path, value: str) -> Path:
@@ -353,6 +342,7 @@ def encode_clip(encoder: CaseEncoder, job: ClipJob, options) -> dict[str, torch.
     encoded = encoder.encode_image_caption(frames[0], job.caption, options.height, options.width)
     encoded = validate_encoded_case(encoded, encoder.output_spec(options.height, options.width),
                                     source=f"{job.where}, freshly encoded")
+    warn_if_caption_truncated(encoded, job.where, job.caption)
     viewmats, intrinsics, action = pose_to_input(job.pose, num_latents)
     tensors = {"latents": _store(latents[0], options.storage_dtype)}
     tensors.update({name: _store(encoded[name], options.storage_dtype) for name in ENCODER_FIELDS})

@@ -52,6 +52,7 @@ from predictor_training.data.builder import MANIFEST_FILE
 from predictor_training.data.pair_dataset import SafetensorsHandles, check_files_exist, verify_checksums
 from predictor_training.data.samplers import epoch_generator
 from predictor_training.data.shards import TENSOR_CHECKSUM_FIELD, TensorChecksums, read_jsonl
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 
 CONFIG_NAME = "video_dataset_config.json"
 
@@ -69,7 +70,7 @@ MANIFEST_FIELDS = ("kind", "file", "clip_id", "split", "bytes", "sha256", "tenso
 # =============================================================================================================
 # 1. Shared with the builder and the demo
 # =============================================================================================================
-class VideoDatasetInputError(ValueError):
+class VideoDatasetInputError(UserInputError):
     """Bad builder input or a refused resume; the message names the file, the field and the expected value."""
 
 
@@ -105,21 +106,21 @@ def read_clip_manifest(root: str | Path) -> list[ClipEntry]:
     """Parse ``root/manifest.jsonl``; ValueError naming the line and field for a malformed entry."""
     path = Path(root) / MANIFEST_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"video dataset manifest not found: {path} (build it with "
+        raise MissingFileError(f"video dataset manifest not found: {path} (build it with "
                                 "tools/build_video_latent_dataset.py)")
     entries = []
     for number, record in enumerate(read_jsonl(path), start=1):
         where = f"{path} line {number}"
         missing = [name for name in MANIFEST_FIELDS if name not in record]
         if missing:
-            raise ValueError(f"{where}: missing field(s) {missing}; expected fields {list(MANIFEST_FIELDS)}")
+            raise UserInputError(f"{where}: missing field(s) {missing}; expected fields {list(MANIFEST_FIELDS)}")
         if record["kind"] != MANIFEST_KIND:
-            raise ValueError(f"{where}: field 'kind' is {record['kind']!r}, expected {MANIFEST_KIND!r}")
+            raise UserInputError(f"{where}: field 'kind' is {record['kind']!r}, expected {MANIFEST_KIND!r}")
         tensors = {name: (tuple(int(size) for size in spec[0]), str(spec[1]))
                    for name, spec in record["tensors"].items()}
         checksums = record[TENSOR_CHECKSUM_FIELD]
         if not isinstance(checksums, dict) or sorted(checksums) != sorted(tensors):
-            raise ValueError(f"{where}: field {TENSOR_CHECKSUM_FIELD!r} must name the same tensors as field 'tensors'")
+            raise UserInputError(f"{where}: field {TENSOR_CHECKSUM_FIELD!r} must name the same tensors as field 'tensors'")
         entries.append(ClipEntry(MANIFEST_KIND, record["file"], str(record["clip_id"]), str(record["split"]),
                                  int(record["bytes"]), str(record["sha256"]), tensors, dict(checksums), record))
     return entries
@@ -128,7 +129,7 @@ def read_clip_manifest(root: str | Path) -> list[ClipEntry]:
 def read_video_dataset_config(root: str | Path) -> dict:
     path = Path(root) / CONFIG_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"video dataset config not found: {path} (build the dataset with "
+        raise MissingFileError(f"video dataset config not found: {path} (build the dataset with "
                                 "tools/build_video_latent_dataset.py)")
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -174,7 +175,7 @@ class VideoLatentDataset(Dataset):
         self.config = read_video_dataset_config(self.root)
         for name in ("num_latents", "chunk_latents", "latent_shape"):
             if name not in self.config:
-                raise KeyError(f"{self.root / CONFIG_NAME}: missing field {name!r}")
+                raise MissingFieldError(f"{self.root / CONFIG_NAME}: missing field {name!r}")
         self.num_latents = int(self.config["num_latents"])
         self.chunk_latents = int(self.config["chunk_latents"])
         self.num_chunks = self.num_latents // self.chunk_latents
@@ -183,7 +184,7 @@ class VideoLatentDataset(Dataset):
         entries = read_clip_manifest(self.root)
         self.clips = sorted((entry for entry in entries if entry.split == split), key=lambda entry: entry.clip_id)
         if not self.clips:
-            raise ValueError(f"{self.root / MANIFEST_FILE}: no clip of split {split!r}; splits present: "
+            raise UserInputError(f"{self.root / MANIFEST_FILE}: no clip of split {split!r}; splits present: "
                              f"{sorted({entry.split for entry in entries})}")
         check_files_exist(self.root, self.clips)
         if verify:
@@ -193,14 +194,14 @@ class VideoLatentDataset(Dataset):
         for entry in self.clips:
             absent = [name for name in CLIP_TENSORS if name not in entry.tensors]
             if absent:
-                raise ValueError(f"{self.root / MANIFEST_FILE}: entry of {entry.file!r} lacks tensor(s) {absent}")
+                raise UserInputError(f"{self.root / MANIFEST_FILE}: entry of {entry.file!r} lacks tensor(s) {absent}")
             if entry.tensors["latents"][0] != expected:
-                raise ValueError(f"{self.root / entry.file}: tensor 'latents' has shape {entry.tensors['latents'][0]}, "
+                raise UserInputError(f"{self.root / entry.file}: tensor 'latents' has shape {entry.tensors['latents'][0]}, "
                                  f"{CONFIG_NAME} field 'latent_shape' says {list(expected)}")
 
         # 2. windows
         if window_chunks is not None and not 1 <= int(window_chunks) <= self.num_chunks:
-            raise ValueError(f"window_chunks={window_chunks}: the clips have {self.num_chunks} whole chunks of "
+            raise UserInputError(f"window_chunks={window_chunks}: the clips have {self.num_chunks} whole chunks of "
                              f"{self.chunk_latents} latents ({self.num_latents} latents)")
         self.window_chunks = None if window_chunks is None else int(window_chunks)
         self.num_windows = 1 if window_chunks is None else self.num_chunks - self.window_chunks + 1

@@ -24,11 +24,13 @@ from tqdm import tqdm
 
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.checkpoint import (
+    check_weights_file,
     load_model_weights,
     read_inference_config,
     read_inference_metadata,
     read_training_state,
 )
+from predictor_training.runtime.errors import MissingFieldError, UserInputError
 from predictor_training.runtime.io import sha256_file, sha256_json
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
@@ -83,28 +85,28 @@ def read_predictor_checkpoint(path: str | Path) -> PredictorCheckpoint:
         meta = read_inference_metadata(path)
         config = read_inference_config(path)
         if "step" not in meta:
-            raise KeyError(f"{path}: inference metadata has no 'step' (keys {sorted(meta)})")
+            raise MissingFieldError(f"{path}: inference metadata has no 'step' (keys {sorted(meta)})")
         step = int(meta["step"])
         name_match = _STEP_NAME.match(path.name)
         if name_match and int(name_match.group(1)) != step:
-            raise ValueError(f"{path}: the file name says step {int(name_match.group(1))}, its metadata step {step}")
+            raise UserInputError(f"{path}: the file name says step {int(name_match.group(1))}, its metadata step {step}")
     elif path.suffix == ".pt":
         payload = read_training_state(path)
         meta, config = payload["meta"], payload["config"]
         step = int(payload["run_state"]["global_step"])
     else:
-        raise ValueError(f"--ckpt {path}: expected predictor_step_XXXXX.safetensors or training_latest.pt")
+        raise UserInputError(f"--ckpt {path}: expected predictor_step_XXXXX.safetensors or training_latest.pt")
     for key in ("derived", "flags"):
         if key not in config:
-            raise KeyError(f"{path}: the saved run config has no '{key}' section (expected train_config.json layout)")
+            raise MissingFieldError(f"{path}: the saved run config has no '{key}' section (expected train_config.json layout)")
     if "predictor" not in config["derived"]:
-        raise KeyError(f"{path}: the saved run config has no 'derived.predictor' (the Predictor's architecture)")
+        raise MissingFieldError(f"{path}: the saved run config has no 'derived.predictor' (the Predictor's architecture)")
     predictor_config = dict(config["derived"]["predictor"])
     for key in ("variant", "source_blocks"):
         if key not in meta or key not in predictor_config:
-            raise KeyError(f"{path}: '{key}' is missing from the checkpoint meta or from derived.predictor")
+            raise MissingFieldError(f"{path}: '{key}' is missing from the checkpoint meta or from derived.predictor")
         if predictor_config[key] != meta[key]:
-            raise ValueError(f"{path}: meta {key}={meta[key]!r} but derived.predictor {key}={predictor_config[key]!r}")
+            raise UserInputError(f"{path}: meta {key}={meta[key]!r} but derived.predictor {key}={predictor_config[key]!r}")
     return PredictorCheckpoint(path, path.parent.name, step, dict(meta), predictor_config, dict(config["flags"]))
 
 
@@ -119,7 +121,7 @@ def label_checkpoints(checkpoints: Sequence[PredictorCheckpoint]) -> list[Predic
     labels = [ckpt.label for ckpt in labelled]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
-        raise ValueError(f"--ckpt: checkpoints {duplicates} are given twice (same run and step)")
+        raise UserInputError(f"--ckpt: checkpoints {duplicates} are given twice (same run and step)")
     return labelled
 
 
@@ -151,7 +153,7 @@ def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Sched
     runs = [f"{run}_ckptstep{'+'.join(str(step) for step in sorted(steps))}" for run, steps in steps_by_run.items()]
     name = f"{'__'.join(runs)}_{schedule.tag}_{split}{suffix}"
     if len(name) > MAX_RUN_NAME_LENGTH:
-        raise ValueError(f"the automatic eval run name is {len(name)} characters long; pass --run_name")
+        raise UserInputError(f"the automatic eval run name is {len(name)} characters long; pass --run_name")
     return name
 
 
@@ -163,7 +165,7 @@ def check_schedule_fits(checkpoints: Sequence[PredictorCheckpoint], schedule: Sc
     if not schedule.chunk0_full and schedule.replace_steps:
         v4 = [ckpt.label for ckpt in checkpoints if ckpt.variant == "v4"]
         if v4:
-            raise ValueError(f"checkpoints {v4} are v4 Predictors: they need the previous chunk's hidden and context "
+            raise UserInputError(f"checkpoints {v4} are v4 Predictors: they need the previous chunk's hidden and context "
                              "K/V, which chunk 0 does not have; keep chunk 0 F-F-F-F (--chunk0 full)")
 
 
@@ -175,10 +177,10 @@ def resolve_dtype(choice: str, checkpoint_meta: Sequence[dict], device: torch.de
         return DTYPES[choice], f"--dtype {choice}"
     precisions = sorted({meta["precision"] for meta in checkpoint_meta})
     if len(precisions) > 1:
-        raise ValueError(f"the checkpoints were trained with precisions {precisions}; choose --dtype")
+        raise UserInputError(f"the checkpoints were trained with precisions {precisions}; choose --dtype")
     if precisions:
         if precisions[0] not in PRECISION_DTYPES:
-            raise ValueError(f"checkpoint precision {precisions[0]!r} unknown; choose --dtype")
+            raise UserInputError(f"checkpoint precision {precisions[0]!r} unknown; choose --dtype")
         return PRECISION_DTYPES[precisions[0]], f"--dtype auto: the checkpoints' training precision {precisions[0]}"
     if device.type == "cuda":
         return torch.bfloat16, "--dtype auto without checkpoints: bfloat16 on CUDA"
@@ -214,11 +216,11 @@ def resolve_teacher(teacher: Path | None, action_ckpt: Path | None, origin: str,
                 recorded[sha].append(ckpt.label)
         if len(recorded) > 1:
             groups = "; ".join(f"{sha[:12]}...: {labels}" for sha, labels in recorded.items())
-            raise ValueError(f"the checkpoints were trained on datasets made by Teachers of different configs "
+            raise UserInputError(f"the checkpoints were trained on datasets made by Teachers of different configs "
                              f"({groups}); evaluate them in separate runs")
         return TeacherSource(Path(teacher), action_ckpt, origin, next(iter(recorded), None))
     if not checkpoints:
-        raise ValueError("no Teacher: pass --teacher DIR (or --demo D, or a --ckpt whose run records its Teacher)")
+        raise UserInputError("no Teacher: pass --teacher DIR (or --demo D, or a --ckpt whose run records its Teacher)")
     sources = []
     for ckpt in checkpoints:
         flags = ckpt.run_flags
@@ -230,7 +232,7 @@ def resolve_teacher(teacher: Path | None, action_ckpt: Path | None, origin: str,
         ))
     folders = {(str(source.folder), str(source.action_ckpt)) for source in sources}
     if len(folders) != 1:
-        raise ValueError(f"the checkpoints were trained on different Teachers {sorted(folders)}; pass --teacher")
+        raise UserInputError(f"the checkpoints were trained on different Teachers {sorted(folders)}; pass --teacher")
     return sources[0]
 
 
@@ -244,6 +246,8 @@ def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: to
     dtype, labels) and logs the chosen dtypes first. A ValueError or FileNotFoundError here is a problem with the
     flags (the tool reports it as a usage error)."""
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt])
+    for ckpt in checkpoints:
+        check_weights_file(ckpt.path)  # readable, finite, its checksum: refused before the eval directory exists
     check_schedule_fits(checkpoints, args.schedule)
     dtype, dtype_reason = resolve_dtype(args.dtype, [ckpt.meta for ckpt in checkpoints], device)
     if args.vae_dtype == "auto":
@@ -377,7 +381,7 @@ def check_or_write_eval_config(out_dir: Path, fingerprint: str, record: dict, se
     if saved["fingerprint"] != fingerprint:
         changed = sorted(key for key in record.keys() | saved["settings"].keys()
                          if saved["settings"].get(key) != record.get(key))
-        raise ValueError(f"{path}: this eval directory was made with other settings (differences in {changed}); "
+        raise UserInputError(f"{path}: this eval directory was made with other settings (differences in {changed}); "
                          "use another --output_root / --run_name, or remove the directory")
 
 

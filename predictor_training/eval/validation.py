@@ -51,6 +51,7 @@ from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, Roll
 from predictor_training.rollout.schedule import Schedule, StepPlan
 from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, unwrap_model
+from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import atomic_write
 from predictor_training.runtime.precision import autocast
 from predictor_training.teacher.adapters import adapter
@@ -238,7 +239,7 @@ def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, repl
     assets = Path(teacher_folder).parent
     vae = args.val_vae or (assets / "encoders" / "vae")
     if not (vae / "config.json").is_file():
-        raise FileNotFoundError(f"--val_every {args.val_every}: no VAE to decode the validation videos ({vae} has no "
+        raise MissingFileError(f"--val_every {args.val_every}: no VAE to decode the validation videos ({vae} has no "
                                 "config.json); pass --val_vae DIR")
     truth = args.val_ground_truth
     if truth is None and (assets / "ground_truth").is_dir():

@@ -24,6 +24,7 @@ from typing import Sequence
 import safetensors.torch
 import torch
 
+from predictor_training.runtime.errors import MissingFileError
 from predictor_training.teacher.adapters import (
     AdapterWeights,
     adapter_spec,
@@ -180,7 +181,7 @@ def _config_arguments(config: str) -> dict:
     path = Path(config)
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
-            raise FileNotFoundError(f"Teacher config not found: {path}")
+            raise MissingFileError(f"Teacher config not found: {path}")
         return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text(encoding="utf-8")), str(path))
     return preset_config(config)
 

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.methods.monitors import temporal_delta_energy
+from predictor_training.runtime.errors import MissingFileError
 
 READS = ("first_frame", "sampled_frames", "video")
 TOTAL = "total"
@@ -216,7 +217,7 @@ def default_vae_folder(dataset_root: Path) -> Path:
     config_path = dataset_root / VIDEO_CONFIG_NAME
     folder = Path(json.loads(config_path.read_text(encoding="utf-8"))["encoders"]["folder"])
     if not holds_vae(folder):
-        raise FileNotFoundError(f"{config_path} records the encoders folder {folder}, which holds no VAE; pass --vae")
+        raise MissingFileError(f"{config_path} records the encoders folder {folder}, which holds no VAE; pass --vae")
     return folder
 
 

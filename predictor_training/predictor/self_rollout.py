@@ -325,7 +325,7 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
 
     loss (the trajectory loss = mean chunk loss), hidden_mse, velocity_mse, step{k}/{loss,hidden_mse,velocity_mse}
     (means over the trained chunks), chunk{c}/loss, latent_grad_l1_min (min over chunks and k of sum |grad x_k|;
-    nan when no latent is tracked) and context_frames_mean.
+    only when the schedule has two consecutive Predictor steps) and context_frames_mean.
     """
     # 1. Chunk 0: the history seed, no parameter is touched.
     trajectory.run_chunk_zero()
@@ -366,7 +366,8 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
             metrics[f"step{k}/{name}"] = _mean(series)
     for chunk_index, value in chunk_losses.items():
         metrics[f"chunk{chunk_index}/loss"] = value
-    metrics["latent_grad_l1_min"] = min(grad_l1) if grad_l1 else math.nan
+    if grad_l1:  # a schedule without two consecutive Predictor steps has no Predictor-made latent to check
+        metrics["latent_grad_l1_min"] = min(grad_l1)
     metrics["context_frames_mean"] = _mean(context_frames)
     return metrics
 

@@ -35,6 +35,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from predictor_training.runtime.errors import UserInputError
+
 # ---- constants (upstream values) ----------------------------------------------------------------------------
 INFERENCE_MOVE_THRESHOLD = 1e-4  # min |translation| between latents that counts as a move, inference pose files
 TRAINING_MOVE_THRESHOLD = 0.01  # same threshold in the upstream trainer
@@ -79,7 +81,7 @@ _FORMAT_FIELDS = {"inference": ("extrinsic", "K"), "training": ("w2c", "intrinsi
 _FORMAT_MOVE_THRESHOLD = {"inference": INFERENCE_MOVE_THRESHOLD, "training": TRAINING_MOVE_THRESHOLD}
 
 
-class PoseError(ValueError):
+class PoseError(UserInputError):
     """A pose JSON (or pose string) that cannot be used; the message names the file, key and field."""
 
 

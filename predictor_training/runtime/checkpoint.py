@@ -4,7 +4,11 @@
   the optimizer, the LR schedule, the run state (global/micro step, epoch, data position), the RNG states of
   every rank (python, numpy, torch CPU, CUDA), the config and `meta` (variant, source_blocks, precision).
   It loads with `torch.load(weights_only=True)`: everything in it is tensors or plain python values.
-* `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata.
+* `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata, with the
+  sha256 of its tensors (`tensors_sha256`), checked whenever the weights are loaded (files written before it
+  existed load unchecked).
+* Weights are checked finite whenever they are loaded (a resume, --init_from, eval's --ckpt): NaN/Inf in a file is
+  refused with one line naming it, as a damaged or mismatched checkpoint is (`UserInputError` subclasses).
 * Every write is atomic (temp file in the same folder, fsync, `os.replace`), and nothing non-finite is ever
   written, so the last good checkpoint survives a crash, a SIGKILL or a NaN.
 * A role whose module is FSDP2-sharded (`predictor_training.runtime.fsdp`) is saved sharded: each rank writes its
@@ -18,6 +22,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -28,14 +33,13 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import safetensors
-import safetensors.torch
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from predictor_training.runtime.distributed import all_gather_objects, barrier, current_rank, unwrap_model
-from predictor_training.runtime.io import atomic_write
+from predictor_training.runtime.errors import MissingFileError, UserInputError
+from predictor_training.runtime.io import atomic_write, load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.io import redact_secrets
 from predictor_training.runtime.roles import module_is_fsdp
 from predictor_training.runtime.sharded_checkpoint import (
@@ -53,6 +57,7 @@ PREVIOUS_TRAINING_STATE_NAME = "training_prev.pt"
 TRAINING_STATE_FORMAT = "predictor_training.training_state"
 TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
 INFERENCE_FORMAT = "predictor_training.inference_weights"
+TENSORS_SHA256_KEY = "tensors_sha256"  # inference metadata: `tensors_sha256` of the file's tensors
 REQUIRED_META_KEYS = ("precision",)  # a Predictor recipe adds variant and source_blocks (`checkpoint_meta`)
 
 
@@ -60,11 +65,15 @@ class NonFiniteError(RuntimeError):
     """A loss, gradient norm or weight is NaN/Inf; raised before anything is stepped or written."""
 
 
-class DamagedTrainingStateError(ValueError):
+class NonFiniteWeightsError(UserInputError):
+    """A checkpoint file holds NaN/Inf weights; the message names the file and the first tensors."""
+
+
+class DamagedTrainingStateError(UserInputError):
     """A training state that cannot be read (truncated, corrupted); the message names the file and the fallback."""
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(UserInputError):
     """A checkpoint was saved for a different variant / source blocks / precision / world size than requested."""
 
 
@@ -192,6 +201,16 @@ def check_finite_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
         raise NonFiniteError(f"{what}: non-finite values in {len(bad)} tensors, e.g. {bad[:5]}; nothing was written")
 
 
+def check_finite_file_weights(tensors: dict[str, torch.Tensor], path: str | os.PathLike, what: str = "") -> None:
+    """Raise NonFiniteWeightsError naming `path` (and `what`, e.g. "role 'predictor'") when weights read from it hold
+    NaN/Inf."""
+    bad = _non_finite_names(tensors)
+    if bad:
+        where = f" ({what})" if what else ""
+        raise NonFiniteWeightsError(f"{path}{where}: NaN/Inf in {len(bad)} weight tensors, e.g. {bad[:3]}; expected "
+                                    "finite weights (the file is damaged, or was not written by this toolkit)")
+
+
 def _compare_expect(saved_meta: dict, expect: dict, path: Path) -> None:
     problems = []
     for key, requested in _json_plain(expect, "expect").items():
@@ -234,7 +253,7 @@ def _name_keyed(optimizer_state: dict) -> bool:
 
 def _require_file(path: Path, what: str) -> None:
     if not path.is_file():
-        raise FileNotFoundError(f"{what}: {path} does not exist; refusing to start from scratch instead")
+        raise MissingFileError(f"{what}: {path} does not exist; refusing to start from scratch instead")
 
 
 # ------------------------------------------------------------------------------------------------ training state
@@ -359,13 +378,15 @@ def load_state_file(path: Path, **load_options) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True, **load_options)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as error:
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if detail.startswith("Weights only load failed"):  # torch's advice to unpickle it anyway: not for us
+            detail = "not a file written by torch.save"
         message = f"{path} is damaged and cannot be read ({detail})"
         previous = path.with_name(PREVIOUS_TRAINING_STATE_NAME)
         if path.name == TRAINING_STATE_NAME and previous.is_file():
             message += f"; the run's previous training state is {previous}: continue from it with --resume {previous}"
         raise DamagedTrainingStateError(message) from None
     if not isinstance(payload, dict) or payload.get("format") != TRAINING_STATE_FORMAT:
-        raise ValueError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
+        raise UserInputError(f"{path} is not a predictor training state (expected format {TRAINING_STATE_FORMAT!r})")
     return payload
 
 
@@ -385,7 +406,7 @@ def read_training_state(path: str | os.PathLike) -> dict:
         }}
         payload["format_version"] = TRAINING_STATE_VERSION
     elif version != TRAINING_STATE_VERSION:
-        raise ValueError(f"{path}: format_version {version}, this code reads versions 1 and {TRAINING_STATE_VERSION}")
+        raise UserInputError(f"{path}: format_version {version}; expected 1 or {TRAINING_STATE_VERSION}")
     return payload
 
 
@@ -406,11 +427,18 @@ def role_state(payload: dict, role: str | None, path: str | os.PathLike) -> dict
     return entry
 
 
-def read_training_summary(path: str | os.PathLike) -> dict:
-    """{"step", "config", "meta"} of a training state, memory-mapped so the weights are not read."""
+def read_training_summary(path: str | os.PathLike, expect: dict | None = None) -> dict:
+    """{"step", "config", "meta"} of a training state, memory-mapped so the weights are not held in memory. With
+    `expect` (the meta a run requires, as for `load_training_state`), a mismatch raises CheckpointMismatchError and
+    weights holding NaN/Inf raise NonFiniteWeightsError (the models are read through the mapping once), so a
+    launch can refuse the checkpoint before it creates anything."""
     path = Path(path)
     _require_file(path, "training state")
     payload = load_state_file(path, mmap=True)
+    if expect is not None:
+        _compare_expect(payload["meta"], expect, path)
+        for role, entry in payload.get("roles", {"predictor": {"model": payload.get("model", {})}}).items():
+            check_finite_file_weights(entry["model"], path, f"role {role!r}")
     return {"step": int(payload["run_state"]["global_step"]), "config": payload["config"], "meta": payload["meta"]}
 
 
@@ -449,9 +477,11 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
     """
     path = Path(path)
     payload = read_training_state(path)
-    # 1. Refuse a checkpoint made for something else.
+    # 1. Refuse a checkpoint made for something else, or damaged.
     _compare_expect(payload["meta"], expect, path)
     check_fp32_training_state(payload, path)
+    for name, entry in payload["roles"].items():
+        check_finite_file_weights(entry["model"], path, f"role {name!r}")
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if payload["world_size"] != world_size:
         raise CheckpointMismatchError(
@@ -546,20 +576,45 @@ def save_inference_weights(
     file_metadata = {
         "format": INFERENCE_FORMAT,
         "dtype": str(dtype).removeprefix("torch."),
+        TENSORS_SHA256_KEY: tensors_sha256(tensors),
         "meta": json.dumps(_json_plain(metadata or {}, "inference metadata")),
         "config": json.dumps(_json_plain(redact_secrets(config or {}), "inference config")),
     }
-    return atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=file_metadata))
+    return atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, file_metadata))
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: the inference file's checksum."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{list(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _read_inference_header(path: str | os.PathLike) -> dict:
     path = Path(path)
     _require_file(path, "inference weights")
-    with safetensors.safe_open(str(path), framework="pt") as handle:
+    with open_safetensors(path) as handle:
         file_metadata = handle.metadata() or {}
     if file_metadata.get("format") != INFERENCE_FORMAT:
-        raise ValueError(f"{path} is not a predictor inference file (metadata format != {INFERENCE_FORMAT!r})")
+        raise UserInputError(f"{path} is not a predictor inference file (metadata format "
+                             f"{file_metadata.get('format')!r}; expected {INFERENCE_FORMAT!r})")
     return file_metadata
+
+
+def read_inference_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of an inference file, checked: their sha256 against the metadata's (when the file has one) and
+    finite. A damaged file raises a `UserInputError` naming it."""
+    path = Path(path)
+    expected = _read_inference_header(path).get(TENSORS_SHA256_KEY)
+    tensors = load_safetensors(path)
+    if expected is not None and tensors_sha256(tensors) != expected:
+        raise UserInputError(f"{path}: the tensors' sha256 differs from the {TENSORS_SHA256_KEY!r} in its metadata; "
+                             "expected the file as it was written (it was damaged or edited since)")
+    check_finite_file_weights(tensors, path)
+    return tensors
 
 
 def read_inference_metadata(path: str | os.PathLike) -> dict:
@@ -570,6 +625,22 @@ def read_inference_metadata(path: str | os.PathLike) -> dict:
 def read_inference_config(path: str | os.PathLike) -> dict:
     """The run config stored by `save_inference_weights` (for rebuilding the model at eval time)."""
     return json.loads(_read_inference_header(path)["config"])
+
+
+def check_weights_file(path: str | os.PathLike, expect: dict | None = None) -> dict:
+    """The checks `load_model_weights` makes on a file, without a model to load it into (a launch makes them before
+    it creates anything): readable, its meta matching `expect`, finite weights, an inference file's checksum.
+    Returns the file's meta. A training state is read memory-mapped."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        meta = read_inference_metadata(path)
+        read_inference_weights(path)
+        if expect:
+            _compare_expect(meta, expect, path)
+        return meta
+    if path.suffix == ".pt":
+        return read_training_summary(path, expect=expect or {})["meta"]
+    raise UserInputError(f"{path}: expected a .pt training state or a .safetensors inference file")
 
 
 def load_model_weights(
@@ -584,12 +655,13 @@ def load_model_weights(
     path = Path(path)
     if path.suffix == ".safetensors":
         meta = read_inference_metadata(path)
-        state = safetensors.torch.load_file(str(path), device="cpu")
+        state = read_inference_weights(path)
     elif path.suffix == ".pt":
         payload = read_training_state(path)
         meta, state = payload["meta"], role_state(payload, role, path)["model"]
+        check_finite_file_weights(state, path)
     else:
-        raise ValueError(f"load_model_weights: {path} must end in .pt (training state) or .safetensors")
+        raise UserInputError(f"{path}: expected a .pt training state or a .safetensors inference file")
     if expect:
         _compare_expect(meta, expect, path)
     unwrap_model(model).load_state_dict(state, strict=True)

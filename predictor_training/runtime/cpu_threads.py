@@ -14,10 +14,38 @@ from __future__ import annotations
 import math
 import os
 import sys
+from pathlib import Path
 
 import torch
 
 THREADS_ENV = "OMP_NUM_THREADS"
+# CPU features that change which float kernels MKL / oneDNN / torch pick, hence the rounding of float32 results.
+KERNEL_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                    "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_kind() -> dict:
+    """What decides the bits of this machine's CPU float results: torch's kernel level, the ISA flags above (from
+    /proc/cpuinfo, where there is one), MKL's conditional-numerical-reproducibility setting (MKL_CBWR) and the
+    torch version. Two runs on the same kind give the same bits; `cpu_model` is for people only."""
+    flags, model = [], "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags" and not flags:
+                present = set(value.split())
+                flags = [flag for flag in KERNEL_ISA_FLAGS if flag in present]
+            elif key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_flags": flags,
+            "mkl_cbwr": os.environ.get("MKL_CBWR", "unset"), "torch": torch.__version__, "cpu_model": model}
+
+
+def same_cpu_kind(first: dict, second: dict) -> bool:
+    """Whether two `cpu_kind` records describe the same kind (everything but the model name)."""
+    return {k: v for k, v in first.items() if k != "cpu_model"} == {k: v for k, v in second.items()
+                                                                     if k != "cpu_model"}
 
 
 def available_cores() -> int:

@@ -3,10 +3,10 @@
 The recipe's numbers are NOT written here. Every `add_*_args` takes them as required keyword arguments, so each
 entry script's `parse_args()` is the one place where its defaults are written (and `--help` shows them):
 
-    parser = argparse.ArgumentParser(...)
+    parser = CommandParser(...)        # runtime/errors.py: a parser error is one line, exit 2
     add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, ...)
     args = parse_recipe_args(parser, argv, presets={"demo": [...]})   # + --preset, --config FILE.yaml
-    check_args(parser, args)           # cross-flag rules -> parser.error: usage line + message, exit 2
+    check_args(parser, args)           # FLAG_RULES and cross-flag rules -> parser.error: one line, exit 2
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def checked(kind: type, expected: str, ok: Callable) -> Callable[[str], object]:
         return value
 
     parse.__name__ = kind.__name__  # argparse's "invalid <name> value" message names the type by it
+    parse.ok, parse.expected = ok, expected  # read by tests/test_bad_input.py, which makes a refused value of each
     return parse
 
 
@@ -396,65 +397,67 @@ def config_tokens(parser: argparse.ArgumentParser, path: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Cross-flag rules
 # ---------------------------------------------------------------------------------------------------------------
+# The rules of single flags, by name: (ok(value, flags), what was expected). `check_args` applies the rule of every
+# flag a recipe has; `flags` holds all of the recipe's values (a rule may read another flag, e.g. max_steps), and
+# "{name}" in the expectation is filled in from them. tests/test_bad_input.py makes a refused value of each.
+FLAG_RULES: dict[str, tuple[Callable[[object, dict], bool], str]] = {
+    "fusion_lr": (lambda value, flags: value > 0, "> 0"),
+    "blocks_lr": (lambda value, flags: value > 0, "> 0"),
+    "lr": (lambda value, flags: value > 0, "> 0"),
+    "max_steps": (lambda value, flags: value >= 1, ">= 1"),
+    "scheduler_warmup_steps": (lambda value, flags: 0 <= value < flags["max_steps"], "in [0, max_steps={max_steps})"),
+    "warmup_steps": (lambda value, flags: 0 <= value < flags["max_steps"], "in [0, max_steps={max_steps})"),
+    "block_warmup_steps": (lambda value, flags: value == -1 or 0 <= value < flags["max_steps"],
+                           "-1 or in [0, max_steps={max_steps})"),
+    "stop_at_step": (lambda value, flags: value == -1 or 1 <= value <= flags["max_steps"],
+                     "-1 or in [1, max_steps={max_steps}]"),
+    "batch_size": (lambda value, flags: value >= 1, ">= 1"),
+    "grad_accum": (lambda value, flags: value >= 1, ">= 1"),
+    "weight_decay": (lambda value, flags: value >= 0, ">= 0"),
+    "adam_beta1": (lambda value, flags: 0 <= value < 1, "in [0, 1)"),
+    "adam_beta2": (lambda value, flags: 0 <= value < 1, "in [0, 1)"),
+    "grad_clip": (lambda value, flags: value == -1 or value > 0, "> 0, or -1 for no clipping"),
+    "velocity_weight": (lambda value, flags: value >= 0, ">= 0"),
+    "hidden_weight": (lambda value, flags: value >= 0, ">= 0"),
+    "ckpt_every": (lambda value, flags: value == -1 or value >= 1, ">= 1, or -1 for the last step only"),
+    "keep_last": (lambda value, flags: value == -1 or value >= 1, ">= 1, or -1 to keep all"),
+    "log_every": (lambda value, flags: value >= 1, ">= 1"),
+    "val_every": (lambda value, flags: value >= 0, ">= 0"),
+    "val_videos": (lambda value, flags: value >= 1, ">= 1"),
+    "val_vae": (lambda value, flags: value is None or (value / "config.json").is_file(),
+                "a VAE folder with config.json (validation decodes the videos)"),
+    "val_ground_truth": (lambda value, flags: value is None or value.is_dir(), "an existing folder"),
+    "seed": (lambda value, flags: value >= 0, ">= 0"),
+    "num_workers": (lambda value, flags: value >= 0, ">= 0"),
+    "resume": (lambda value, flags: value is None or value.is_file(),
+               "an existing training_latest.pt (refusing to start from scratch instead)"),
+    "dataset_root": (lambda value, flags: (value / flags["dataset_config_name"]).is_file(),
+                     "a dataset folder with {dataset_config_name}"),
+    "action_ckpt": (lambda value, flags: value is None or value.is_file(), "an existing file"),
+    "teacher": (lambda value, flags: value is None or (value / "config.json").is_file(), "a folder with config.json"),
+    "lora_rank": (lambda value, flags: value >= 1, ">= 1"),
+    "lora_alpha": (lambda value, flags: value > 0, "> 0"),
+    "sigma_shift": (lambda value, flags: value > 0, "> 0"),
+    "logit_std": (lambda value, flags: value > 0, "> 0"),
+}
+
+
 def check_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace, *, dataset_config_name: str | None = None
 ) -> None:
     """Rules spanning the groups above; every problem names the flag, its value and what was expected, and goes
-    through `parser.error` (usage line + message, exit 2). Flags a recipe does not have are skipped by name.
+    through `parser.error` (one line, exit 2). Flags a recipe does not have are skipped by name (`FLAG_RULES`).
     `dataset_config_name`: the file that marks a built dataset in --dataset_root (e.g. `data.dataset_config.
     DATASET_CONFIG_NAME`); a recipe with --dataset_root must name it."""
-    problems = []
     present = vars(args)
     if "dataset_root" in present and dataset_config_name is None:
         raise ValueError("check_args: this recipe has --dataset_root; pass dataset_config_name (the file that marks "
                          "its dataset)")
-
-    def need(flag: str, ok, expected: str) -> None:
-        """`ok(value)` must hold for --flag, when the recipe has it."""
-        if flag in present and not ok(present[flag]):
-            problems.append(f"--{flag}={present[flag]!r}: expected {expected}")
-
-    max_steps = present.get("max_steps")
-    positive = (lambda value: value > 0)
-    need("fusion_lr", positive, "> 0")
-    need("blocks_lr", positive, "> 0")
-    need("lr", positive, "> 0")
-    need("max_steps", lambda value: value >= 1, ">= 1")
-    for flag in ("scheduler_warmup_steps", "warmup_steps"):
-        need(flag, lambda value: 0 <= value < max_steps, f"in [0, max_steps={max_steps})")
-    need("block_warmup_steps", lambda value: value == -1 or 0 <= value < max_steps,
-         f"-1 or in [0, max_steps={max_steps})")
-    need("stop_at_step", lambda value: value == -1 or 1 <= value <= max_steps, f"-1 or in [1, max_steps={max_steps}]")
-    need("batch_size", lambda value: value >= 1, ">= 1")
-    need("grad_accum", lambda value: value >= 1, ">= 1")
-    need("weight_decay", lambda value: value >= 0, ">= 0")
-    need("adam_beta1", lambda value: 0 <= value < 1, "in [0, 1)")
-    need("adam_beta2", lambda value: 0 <= value < 1, "in [0, 1)")
-    need("grad_clip", lambda value: value == -1 or value > 0, "> 0, or -1 for no clipping")
-    need("velocity_weight", lambda value: value >= 0, ">= 0")
-    need("hidden_weight", lambda value: value >= 0, ">= 0")
+    flags = {**present, "dataset_config_name": dataset_config_name}
+    problems = [f"--{name}={present[name]!r}: expected {expected.format(**flags)}"
+                for name, (ok, expected) in FLAG_RULES.items() if name in present and not ok(present[name], flags)]
     if present.get("velocity_weight") == 0 and present.get("hidden_weight") == 0:
         problems.append("--velocity_weight=0 and --hidden_weight=0: nothing would be trained")
-    need("ckpt_every", lambda value: value == -1 or value >= 1, ">= 1, or -1 for the last step only")
-    need("keep_last", lambda value: value == -1 or value >= 1, ">= 1, or -1 to keep all")
-    need("log_every", lambda value: value >= 1, ">= 1")
-    need("val_every", lambda value: value >= 0, ">= 0")
-    need("val_videos", lambda value: value >= 1, ">= 1")
-    need("val_vae", lambda value: value is None or (value / "config.json").is_file(),
-         "a VAE folder with config.json (validation decodes the videos)")
-    need("val_ground_truth", lambda value: value is None or value.is_dir(), "an existing folder")
-    need("seed", lambda value: value >= 0, ">= 0")
-    need("num_workers", lambda value: value >= 0, ">= 0")
-    need("resume", lambda value: value is None or value.is_file(),
-         "an existing training_latest.pt (refusing to start from scratch instead)")
-    need("dataset_root", lambda value: (value / dataset_config_name).is_file(),
-         f"a dataset folder with {dataset_config_name}")
-    need("action_ckpt", lambda value: value is None or value.is_file(), "an existing file")
-    need("teacher", lambda value: value is None or (value / "config.json").is_file(), "a folder with config.json")
-    need("lora_rank", lambda value: value >= 1, ">= 1")
-    need("lora_alpha", positive, "> 0")
-    need("sigma_shift", positive, "> 0")
-    need("logit_std", positive, "> 0")
     if "sigma_min" in present and not 0 <= args.sigma_min < args.sigma_max <= 1:
         problems.append(f"--sigma_min={args.sigma_min!r} --sigma_max={args.sigma_max!r}: expected 0 <= min < max <= 1")
     if problems:

@@ -1,4 +1,4 @@
-"""File writes, fingerprints and secrets: the one implementation of each that the toolkit uses.
+"""File writes, fingerprints, safetensors reads and secrets: the one implementation of each that the toolkit uses.
 
 Atomic writes:
 
@@ -16,7 +16,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import safetensors
+import safetensors.torch
+
+from predictor_training.runtime.errors import UserInputError
 
 SWANLAB_KEY_ENV = "SWANLAB_API_KEY"
 _SECRET_KEY_MARKERS = ("api_key", "apikey", "token", "secret", "password")
@@ -95,6 +100,84 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: handle.read(HASH_BLOCK_BYTES), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ files users write
+def read_json_file(path: str | os.PathLike, error: type[UserInputError] = UserInputError):
+    """The JSON value in `path`; a file that is not UTF-8 or not JSON raises `error` naming it (a missing file
+    stays FileNotFoundError)."""
+    data = Path(path).read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as problem:
+        raise error(f"{path}: byte {problem.start} ({data[problem.start:problem.start + 1]!r}) is not UTF-8; "
+                    "expected UTF-8 JSON") from None
+    except json.JSONDecodeError as problem:
+        raise error(f"{path}: not valid JSON ({problem})") from None
+
+
+def read_jsonl_objects(path: str | os.PathLike, error: type[UserInputError] = UserInputError,
+                       what: str = "") -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL table; a line that is not UTF-8, not JSON or not a
+    JSON object raises `error` naming `what` (e.g. "clip table "), the file and the line."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{what}{path} line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as problem:
+                raise error(f"{where}: byte {problem.start} ({raw[problem.start:problem.start + 1]!r}) is not "
+                            "UTF-8; expected UTF-8 text (save the file as UTF-8)") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as problem:
+                raise error(f"{where}: not valid JSON ({problem})") from None
+            if not isinstance(record, dict):
+                raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield number, record
+
+
+# ------------------------------------------------------------------------------------------------ safetensors reads
+def damaged_safetensors(path: str | os.PathLike, error: Exception) -> UserInputError:
+    """The one-line error of a .safetensors file that cannot be read (empty, cut off, not safetensors at all)."""
+    return UserInputError(f"{path}: damaged or not a .safetensors file ({error}); expected a complete safetensors "
+                          "file")
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """`safetensors.torch.save_file`, with the header's metadata in sorted key order: the same tensors and metadata
+    give the same bytes in every process (safetensors keeps the metadata in a hash map whose order changes from
+    process to process). The header is rewritten in place; reordering keeps its length."""
+    safetensors.torch.save_file(tensors, str(path), metadata=metadata)
+    if not metadata:
+        return
+    with open(path, "r+b") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) > length:
+            raise RuntimeError(f"{path}: the sorted safetensors header is longer than the written one")
+        handle.seek(8)
+        handle.write(text + b" " * (length - len(text)))
+
+
+def open_safetensors(path: str | os.PathLike, *, device: str = "cpu"):
+    """`safetensors.safe_open(path, framework="pt")` (a context manager), a damaged file reported by name."""
+    try:
+        return safetensors.safe_open(str(path), framework="pt", device=device)
+    except safetensors.SafetensorError as error:
+        raise damaged_safetensors(path, error) from None
+
+
+def load_safetensors(path: str | os.PathLike, *, device: str = "cpu") -> dict:
+    """`safetensors.torch.load_file`, a damaged file reported by name."""
+    try:
+        return safetensors.torch.load_file(str(path), device=device)
+    except safetensors.SafetensorError as error:
+        raise damaged_safetensors(path, error) from None
 
 
 # ------------------------------------------------------------------------------------------------ secrets

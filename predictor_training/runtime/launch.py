@@ -1,6 +1,6 @@
 """The start and the end every recipe's `main()` shares, as three named calls:
 
-    start = plan_run(args)                       # run directory named from the flags: fresh / continue / finished
+    start = plan_run(args, meta=meta)            # run directory named from the flags: fresh / continue / finished
     if (code := early_exit(args, start)) is not None:
         return code                              # --print_run_dir, or nothing left to do
     with distributed_run(args, start) as env:    # process group, run directory, the start line, seeds
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 from collections.abc import Iterator, Sequence
 
 from predictor_training.runtime.checkpoint import RunState, load_training_state
@@ -30,6 +29,7 @@ from predictor_training.runtime.distributed import (
     log0,
     seed_everything,
 )
+from predictor_training.runtime.errors import USER_ERROR_EXIT, UserInputError, describe_os_error
 from predictor_training.runtime.logger import MetricsLogger
 from predictor_training.runtime.loop import BatchStream, Validation, train_loop
 from predictor_training.runtime.roles import Role
@@ -57,16 +57,20 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
     try:
         refusal = None
         if env.is_main:
-            start.run_dir.mkdir(parents=True, exist_ok=True)
             try:
+                start.run_dir.mkdir(parents=True, exist_ok=True)
                 lock.acquire()
             except RunLockedError as error:
                 refusal = str(error)
+            except OSError as error:  # e.g. a folder made read-only since the launcher's dry run
+                refusal = describe_os_error(error)
+                if refusal is None:
+                    raise
         refusal = all_gather_objects(refusal)[0]
         if refusal is not None:
             if env.is_main:
-                print(f"error: {refusal}", file=sys.stderr)
-            raise SystemExit(2)
+                raise UserInputError(refusal)
+            raise SystemExit(USER_ERROR_EXIT)  # rank 0 reports it
         pids = all_gather_objects(os.getpid())
         if env.is_main:
             lock.record_holders(f"PIDs {', '.join(map(str, pids))}; launcher PID {os.getppid()}")

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, DamagedTrainingStateError, read_training_summary
+from predictor_training.runtime.cpu_threads import cpu_kind
 from predictor_training.runtime.distributed import resolve_backend
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.io import redact_secrets
 
@@ -36,9 +40,11 @@ RUN_CONTROL_FLAGS = frozenset({
     "verify_dataset", "backend", "ckpt_every", "keep_last", "log_every", "swanlab_mode", "experiment_name",
     "preset", "config", "val_every", "val_split", "val_videos", "val_vae", "val_ground_truth",
 })
+# Folders a run reads; its run directory may not lie in one of them.
+INPUT_FOLDER_FLAGS = ("dataset_root", "cache_root", "teacher", "samples_dir", "val_vae", "val_ground_truth")
 
 
-class RunConflictError(RuntimeError):
+class RunConflictError(UserInputError):
     """The run directory holds a run whose saved settings differ from this launch's."""
 
 
@@ -141,19 +147,87 @@ def comparable_flags(flags: dict) -> dict:
     return {name: value for name, value in flags.items() if name not in RUN_CONTROL_FLAGS}
 
 
-def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str) -> RunStart:
-    """Decide what this launch does in `run_dir` (reads only the saved state's small fields, memory-mapped).
+def saved_run_flags(run_dir: Path) -> tuple[dict, Path] | None:
+    """(the comparable flags of the run that lives in `run_dir`, the file they come from): its training state's
+    config, else (none, or a damaged one) its train_config.json; None for an empty or new directory."""
+    saved_path = Path(run_dir) / TRAINING_STATE_NAME
+    if saved_path.is_file():
+        try:
+            return comparable_flags(read_training_summary(saved_path)["config"]["flags"]), saved_path
+        except DamagedTrainingStateError:
+            pass
+    config_path = Path(run_dir) / TRAIN_CONFIG_NAME
+    if config_path.is_file():
+        try:
+            return comparable_flags(json.loads(config_path.read_text(encoding="utf-8"))["flags"]), config_path
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+            raise UserInputError(f"{config_path}: not a train_config.json ({type(error).__name__}: {error}); "
+                                 "expected the JSON the run wrote") from None
+    return None
 
-    Raises RunConflictError when `run_dir` holds a run saved with other settings, naming each differing flag."""
+
+def check_resume_belongs(resume: Path, saved: dict, run_dir: Path) -> None:
+    """A --resume writes into `run_dir`: the checkpoint must be one of that run's (a file in the directory, or the
+    same flags as the run saved there), so that it never trains over, and replaces, another run's outputs. An
+    empty or new directory takes any checkpoint (a branch)."""
+    if Path(resume).resolve().parent == Path(run_dir).resolve():
+        return
+    own = saved_run_flags(run_dir)
+    if own is None:
+        return
+    own_flags, own_file = own
+    resumed_flags = comparable_flags(saved["config"]["flags"])
+    differing = sorted(key for key in own_flags.keys() | resumed_flags.keys()
+                       if own_flags.get(key) != resumed_flags.get(key))
+    if differing:
+        details = ", ".join(f"--{key} {resumed_flags.get(key)!r} there, {own_flags.get(key)!r} here"
+                            for key in differing[:4]) + (", ..." if len(differing) > 4 else "")
+        raise RunConflictError(f"--resume {resume}: belongs to another run than the one in {run_dir} ({details}; "
+                               f"from {own_file}); expected a checkpoint of that run, or pass another --output_dir "
+                               "to branch from it")
+
+
+def check_output_folder(run_dir: Path, args: argparse.Namespace, inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """The run directory can be written and is no input folder (nor inside one: the flags' `INPUT_FOLDER_FLAGS`
+    and `inputs`, (what, folder) pairs such as a Teacher found in the dataset's config): refused before anything
+    exists."""
     run_dir = Path(run_dir)
+    flag = "--output_dir" if args.output_dir is not None else "--output_root"
+    resolved = run_dir.resolve()
+    folders = [(f"--{name}", getattr(args, name, None)) for name in INPUT_FOLDER_FLAGS] + list(inputs)
+    for what, folder in folders:
+        if folder is not None and Path(folder).is_dir() and resolved.is_relative_to(Path(folder).resolve()):
+            raise UserInputError(f"{flag} {run_dir}: inside {what} {folder}; expected an output folder outside "
+                                 "every input folder")
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserInputError(f"{flag} {run_dir}: {existing} is a file; expected a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserInputError(f"{flag} {run_dir}: {existing} is not writable by this user; expected a writable "
+                             "folder")
+
+
+def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dict | None = None,
+                   inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
+    """Decide what this launch does in `run_dir` (reads only the saved state's small fields, memory-mapped, and
+    checks its weights are finite). `meta`: what this run's checkpoints must record (`checkpoint_meta`); a
+    checkpoint saved with other values is refused here, before anything is created.
+
+    Raises RunConflictError when `run_dir` holds a run saved with other settings, naming each differing flag, or
+    when --resume names another run's checkpoint."""
+    run_dir = Path(run_dir)
+    check_output_folder(run_dir, args, inputs)
     stop_step = args.max_steps if args.stop_at_step == -1 else args.stop_at_step
     if args.resume is not None:
-        saved_step = read_training_summary(args.resume)["step"]
-        return RunStart(run_dir, name, "resume", Path(args.resume), saved_step, stop_step)
+        saved = read_training_summary(args.resume, expect=meta)
+        check_resume_belongs(args.resume, saved, run_dir)
+        return RunStart(run_dir, name, "resume", Path(args.resume), saved["step"], stop_step)
     saved_path = run_dir / TRAINING_STATE_NAME
     if not saved_path.is_file():
         return RunStart(run_dir, name, "fresh", None, 0, stop_step)
-    saved = read_training_summary(saved_path)
+    saved = read_training_summary(saved_path, expect=meta)
     saved_flags = comparable_flags(saved["config"]["flags"])
     current_flags = comparable_flags(plain_flags(args))
     differing = sorted(name for name in saved_flags.keys() | current_flags.keys()
@@ -167,28 +241,28 @@ def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str) -> RunSta
     return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step)
 
 
-def plan_run(args: argparse.Namespace, *, subset: str = "", naming=run_name) -> RunStart:
+def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=run_name,
+             inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
     """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
     Predictor recipes' `run_name` or the methods' `method_run_name`, with the world it will train in), find its
-    directory, and decide fresh / resume / continue / finished. A directory holding a run with other settings ends
-    the process with one line on stderr and exit code 2 (like a bad flag)."""
+    directory, and decide fresh / resume / continue / finished. `meta`: what the run's checkpoints record (a
+    checkpoint to resume or continue must match it); `inputs`: (what, folder) of input folders the flags do not
+    name (e.g. the Teacher a dataset records), which the run directory may not lie in. A directory holding a run with other settings, another run's
+    checkpoint, a damaged or mismatched one, or an output folder that cannot be used raise `UserInputError` (one
+    line, exit code 2 through `errors.command`), in the launcher's --print_run_dir dry run too."""
     world_size, device_type = launch_world(args.backend)
     name = naming(args, world_size=world_size, device_type=device_type, subset=subset)
-    try:
-        return plan_run_start(args, run_dir_for(args, name), name)
-    except (RunConflictError, DamagedTrainingStateError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return plan_run_start(args, run_dir_for(args, name), name, meta, inputs)
 
 
 def report_run_start(start: RunStart) -> int:
     """For --print_run_dir: the run directory on stdout, what a launch would do on stderr; returns the exit code
-    (0: start or continue; 3: already finished, so a launcher has nothing to start; 2: the run is alive in other
-    processes, so a launcher must not start it again)."""
+    (0: start or continue; 3: already finished, so a launcher has nothing to start). A run alive in other processes
+    raises RunLockedError (one line, exit code 2): a launcher must not start it again."""
     holders = RunLock(start.run_dir).holders()
     if holders is not None:
-        print(f"error: run {start.run_dir} is already running ({holders})", file=sys.stderr)
-        return 2
+        raise RunLockedError(f"run {start.run_dir} is already running ({holders}); wait for it, or stop those "
+                             "processes first")
     print(start.run_dir)
     print(start.describe(), file=sys.stderr)
     return 3 if start.kind == "finished" else 0
@@ -223,12 +297,14 @@ def write_train_config(run_dir: Path, config: dict) -> None:
     write_json_atomic(Path(run_dir) / TRAIN_CONFIG_NAME, config)
 
 
-def environment_summary() -> dict[str, str]:
-    """torch version, CUDA devices and OMP threads, for train_config.json."""
+def environment_summary() -> dict:
+    """torch version, CUDA devices, OMP threads and the CPU kind (`cpu_threads.cpu_kind`: what decides the bits of
+    CPU results, so a baseline comparison knows where a run was made), for train_config.json."""
     return {
         "torch": torch.__version__,
         "cuda_devices": str(torch.cuda.device_count() if torch.cuda.is_available() else 0),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+        "cpu_kind": cpu_kind(),
     }
 
 
@@ -238,7 +314,7 @@ def environment_summary() -> dict[str, str]:
 RUN_LOCK_NAME = "run.lock"
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(UserInputError):
     """Another live process holds the run directory's lock."""
 
 

@@ -56,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from predictor_training.runtime.distributed import barrier, current_rank
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_text_atomic
 
 SHARDED_SUFFIX = ".dcp"
@@ -64,7 +65,7 @@ TOKEN_FILE = "checkpoint_token"
 METADATA_FILE = ".metadata"
 
 
-class MissingShardedStateError(FileNotFoundError):
+class MissingShardedStateError(UserInputError, FileNotFoundError):
     """A training state names a sharded folder (by token) that is not on disk or incomplete."""
 
 
@@ -283,7 +284,13 @@ def read_sharded_state(folder: str | os.PathLike, role: str | None = None, *, op
 
 
 def saved_roles(folder: str | os.PathLike) -> list[str]:
-    """Role names stored in a sharded folder (read from its metadata, no tensors)."""
-    reader = dcp.FileSystemReader(str(folder))
-    metadata = reader.read_metadata()
+    """Role names stored in a sharded folder (read from its metadata, no tensors); a folder that is not one raises
+    MissingShardedStateError naming it."""
+    if not (Path(folder) / METADATA_FILE).is_file():
+        raise MissingShardedStateError(f"{folder} is not a complete sharded checkpoint (no {METADATA_FILE})")
+    try:
+        metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    except Exception as error:  # the unpickler's many errors on a damaged file: name the file instead
+        raise UserInputError(f"{Path(folder) / METADATA_FILE}: damaged ({type(error).__name__}: {error}); expected "
+                             "the metadata a sharded save writes") from None
     return sorted({key.split(".", 1)[0] for key in metadata.state_dict_metadata})

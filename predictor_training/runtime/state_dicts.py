@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from predictor_training.runtime.errors import UserInputError
+
 MAX_LISTED_KEYS = 20
 
 
-class StateDictMismatchError(KeyError):
+class StateDictMismatchError(UserInputError, KeyError):
     """A state dict whose keys or shapes differ from the model's. Lists missing, unexpected and mismatched keys."""
 
     def __init__(self, source: str, missing: list[str], unexpected: list[str], mismatched: list[str], detail: str):

@@ -59,15 +59,15 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import peft
-import safetensors
-import safetensors.torch
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.functional import delete_adapter
 from peft.tuners.lora import LoraLayer
 from torch import Tensor, nn
 
+from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import atomic_write
+from predictor_training.runtime.io import load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.state_dicts import StateDictMismatchError, mismatch_report
 from predictor_training.teacher.loading import read_checkpoint
 from predictor_training.teacher.model import WorldPlayTransformer
@@ -455,15 +455,15 @@ def save_lora(
         "metadata": json.dumps(dict(metadata or {}), sort_keys=True, allow_nan=False),
     }
     tensors = lora_state_dict(teacher, name)
-    return atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=header))
+    return atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, header))
 
 
 def read_lora_header(path: str | os.PathLike) -> dict:
     """{"lora_config": {...}, "metadata": {...}} of an adapter file written by `save_lora`."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"LoRA adapter file not found: {path}")
-    with safetensors.safe_open(str(path), framework="pt") as handle:
+        raise MissingFileError(f"LoRA adapter file not found: {path}")
+    with open_safetensors(path) as handle:
         header = handle.metadata() or {}
     if header.get("format") != LORA_FILE_FORMAT:
         raise ValueError(f"{path} is not a Teacher LoRA adapter file (format {header.get('format')!r}, expected "
@@ -495,7 +495,7 @@ def load_lora(
             f"{config['teacher_config_sha256'][:12]}..., this Teacher has {actual_sha[:12]}...; refusing to load it"
         )
     targets = _check_targets(config["targets"])
-    tensors = safetensors.torch.load_file(str(path))
+    tensors = load_safetensors(path)
     expected = _expected_lora_shapes(teacher, int(config["rank"]), targets)
     found = {key: tuple(value.shape) for key, value in tensors.items()}
     missing, unexpected, mismatched, report = mismatch_report(expected, found, f"{path} (LoRA adapter {name!r})")

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from predictor_training.runtime.errors import MissingFileError, UserInputError
+from predictor_training.runtime.io import load_safetensors
 from predictor_training.runtime.state_dicts import StateDictMismatchError, listing, mismatch_report
 
 
@@ -36,19 +37,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a `.safetensors` file, or a sharded `*.safetensors.index.json` (its `weight_map` shards)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file not found: {path}")
+        raise MissingFileError(f"checkpoint file not found: {path}")
     if path.name.endswith(".index.json"):
         with open(path) as handle:
             index = json.load(handle)
         if "weight_map" not in index:
-            raise ValueError(f"{path}: a sharded index needs a 'weight_map' field")
+            raise UserInputError(f"{path}: a sharded index needs a 'weight_map' field")
         state_dict: dict[str, Tensor] = {}
         for shard in sorted(set(index["weight_map"].values())):
-            state_dict.update(load_file(path.parent / shard))
+            state_dict.update(load_safetensors(path.parent / shard))
         return state_dict
     if path.suffix != ".safetensors":
-        raise ValueError(f"{path}: expected a .safetensors file or a .safetensors.index.json index")
-    return load_file(path)
+        raise UserInputError(f"{path}: expected a .safetensors file or a .safetensors.index.json index")
+    return load_safetensors(path)
 
 
 def load_checkpoint_strict(model: nn.Module, path: str | os.PathLike) -> None:

@@ -39,6 +39,8 @@ from .layers import (
     split_heads,
 )
 
+from predictor_training.runtime.errors import UserInputError
+
 TEXT_TIMESTEP = 0.0  # the AR text stream is always modulated by time_in(0)
 COND_TYPE_LLM, COND_TYPE_BYT5, COND_TYPE_SIGLIP = 0, 1, 2
 
@@ -338,7 +340,7 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         parameters = inspect.signature(cls.__init__).parameters
         unknown = sorted(set(stored) - set(parameters))
         if unknown:
-            raise ValueError(f"{source}: unknown Teacher config field(s) {unknown}")
+            raise UserInputError(f"{source}: unknown Teacher config field(s) {unknown}")
         defaults = {name: parameter.default for name, parameter in parameters.items() if name != "self"}
         return {**defaults, **stored}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.runtime.io import sha256_json
+from predictor_training.runtime.errors import MissingFileError, UserInputError
+from predictor_training.runtime.io import read_json_file, sha256_json
 from predictor_training.teacher.model import WorldPlayTransformer
 
 
@@ -35,6 +36,25 @@ def teacher_config_sha256(teacher: WorldPlayTransformer) -> str:
     return sha256_json(constructor_args)
 
 
+def teacher_depth(source: TeacherSource) -> int:
+    """The Teacher's number of double blocks, from its config.json alone (no weights)."""
+    config_path = Path(source.folder) / "config.json"
+    if not config_path.is_file():
+        raise MissingFileError(f"{config_path} ({source.origin}): no such file; expected a Teacher folder with "
+                               "config.json")
+    config = read_json_file(config_path)
+    return int(WorldPlayTransformer.constructor_arguments(config, source=str(config_path))["mm_double_blocks_depth"])
+
+
+def check_source_blocks(source_blocks, source: TeacherSource) -> None:
+    """--source_blocks must name double blocks the Teacher has: checked from its config.json before anything is
+    created (the launcher's dry run included)."""
+    depth = teacher_depth(source)
+    if any(not 0 <= int(block) < depth for block in source_blocks):
+        raise UserInputError(f"--source_blocks {','.join(map(str, source_blocks))}: the Teacher in {source.folder} "
+                             f"({source.origin}) has {depth} double blocks; expected indices in 0..{depth - 1}")
+
+
 def load_teacher(source: TeacherSource, device: torch.device | str, dtype: torch.dtype) -> WorldPlayTransformer:
     """Load the folder (strict), overlay the action checkpoint (strict), check the config hash against the record,
     move to `device`; returns the Teacher in eval mode with `requires_grad=False` everywhere."""
@@ -44,7 +64,7 @@ def load_teacher(source: TeacherSource, device: torch.device | str, dtype: torch
     if source.expected_config_sha256 is not None:
         actual = teacher_config_sha256(teacher)
         if actual != source.expected_config_sha256:
-            raise ValueError(
+            raise UserInputError(
                 f"Teacher {source.folder} ({source.origin}) has config sha256 {actual[:12]}..., but "
                 f"{source.expected_config_sha256[:12]}... was recorded for it; use the same Teacher"
             )

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 from tqdm import tqdm
 
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import write_text_atomic
 from predictor_training.video.io import VIDEO_SUFFIXES, is_video_file, list_frame_files, read_video
 from predictor_training.video.metrics import (
@@ -28,10 +29,12 @@ from predictor_training.video.metrics import (
     LpipsScorer,
     aggregate_videos,
     compute_video_metrics,
+    gaussian_window_1d,
     jsonable,
 )
 
 LOG_PREFIX = "[compute_video_metrics]"
+OUTPUT_NAMES = ("metrics.json", "per_video.csv", "aggregate.csv", "per_frame.csv")  # what write_outputs writes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -43,7 +46,7 @@ def discover_videos(root: Path) -> dict[str, Path]:
 
     def add(key: str, path: Path) -> None:
         if key in items:
-            raise ValueError(f"{root}: both {items[key]} and {path} map to the name {key!r}; keep one of them")
+            raise UserInputError(f"{root}: both {items[key]} and {path} map to the name {key!r}; keep one of them")
         items[key] = path
 
     for folder, _, file_names in os.walk(root):
@@ -55,7 +58,7 @@ def discover_videos(root: Path) -> dict[str, Path]:
             if is_video_file(path):
                 add(path.relative_to(root).with_suffix("").as_posix(), path)
     if not items:
-        raise ValueError(f"{root}: no videos ({', '.join(VIDEO_SUFFIXES)}) or PNG-frame folders found")
+        raise UserInputError(f"{root}: no videos ({', '.join(VIDEO_SUFFIXES)}) or PNG-frame folders found")
     return dict(sorted(items.items()))
 
 
@@ -68,7 +71,7 @@ def pair_videos(ref_dir: Path, test_dir: Path) -> list[tuple[str, Path, Path]]:
         lines = [f"  {ref_items[key]} has no partner in {test_dir}" for key in missing_in_test]
         lines += [f"  {test_items[key]} has no partner in {ref_dir}" for key in missing_in_ref]
         header = "unpaired videos (partners are matched by relative name, video suffix dropped):\n"
-        raise ValueError(header + "\n".join(lines))
+        raise UserInputError(header + "\n".join(lines))
     return [(key, ref_items[key], test_items[key]) for key in ref_items]
 
 
@@ -182,8 +185,12 @@ def compare_video_folders(
     per_video = []
     for name, ref_path, test_path in tqdm(pairs, desc="videos", unit="video"):
         ref, test = read_video(ref_path), read_video(test_path)
+        window = gaussian_window_1d().numel()
+        if min(ref.shape[1:3]) < window:
+            raise UserInputError(f"{ref_path}: frames of {ref.shape[1]}x{ref.shape[2]} pixels; expected at least "
+                                 f"{window}x{window} (the SSIM window)")
         if ref.shape != test.shape:
-            raise ValueError(f"shape mismatch for {name!r}: {ref_path} is {ref.shape} [T, H, W, 3] but "
+            raise UserInputError(f"shape mismatch for {name!r}: {ref_path} is {ref.shape} [T, H, W, 3] but "
                              f"{test_path} is {test.shape}")
         metrics = compute_video_metrics(
             ref, test, scorer, per_frame=per_frame, device=device, frame_batch=frame_batch

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from predictor_training.runtime.errors import MissingFileError
 from predictor_training.video.io import read_video
 
 GROUND_TRUTH_FILE_SUFFIX = ".mp4"  # <folder>/<key>.mp4; the other layout is the PNG-frame folder <folder>/<key>
@@ -40,7 +41,7 @@ def find_ground_truth_videos(folder: Path, keys: Sequence[str]) -> dict[str, Pat
         else:
             found[key] = present[0]
     if missing:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"--ground_truth {folder}: no ground-truth video for {len(missing)} of {len(keys)} rows; expected a "
             f"folder of PNG frames <key>/ or a file <key>{GROUND_TRUTH_FILE_SUFFIX} for each: {'; '.join(missing)}")
     if ambiguous:

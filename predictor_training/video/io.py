@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
+from predictor_training.runtime.errors import MissingFileError, UserInputError, one_line
 from predictor_training.runtime.io import atomic_write
 
 VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".avi", ".webm")
@@ -52,15 +53,19 @@ def ffmpeg_exe() -> str:
 def _read_png_folder(folder: Path) -> np.ndarray:
     frames = []
     for path in list_frame_files(folder):
-        with Image.open(path) as image:
+        try:
+            image = Image.open(path)
+        except (UnidentifiedImageError, OSError) as error:
+            raise UserInputError(f"{path}: not a readable image ({one_line(error)}); expected an RGB PNG frame") from None
+        with image:
             if image.mode != "RGB":
-                raise ValueError(f"{path}: PNG mode is {image.mode}, expected RGB (8-bit, no alpha)")
+                raise UserInputError(f"{path}: PNG mode is {image.mode}, expected RGB (8-bit, no alpha)")
             frame = np.asarray(image, dtype=np.uint8)
         if frames and frame.shape != frames[0].shape:
-            raise ValueError(f"{path}: frame shape {frame.shape} differs from the first frame's {frames[0].shape}")
+            raise UserInputError(f"{path}: frame shape {frame.shape} differs from the first frame's {frames[0].shape}")
         frames.append(frame)
     if not frames:
-        raise ValueError(f"{folder}: no {FRAME_SUFFIX} frames in this folder")
+        raise UserInputError(f"{folder}: no {FRAME_SUFFIX} frames in this folder")
     return np.stack(frames)
 
 
@@ -76,7 +81,7 @@ def _read_ffmpeg_video(path: Path) -> np.ndarray:
     finally:
         reader.close()
     if not frames:
-        raise ValueError(f"{path}: the video holds no frames")
+        raise UserInputError(f"{path}: the video holds no frames")
     return np.stack(frames)
 
 
@@ -86,9 +91,9 @@ def read_video(path: str | Path) -> np.ndarray:
     if path.is_dir():
         return _read_png_folder(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such video file or frame folder")
+        raise MissingFileError(f"{path}: no such video file or frame folder")
     if path.suffix.lower() not in VIDEO_SUFFIXES:
-        raise ValueError(f"{path}: unknown video suffix {path.suffix!r}; expected one of {VIDEO_SUFFIXES} or a folder")
+        raise UserInputError(f"{path}: unknown video suffix {path.suffix!r}; expected one of {VIDEO_SUFFIXES} or a folder")
     return _read_ffmpeg_video(path)
 
 
@@ -177,7 +182,7 @@ def write_video(path: str | Path, frames, fps: float, *, lossless: bool = False,
         _write_mp4(path, frames, fps, lossless, quality)
     elif path.suffix == "":
         if path.exists() and not path.is_dir():
-            raise ValueError(f"{path}: exists and is not a folder; cannot write PNG frames there")
+            raise UserInputError(f"{path}: exists and is not a folder; cannot write PNG frames there")
         _write_png_folder(path, frames)
     else:
         raise ValueError(f"{path}: write_video writes '.mp4' files or PNG folders (no suffix), not {path.suffix!r}")

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import sha256_file
 
 LPIPS_METRIC_NAME = "lpips_alex"
@@ -61,7 +62,7 @@ STATS_DTYPE = torch.float64  # pixel statistics; LPIPS runs in float32 like the 
 # ----------------------------------------------------------------------------------------------------------------
 # LPIPS (AlexNet) with an explicit weight policy: real backbone from a local file, or a clearly labelled random one.
 # ----------------------------------------------------------------------------------------------------------------
-class LpipsWeightsError(RuntimeError):
+class LpipsWeightsError(UserInputError):
     """The AlexNet backbone weights for LPIPS are missing, corrupt or of the wrong layout."""
 
 

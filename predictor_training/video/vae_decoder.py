@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from predictor_training.runtime.errors import MissingFileError
+
 
 class VaeDecoder:
     """Latents [1, C, T, H, W] -> uint8 frames [F, H*s, W*s, 3] with an `AutoencoderKLHunyuanVideo15`.
@@ -31,7 +33,7 @@ class VaeDecoder:
         if not (folder / "config.json").is_file() and (folder / "vae" / "config.json").is_file():
             folder = folder / "vae"
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"--vae {folder}: no config.json (expected an AutoencoderKLHunyuanVideo15 folder)")
+            raise MissingFileError(f"--vae {folder}: no config.json (expected an AutoencoderKLHunyuanVideo15 folder)")
         vae = AutoencoderKLHunyuanVideo15.from_pretrained(str(folder), torch_dtype=dtype)
         if tiling:
             vae.enable_tiling()

@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from predictor_training.rollout.camera import POSE_STRING_K, pose_string_to_json
 from predictor_training.data.shards import write_bytes_atomic
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.video.io import write_video
 from predictor_training.world.paths import REVISIT_KINDS, make_path_pose_string, video_frame_cameras
 from predictor_training.world.render import render_frames
@@ -63,7 +64,7 @@ PATH_CLEARANCE = 0.5  # camera centres stay at least this far (in x, z) from eve
 MAX_PATH_ATTEMPTS = 200
 
 
-class WorldConfigError(ValueError):
+class WorldConfigError(UserInputError):
     """Bad world settings, or an output folder that cannot be reused; the message names the fields."""
 
 

@@ -19,10 +19,11 @@ frame is the scene's image), an action is one of its camera paths, and the row's
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from predictor_training.runtime.errors import MissingFileError
+from predictor_training.runtime.io import read_json_file
 from predictor_training.world.assets import WORLD_WEIGHTS
 from predictor_training.world.clips import WorldClip, WorldConfigError, WorldSettings
 
@@ -59,9 +60,9 @@ def load_shipped_world(root: str | Path = WORLD_WEIGHTS) -> ShippedWorld:
         if not (root / required).is_file():
             hint = (" (the shipped Teacher is written by `python tools/build_demo_world.py --out demo_data/world`; "
                     "see data.md, 'Demo world')")
-            raise FileNotFoundError(f"world weights {root}: {required} is missing{hint}")
+            raise MissingFileError(f"world weights {root}: {required} is missing{hint}")
     config_path = root / WORLD_CONFIG_NAME
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_json_file(config_path, WorldConfigError)
     known = {field.name for field in fields(WorldSettings)}
     recorded = config.get("settings")
     if not isinstance(recorded, dict):
