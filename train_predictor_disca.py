@@ -4,8 +4,8 @@ disca: the two copied Teacher blocks see only the text K/V of their source layer
 noisy input with the anchor hidden. Pairs 0-1, 1-2, 2-3 of chunks 1-7 (the user's 8400-pair set; `--include_chunk0`
 adds chunk 0), drawn by a plain DistributedSampler (no bucketing: every item has the same shapes).
 
-The flags and the training itself are train_predictor_v4.py's (`offline_parser`, `train_offline`); this file holds
-what differs: disca's data and presets.
+The flags and the build are the offline recipe's, shared with train_predictor_v4.py
+(`predictor_training/recipes/offline.py`); this file holds what differs: disca's data and presets.
 
 Tiny CPU run (the demo dataset comes from `bash tools/launch_predictor_disca_training.sh`):
 
@@ -26,31 +26,43 @@ import sys
 from torch.utils.data import DistributedSampler
 
 from predictor_training.data.batches import ResumableBatches
-from predictor_training.data.dataset_config import config_field, read_dataset_config
+from predictor_training.data.dataset_config import config_field, read_dataset_config, resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, collate_pairs
+from predictor_training.recipes.offline import build_offline, finish_offline_args, offline_config, offline_parser
+from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.errors import UserInputError, command
-from predictor_training.runtime.run_directory import launch_world
-from train_predictor_v4 import finish_offline_args, offline_parser, train_offline
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
+from predictor_training.runtime.run_directory import launch_world, plan_run
+from predictor_training.teacher.source import TeacherSource, check_source_blocks, load_teacher
 
 VARIANT = "disca"
 
 # The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker.
+# real_size: the recipe at the size the memory rehearsal plans for (tools/estimate_memory.py: its defaults).
 PRESETS = {
     "demo": ["--experiment", "predictor_disca_demo", "--source_blocks", "1,10", "--precision", "fp32",
              "--max_steps", "240", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
              "--batch_size", "8", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0",
              "--val_every", "240", "--val_videos", "1"],
+    "real_size": ["--source_blocks", "1,52", "--precision", "fp32master", "--batch_size", "16",
+                  "--gradient_checkpointing"],
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The offline recipe's flags and defaults (train_predictor_v4.py) plus disca's own."""
+def build_parser() -> argparse.ArgumentParser:
+    """The offline recipe's flags and defaults (`recipes/offline.py`) plus disca's own."""
     parser = offline_parser(__doc__, experiment="predictor_disca")
     parser.add_argument_group("disca").add_argument(
         "--include_chunk0", action="store_true",
         help="also train on chunk 0 (the user's recipe used chunks 1-7: 400 trajectories x 7 x 3 = 8400 pairs)")
-    return finish_offline_args(parser, argv, PRESETS)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return finish_offline_args(build_parser(), argv, PRESETS)
 
 
 def open_dataset(args: argparse.Namespace, *, verify: bool = False, check_tensors: bool = True) -> PairDataset:
@@ -85,9 +97,41 @@ def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, Res
     return dataset, batches, context_timestep
 
 
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, teacher_source: TeacherSource,
+          context_timestep: float, run_dir=None, load_teacher=load_teacher) -> RecipeParts:
+    """Steps 3-5: the offline recipe's Teacher -> disca Predictor -> AdamW -> role -> pair step
+    (`recipes/offline.py build_offline`, shared with v4). Seams: `load_teacher`."""
+    return build_offline(args, env, policy, variant=VARIANT, teacher_source=teacher_source,
+                         context_timestep=context_timestep, run_dir=run_dir, load_teacher=load_teacher)
+
+
 @command
 def main(argv=None) -> int:
-    return train_offline(parse_args(argv), VARIANT, build_data, check_data)
+    args = parse_args(argv)
+    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
+    #    dataset (one batch per rank), and the source blocks against its Teacher. Then the run directory.
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    check_data(args)
+    meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
+    start = plan_run(args, meta=meta, inputs=[(teacher_source.origin, teacher_source.folder)])
+    if (code := early_exit(args, start)) is not None:
+        return code
+    with distributed_run(args, start) as env:
+        policy = precision_policy(args.precision, env.device)
+        # 2. Data (see build_data).
+        dataset, batches, context_timestep = build_data(args, env)
+        # 3-5. Teacher -> Predictor, AdamW, the DDP-wrapped role and the pair step (see build); resume.
+        parts = build(args, env, policy, teacher_source=teacher_source, context_timestep=context_timestep,
+                      run_dir=start.run_dir)
+        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
+        # 6. Config and summary.
+        config = offline_config(args, variant=VARIANT, start=start, env=env, policy=policy, dataset=dataset,
+                                batches=batches, parts=parts, context_timestep=context_timestep)
+        # 7. Train: the pair step and the shared loop.
+        run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
+                     run_state=run_state, config=config, meta=meta, validation=parts.validation)
+    return 0
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.data.trajectory_dataset import open_trajectory_table, trajectory_batches
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.optim import build_optimizer_and_schedule
-from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
 from predictor_training.runtime.roles import Role
@@ -79,7 +80,7 @@ from predictor_training.runtime.run_directory import (
     write_train_config,
 )
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
-from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
+from predictor_training.teacher.source import TeacherSource, check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
@@ -105,11 +106,13 @@ PRESETS = {
     "overfit8_fppf": [*_OVERFIT8, *_FPPF],
     "overfit8_fppf_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, *_OVERFIT8, *_FPPF,
                            "--max_steps", "16", "--ckpt_every", "8"],
+    # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
+    "real_size": ["--source_blocks", "1,52", "--precision", "fp32master", "--gradient_checkpointing"],
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The rollout recipe: every default below is the recipe (docs/rollout.md)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The rollout recipe's flags: every default below is the recipe (docs/rollout.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs=None, num_workers=2)
     rollout = parser.add_argument_group("rollout")
@@ -148,6 +151,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                  keep_last=20, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, --preset / --config applied, then the cross-flag checks (an error names the flag and exits 2)."""
+    parser = build_parser()
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     # Rules only this recipe has.
@@ -258,6 +267,76 @@ class RolloutStep:
         return metrics
 
 
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, teacher_source: TeacherSource,
+          dataset: TrajectoryTableDataset, rollout_config: RolloutConfig, run_dir=None, resuming: bool = False,
+          load_teacher=load_teacher) -> RecipeParts:
+    """Steps 3-5: the Teacher (kept whole: it makes the labels online), the Predictor from --init_from (unless a
+    training state is resumed: `resuming`), AdamW with the two-group schedule, the DDP-wrapped role, the trajectory
+    step and the validation. Seams: `load_teacher`."""
+    # 3. Teacher and Predictor.
+    teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
+    log0(describe_teacher(teacher_source, teacher))
+    predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
+    init_meta = None
+    if not resuming:
+        init_meta = load_model_weights(args.init_from, predictor,
+                                       expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+    # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
+    optimizer, lr_schedule = build_optimizer_and_schedule(
+        predictor, fusion_lr=args.fusion_lr, blocks_lr=args.blocks_lr, betas=(args.adam_beta1, args.adam_beta2),
+        weight_decay=args.weight_decay, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
+        block_warmup_steps=args.block_warmup_steps)
+    # 5. The one trained role (the DDP-wrapped Predictor), the trajectory step and the validation.
+    model = wrap_ddp(predictor, env)
+    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
+    settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
+                                   predictor_autocast_dtype=policy.autocast_dtype,
+                                   replace_steps=tuple(args.replace_steps), reuse_steps=tuple(args.reuse_steps))
+    step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
+                          settings=settings, env=env)
+    validation = predictor_validation(
+        every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
+        ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
+        teacher_folder=teacher_source.folder, replace_steps=args.replace_steps, reuse_steps=args.reuse_steps,
+        rollout_config=rollout_config, env=env, run_dir=run_dir)
+    return RecipeParts(
+        roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
+        derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),
+                 "teacher_double_blocks": teacher.num_layers},
+        loop_options={"extra_step_check": latent_grad_check(args.replace_steps)})
+
+
+def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: PrecisionPolicy, data, parts: RecipeParts,
+              letters: str) -> dict:
+    """Step 6: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    dataset, batches, rollout_config = data.dataset, data.batches, data.rollout_config
+    trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
+    config = run_config(
+        args, run_name=start.run_name, variant=VARIANT, recipe=RECIPE_PREFIX + letters.lower(),
+        world_size=env.world_size, device=str(env.device), backend=env.backend,
+        global_batch=env.world_size * args.grad_accum, sample_table=str(data.sample_table),
+        num_trajectories=len(dataset), cases=dataset.case_ids, num_latents=dataset.num_latents,
+        trained_chunks=trained_chunks, **parts.derived, environment=environment_summary(),
+    )
+    if env.is_main:
+        write_train_config(start.run_dir, config)
+    log_summary(f"self-rollout {'-'.join(letters)} Predictor training (v4)", {
+        **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                              optimizer=parts.roles[0].optimizer, first_step=parts.run_state.global_step + 1,
+                              stop_step=start.stop_step),
+        "init": f"{start.resume_path} (training state)" if start.resume_path else
+                f"{args.init_from} (model only; fresh optimizer)",
+        "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
+                 f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. {'-'.join(letters)}; "
+                 f"context {args.context_mode}",
+        "data": f"{data.sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
+                f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
+                f"{batches.batches_per_epoch()} per rank per epoch",
+        "batch": f"1 trajectory per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+    })
+    return config
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -268,16 +347,14 @@ def main(argv=None) -> int:
                           subset_cases=args.subset_cases, subset_seed=args.subset_seed)
     teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
     check_source_blocks(args.source_blocks, teacher_source)
-    init_expect = {"variant": VARIANT, "source_blocks": list(args.source_blocks)}
     if args.resume is None:
-        check_weights_file(args.init_from, expect=init_expect)
+        check_weights_file(args.init_from, expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
     start = plan_run(args, meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args),
                      inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
-
         # 2. Data: one whole trajectory (case, action) per rank per micro-batch, and the dataset's AR loop (running
         #    latents and Teacher autocast follow --precision).
         data = trajectory_batches(args.dataset_root, args.split, env, sample_table=args.sample_table, seed=args.seed,
@@ -285,69 +362,20 @@ def main(argv=None) -> int:
                                   state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                   subset_cases=args.subset_cases, subset_seed=args.subset_seed,
                                   context_mode=args.context_mode)
-        dataset, batches, rollout_config = data.dataset, data.batches, data.rollout_config
-        letters = plan_letters(args.replace_steps, args.reuse_steps, rollout_config.num_steps)
-        recipe = RECIPE_PREFIX + letters.lower()
-
-        # 3. Teacher (kept whole: it makes the labels online) and the Predictor, from the offline checkpoint unless
-        #    a training state is resumed below.
-        teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
-        log0(describe_teacher(teacher_source, teacher))
-        predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
-        init_meta = None
-        if start.resume_path is None:
-            init_meta = load_model_weights(args.init_from, predictor, expect=init_expect)
-
-        # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
-        optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
-
-        # 5. The one trained role: the DDP-wrapped Predictor with its optimizer and schedule. Resume (--resume, or
-        #    the run directory's own unfinished run) restores it and the data position.
-        model = wrap_ddp(predictor, env)
-        role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=recipe)
-        run_state = resume_roles(start, [role], batches, meta)
-
+        letters = plan_letters(args.replace_steps, args.reuse_steps, data.rollout_config.num_steps)
+        # 3-5. Teacher, Predictor, AdamW, the role, the trajectory step (see build). Resume (--resume, or the run
+        #      directory's own unfinished run) restores the role and the data position.
+        parts = build(args, env, policy, teacher_source=teacher_source, dataset=data.dataset,
+                      rollout_config=data.rollout_config, run_dir=start.run_dir,
+                      resuming=start.resume_path is not None)
+        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE_PREFIX + letters.lower())
+        run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
         # 6. Config and summary.
-        trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
-        config = run_config(
-            args, run_name=start.run_name, variant=VARIANT, recipe=recipe, world_size=env.world_size,
-            device=str(env.device), backend=env.backend, global_batch=env.world_size * args.grad_accum,
-            sample_table=str(data.sample_table), num_trajectories=len(dataset), cases=dataset.case_ids,
-            num_latents=dataset.num_latents, trained_chunks=trained_chunks, init_meta=init_meta,
-            predictor=predictor.predictor_config(), teacher_double_blocks=teacher.num_layers,
-            environment=environment_summary(),
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        log_summary(f"self-rollout {'-'.join(letters)} Predictor training (v4)", {
-            **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
-                                  first_step=run_state.global_step + 1, stop_step=start.stop_step),
-            "init": f"{start.resume_path} (training state)" if start.resume_path else
-                    f"{args.init_from} (model only; fresh optimizer)",
-            "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
-                     f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. {'-'.join(letters)}; "
-                     f"context {args.context_mode}",
-            "data": f"{data.sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
-                    f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
-                    f"{batches.batches_per_epoch()} per rank per epoch",
-            "batch": f"1 trajectory per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
-        })
-
+        config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts, letters=letters)
         # 7. Train: the trajectory step and the shared loop.
-        settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
-                                       predictor_autocast_dtype=policy.autocast_dtype,
-                                       replace_steps=tuple(args.replace_steps),
-                                       reuse_steps=tuple(args.reuse_steps))
-        step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
-                              settings=settings, env=env)
-        validation = predictor_validation(args, teacher=teacher, predictor=predictor,
-                                          teacher_folder=teacher_source.folder, replace_steps=args.replace_steps,
-                                          reuse_steps=args.reuse_steps,
-                                          rollout_config=rollout_config, env=env, run_dir=start.run_dir)
-        run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
-                     config=config, meta=meta, validation=validation,
-                     extra_step_check=latent_grad_check(args.replace_steps))
+        run_training(args, start, env, roles=parts.roles, batches=data.batches, step_fn=parts.step_fn,
+                     run_state=run_state, config=config, meta=meta, validation=parts.validation,
+                     **parts.loop_options)
     return 0
 
 

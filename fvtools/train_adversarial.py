@@ -74,7 +74,6 @@ from predictor_training.predictor.self_rollout import (ChunkGraph, SelfRolloutSe
                                                        trajectory_for_row)
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
-from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
 from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
 from predictor_training.runtime.errors import CommandParser, command
@@ -276,9 +275,6 @@ class AdversarialRolloutStep:
         self.adversary = adversary
         self.source_blocks = tuple(source_blocks)
         self.env = env
-        scheduler = FlowMatchEulerScheduler(shift=rollout_config.shift)
-        scheduler.set_timesteps(rollout_config.num_steps)
-        self.timesteps = scheduler.timesteps.to(torch.float32)  # [num_steps], the Predictor step k's is [k]
 
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         self.adversary.check_due(due)
@@ -292,7 +288,7 @@ class AdversarialRolloutStep:
             condition = context_summary(graph.context.kv.select(self.source_blocks))  # [1, D]
             terms = []
             for step in graph.steps:
-                timestep = self.timesteps[step.step_index].reshape(1).to(self.env.device)
+                timestep = step.timestep[:1].to(self.env.device)  # the step's timestep (every frame has it)
                 reals.append(step.target_hidden.detach())  # its own dtype: D sees the fake on its grid
                 fakes.append(step.pred_hidden.detach().float())
                 timesteps.append(timestep)

@@ -1,6 +1,7 @@
 """The package's layers import only downwards (README § Layout).
 
     runtime  <-  video  <-  teacher  <-  rollout  <-  data  <-  predictor  <-  methods, world, conformance  <-  eval
+            <-  recipes
 
 A module may import its own folder and any lower layer; nothing in the package imports `fvtools`, `tools`,
 `benchmarks` or an entry script. Imports are read from the source (ast), including the ones inside functions and
@@ -27,6 +28,7 @@ LAYER_RANK = {
     "world": 6,
     "conformance": 6,
     "eval": 7,
+    "recipes": 8,
 }
 OUTSIDE = ("fvtools", "tools", "benchmarks", "train_predictor_v4", "train_predictor_v4_rollout",
            "train_predictor_disca")

@@ -71,7 +71,7 @@ from predictor_training.eval.run import MethodRows, build_runtime, load_predicto
 from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRuntime
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.schedule import StepPlan
-from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
+from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.source import load_teacher
@@ -125,9 +125,7 @@ class RowSpec:
 
 def sampler_sigmas(num_steps: int, shift: float) -> list[float]:
     """The Teacher's sigma grid [num_steps] (1 ... the last step's level)."""
-    scheduler = FlowMatchEulerScheduler(shift=shift)
-    scheduler.set_timesteps(num_steps)
-    return [float(sigma) for sigma in scheduler.sigmas[:-1]]
+    return [float(sigma) for sigma in flow_match_sigmas(num_steps, shift)[:-1]]
 
 
 def sampler_plans(num_steps: int, step_counts: Sequence[int]) -> list[tuple[int, str]]:

@@ -225,35 +225,36 @@ def contact_sheet(videos: list) -> Image.Image:
     return Image.fromarray(grid.numpy())
 
 
-def predictor_validation(args, *, teacher, predictor, teacher_folder: Path, replace_steps,
-                         rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path,
+def predictor_validation(*, every: int, split: str | None, videos: int, vae: Path | None,
+                         ground_truth: Path | None, dataset_root: Path, teacher, predictor, teacher_folder: Path,
+                         replace_steps, rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path,
                          autocast_dtype: torch.dtype | None = None,
                          reuse_steps: Sequence[int] = ()) -> PredictorValidation | None:
-    """The recipe's validation from its flags (None with --val_every 0). Without --val_vae the VAE is the
-    `encoders/vae` folder beside the Teacher's folder, and without --val_ground_truth the truth is its
-    `ground_truth` folder, when they exist (the demo assets' layout). `rollout_config`: the recipe's AR loop (None:
-    the dataset's, running latents in the Teacher's dtype, `autocast_dtype` for its calls). Built without touching
-    any random state."""
-    if args.val_every <= 0:
+    """A Predictor recipe's validation (None with every 0: its --val_every, --val_split, --val_videos, --val_vae,
+    --val_ground_truth). Without `vae` the VAE is the `encoders/vae` folder beside the Teacher's folder, and without
+    `ground_truth` the truth is its `ground_truth` folder, when they exist (the demo assets' layout).
+    `rollout_config`: the recipe's AR loop (None: the dataset's, running latents in the Teacher's dtype,
+    `autocast_dtype` for its calls). Built without touching any random state."""
+    if every <= 0:
         return None
     assets = Path(teacher_folder).parent
-    vae = args.val_vae or (assets / "encoders" / "vae")
+    vae = vae or (assets / "encoders" / "vae")
     if not (vae / "config.json").is_file():
-        raise MissingFileError(f"--val_every {args.val_every}: no VAE to decode the validation videos ({vae} has no "
+        raise MissingFileError(f"--val_every {every}: no VAE to decode the validation videos ({vae} has no "
                                 "config.json); pass --val_vae DIR")
-    truth = args.val_ground_truth
+    truth = ground_truth
     if truth is None and (assets / "ground_truth").is_dir():
         truth = assets / "ground_truth"
     if rollout_config is None:
         rollout_config = RolloutConfig.from_dataset_config(
-            read_dataset_config(args.dataset_root), str(Path(args.dataset_root) / DATASET_CONFIG_NAME),
+            read_dataset_config(dataset_root), str(Path(dataset_root) / DATASET_CONFIG_NAME),
             state_dtype=teacher.dtype, autocast_dtype=autocast_dtype)
     schedule = Schedule.for_rollout(replace_steps, rollout_config)
-    split = args.val_split or default_val_split(args.dataset_root)
+    split = split or default_val_split(dataset_root)
     with restored_random_state():
         return PredictorValidation(teacher=teacher, predictor=predictor, schedule=schedule,
-                                   rollout_config=rollout_config, dataset_root=Path(args.dataset_root), split=split,
-                                   num_videos=args.val_videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir,
+                                   rollout_config=rollout_config, dataset_root=Path(dataset_root), split=split,
+                                   num_videos=videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir,
                                    reuse_steps=tuple(reuse_steps))
 
 

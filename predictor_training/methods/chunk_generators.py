@@ -119,28 +119,20 @@ class CompositeRollout:
         if not trailing or not torch.is_grad_enabled():
             return graph.final_latent.float()
         rollout = self.trajectory.rollout
-        config, sigmas, timesteps = rollout.config, rollout.sigmas, rollout.timesteps
-        frames = rollout.chunk_frames(graph.chunk_index)
-        action, viewmats, Ks = rollout.frame_inputs(range(frames.start, frames.stop))
-        cond = rollout.cond[:, :, frames].to(rollout.model_dtype)
         # 1. The last Predictor step's output, with its graph (the trajectory computed it, then cut it at step j).
         last = graph.steps[-1]
-        latent = differentiable_euler_step(last.latent, last.pred_velocity, sigmas, last.step_index)
-        latent = latent.to(config.state_dtype)
-        # 2. The trailing Full steps, differentiable in their input latent.
+        latent = differentiable_euler_step(last.latent, last.pred_velocity, rollout.sigmas, last.step_index)
+        latent = latent.to(rollout.config.state_dtype)
+        # 2. The trailing Full steps, differentiable in their input latent: the rollout's chunk loop from step j on.
         context = graph.context
         recomputed = rollout.frame_cache is None and context.kv is not None
         if recomputed:
             context = dataclasses.replace(context, kv=rollout.recomputed_context(context))
-        for step_index in trailing:
-            timestep = timesteps[step_index].expand(config.chunk_latents).to(device=rollout.device,
-                                                                              dtype=torch.float32)
-            model_input = torch.cat([latent.to(rollout.model_dtype), cond], dim=1)
-            output = rollout.full_step(model_input, timestep, action, viewmats, Ks, context)
-            latent = differentiable_euler_step(latent, output.velocity, sigmas, step_index).to(config.state_dtype)
+        run = rollout.denoise_chunk(graph.chunk_index, lambda call: call.run_teacher(), context=context,
+                                    latent=latent, first_step=trailing[0])
         if recomputed:
             context.kv.release()
-        return latent.float()
+        return run.final_latent.float()
 
     def commit(self, sample: ChunkSample) -> None:
         self.trajectory.commit(self.graph)

@@ -38,6 +38,7 @@ Pieces are public so tests can check each claim: ``SelfRolloutTrajectory`` (``ru
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -45,11 +46,18 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs, StepOutput
+from predictor_training.rollout.ar_rollout import (
+    ARRollout,
+    ChunkContext,
+    ChunkRun,
+    RolloutConfig,
+    RolloutInputs,
+    StepCall,
+    StepOutput,
+)
 from predictor_training.runtime.distributed import maybe_no_sync, unwrap_model
 from predictor_training.predictor.loss import predictor_loss
 from predictor_training.runtime.precision import autocast
-from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
 from predictor_training.teacher import ContextKV, TextKV
 
 FULL_STEP = 0  # F-P-P-P: the Teacher runs step 0, the Predictor every later step
@@ -80,13 +88,14 @@ class SelfRolloutSettings:
 class PredictorStep:
     """One Predictor step k of a trained chunk (all on the rollout device).
 
-    latent [1, C, 4, H, W]: x_k, the student latent entering step k (with graph for k >= 2).
+    timestep [4] float32: the step's timestep (1000 sigma_k) of every frame. latent [1, C, 4, H, W]: x_k, the student latent entering step k (with graph for k >= 2).
     teacher_input [1, 2C+1, 4, H, W]: what the Teacher target was computed on (detached x_k | cond).
     anchor / prev_chunk_hidden / pred_hidden / target_hidden [1, N, D]; pred_velocity / target_velocity
     [1, C, 4, H, W]. loss: scalar with graph; metrics: detached scalars (loss, hidden_mse, velocity_mse).
     """
 
     step_index: int
+    timestep: Tensor
     latent: Tensor
     teacher_input: Tensor
     anchor: Tensor
@@ -212,90 +221,61 @@ class SelfRolloutTrajectory:
         return outputs
 
     # ---- chunks 1.. --------------------------------------------------------------------------------------------
-    def _teacher_step(self, model_input: Tensor, timestep: Tensor, frame_inputs, context: ChunkContext) -> StepOutput:
-        """One Full-DiT step as a stop-gradient label: no graph, Teacher autocast."""
-        action, viewmats, Ks = frame_inputs
+    def _step(self, call: StepCall, steps: list[PredictorStep], tracked: dict[int, Tensor | None]) -> StepOutput:
+        """What runs at step k of a trained chunk, and where the graph stops (the module docstring): velocity reuse
+        at `reuse_steps`; everywhere else the Teacher on the detached student latent (a label, no graph), which is
+        the step's output at step 0 and at Full steps (there the graph stops) and the Predictor's target at its
+        steps (with graph)."""
+        k = call.step_index
+        if k in self.settings.reuse_steps:  # the eval's velocity reuse: the anchor is handed on unchanged
+            return StepOutput(velocity=call.previous.velocity, final_hidden=call.previous.final_hidden)
+        # The label is computed on the state the student actually visits, cut from its graph.
+        teacher_input = call.model_input.detach()
         with torch.no_grad():
-            return self.rollout.full_step(model_input, timestep, action, viewmats, Ks, context)
+            target = call.run_teacher(teacher_input)
+        if k == FULL_STEP:
+            if call.context.kv is None:
+                raise RuntimeError(f"chunk {call.chunk_index} got no context frames; a trained chunk needs history")
+            return target
+        if k not in self.predictor_steps:
+            return dataclasses.replace(target, graph_stops=True)
+        if k in tracked and call.latent.requires_grad:
+            call.latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
+            tracked[k] = call.latent
+        anchor, prev_hidden = call.previous.final_hidden, self.prev_chunk_hidden[k]
+        with autocast(self.device, self.settings.predictor_autocast_dtype):
+            pred_hidden, pred_velocity = self.predictor(
+                call.model_input, anchor, call.timestep[None], call.action, call.viewmats, call.Ks,
+                self.predictor_text_kv, context=call.context.kv.select(self.source_blocks),
+                prev_chunk_hidden=prev_hidden, rope_start=call.rope_start,
+            )
+        loss, metrics = predictor_loss(pred_hidden, pred_velocity, target.final_hidden, target.velocity,
+                                       hidden_weight=self.settings.hidden_weight,
+                                       velocity_weight=self.settings.velocity_weight)
+        steps.append(PredictorStep(
+            step_index=k, timestep=call.timestep, latent=call.latent, teacher_input=teacher_input, anchor=anchor,
+            prev_chunk_hidden=prev_hidden, target_hidden=target.final_hidden, target_velocity=target.velocity,
+            pred_hidden=pred_hidden, pred_velocity=pred_velocity, loss=loss, metrics=metrics,
+        ))
+        return StepOutput(velocity=pred_velocity, final_hidden=pred_hidden)
 
     def run_trained_chunk(self, chunk_index: int) -> ChunkGraph:
-        """Forward of trained chunk ``chunk_index`` (module docstring); the caller runs the backward and commits."""
+        """Forward of trained chunk ``chunk_index`` (module docstring) through the rollout's one chunk loop
+        (`ARRollout.denoise_chunk`: the context from the detached self-generated history, exact K/V of every layer
+        without a graph, then the steps); the caller runs the backward and commits."""
         if chunk_index != self.next_chunk or chunk_index == 0:
             raise RuntimeError(f"run_trained_chunk({chunk_index}) called, but the next chunk to run is "
                                f"{self.next_chunk}")
-        rollout, config, settings = self.rollout, self.rollout.config, self.settings
-        frames = rollout.chunk_frames(chunk_index)
-        frame_range = range(frames.start, frames.stop)
-        state_dtype, model_dtype = config.state_dtype, rollout.model_dtype
-
-        # 1. Context from the detached self-generated history; exact K/V of every layer, without a graph.
-        context = rollout.prefill_context(chunk_index)
-        if context.kv is None:
-            raise RuntimeError(f"chunk {chunk_index} got no context frames; a trained chunk needs history")
-        predictor_context: ContextKV = context.kv.select(self.source_blocks)
-        frame_inputs = rollout.frame_inputs(frame_range)
-        action, viewmats, Ks = frame_inputs
-        cond = rollout.cond[:, :, frames]
-        scheduler = FlowMatchEulerScheduler(shift=config.shift)
-        scheduler.set_timesteps(config.num_steps)
-        timesteps = scheduler.timesteps
-        size = config.chunk_latents
-
-        # 2. Full step 0 on the chunk's noise, advanced by the pipeline's own scheduler.
-        noise = rollout.latents[:, :, frames].clone()
-        step0_timestep = timesteps[FULL_STEP].expand(size).to(device=self.device, dtype=torch.float32)
-        full = self._teacher_step(rollout.model_input(frame_range), step0_timestep, frame_inputs, context)
-        latent = scheduler.step(full.velocity, timesteps[FULL_STEP], noise).to(state_dtype)
-
-        # 3. Steps 1..n-1: Predictor steps keep the latent's and the anchor's graphs from one to the next; a Full
-        #    step advances the detached latent with the Teacher's velocity and hands on its hidden (no graph).
-        anchor = full.final_hidden
-        velocity = full.velocity  # the last step's velocity: what a reuse step repeats
-        full_outputs = [full]
         steps: list[PredictorStep] = []
-        tracked: dict[int, Tensor] = {}
-        for k in range(FULL_STEP + 1, config.num_steps):
-            if k in settings.reuse_steps:  # the eval's velocity reuse: the anchor is handed on unchanged
-                latent = differentiable_euler_step(latent, velocity, scheduler.sigmas, k).to(state_dtype)
-                continue
-            timestep = timesteps[k].expand(size).to(device=self.device, dtype=torch.float32)
-            # The label is computed on the state the Predictor actually visits, cut from its graph.
-            teacher_input = torch.cat([latent.detach().to(model_dtype), cond.to(model_dtype)], dim=1)
-            target = self._teacher_step(teacher_input, timestep, frame_inputs, context)
-            if k not in self.predictor_steps:
-                full_outputs.append(target)
-                latent = differentiable_euler_step(latent.detach(), target.velocity, scheduler.sigmas, k)
-                latent = latent.to(state_dtype)
-                anchor, velocity = target.final_hidden, target.velocity
-                continue
-            predictor_input = torch.cat([latent, cond.to(latent.dtype)], dim=1)
-            prev_hidden = self.prev_chunk_hidden[k]
-            with autocast(self.device, settings.predictor_autocast_dtype):
-                pred_hidden, pred_velocity = self.predictor(
-                    predictor_input, anchor, timestep[None], action, viewmats, Ks, self.predictor_text_kv,
-                    context=predictor_context, prev_chunk_hidden=prev_hidden, rope_start=context.num_frames,
-                )
-            loss, metrics = predictor_loss(
-                pred_hidden, pred_velocity, target.final_hidden, target.velocity,
-                hidden_weight=settings.hidden_weight, velocity_weight=settings.velocity_weight,
-            )
-            steps.append(PredictorStep(
-                step_index=k, latent=latent, teacher_input=teacher_input, anchor=anchor, prev_chunk_hidden=prev_hidden,
-                target_hidden=target.final_hidden, target_velocity=target.velocity, pred_hidden=pred_hidden,
-                pred_velocity=pred_velocity, loss=loss, metrics=metrics,
-            ))
-            # The running buffer of the pipeline holds state_dtype; the cast keeps the same rounding, differentiably.
-            latent = differentiable_euler_step(latent, pred_velocity, scheduler.sigmas, k).to(state_dtype)
-            if k + 1 in self.predictor_steps and latent.requires_grad:
-                tracked[k + 1] = latent
-                latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
-            anchor, velocity = pred_hidden, pred_velocity
-
-        # 4. Chunk loss: the mean over the Predictor steps.
-        chunk_loss = torch.stack([step.loss for step in steps]).mean()
+        # x_k made by the Predictor step before it keeps its .grad (the latent path of BPTT must be alive)
+        tracked: dict[int, Tensor | None] = {k + 1: None for k in self.predictor_steps if k + 1 in self.predictor_steps}
+        run = self.rollout.denoise_chunk(chunk_index, lambda call: self._step(call, steps, tracked))
+        full = run.outputs[0]
         return ChunkGraph(
-            chunk_index=chunk_index, context=context, full_hidden=full.final_hidden, full_velocity=full.velocity,
-            steps=steps, final_latent=latent, loss=chunk_loss, tracked_latents=tracked, full_outputs=full_outputs,
+            chunk_index=chunk_index, context=run.context, full_hidden=full.final_hidden, full_velocity=full.velocity,
+            steps=steps, final_latent=run.final_latent, loss=torch.stack([step.loss for step in steps]).mean(),
+            tracked_latents={k: latent for k, latent in tracked.items() if latent is not None},
+            full_outputs=[full] + [output for output in run.outputs if output.graph_stops],
         )
 
     def commit(self, graph: ChunkGraph) -> None:
@@ -303,13 +283,12 @@ class SelfRolloutTrajectory:
 
         Both the final latent (next chunks' history, hence their context) and the predicted hiddens (next chunk's
         previous-chunk hidden) are detached: gradients of a later chunk must not reach this chunk, whose graph is
-        freed by its own backward (and whose loss already accounted for these values).
+        freed by its own backward (and whose loss already accounted for these values). Cached context modes store
+        this chunk's per-frame K/V now (`ARRollout.commit_chunk`).
         """
         if graph.chunk_index != self.next_chunk:
             raise RuntimeError(f"commit of chunk {graph.chunk_index}, but the trajectory is at chunk {self.next_chunk}")
-        self.rollout.write_chunk(graph.chunk_index, graph.final_latent.detach())
-        # Cached context modes store this chunk's per-frame K/V now (its final latent is written).
-        self.rollout.cache_chunk(graph.chunk_index, graph.context, graph.full_outputs)
+        self.rollout.commit_chunk(ChunkRun(graph.chunk_index, graph.context, graph.full_outputs, graph.final_latent))
         self.prev_chunk_hidden = {k: hidden.detach() for k, hidden in graph.pred_hidden_by_step().items()}
         self.next_chunk += 1
 

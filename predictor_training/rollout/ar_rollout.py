@@ -37,7 +37,7 @@ from torch import Tensor
 from predictor_training.rollout.camera import make_retrieval_points, select_aligned_memory_frames
 from predictor_training.teacher.frame_kv_cache import FrameKVCache, check_context_mode
 from predictor_training.runtime.precision import autocast
-from predictor_training.rollout.scheduler import FlowMatchEulerScheduler
+from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
 from predictor_training.teacher.adapters import active_adapter, adapter
@@ -215,11 +215,14 @@ class RolloutInputs:
 @dataclass
 class StepOutput:
     """velocity [1, C, 4, H, W]; final_hidden [1, 4*H*W, hidden] (None if the producer has none); raw_kv: the
-    Teacher's per-layer raw K/V of the chunk (only Full steps of a `last_step` context-mode rollout)."""
+    Teacher's per-layer raw K/V of the chunk (only Full steps of a `last_step` context-mode rollout). graph_stops:
+    the next latent is advanced from the detached latent, so no gradient flows back through this step (a trainer's
+    Full step whose Teacher call is a label)."""
 
     velocity: Tensor
     final_hidden: Tensor | None = None
     raw_kv: list[tuple[Tensor, Tensor]] | None = None
+    graph_stops: bool = False
 
 
 @dataclass
@@ -248,7 +251,9 @@ class StepCall:
     latent [1, C, 4, H, W] (running-buffer dtype); model_input [1, 2C+1, 4, H, W] (Teacher dtype);
     timestep [4] float32; action [1, 4]; viewmats [1, 4, 4, 4]; Ks [1, 4, 3, 3] (Teacher dtype); rope_start = n.
     previous: this chunk's previous step output (None at step 0); previous_chunk: the previous chunk's step outputs
-    (None for the first chunk run). ``run_teacher()`` runs the Full Teacher step on exactly these inputs.
+    (None for the first chunk run). ``run_teacher()`` runs the Full Teacher step on exactly these inputs
+    (``run_teacher(other_input)`` on another [1, 2C+1, 4, H, W] input with the same timestep, cameras and context,
+    e.g. the detached one for a trainer's label).
     """
 
     chunk_index: int
@@ -268,6 +273,17 @@ class StepCall:
 
 
 StepFn = Callable[[StepCall], StepOutput]
+
+
+@dataclass
+class ChunkRun:
+    """One chunk's denoising (`ARRollout.denoise_chunk`): its context, every step's output (from `first_step` on) and
+    the final latent [1, C, 4, H, W] (state dtype; with a graph when a step kept one)."""
+
+    chunk_index: int
+    context: ChunkContext
+    outputs: list[StepOutput]
+    final_latent: Tensor
 
 
 @dataclass
@@ -554,27 +570,34 @@ class ARRollout:
                                                 self.text_kv, context_kv=context.kv, rope_start=context.num_frames)
         self.frame_cache.put(frame_ids, raw_kv)
 
-    @torch.no_grad()
-    def run_chunk(self, chunk_index: int, step_fn: StepFn | None = None) -> list[StepOutput]:
-        """Context prefill + ``num_steps`` Euler steps of chunk ``chunk_index``; returns the step outputs."""
+    def denoise_chunk(self, chunk_index: int, step_fn: StepFn | None = None, *, context: ChunkContext | None = None,
+                      latent: Tensor | None = None, first_step: int = 0) -> ChunkRun:
+        """The one loop over a chunk's denoising steps: what runs at each step is `step_fn`'s (default: the Full
+        Teacher step), where the graph stops is its outputs' `graph_stops`; the latent stays local, so a graph can
+        live through it (nothing is written to the running latents: `run_chunk` commits).
+
+        context: default, the chunk's context prefilled now (no grad). latent [1, C, 4, H, W]: the latent entering
+        `first_step` (default: the chunk's slot of the running latents, i.e. its noise). Each step's input is cast to
+        the Teacher dtype, the Euler update is float32 and the next latent is cast to the state dtype, as the
+        pipeline's running buffer does. Grad mode is the caller's: under no_grad nothing keeps a graph.
+        """
         if not 0 <= chunk_index < self.num_chunks:
             raise IndexError(f"chunk {chunk_index} is outside 0..{self.num_chunks - 1}")
         size = self.config.chunk_latents
         frames = self.chunk_frames(chunk_index)
-        start = frames.start
-        # 1. Context (rebuilt from scratch) and a scheduler reset.
-        context = self.prefill_context(chunk_index, with_vec=self.recorder is not None)
-        self.scheduler.set_timesteps(self.config.num_steps)
-        if self.recorder is not None:
-            self.recorder.on_context(chunk_index, start, context)
-        action, viewmats, Ks = self.frame_inputs(range(start, start + size))
-        # 2. Steps: read the running latents, call the Teacher (or the hook), Euler, write back.
+        # 1. Context (rebuilt from scratch unless given).
+        if context is None:
+            context = self.prefill_context(chunk_index, with_vec=self.recorder is not None)
+            if self.recorder is not None:
+                self.recorder.on_context(chunk_index, frames.start, context)
+        action, viewmats, Ks = self.frame_inputs(range(frames.start, frames.stop))
+        cond = self.cond[:, :, frames].to(self.model_dtype)
+        latent = self.latents[:, :, frames].clone() if latent is None else latent
+        # 2. Steps: the Full step (or the hook), Euler in float32, the next latent in the state dtype.
         outputs: list[StepOutput] = []
-        for step_index in range(self.config.num_steps):
-            timestep_value = self.scheduler.timesteps[step_index]
-            timestep = timestep_value.expand(size).to(device=self.device, dtype=torch.float32)
-            latent_in = self.latents[:, :, frames].clone()
-            model_input = self.model_input(frames)
+        for step_index in range(first_step, self.config.num_steps):
+            timestep = self.timesteps[step_index].expand(size).to(device=self.device, dtype=torch.float32)
+            model_input = torch.cat([latent.to(self.model_dtype), cond], dim=1)
             run_teacher = (
                 lambda model_input=model_input, timestep=timestep: self.full_step(
                     model_input, timestep, action, viewmats, Ks, context
@@ -584,26 +607,41 @@ class ARRollout:
                 output = run_teacher()
             else:
                 output = step_fn(StepCall(
-                    chunk_index=chunk_index, step_index=step_index, latent=latent_in, model_input=model_input,
+                    chunk_index=chunk_index, step_index=step_index, latent=latent, model_input=model_input,
                     timestep=timestep, action=action, viewmats=viewmats, Ks=Ks, text_kv=self.text_kv,
                     context=context, rope_start=context.num_frames, previous=outputs[-1] if outputs else None,
                     previous_chunk=self.previous_chunk_outputs, run_teacher=run_teacher,
                 ))
                 if not isinstance(output, StepOutput):
                     raise TypeError(f"step_fn must return a StepOutput, got {type(output).__name__}")
-            latent_out = self.scheduler.step(output.velocity, timestep_value, latent_in)
-            self.write_chunk(chunk_index, latent_out)
-            outputs.append(output)
+            stepped = differentiable_euler_step(latent.detach() if output.graph_stops else latent, output.velocity,
+                                                self.sigmas, step_index)
             if self.recorder is not None:
                 self.recorder.on_step(chunk_index, step_index, StepRecord(
-                    latent_in=latent_in, timestep=timestep, velocity=output.velocity,
-                    final_hidden=output.final_hidden, latent_out=latent_out,
+                    latent_in=latent, timestep=timestep, velocity=output.velocity,
+                    final_hidden=output.final_hidden, latent_out=stepped,
                 ))
+            outputs.append(output)
+            latent = stepped.to(self.config.state_dtype)
+        return ChunkRun(chunk_index, context, outputs, latent)
+
+    def commit_chunk(self, run: ChunkRun, outputs: Sequence[StepOutput] | None = None) -> None:
+        """A finished chunk becomes history: its final latent (detached) is written into the running latents, the
+        cached context modes store its K/V, and `outputs` (default: the run's) become the next chunk's
+        `previous_chunk`."""
+        self.write_chunk(run.chunk_index, run.final_latent.detach())
         if self.recorder is not None:
-            self.recorder.on_chunk_end(chunk_index, self.latents[:, :, frames])
-        self.cache_chunk(chunk_index, context, outputs)
-        self.previous_chunk_outputs = outputs
-        return outputs
+            self.recorder.on_chunk_end(run.chunk_index, self.latents[:, :, self.chunk_frames(run.chunk_index)])
+        self.cache_chunk(run.chunk_index, run.context, run.outputs)
+        self.previous_chunk_outputs = list(run.outputs if outputs is None else outputs)
+
+    @torch.no_grad()
+    def run_chunk(self, chunk_index: int, step_fn: StepFn | None = None) -> list[StepOutput]:
+        """Context prefill + ``num_steps`` Euler steps of chunk ``chunk_index``, committed; returns the step
+        outputs."""
+        run = self.denoise_chunk(chunk_index, step_fn)
+        self.commit_chunk(run)
+        return run.outputs
 
     def run(self, step_fn: StepFn | None = None, chunks: Sequence[int] | None = None) -> Tensor:
         """Run ``chunks`` (default: all, in order) and return the running latents [1, C, T, H, W]."""

@@ -82,12 +82,16 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
         cleanup_distributed()
 
 
-def resume_roles(start: RunStart, roles: Sequence[Role], batches: BatchStream | None, meta: dict) -> RunState:
+def resume_roles(start: RunStart, roles: Sequence[Role], batches: BatchStream | None, meta: dict,
+                 run_state: RunState | None = None) -> RunState:
     """A fresh `RunState`, or the saved one of a resumed / continued run: its roles' weights, optimizers and
-    schedules restored (refusing a checkpoint whose `meta` differs) and `batches` put back at its position."""
+    schedules restored (refusing a checkpoint whose `meta` differs) and `batches` put back at its position.
+    `run_state`: the state a recipe's step already holds (`RecipeParts.run_state`), filled in place and returned."""
+    run_state = RunState() if run_state is None else run_state
     if start.resume_path is None:
-        return RunState()
-    run_state = load_training_state(start.resume_path, roles=list(roles), expect=meta)
+        return run_state
+    saved = load_training_state(start.resume_path, roles=list(roles), expect=meta)
+    run_state.__dict__.update(vars(saved))
     if batches is not None:
         batches.load_state_dict(run_state.data)
     return run_state

@@ -176,13 +176,16 @@ class TwoGroupLRSchedule(WarmupCosineSchedule):
         return {**super().settings(), "block_delay_steps": self.delays[BLOCKS_GROUP]}
 
 
-def build_optimizer_and_schedule(predictor, args) -> tuple[torch.optim.AdamW, TwoGroupLRSchedule]:
-    """The Predictor recipes' optimizer and schedule from their flags: AdamW over the two groups of
-    `predictor.trainable_parameter_groups()` (--fusion_lr, --blocks_lr, --adam_beta1/2, --weight_decay) and the
-    warmup + cosine schedule (--scheduler_warmup_steps, --max_steps, --block_warmup_steps)."""
+def build_optimizer_and_schedule(predictor, *, fusion_lr: float, blocks_lr: float, betas: tuple[float, float],
+                                 weight_decay: float, warmup_steps: int, max_steps: int, block_warmup_steps: int
+                                 ) -> tuple[torch.optim.AdamW, TwoGroupLRSchedule]:
+    """The Predictor recipes' optimizer and schedule: AdamW over the two groups of
+    `predictor.trainable_parameter_groups()` (fusion + head, blocks) and the warmup + cosine schedule with the
+    blocks' delay (a recipe passes its --fusion_lr, --blocks_lr, --adam_beta1/2, --weight_decay,
+    --scheduler_warmup_steps, --max_steps, --block_warmup_steps)."""
     optimizer = build_optimizer(predictor.trainable_parameter_groups(),
-                                {FUSION_GROUP: args.fusion_lr, BLOCKS_GROUP: args.blocks_lr},
-                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
-                                     block_warmup_steps=args.block_warmup_steps)
+                                {FUSION_GROUP: fusion_lr, BLOCKS_GROUP: blocks_lr},
+                                betas=betas, weight_decay=weight_decay)
+    lr_schedule = TwoGroupLRSchedule(optimizer, warmup_steps=warmup_steps, max_steps=max_steps,
+                                     block_warmup_steps=block_warmup_steps)
     return optimizer, lr_schedule
