@@ -250,7 +250,11 @@ def build_models(rehearsal: Rehearsal, args, variant: str):
 def build_role(rehearsal: Rehearsal, predictor, recipe_flags, world_size: int):
     from predictor_training.runtime.optim import build_optimizer_and_schedule
     from predictor_training.runtime.roles import Role
-    optimizer, lr_schedule = build_optimizer_and_schedule(predictor, recipe_flags)
+    optimizer, lr_schedule = build_optimizer_and_schedule(
+        predictor, fusion_lr=recipe_flags.fusion_lr, blocks_lr=recipe_flags.blocks_lr,
+        betas=(recipe_flags.adam_beta1, recipe_flags.adam_beta2), weight_decay=recipe_flags.weight_decay,
+        warmup_steps=recipe_flags.scheduler_warmup_steps, max_steps=recipe_flags.max_steps,
+        block_warmup_steps=recipe_flags.block_warmup_steps)
     use_foreach(optimizer)
     role = Role("predictor", predictor, optimizer, lr_schedule, module=predictor, grad_clip=recipe_flags.grad_clip)
     rehearsal.watch_gradients(role.parameters)
