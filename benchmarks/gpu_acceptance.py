@@ -49,44 +49,41 @@ import json
 import math
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from predictor_training.conformance.calls import (  # noqa: E402
+from predictor_training.conformance.calls import (
     build_model as build_conformance_model,
     load_conformance_set,
     reference_context_kv,
     reference_text_kv,
 )
-from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn  # noqa: E402
-from predictor_training.eval.timing import Stopwatch, TimedRollout  # noqa: E402
-from predictor_training.predictor.model import build_predictor  # noqa: E402
-from predictor_training.predictor.pair_step import pair_step  # noqa: E402
-from predictor_training.predictor.self_rollout import (  # noqa: E402
+from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn
+from predictor_training.eval.timing import Stopwatch, TimedRollout
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.pair_step import pair_step
+from predictor_training.predictor.self_rollout import (
     SelfRolloutSettings,
     train_trajectory,
     trajectory_for_row,
 )
-from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs  # noqa: E402
-from predictor_training.rollout.camera import turning_camera_row  # noqa: E402
-from predictor_training.rollout.schedule import Schedule  # noqa: E402
-from predictor_training.runtime.io import write_json_atomic, write_text_atomic  # noqa: E402
-from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer  # noqa: E402
-from predictor_training.runtime.precision import autocast, precision_policy, synchronize  # noqa: E402
-from predictor_training.teacher import (  # noqa: E402
+from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs
+from predictor_training.rollout.camera import turning_camera_row
+from predictor_training.rollout.schedule import Schedule
+from predictor_training.runtime.io import write_json_atomic, write_text_atomic
+from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer
+from predictor_training.runtime.precision import autocast, precision_policy, synchronize
+from predictor_training.teacher import (
     ContextKV,
     LayerContextKV,
     TextKV,
     WorldPlayTransformer,
     randomize_zero_initialised_,
 )
-from predictor_training.teacher.flops import (  # noqa: E402
+from predictor_training.teacher.flops import (
     TeacherShape,
     context_prefill_flops,
     flop_speedup_bound,

@@ -64,8 +64,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.camera import turning_camera_row
 from predictor_training.rollout.schedule import Schedule
@@ -89,7 +88,6 @@ CONTEXT_TIMESTEP = 14.0
 MAX_CONTEXT_FRAMES = RolloutConfig.memory_frames  # the AR loop's memory window: no chunk sees more context
 MAX_TEXT_TOKENS = 1000  # the pipeline's tokenizer_max_length (data/encoders.py)
 # The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
-USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
 USER_SECONDS_PER_MICRO_BATCH = {"v4": 4.49, "disca": 1.66}
 
 
@@ -173,6 +171,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="offline recipes: also find the largest per-GPU batch that fits on 80 GB and 141 GB "
                              "cards (peak + allocator margin + CUDA context), at the largest --context_frames")
     parser.add_argument("--json", action="store_true", help="print one JSON object per estimate instead of text")
+    parser.add_argument("--undo_cuts", nargs="+", choices=CUTS, default=[],
+                        help="rehearse the code as the user measured it: these memory cuts of issue 20 undone "
+                             "(predictor_training/predictor/memory_cuts.py; benchmarks/check_real_size_memory.py)")
     args = parser.parse_args(argv)
     if args.fit and args.recipe not in ("v4", "disca", "rollout"):
         parser.error(f"--fit: the largest batch is searched for the offline recipes (v4, disca) only, not "
@@ -1166,6 +1167,11 @@ def _configuration(args, recipe: str) -> str:
 
 
 def estimate(args) -> list[MemoryReport]:
+    with cuts_undone(args.undo_cuts):
+        return _estimate(args)
+
+
+def _estimate(args) -> list[MemoryReport]:
     if args.recipe == "rollout":
         return [rehearse_rollout(args)]
     if args.recipe in ("df_sft", "kd"):
@@ -1179,7 +1185,9 @@ def estimate(args) -> list[MemoryReport]:
     if args.recipe == "dmd2":
         return [rehearse_dmd2(args)]
     frames = args.context_frames if args.recipe == "v4" else [0]
-    return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
+    # The undone pre-feature cut: the loop's batch stays on the device for the whole step, as the user's dict kept it.
+    host = "cpu" if "offline_prefeatures" in args.undo_cuts else None
+    return [rehearse_offline(args, args.recipe, n_ctx, host=host) for n_ctx in frames]
 
 
 @command
