@@ -61,6 +61,7 @@ from predictor_training.conformance.calls import (
     reference_context_kv,
     reference_text_kv,
 )
+from predictor_training.data.synthetic import offline_batch, trajectory_row
 from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn
 from predictor_training.eval.timing import Stopwatch, TimedRollout
 from predictor_training.predictor.model import build_predictor
@@ -71,7 +72,6 @@ from predictor_training.predictor.self_rollout import (
     trajectory_for_row,
 )
 from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs
-from predictor_training.rollout.camera import turning_camera_row
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
 from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer
@@ -280,13 +280,10 @@ def frame_inputs(teacher, frames: int, size: Size, device: torch.device, dtype: 
     return hidden_states, torch.full((frames,), 500.0, device=device), action, viewmats, Ks
 
 
-def trajectory_row(size: Size, chunks: int, channels: int):
-    """A sample-table row (seed, poses, actions) and its camera path for `chunks` chunks: a turning, advancing
-    camera, so the memory selection has work to do."""
-    latents = CHUNK_FRAMES * chunks
-    item = turning_camera_row(latents)
-    image_cond = torch.randn(1, channels, 1, size.height, size.width, generator=torch.Generator().manual_seed(4))
-    return item, image_cond
+def camera_row(size: Size, chunks: int, channels: int):
+    """A sample-table row (seed, poses, actions) of `chunks` chunks whose camera turns and advances, so the memory
+    selection has work to do, and its image condition (`data/synthetic.py`)."""
+    return trajectory_row(chunks, (size.height, size.width), channels, generator=torch.Generator().manual_seed(4))
 
 
 def rollout_inputs(item: dict, image_cond: torch.Tensor, state_dtype: torch.dtype) -> RolloutInputs:
@@ -412,7 +409,7 @@ def speed_calls(teacher, predictor, text_kv, size: Size, device: torch.device, r
 def run_rollouts(teacher, predictor, text_kv, size: Size, chunks: int, device: torch.device) -> dict:
     """One `chunks`-chunk rollout of each of ROLLOUTS with the eval's TimedRollout and step functions, after an
     untimed one-chunk warm-up of each; DiT seconds, FLOPs, measured speedup vs the reference and the FLOP bound."""
-    item, image_cond = trajectory_row(size, chunks, teacher.config.out_channels)
+    item, image_cond = camera_row(size, chunks, teacher.config.out_channels)
     base = RolloutConfig(state_dtype=torch.bfloat16, autocast_dtype=torch.bfloat16)
     checkpoint = SimpleNamespace(method="predictor", panel="random v4", predictor_config=predictor.predictor_config())
     predictor_method = PredictorMethod(predictor, checkpoint)
@@ -464,43 +461,6 @@ def run_rollouts(teacher, predictor, text_kv, size: Size, chunks: int, device: t
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Memory of one training step
 # ---------------------------------------------------------------------------------------------------------------
-def offline_batch(variant: str, teacher, size: Size, batch_size: int, device: torch.device) -> dict:
-    """A collated offline batch (`collate_pairs`' keys) at this size, storage dtypes as the dataset gives them."""
-    config = teacher.config
-    frames, channels, hidden = CHUNK_FRAMES, config.out_channels, config.hidden_size
-    heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
-    tokens, n_ctx, text = frames * size.height * size.width, size.context_frames, size.text_tokens
-    generator = torch.Generator(device=device).manual_seed(9)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(torch.bfloat16)
-
-    batch = {
-        "noisy_input": randn(batch_size, 2 * channels + 1, frames, size.height, size.width),
-        "timestep": torch.full((batch_size,), 937.5, device=device),
-        "action": torch.zeros(batch_size, frames, dtype=torch.long, device=device),
-        "viewmats": torch.eye(4, device=device).repeat(batch_size, frames, 1, 1),
-        "Ks": torch.eye(3, device=device).repeat(batch_size, frames, 1, 1),
-        "anchor_hidden": randn(batch_size, tokens, hidden),
-        "target_hidden": randn(batch_size, tokens, hidden),
-        "target_velocity": randn(batch_size, channels, frames, size.height, size.width),
-        "text_k": randn(batch_size, 2, heads, text, head_dim),
-        "text_v": randn(batch_size, 2, heads, text, head_dim),
-        "text_mask": torch.ones(batch_size, text, dtype=torch.bool, device=device),
-    }
-    if variant == "v4":
-        batch.update({
-            "prev_chunk_hidden": randn(batch_size, tokens, hidden),
-            "n_ctx": n_ctx,
-            "ctx_prefeatures": {layer: randn(batch_size, n_ctx * size.height * size.width, hidden)
-                                for layer in size.source_blocks},
-            "ctx_action": torch.zeros(batch_size, n_ctx, dtype=torch.long, device=device),
-            "ctx_viewmats": torch.eye(4, device=device).repeat(batch_size, n_ctx, 1, 1),
-            "ctx_Ks": torch.eye(3, device=device).repeat(batch_size, n_ctx, 1, 1),
-        })
-    return batch
-
-
 def predictor_optimizer(predictor):
     groups = predictor.trainable_parameter_groups()
     return build_optimizer(groups, {FUSION_GROUP: 1e-4, BLOCKS_GROUP: 1e-5}, betas=(0.9, 0.999), weight_decay=0.01)
@@ -534,11 +494,14 @@ def memory_step(recipe: str, teacher, size: Size, chunks: int, batch_size: int, 
     resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     start = time.perf_counter()
     if recipe in ("v4", "disca"):
-        batch = offline_batch(recipe, teacher, size, batch_size, device)
+        batch = offline_batch(recipe, teacher.config, batch_size=batch_size, n_ctx=size.context_frames,
+                              text_tokens=size.text_tokens, grid=(size.height, size.width),
+                              source_blocks=size.source_blocks, device=device,
+                              generator=torch.Generator(device=device).manual_seed(9))
         metrics = pair_step(batch, sync=True, due=frozenset({"predictor"}), model=predictor, predictor=predictor,
                             policy=policy, context_timestep=CONTEXT_TIMESTEP, velocity_weight=1.0, hidden_weight=0.1)
     else:
-        item, image_cond = trajectory_row(size, chunks, teacher.config.out_channels)
+        item, image_cond = camera_row(size, chunks, teacher.config.out_channels)
         config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
         settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1,
                                        predictor_autocast_dtype=policy.autocast_dtype, replace_steps=(1, 2, 3))
@@ -707,7 +670,7 @@ def conformance_numerics(device: torch.device) -> dict:
 def rollout_numerics(teacher, text_kv, size: Size, device: torch.device) -> dict:
     """A 2-chunk F-F-F-F rollout of the run's Teacher in BF16 (state and autocast, as the eval runs it) against
     the same weights in FP32 (FP32 state, no autocast): per-chunk max abs / relative error of the final latents."""
-    item, image_cond = trajectory_row(size, 2, teacher.config.out_channels)
+    item, image_cond = camera_row(size, 2, teacher.config.out_channels)
     results = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         model = teacher
