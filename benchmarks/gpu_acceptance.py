@@ -48,7 +48,6 @@ import gc
 import json
 import math
 import platform
-import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -76,6 +75,7 @@ from predictor_training.rollout.schedule import Schedule
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
 from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer
 from predictor_training.runtime.precision import autocast, precision_policy, synchronize
+from predictor_training.runtime.timing import interleaved
 from predictor_training.teacher import (
     ContextKV,
     LayerContextKV,
@@ -197,27 +197,6 @@ class Budget:
         self.skipped.append({"section": section, "planned_s": estimate_s, "left_s": max(self.left(), 0.0),
                              "line": line})
         return False
-
-
-def timed(device: torch.device, call) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    call()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def interleaved(device: torch.device, repeats: int, calls: dict) -> dict[str, dict]:
-    """One untimed warm-up round of every call, then `repeats` rounds, the calls interleaved in each round:
-    {name: {"times_s", "min_s", "median_s"}}."""
-    times = {name: [] for name in calls}
-    for round_index in range(repeats + 1):
-        for name, call in calls.items():
-            seconds = timed(device, call)
-            if round_index:
-                times[name].append(seconds)
-    return {name: {"times_s": values, "min_s": min(values), "median_s": statistics.median(values)}
-            for name, values in times.items()}
 
 
 def release(device: torch.device) -> None:
@@ -346,7 +325,7 @@ def measured_matmul_peak(size: Size, device: torch.device, repeats: int) -> dict
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     loops = 10 if device.type == "cuda" else 1
-    result = interleaved(device, repeats, {"matmul": lambda: [a @ b for _ in range(loops)]})["matmul"]
+    result = interleaved({"matmul": lambda: [a @ b for _ in range(loops)]}, repeats, device=device)["matmul"]
     seconds = result["min_s"] / loops
     return {"n": n, "seconds": seconds, "tflops": 2 * n ** 3 / seconds / 1e12}
 
@@ -392,7 +371,7 @@ def speed_calls(teacher, predictor, text_kv, size: Size, device: torch.device, r
     calls = timed_calls(teacher, predictor, text_kv, size, device)
     with torch.no_grad(), autocast(device, torch.bfloat16):
         kernels = sdpa_kernels(calls["full_step"])
-        results = interleaved(device, repeats, calls)
+        results = interleaved(calls, repeats, device=device)
     shape = TeacherShape.from_config(teacher.config)
     per_frame = size.height * size.width
     flops = {"full_step": teacher_chunk_step_flops(shape, per_frame, size.text_tokens, n, CHUNK_FRAMES),
