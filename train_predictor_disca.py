@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torch.utils.data import DistributedSampler
-
 from predictor_training.data.batches import ResumableBatches
-from predictor_training.data.dataset_config import config_field, read_dataset_config, resolve_teacher_source
-from predictor_training.data.pair_dataset import PairDataset, collate_pairs
+from predictor_training.data.dataset_config import resolve_teacher_source
+from predictor_training.data.pair_dataset import PairDataset, disca_pair_batches, disca_pair_dataset
 from predictor_training.recipes.offline import build_offline, finish_offline_args, offline_config, offline_parser
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv
@@ -65,17 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return finish_offline_args(build_parser(), argv, PRESETS)
 
 
-def open_dataset(args: argparse.Namespace, *, verify: bool = False, check_tensors: bool = True) -> PairDataset:
-    """disca's pairs: no context or previous-chunk hidden (chunks 1-7, or 0-7 with --include_chunk0)."""
-    return PairDataset(args.dataset_root, split=args.split, pairs=args.pairs, with_prefeatures=False,
-                       with_prev_chunk_hidden=False, source_layers=tuple(args.source_blocks), verify=verify,
-                       include_chunk0=args.include_chunk0, check_tensors=check_tensors)
-
-
 def check_data(args: argparse.Namespace) -> None:
     """The dataset opened as the run will read it (no tensor read) and one batch per rank: a problem ends the
     launch before anything is created."""
-    pairs = len(open_dataset(args, check_tensors=False))
+    pairs = len(disca_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs,
+                                   source_layers=args.source_blocks, include_chunk0=args.include_chunk0,
+                                   check_tensors=False))
     world_size, _ = launch_world(args.backend)
     if pairs < args.batch_size * world_size:
         raise UserInputError(f"--batch_size {args.batch_size}: {args.dataset_root} split {args.split} has {pairs} "
@@ -84,17 +77,13 @@ def check_data(args: argparse.Namespace) -> None:
 
 
 def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[PairDataset, ResumableBatches, float]:
-    """disca's data -> (pairs, this rank's resumable batches, the dataset's context timestep), from a plain
-    DistributedSampler; incomplete batches are dropped, so every rank sees the same number.
-    """
-    dataset = open_dataset(args, verify=args.verify_dataset)
-    context_timestep = float(config_field(read_dataset_config(args.dataset_root), "context_timestep",
-                                          args.dataset_root))
-    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True,
-                                 seed=args.seed, drop_last=True)
-    batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=args.batch_size, drop_last=True,
-                               num_workers=args.num_workers, pin_memory=env.device.type == "cuda", seed=args.seed)
-    return dataset, batches, context_timestep
+    """disca's data -> (pairs, this rank's resumable batches, the dataset's context timestep): chunks 1-7 (0-7 with
+    --include_chunk0), no context or previous-chunk hidden, from a plain DistributedSampler
+    (`pair_dataset.disca_pair_batches`)."""
+    return disca_pair_batches(args.dataset_root, split=args.split, pairs=args.pairs,
+                              source_layers=args.source_blocks, include_chunk0=args.include_chunk0,
+                              batch_size=args.batch_size, seed=args.seed, num_workers=args.num_workers,
+                              verify=args.verify_dataset, env=env)
 
 
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, teacher_source: TeacherSource,

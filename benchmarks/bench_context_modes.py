@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
+from predictor_training.runtime.timing import interleaved
 from predictor_training.teacher.flops import (
     TeacherShape,
     context_assembly_flops,
@@ -82,17 +82,6 @@ def frame_inputs(teacher, frames: int, height: int, width: int, generator: torch
     return hidden_states, torch.full((frames,), 14.0), action, viewmats, Ks
 
 
-def best_of(repeats: int, calls: dict) -> dict[str, float]:
-    """Interleaved rounds of every call; the best wall time of each."""
-    best = {name: float("inf") for name in calls}
-    for _ in range(repeats + 1):  # the first round warms up and is not counted
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            best[name] = min(best[name], time.perf_counter() - start) if _ else best[name]
-    return best
-
-
 @torch.no_grad()
 def bench(config: BenchConfig, repeats: int) -> list[str]:
     torch.manual_seed(0)
@@ -116,13 +105,14 @@ def bench(config: BenchConfig, repeats: int) -> list[str]:
     def assemble():
         return teacher.assemble_context_kv(cache.gather(range(n)), context[3], context[4], height, width)
 
-    times = best_of(repeats, {
+    timings = interleaved({
         "exact prefill": lambda: teacher.context_prefill(*context, text_kv),
         "assembly": assemble,
         "cache pass": lambda: teacher.frame_kv_pass(*chunk, text_kv, context_kv=exact_kv),
         "full step": lambda: teacher.chunk_step(*chunk[:1], torch.full((CHUNK_FRAMES,), 500.0), *chunk[2:], text_kv,
                                                 context_kv=exact_kv),
-    })
+    }, repeats)
+    times = {name: timing["min_s"] for name, timing in timings.items()}
     flops = {
         "exact prefill": context_prefill_flops(shape, tokens, config.text_tokens, n),
         "assembly": context_assembly_flops(shape, tokens, n),

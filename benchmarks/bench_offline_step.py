@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-import train_predictor_disca
-import train_predictor_v4
+from predictor_training.data.pair_dataset import disca_pair_batches, v4_pair_batches
+from predictor_training.recipes.offline import finish_offline_args, offline_parser
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, seed_everything
 from predictor_training.runtime.logger import MetricsLogger
@@ -47,7 +47,8 @@ from predictor_training.teacher.source import load_teacher
 from predictor_training.data.dataset_config import resolve_teacher_source
 
 PHASES = ("data", "forward", "backward", "optimizer")
-SCRIPTS = {"v4": train_predictor_v4, "disca": train_predictor_disca}
+# The two variants' data, as their scripts build it (disca at its default, chunks 1-7).
+DATA = {"v4": v4_pair_batches, "disca": partial(disca_pair_batches, include_chunk0=False)}
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dataset_root", type=Path, default=None,
                         help="dataset to read; default: the tests' tiny dataset (2-block tiny Teacher) written to a "
                              "temporary folder")
-    parser.add_argument("--variant", choices=sorted(SCRIPTS), default="v4", help="Predictor variant")
+    parser.add_argument("--variant", choices=sorted(DATA), default="v4", help="Predictor variant")
     parser.add_argument("--source_blocks", type=str, default="0,1", help="source blocks 'a,b' (demo data: 1,2)")
     parser.add_argument("--precision", choices=("fp32", "fp32master"), default="fp32", help="precision mode")
     parser.add_argument("--batch_size", type=int, default=4, help="micro-batch")
@@ -73,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def training_args(bench: argparse.Namespace, dataset_root: Path, run_dir: Path) -> argparse.Namespace:
-    """The entry script's own flags for this configuration (so the benchmark times the recipe's real wiring)."""
+    """The offline recipe's own flags for this configuration (so the benchmark times the recipe's real wiring)."""
     total = bench.warmup + bench.steps
     argv = ["--dataset_root", str(dataset_root), "--output_dir", str(run_dir), "--source_blocks", bench.source_blocks,
             "--precision", bench.precision, "--batch_size", str(bench.batch_size), "--max_steps", str(total),
@@ -81,7 +82,7 @@ def training_args(bench: argparse.Namespace, dataset_root: Path, run_dir: Path) 
             "--tracker", "none", "--no_progress", "--log_every", "1"]
     if not bench.gradient_checkpointing:
         argv.append("--no-gradient_checkpointing")
-    args = SCRIPTS[bench.variant].parse_args(argv)
+    args = finish_offline_args(offline_parser(__doc__, experiment=f"bench_offline_step_{bench.variant}"), argv, {})
     args.variant = bench.variant
     return args
 
@@ -97,9 +98,11 @@ class Components:
 
 
 def build_components(args: argparse.Namespace, env) -> Components:
-    """The entry script's own data (`build_data`), Teacher, Predictor, AdamW and schedule for these flags."""
+    """The recipe's own data, Teacher, Predictor, AdamW and schedule for these flags."""
     seed_everything(args.seed, rank=0)
-    _, batches, context_timestep = SCRIPTS[args.variant].build_data(args, env)
+    _, batches, context_timestep = DATA[args.variant](
+        args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+        batch_size=args.batch_size, seed=args.seed, num_workers=args.num_workers, verify=args.verify_dataset, env=env)
     policy = precision_policy(args.precision, env.device)
     teacher = load_teacher(resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root), env.device,
                            policy.frozen_dtype)

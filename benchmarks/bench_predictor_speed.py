@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
+from predictor_training.runtime.timing import interleaved
 from predictor_training.teacher.flops import TeacherShape, predictor_step_flops, teacher_chunk_step_flops
 from predictor_training.predictor.model import build_predictor
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
@@ -117,25 +117,8 @@ def chunk_inputs(teacher: WorldPlayTransformer, cfg: BenchConfig, frames: int, t
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. Timing
+# 2. Timing (runtime/timing.py: interleaved rounds, warm-up excluded)
 # ---------------------------------------------------------------------------------------------------------------
-def alternate_timings(first, second, repeats: int, warmup: int = 2) -> tuple[list[float], list[float]]:
-    """Run first(), second() alternately `repeats` times (after `warmup` rounds); their wall times in seconds."""
-    for _ in range(warmup):
-        first()
-        second()
-    times_first, times_second = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        first()
-        middle = time.perf_counter()
-        second()
-        end = time.perf_counter()
-        times_first.append(middle - start)
-        times_second.append(end - middle)
-    return times_first, times_second
-
-
 def benchmark(cfg: BenchConfig, repeats: int) -> list[Row]:
     teacher = build_teacher(cfg)
     shape = TeacherShape.from_config(teacher.config)
@@ -168,7 +151,8 @@ def benchmark(cfg: BenchConfig, repeats: int) -> list[Row]:
                 predictor(chunk["hidden_states"], anchor, chunk["timestep"][None], chunk["action"], chunk["viewmats"],
                           chunk["Ks"], source_text, context=source_context, prev_chunk_hidden=anchor if v4 else None)
 
-            teacher_times, predictor_times = alternate_timings(full_step, predictor_step, repeats)
+            timings = interleaved({"full": full_step, "predictor": predictor_step}, repeats, warmup=2)
+            teacher_times, predictor_times = timings["full"]["times_s"], timings["predictor"]["times_s"]
             flops = predictor_step_flops(shape, predictor.predictor_config(), tokens_per_frame, cfg.text_tokens,
                                          cfg.context_frames, cfg.chunk_frames)
             rows.append(Row(cfg.name, variant, min(teacher_times) * 1e3, min(predictor_times) * 1e3,

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
+from predictor_training.runtime.timing import interleaved
 from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher.flops import TeacherShape, teacher_chunk_step_flops
+from predictor_training.teacher.flops import context_prefill_flops as teacher_context_prefill_flops
 
 
 @dataclass(frozen=True)
@@ -48,71 +50,25 @@ BENCH_CONFIGS = [
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Analytic FLOPs (2 per multiply-add)
+# 1. Analytic FLOPs (teacher/flops.py: 2 per multiply-add)
 # ---------------------------------------------------------------------------------------------------------------
-def embedding_flops(hidden: int, in_channels: int, tokens: int, frames: int) -> int:
-    img_in = 2 * tokens * in_channels * hidden
-    sinusoid_mlps = 2 * (2 * frames * 256 * hidden + 2 * frames * hidden * hidden)  # time_in + action_in
-    return img_in + sinusoid_mlps
-
-
-def image_block_flops(
-    hidden: int, mlp_ratio: float, frames: int, queries: int, keys: int, kv_only: bool = False
-) -> int:
-    """One double block's image stream: `queries` tokens attending to `keys` keys in 2 branches."""
-    modulation = 2 * frames * hidden * 6 * hidden
-    k_and_v = 2 * 2 * queries * hidden * hidden
-    prope_kv = 2 * 2 * queries * hidden * 4  # k, v: one 4x4 map per 4 channels
-    if kv_only:
-        return modulation + k_and_v + prope_kv
-    q = 2 * queries * hidden * hidden
-    prope_q_out = 2 * 2 * queries * hidden * 4
-    attention = 2 * (2 * queries * keys * hidden) * 2  # 2 branches x (QK^T + AV)
-    projections = 2 * 2 * queries * hidden * hidden  # img_attn_proj + img_attn_prope_proj
-    mlp = 2 * 2 * queries * hidden * int(hidden * mlp_ratio)
-    return modulation + k_and_v + prope_kv + q + prope_q_out + attention + projections + mlp
-
-
 def chunk_step_flops(model: WorldPlayTransformer, cfg: BenchConfig) -> int:
-    config = model.config
-    hidden, tokens_per_frame = config.hidden_size, cfg.height * cfg.width
-    queries = cfg.chunk_frames * tokens_per_frame
-    keys = cfg.text_tokens + cfg.context_frames * tokens_per_frame + queries
-    blocks = model.num_layers * image_block_flops(hidden, config.mlp_width_ratio, cfg.chunk_frames, queries, keys)
-    final = 2 * cfg.chunk_frames * hidden * 2 * hidden + 2 * queries * hidden * model.out_channels
-    return embedding_flops(hidden, 2 * config.in_channels + 1, queries, cfg.chunk_frames) + blocks + final
+    return teacher_chunk_step_flops(TeacherShape.from_config(model.config), cfg.height * cfg.width, cfg.text_tokens,
+                                    cfg.context_frames, cfg.chunk_frames)
 
 
 def context_prefill_flops(model: WorldPlayTransformer, cfg: BenchConfig) -> int:
-    config = model.config
-    hidden = config.hidden_size
-    queries = cfg.context_frames * cfg.height * cfg.width
-    keys = cfg.text_tokens + queries
-    full = image_block_flops(hidden, config.mlp_width_ratio, cfg.context_frames, queries, keys)
-    last = image_block_flops(hidden, config.mlp_width_ratio, cfg.context_frames, queries, keys, kv_only=True)
-    embed = embedding_flops(hidden, 2 * config.in_channels + 1, queries, cfg.context_frames)
-    return embed + (model.num_layers - 1) * full + last
+    return teacher_context_prefill_flops(TeacherShape.from_config(model.config), cfg.height * cfg.width,
+                                         cfg.text_tokens, cfg.context_frames)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Measurements
 # ---------------------------------------------------------------------------------------------------------------
-def best_seconds(function, repeats: int, warmup: int = 1) -> float:
-    """Fastest of `repeats` timed runs: on a shared machine the minimum is the least disturbed estimate."""
-    for _ in range(warmup):
-        function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def matmul_gflops(size: int, repeats: int) -> float:
     """Dense float32 matmul rate [size, size] @ [size, 4 size] (the shape of an MLP layer)."""
     a, b = torch.randn(size, size), torch.randn(size, 4 * size)
-    seconds = best_seconds(lambda: a @ b, repeats, warmup=2)
+    seconds = interleaved({"matmul": lambda: a @ b}, repeats, warmup=2)["matmul"]["min_s"]
     return 2 * size * size * 4 * size / seconds / 1e9
 
 
@@ -182,7 +138,7 @@ def benchmark(cfg: BenchConfig, repeats: int, matmul_size: int) -> list[Row]:
         rows = []
         for call, function, flops, queries, keys in calls:
             rate = matmul_gflops(matmul_size, 3 * repeats)
-            seconds = best_seconds(function, repeats)
+            seconds = interleaved({call: function}, repeats)[call]["min_s"]  # the fastest: the least disturbed
             predicted_ms = flops / (rate * 1e9) * 1e3
             rows.append(Row(cfg.name, call, queries, keys, flops / 1e9, rate, seconds * 1e3, predicted_ms))
     return rows

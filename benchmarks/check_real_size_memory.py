@@ -5,73 +5,40 @@
     python benchmarks/check_real_size_memory.py --recipes v4 disca
 
 For v4 (20 context frames: the bucket that sets the run's peak), disca and the rollout F-P-P-P (8 chunks, one
-trajectory), each at the batch the user ran, it rehearses the training step twice with `tools/estimate_memory.py`'s
-own functions: once with the code as the user measured it (`as_the_user_ran`: this code's memory cuts undone) —
+trajectory), each at the batch the user ran, it rehearses the training step twice with `tools/estimate_memory.py`:
+once with the code as the user measured it (`--undo_cuts`: this code's memory cuts undone) —
 that estimate must lie within 10 % of the user's `torch.cuda.max_memory_allocated` — and once with this code,
 which must stay under the targets of issue 20 (v4 <= 52, disca <= 25, rollout <= 48 GiB). The test suite checks
-at tiny size that each cut lowers the peak (`tests/test_memory_rehearsal.py::test_each_memory_cut_lowers_the_peak`);
+at tiny size that each cut lowers the peak (`tests/test_memory_rehearsal.py::test_each_offline_memory_cut_lowers_the_peak`);
 this check is the real-size one (two 8-chunk rollouts on fake tensors: minutes, so a benchmark, not a timed test).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
+import subprocess
 import sys
 from pathlib import Path
 
-import torch
+from predictor_training.predictor.memory_cuts import CUTS
+from predictor_training.runtime.memory_rehearsal import relative_error
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import estimate_memory  # noqa: E402
-from predictor_training.runtime.memory_rehearsal import patched, relative_error  # noqa: E402
-
+ESTIMATE_MEMORY = Path(__file__).resolve().parents[1] / "tools" / "estimate_memory.py"
+# The user's torch.cuda.max_memory_allocated per recipe (v4 at 20 context frames, the batch he ran).
+USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
 MEMORY_TARGETS_GIB = {"v4": 52.0, "disca": 25.0, "rollout": 48.0}
 TOLERANCE = 0.10
 
 
-# This code's memory cuts (docs/memory.md): each can be undone alone.
-CUTS = ("rms_norm_dtype", "attention_inputs", "rollout_context", "offline_prefeatures")
-
-
-@contextlib.contextmanager
-def as_the_user_ran(undo=CUTS):
-    """The memory cuts of issue 20 named in `undo` undone (default all), so that a rehearsal runs the code as the
-    user measured it: `rms_norm_dtype` RMSNorm's product with the FP32 weight (q and k promoted to float32),
-    `attention_inputs` image_forward's attention inputs alive to the end of the call, `rollout_context` the rollout
-    chunk's context K/V of every layer alive through its backward (`ChunkGraph.release_context` a no-op).
-    `offline_prefeatures` (the offline batch's pre-features released once the context is built) is undone by the
-    caller: `rehearse` passes `host="cpu"` so that the loop's batch stays on the device for the whole step, as the
-    caller's dict kept it."""
-    from predictor_training.predictor.self_rollout import ChunkGraph
-    from predictor_training.teacher import layers
-    from predictor_training.teacher import model as teacher_model
-
-    def rms_forward_as_the_user_ran(self, x):
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-    unknown = set(undo) - set(CUTS)
-    if unknown:
-        raise ValueError(f"as_the_user_ran: unknown cuts {sorted(unknown)}; expected some of {CUTS}")
-    patches = {"rms_norm_dtype": (layers.RMSNorm, "forward", rms_forward_as_the_user_ran),
-               "attention_inputs": (teacher_model, "RELEASE_ATTENTION_INPUTS", False),
-               "rollout_context": (ChunkGraph, "release_context", lambda self: None)}
-    with patched(*(patch for cut, patch in patches.items() if cut in undo)):
-        yield
-
-
-def rehearse(recipe: str, extra: list[str], *, undo=()):
-    """One recipe's rehearsal (estimate_memory's MemoryReport) at estimate_memory's defaults plus the `extra` flags,
-    with the memory cuts named in `undo` undone (CUTS: the code as the user ran it; (): this code)."""
-    args = estimate_memory.parse_args(["--recipe", recipe, *extra])
-    with as_the_user_ran(undo):
-        if recipe == "rollout":
-            return estimate_memory.rehearse_rollout(args)
-        host = "cpu" if "offline_prefeatures" in undo else "meta"
-        return estimate_memory.rehearse_offline(args, recipe, 20 if recipe == "v4" else 0, host=host)
+def rehearse(recipe: str, extra: list[str], *, undo=()) -> float:
+    """Peak GiB of one recipe's rehearsal by `tools/estimate_memory.py` at its defaults plus the `extra` flags, with
+    the memory cuts named in `undo` undone (CUTS: the code as the user ran it; (): this code)."""
+    command = [sys.executable, str(ESTIMATE_MEMORY), "--recipe", recipe, "--json", *extra]
+    if undo:
+        command += ["--undo_cuts", *undo]
+    lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()
+    return json.loads(lines[-1])["peak_gib"]
 
 
 def main(argv=None) -> int:
@@ -83,9 +50,9 @@ def main(argv=None) -> int:
           f"{'target':>7}  verdict", flush=True)
     failures = []
     for recipe in args.recipes:
-        before = rehearse(recipe, [], undo=CUTS).peak_gib
-        after = rehearse(recipe, []).peak_gib
-        measured = estimate_memory.USER_MEASURED_GIB[recipe]
+        before = rehearse(recipe, [], undo=CUTS)
+        after = rehearse(recipe, [])
+        measured = USER_MEASURED_GIB[recipe]
         error = relative_error(before, measured)
         problems = ([f"off by {error:+.1%} (> {TOLERANCE:.0%})"] if abs(error) > TOLERANCE else []) + \
                    ([f"over the {MEMORY_TARGETS_GIB[recipe]:.0f} GiB target"] if after > MEMORY_TARGETS_GIB[recipe]

@@ -48,45 +48,42 @@ import gc
 import json
 import math
 import platform
-import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from predictor_training.conformance.calls import (  # noqa: E402
+from predictor_training.conformance.calls import (
     build_model as build_conformance_model,
     load_conformance_set,
     reference_context_kv,
     reference_text_kv,
 )
-from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn  # noqa: E402
-from predictor_training.eval.timing import Stopwatch, TimedRollout  # noqa: E402
-from predictor_training.predictor.model import build_predictor  # noqa: E402
-from predictor_training.predictor.pair_step import pair_step  # noqa: E402
-from predictor_training.predictor.self_rollout import (  # noqa: E402
+from predictor_training.data.synthetic import offline_batch, trajectory_row
+from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn
+from predictor_training.eval.timing import Stopwatch, TimedRollout
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.pair_step import pair_step
+from predictor_training.predictor.self_rollout import (
     SelfRolloutSettings,
     train_trajectory,
     trajectory_for_row,
 )
-from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs  # noqa: E402
-from predictor_training.rollout.camera import turning_camera_row  # noqa: E402
-from predictor_training.rollout.schedule import Schedule  # noqa: E402
-from predictor_training.runtime.io import write_json_atomic, write_text_atomic  # noqa: E402
-from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer  # noqa: E402
-from predictor_training.runtime.precision import autocast, precision_policy, synchronize  # noqa: E402
-from predictor_training.teacher import (  # noqa: E402
+from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs
+from predictor_training.rollout.schedule import Schedule
+from predictor_training.runtime.io import write_json_atomic, write_text_atomic
+from predictor_training.runtime.optim import BLOCKS_GROUP, FUSION_GROUP, build_optimizer
+from predictor_training.runtime.precision import autocast, precision_policy, synchronize
+from predictor_training.runtime.timing import interleaved
+from predictor_training.teacher import (
     ContextKV,
     LayerContextKV,
     TextKV,
     WorldPlayTransformer,
     randomize_zero_initialised_,
 )
-from predictor_training.teacher.flops import (  # noqa: E402
+from predictor_training.teacher.flops import (
     TeacherShape,
     context_prefill_flops,
     flop_speedup_bound,
@@ -202,27 +199,6 @@ class Budget:
         return False
 
 
-def timed(device: torch.device, call) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    call()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def interleaved(device: torch.device, repeats: int, calls: dict) -> dict[str, dict]:
-    """One untimed warm-up round of every call, then `repeats` rounds, the calls interleaved in each round:
-    {name: {"times_s", "min_s", "median_s"}}."""
-    times = {name: [] for name in calls}
-    for round_index in range(repeats + 1):
-        for name, call in calls.items():
-            seconds = timed(device, call)
-            if round_index:
-                times[name].append(seconds)
-    return {name: {"times_s": values, "min_s": min(values), "median_s": statistics.median(values)}
-            for name, values in times.items()}
-
-
 def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -283,13 +259,10 @@ def frame_inputs(teacher, frames: int, size: Size, device: torch.device, dtype: 
     return hidden_states, torch.full((frames,), 500.0, device=device), action, viewmats, Ks
 
 
-def trajectory_row(size: Size, chunks: int, channels: int):
-    """A sample-table row (seed, poses, actions) and its camera path for `chunks` chunks: a turning, advancing
-    camera, so the memory selection has work to do."""
-    latents = CHUNK_FRAMES * chunks
-    item = turning_camera_row(latents)
-    image_cond = torch.randn(1, channels, 1, size.height, size.width, generator=torch.Generator().manual_seed(4))
-    return item, image_cond
+def camera_row(size: Size, chunks: int, channels: int):
+    """A sample-table row (seed, poses, actions) of `chunks` chunks whose camera turns and advances, so the memory
+    selection has work to do, and its image condition (`data/synthetic.py`)."""
+    return trajectory_row(chunks, (size.height, size.width), channels, generator=torch.Generator().manual_seed(4))
 
 
 def rollout_inputs(item: dict, image_cond: torch.Tensor, state_dtype: torch.dtype) -> RolloutInputs:
@@ -352,7 +325,7 @@ def measured_matmul_peak(size: Size, device: torch.device, repeats: int) -> dict
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     loops = 10 if device.type == "cuda" else 1
-    result = interleaved(device, repeats, {"matmul": lambda: [a @ b for _ in range(loops)]})["matmul"]
+    result = interleaved({"matmul": lambda: [a @ b for _ in range(loops)]}, repeats, device=device)["matmul"]
     seconds = result["min_s"] / loops
     return {"n": n, "seconds": seconds, "tflops": 2 * n ** 3 / seconds / 1e12}
 
@@ -398,7 +371,7 @@ def speed_calls(teacher, predictor, text_kv, size: Size, device: torch.device, r
     calls = timed_calls(teacher, predictor, text_kv, size, device)
     with torch.no_grad(), autocast(device, torch.bfloat16):
         kernels = sdpa_kernels(calls["full_step"])
-        results = interleaved(device, repeats, calls)
+        results = interleaved(calls, repeats, device=device)
     shape = TeacherShape.from_config(teacher.config)
     per_frame = size.height * size.width
     flops = {"full_step": teacher_chunk_step_flops(shape, per_frame, size.text_tokens, n, CHUNK_FRAMES),
@@ -415,7 +388,7 @@ def speed_calls(teacher, predictor, text_kv, size: Size, device: torch.device, r
 def run_rollouts(teacher, predictor, text_kv, size: Size, chunks: int, device: torch.device) -> dict:
     """One `chunks`-chunk rollout of each of ROLLOUTS with the eval's TimedRollout and step functions, after an
     untimed one-chunk warm-up of each; DiT seconds, FLOPs, measured speedup vs the reference and the FLOP bound."""
-    item, image_cond = trajectory_row(size, chunks, teacher.config.out_channels)
+    item, image_cond = camera_row(size, chunks, teacher.config.out_channels)
     base = RolloutConfig(state_dtype=torch.bfloat16, autocast_dtype=torch.bfloat16)
     checkpoint = SimpleNamespace(method="predictor", panel="random v4", predictor_config=predictor.predictor_config())
     predictor_method = PredictorMethod(predictor, checkpoint)
@@ -467,43 +440,6 @@ def run_rollouts(teacher, predictor, text_kv, size: Size, chunks: int, device: t
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Memory of one training step
 # ---------------------------------------------------------------------------------------------------------------
-def offline_batch(variant: str, teacher, size: Size, batch_size: int, device: torch.device) -> dict:
-    """A collated offline batch (`collate_pairs`' keys) at this size, storage dtypes as the dataset gives them."""
-    config = teacher.config
-    frames, channels, hidden = CHUNK_FRAMES, config.out_channels, config.hidden_size
-    heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
-    tokens, n_ctx, text = frames * size.height * size.width, size.context_frames, size.text_tokens
-    generator = torch.Generator(device=device).manual_seed(9)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(torch.bfloat16)
-
-    batch = {
-        "noisy_input": randn(batch_size, 2 * channels + 1, frames, size.height, size.width),
-        "timestep": torch.full((batch_size,), 937.5, device=device),
-        "action": torch.zeros(batch_size, frames, dtype=torch.long, device=device),
-        "viewmats": torch.eye(4, device=device).repeat(batch_size, frames, 1, 1),
-        "Ks": torch.eye(3, device=device).repeat(batch_size, frames, 1, 1),
-        "anchor_hidden": randn(batch_size, tokens, hidden),
-        "target_hidden": randn(batch_size, tokens, hidden),
-        "target_velocity": randn(batch_size, channels, frames, size.height, size.width),
-        "text_k": randn(batch_size, 2, heads, text, head_dim),
-        "text_v": randn(batch_size, 2, heads, text, head_dim),
-        "text_mask": torch.ones(batch_size, text, dtype=torch.bool, device=device),
-    }
-    if variant == "v4":
-        batch.update({
-            "prev_chunk_hidden": randn(batch_size, tokens, hidden),
-            "n_ctx": n_ctx,
-            "ctx_prefeatures": {layer: randn(batch_size, n_ctx * size.height * size.width, hidden)
-                                for layer in size.source_blocks},
-            "ctx_action": torch.zeros(batch_size, n_ctx, dtype=torch.long, device=device),
-            "ctx_viewmats": torch.eye(4, device=device).repeat(batch_size, n_ctx, 1, 1),
-            "ctx_Ks": torch.eye(3, device=device).repeat(batch_size, n_ctx, 1, 1),
-        })
-    return batch
-
-
 def predictor_optimizer(predictor):
     groups = predictor.trainable_parameter_groups()
     return build_optimizer(groups, {FUSION_GROUP: 1e-4, BLOCKS_GROUP: 1e-5}, betas=(0.9, 0.999), weight_decay=0.01)
@@ -537,11 +473,14 @@ def memory_step(recipe: str, teacher, size: Size, chunks: int, batch_size: int, 
     resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     start = time.perf_counter()
     if recipe in ("v4", "disca"):
-        batch = offline_batch(recipe, teacher, size, batch_size, device)
+        batch = offline_batch(recipe, teacher.config, batch_size=batch_size, n_ctx=size.context_frames,
+                              text_tokens=size.text_tokens, grid=(size.height, size.width),
+                              source_blocks=size.source_blocks, device=device,
+                              generator=torch.Generator(device=device).manual_seed(9))
         metrics = pair_step(batch, sync=True, due=frozenset({"predictor"}), model=predictor, predictor=predictor,
                             policy=policy, context_timestep=CONTEXT_TIMESTEP, velocity_weight=1.0, hidden_weight=0.1)
     else:
-        item, image_cond = trajectory_row(size, chunks, teacher.config.out_channels)
+        item, image_cond = camera_row(size, chunks, teacher.config.out_channels)
         config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
         settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1,
                                        predictor_autocast_dtype=policy.autocast_dtype, replace_steps=(1, 2, 3))
@@ -710,7 +649,7 @@ def conformance_numerics(device: torch.device) -> dict:
 def rollout_numerics(teacher, text_kv, size: Size, device: torch.device) -> dict:
     """A 2-chunk F-F-F-F rollout of the run's Teacher in BF16 (state and autocast, as the eval runs it) against
     the same weights in FP32 (FP32 state, no autocast): per-chunk max abs / relative error of the final latents."""
-    item, image_cond = trajectory_row(size, 2, teacher.config.out_channels)
+    item, image_cond = camera_row(size, 2, teacher.config.out_channels)
     results = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         model = teacher

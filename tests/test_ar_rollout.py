@@ -23,7 +23,8 @@ from predictor_training.rollout.ar_rollout import (
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.rollout.camera import make_retrieval_points, turning_camera_row
+from predictor_training.data.synthetic import turning_camera_row
+from predictor_training.rollout.camera import make_retrieval_points
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""benchmarks/compare_demo_baseline.py knows the CPU kind of its baseline: exact on the same kind, the stated
+"""tools/dev/compare_demo_baseline.py knows the CPU kind of its baseline: exact on the same kind, the stated
 "cross_cpu" tier on another or an unknown one, where a changed computation still fails."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from predictor_training.runtime.cpu_threads import cpu_kind, same_cpu_kind
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "dev"))
 import compare_demo_baseline as baseline_check  # noqa: E402
 
 

@@ -33,8 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import estimate_memory
 
-from benchmarks import check_real_size_memory
-
 
 # ---- CUDA autocast emulation -------------------------------------------------------------------------------------
 def test_autocast_op_lists_are_torchs_own():
@@ -283,12 +281,18 @@ TINY_REHEARSAL = ["--config", "tiny", "--batch_size", "2", "--text_tokens", "8",
                   "--source_blocks", "0,1"]
 
 
+def rehearse(recipe: str, flags: list[str], *, undo=()):
+    """The tool's one report for `recipe` at `flags`, the memory cuts named in `undo` undone."""
+    return estimate_memory.estimate(estimate_memory.parse_args(
+        ["--recipe", recipe, *flags, *(["--undo_cuts", *undo] if undo else [])]))[0]
+
+
 def test_each_offline_memory_cut_lowers_the_peak():
     """v4 at 20 context frames: undoing any one of RMSNorm's dtype cast, image_forward's early release of its
     attention inputs, or pair_step's release of the batch's pre-features raises the forward peak."""
-    baseline = check_real_size_memory.rehearse("v4", TINY_REHEARSAL).phase_peaks["forward"]
+    baseline = rehearse("v4", TINY_REHEARSAL).phase_peaks["forward"]
     for cut in ("rms_norm_dtype", "attention_inputs", "offline_prefeatures"):
-        undone = check_real_size_memory.rehearse("v4", TINY_REHEARSAL, undo=(cut,)).phase_peaks["forward"]
+        undone = rehearse("v4", TINY_REHEARSAL, undo=(cut,)).phase_peaks["forward"]
         assert undone > baseline, (cut, undone, baseline)
 
 
@@ -297,21 +301,22 @@ def test_rollout_context_release_lowers_the_peak():
     """Rollout, 2 chunks: keeping each chunk's context K/V of every layer through its backward (the release undone)
     raises the peak of the next chunk's forward."""
     flags = [*TINY_REHEARSAL, "--chunks", "2"]
-    baseline = check_real_size_memory.rehearse("rollout", flags).phase_peaks["forward"]
-    undone = check_real_size_memory.rehearse("rollout", flags, undo=("rollout_context",)).phase_peaks["forward"]
+    baseline = rehearse("rollout", flags).phase_peaks["forward"]
+    undone = rehearse("rollout", flags, undo=("rollout_context",)).phase_peaks["forward"]
     assert undone > baseline
 
 
-def test_as_the_user_ran_restores_the_code():
+def test_undone_cuts_are_restored():
     from predictor_training.predictor.self_rollout import ChunkGraph
     from predictor_training.teacher import layers
     from predictor_training.teacher import model as teacher_model
+    from predictor_training.predictor.memory_cuts import cuts_undone
     before = (layers.RMSNorm.forward, teacher_model.RELEASE_ATTENTION_INPUTS, ChunkGraph.release_context)
-    with check_real_size_memory.as_the_user_ran():
+    with cuts_undone():
         assert teacher_model.RELEASE_ATTENTION_INPUTS is False and layers.RMSNorm.forward is not before[0]
     assert (layers.RMSNorm.forward, teacher_model.RELEASE_ATTENTION_INPUTS, ChunkGraph.release_context) == before
     with pytest.raises(ValueError, match="unknown cuts"):
-        with check_real_size_memory.as_the_user_ran(("no_such_cut",)):
+        with cuts_undone(("no_such_cut",)):
             pass
 
 

@@ -64,10 +64,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from predictor_training.data.synthetic import clip_item, offline_batch, trajectory_row
+from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.rollout.camera import turning_camera_row
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.memory_rehearsal import (
@@ -89,7 +88,6 @@ CONTEXT_TIMESTEP = 14.0
 MAX_CONTEXT_FRAMES = RolloutConfig.memory_frames  # the AR loop's memory window: no chunk sees more context
 MAX_TEXT_TOKENS = 1000  # the pipeline's tokenizer_max_length (data/encoders.py)
 # The user's GPUs (torch.cuda.max_memory_allocated, GiB; train notes § 5 and § 8.10), per GPU at the recipe's batch.
-USER_MEASURED_GIB = {"v4": 62.82, "disca": 31.18, "rollout": 49.13}
 USER_SECONDS_PER_MICRO_BATCH = {"v4": 4.49, "disca": 1.66}
 
 
@@ -173,6 +171,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="offline recipes: also find the largest per-GPU batch that fits on 80 GB and 141 GB "
                              "cards (peak + allocator margin + CUDA context), at the largest --context_frames")
     parser.add_argument("--json", action="store_true", help="print one JSON object per estimate instead of text")
+    parser.add_argument("--undo_cuts", nargs="+", choices=CUTS, default=[],
+                        help="rehearse the code as the user measured it: these memory cuts of issue 20 undone "
+                             "(predictor_training/predictor/memory_cuts.py; benchmarks/check_real_size_memory.py)")
     args = parser.parse_args(argv)
     if args.fit and args.recipe not in ("v4", "disca", "rollout"):
         parser.error(f"--fit: the largest batch is searched for the offline recipes (v4, disca) only, not "
@@ -250,7 +251,11 @@ def build_models(rehearsal: Rehearsal, args, variant: str):
 def build_role(rehearsal: Rehearsal, predictor, recipe_flags, world_size: int):
     from predictor_training.runtime.optim import build_optimizer_and_schedule
     from predictor_training.runtime.roles import Role
-    optimizer, lr_schedule = build_optimizer_and_schedule(predictor, recipe_flags)
+    optimizer, lr_schedule = build_optimizer_and_schedule(
+        predictor, fusion_lr=recipe_flags.fusion_lr, blocks_lr=recipe_flags.blocks_lr,
+        betas=(recipe_flags.adam_beta1, recipe_flags.adam_beta2), weight_decay=recipe_flags.weight_decay,
+        warmup_steps=recipe_flags.scheduler_warmup_steps, max_steps=recipe_flags.max_steps,
+        block_warmup_steps=recipe_flags.block_warmup_steps)
     use_foreach(optimizer)
     role = Role("predictor", predictor, optimizer, lr_schedule, module=predictor, grad_clip=recipe_flags.grad_clip)
     rehearsal.watch_gradients(role.parameters)
@@ -272,48 +277,6 @@ def optimizer_phase(rehearsal: Rehearsal, role, buckets, step: int) -> None:
 
 
 # ---- offline (v4, disca) ---------------------------------------------------------------------------------------
-def offline_batch(variant: str, config, *, batch_size: int, n_ctx: int, text_tokens: int, grid, source_blocks,
-                  device: str = "meta"):
-    """A collated batch (`collate_pairs`) at real shapes, storage dtypes as the dataset gives them (BF16 floats), on
-    `device` ("meta": host memory, see rehearse_offline)."""
-    height, width = grid
-    frames, channels, hidden = 4, config.out_channels, config.hidden_size
-    heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
-    tokens = frames * height * width
-    with torch.device(device):
-        return _offline_batch(variant, batch_size, n_ctx, text_tokens, frames, channels, hidden, heads, head_dim,
-                              tokens, height, width, source_blocks)
-
-
-def _offline_batch(variant, batch_size, n_ctx, text_tokens, frames, channels, hidden, heads, head_dim, tokens, height,
-                   width, source_blocks):
-    bf16 = torch.bfloat16
-    batch = {
-        "noisy_input": torch.zeros(batch_size, 2 * channels + 1, frames, height, width, dtype=bf16),
-        "timestep": torch.full((batch_size,), 937.5),
-        "action": torch.zeros(batch_size, frames, dtype=torch.long),
-        "viewmats": torch.eye(4).repeat(batch_size, frames, 1, 1),
-        "Ks": torch.eye(3).repeat(batch_size, frames, 1, 1),
-        "anchor_hidden": torch.zeros(batch_size, tokens, hidden, dtype=bf16),
-        "target_hidden": torch.zeros(batch_size, tokens, hidden, dtype=bf16),
-        "target_velocity": torch.zeros(batch_size, channels, frames, height, width, dtype=bf16),
-        "text_k": torch.zeros(batch_size, 2, heads, text_tokens, head_dim, dtype=bf16),
-        "text_v": torch.zeros(batch_size, 2, heads, text_tokens, head_dim, dtype=bf16),
-        "text_mask": torch.ones(batch_size, text_tokens, dtype=torch.bool),
-    }
-    if variant == "v4":
-        batch.update({
-            "prev_chunk_hidden": torch.zeros(batch_size, tokens, hidden, dtype=bf16),
-            "n_ctx": n_ctx,
-            "ctx_prefeatures": {layer: torch.zeros(batch_size, n_ctx * height * width, hidden, dtype=bf16)
-                                for layer in source_blocks},
-            "ctx_action": torch.zeros(batch_size, n_ctx, dtype=torch.long),
-            "ctx_viewmats": torch.eye(4).repeat(batch_size, n_ctx, 1, 1),
-            "ctx_Ks": torch.eye(3).repeat(batch_size, n_ctx, 1, 1),
-        })
-    return batch
-
-
 def rehearse_offline(args, variant: str, n_ctx: int, *, fake: bool = True, host: str | None = None) -> MemoryReport:
     """One optimizer step (or --optimizer_steps) of the offline recipe at batch --batch_size, n_ctx context frames.
     fake=False runs the same on real CPU tensors (tiny configs only: it allocates). host: where the loop's batch
@@ -392,7 +355,8 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
             "both roles due")
     if rollout:
         from predictor_training.teacher.config import preset_config
-        row, image_cond = rollout_row(args, int(preset_config(args.config)["out_channels"]))
+        row, image_cond = trajectory_row(args.chunks, args.latent_grid,
+                                         int(preset_config(args.config)["out_channels"]))
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
             patched(selection_on_real_values()):
         policy = precision_policy(flags.precision, torch.device("cpu"))
@@ -467,16 +431,6 @@ def rehearse_adversarial(args, *, fake: bool = True, host: str | None = None) ->
 
 
 # ---- rollout -----------------------------------------------------------------------------------------------------
-def rollout_row(args, channels: int):
-    """A sample-table row and its case at real shapes: real small CPU tensors for what the memory selection reads
-    (poses, seed -> points), fake for the case's text K/V (made inside the rehearsal)."""
-    latents = 4 * args.chunks
-    height, width = args.latent_grid
-    item = turning_camera_row(latents)
-    image_cond = torch.zeros(1, channels, 1, height, width)
-    return item, image_cond
-
-
 def rollout_case(args, teacher, image_cond) -> dict:
     """A trajectory case at real shapes: stored text K/V of --text_tokens tokens (BF16) and the image condition."""
     config = teacher.config
@@ -499,7 +453,7 @@ def rehearse_rollout(args) -> MemoryReport:
     name = (f"rollout {'-'.join(letters)}, {args.chunks} chunks, context {args.context_mode}, blocks "
             f"{list(args.source_blocks)}, one trajectory")
     from predictor_training.teacher.config import preset_config
-    item, image_cond = rollout_row(args, int(preset_config(args.config)["out_channels"]))
+    item, image_cond = trajectory_row(args.chunks, args.latent_grid, int(preset_config(args.config)["out_channels"]))
     # The row's seed -> noise and memory points, made on real CPU tensors (small) before the fake mode.
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast) as rehearsal:
         policy = precision_policy("fp32master", torch.device("cpu"))
@@ -631,39 +585,6 @@ def method_env(world_size: int, sharded: bool):
                    backend="fake" if sharded else None, is_main=True)
 
 
-def clip_item(args, config, *, data: str = "latents", states: int = 0, host: str = "meta",
-              encoder_text: bool = False) -> dict:
-    """One dataset clip at real shapes: its latents ("latents", or KD's "final" + "states") in host memory (meta:
-    the loader's, not counted), conditioning, real CPU cameras (the memory selection reads them) and its text:
-    stored text K/V of --text_tokens tokens, or (encoder_text: where the text stream trains, --train full) the
-    encoders' outputs, --text_tokens LLM tokens + 256 ByT5 + 729 SigLIP, all valid, prefilled under grad per chunk."""
-    latents, (height, width) = 4 * args.chunks, args.latent_grid
-    channels, heads = config.out_channels, config.heads_num
-    row, image_cond = rollout_row(args, channels)
-    item = {"viewmats": row["viewmats"], "Ks": row["Ks"], "action": row["action"], "seed": row["seed"]}
-    with torch.device(host):
-        item["image_cond"] = torch.zeros(1, channels, 1, height, width)
-        item[data] = torch.zeros(channels, latents, height, width, dtype=torch.bfloat16)
-        if states:
-            item["states"] = torch.zeros(states, channels, latents, height, width, dtype=torch.bfloat16)
-        if not encoder_text:
-            for name in ("text_k", "text_v"):
-                item[name] = torch.zeros(config.mm_double_blocks_depth, heads, args.text_tokens,
-                                         config.hidden_size // heads, dtype=torch.bfloat16)
-    if encoder_text:  # the text encoders' outputs (a video-latent clip's), every token valid; the model prefills them
-        with torch.device(host):
-            item.update({
-                "prompt_embeds": torch.zeros(1, args.text_tokens, config.text_states_dim, dtype=torch.bfloat16),
-                "byt5_text_states": torch.zeros(1, BYT5_TOKENS, config.byt5_states_dim, dtype=torch.bfloat16),
-                "vision_states": torch.zeros(1, VISION_TOKENS, config.vision_states_dim, dtype=torch.bfloat16)})
-        item["prompt_mask"] = torch.ones(1, args.text_tokens, dtype=torch.long)
-        item["byt5_text_mask"] = torch.ones(1, BYT5_TOKENS, dtype=torch.long)
-    return item
-
-
-BYT5_TOKENS, VISION_TOKENS = 256, 729  # ByT5 glyph positions; SigLIP 27 x 27 patches of the first frame
-
-
 def _method_name(recipe: str, args, what: str) -> str:
     return (f"{recipe} {what}, {args.chunks} chunks"
             + (f", FSDP2 over {args.world_size} ranks (per rank)" if what.startswith("full") and args.world_size > 1
@@ -689,8 +610,9 @@ def rehearse_teacher_forced(args, recipe: str, *, fake: bool = True) -> MemoryRe
     config = argparse.Namespace(**preset_config(args.config))
     steps = flags.student_steps if recipe == "kd" else 0
     # The loader's clip (host memory: meta in a fake run, CPU tensors made before the tracker in a real one).
-    item = clip_item(args, config, data="latents" if recipe == "df_sft" else "final", states=steps,
-                     host="meta" if fake else "cpu", encoder_text=args.train == "full")
+    item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens,
+                     data="latents" if recipe == "df_sft" else "final", states=steps, host="meta" if fake else "cpu",
+                     encoder_text=args.train == "full")
     if recipe == "kd":
         item["sigmas"] = torch.linspace(1.0, 0.5, steps).tolist()
     with (fake_process_group(args.world_size) if sharded and fake else contextlib.nullcontext()), \
@@ -779,7 +701,8 @@ def rehearse_nft(args, *, fake: bool = True) -> MemoryReport:
     config = argparse.Namespace(**preset_config(args.config))
     name = (f"nft LoRA rank {flags.lora_rank}, {flags.samples_per_group} samples of {args.chunks} chunks, "
             f"{flags.chunks_per_sample} chunks trained per sample")
-    item = clip_item(args, config, data="latents", host="meta" if fake else "cpu")
+    item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens,
+                     data="latents", host="meta" if fake else "cpu")
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
             method_rehearsal_hooks(rehearsal, args.config):
         env = method_env(1, False)
@@ -915,7 +838,8 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
     name = (f"dmd2 {generator_text}, real score {real_text}, fake score LoRA, {args.chunks} chunks, rollout "
             f"{flags.rollout}, both roles due, monitor step")
     config = argparse.Namespace(**preset_config(args.config))
-    item = clip_item(args, config, data="latents", host="meta" if fake else "cpu")
+    item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens,
+                     data="latents", host="meta" if fake else "cpu")
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
             method_rehearsal_hooks(rehearsal, args.config) as load_teacher, \
             patched((dmd2_models, "load_lora", load_lora)):
@@ -1006,7 +930,7 @@ def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:
     name = (f"eval rollout {'-'.join(letters)}, {args.chunks} chunks, context {args.context_mode}, blocks "
             f"{list(args.source_blocks)}, inference")
     config = argparse.Namespace(**preset_config(args.config))
-    item, image_cond = rollout_row(args, config.out_channels)
+    item, image_cond = trajectory_row(args.chunks, args.latent_grid, config.out_channels)
     heads = config.heads_num
     host = "meta" if fake else "cpu"
     with torch.device(host):  # the case file, read into host memory by the dataset
@@ -1162,6 +1086,11 @@ def _configuration(args, recipe: str) -> str:
 
 
 def estimate(args) -> list[MemoryReport]:
+    with cuts_undone(args.undo_cuts):
+        return _estimate(args)
+
+
+def _estimate(args) -> list[MemoryReport]:
     if args.recipe == "rollout":
         return [rehearse_rollout(args)]
     if args.recipe in ("df_sft", "kd"):
@@ -1175,7 +1104,9 @@ def estimate(args) -> list[MemoryReport]:
     if args.recipe == "dmd2":
         return [rehearse_dmd2(args)]
     frames = args.context_frames if args.recipe == "v4" else [0]
-    return [rehearse_offline(args, args.recipe, n_ctx) for n_ctx in frames]
+    # The undone pre-feature cut: the loop's batch stays on the device for the whole step, as the user's dict kept it.
+    host = "cpu" if "offline_prefeatures" in args.undo_cuts else None
+    return [rehearse_offline(args, args.recipe, n_ctx, host=host) for n_ctx in frames]
 
 
 @command

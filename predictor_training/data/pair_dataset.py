@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
 from predictor_training.data.samplers import BucketBatchSampler
@@ -640,4 +640,39 @@ def v4_pair_batches(
                                  seed=seed, drop_last=True)
     batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=None, num_workers=num_workers,
                                pin_memory=env.device.type == "cuda", seed=seed)
+    return dataset, batches, context_timestep
+
+
+def disca_pair_dataset(dataset_root: str | Path, *, split: str, pairs: Sequence[tuple[int, int]],
+                       source_layers: Sequence[int], include_chunk0: bool, verify: bool = False,
+                       check_tensors: bool = True) -> PairDataset:
+    """The disca recipe's pairs: no context or previous-chunk hidden (chunks 1-7, or 0-7 with `include_chunk0`)."""
+    return PairDataset(dataset_root, split=split, pairs=pairs, with_prefeatures=False, with_prev_chunk_hidden=False,
+                       source_layers=tuple(source_layers), verify=verify, include_chunk0=include_chunk0,
+                       check_tensors=check_tensors)
+
+
+def disca_pair_batches(
+    dataset_root: str | Path,
+    *,
+    split: str,
+    pairs: Sequence[tuple[int, int]],
+    source_layers: Sequence[int],
+    include_chunk0: bool,
+    batch_size: int,
+    seed: int,
+    num_workers: int,
+    verify: bool,
+    env: DistEnv,
+) -> tuple[PairDataset, ResumableBatches, float]:
+    """The disca offline recipe's data -> (pairs dataset, this rank's `ResumableBatches`, the dataset's context
+    timestep), from a plain DistributedSampler (every item has the same shapes, so no bucketing); incomplete batches
+    are dropped, so every rank sees the same number."""
+    dataset = disca_pair_dataset(dataset_root, split=split, pairs=pairs, source_layers=source_layers,
+                                 include_chunk0=include_chunk0, verify=verify)
+    context_timestep = float(config_field(read_dataset_config(dataset_root), "context_timestep", dataset_root))
+    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed,
+                                 drop_last=True)
+    batches = ResumableBatches(sampler, dataset, collate_pairs, batch_size=batch_size, drop_last=True,
+                               num_workers=num_workers, pin_memory=env.device.type == "cuda", seed=seed)
     return dataset, batches, context_timestep

@@ -6,6 +6,14 @@ loader benchmarks read.
 the builder's writer, so the manifest carries the per-tensor checksums) and returns every tensor it wrote so tests can
 compare what the readers yield. Also writes a sample table (``samples/*.jsonl`` + ``samples/poses/*.json``) for the
 trajectory-table dataset. ``damage_tensor`` and ``strip_tensor_checksums`` make a damaged file and an older manifest.
+
+The synthetic inputs of one training step, at any size (the memory rehearsal, tools/estimate_memory.py, runs them at
+real size on fake tensors; benchmarks/gpu_acceptance.py on the GPU; the tests at tiny size):
+
+- ``offline_batch``: a collated offline batch (``collate_pairs``' keys) of the v4 or disca recipe;
+- ``turning_camera_row`` / ``trajectory_row``: a sample-table row whose camera turns and steps back (so the memory
+  selection has work to do), and its image condition;
+- ``clip_item``: one clip of the generic methods' datasets (latents or KD's ODE states, cameras, text).
 """
 
 from __future__ import annotations
@@ -200,3 +208,104 @@ def strip_tensor_checksums(root: str | Path) -> None:
     manifest = Path(root) / "manifest.jsonl"
     entries = read_jsonl(manifest)
     write_jsonl_atomic(manifest, [{k: v for k, v in e.items() if k != TENSOR_CHECKSUM_FIELD} for e in entries])
+
+
+# ---- the synthetic inputs of one training step ------------------------------------------------------------------
+def offline_batch(variant: str, config, *, batch_size: int, n_ctx: int, text_tokens: int, grid: tuple[int, int],
+                  source_blocks, device="meta", generator: torch.Generator | None = None) -> dict:
+    """A collated offline batch (`collate_pairs`' keys) of `variant` ("v4" adds the context and the previous chunk's
+    hidden) for the Teacher `config`, on `device`, float tensors in their storage dtype (BF16): zeros, or standard
+    normal draws from `generator` (on `device`) in the order of the keys. n_ctx: context frames (v4)."""
+    height, width = grid
+    frames, channels, hidden = FRAMES_PER_CHUNK, config.out_channels, config.hidden_size
+    heads, head_dim = config.heads_num, config.hidden_size // config.heads_num
+    tokens = frames * height * width
+
+    def floats(*shape):
+        if generator is None:
+            return torch.zeros(*shape, dtype=torch.bfloat16)
+        return torch.randn(*shape, generator=generator, dtype=torch.float32).to(torch.bfloat16)
+
+    with torch.device(device):
+        batch = {
+            "noisy_input": floats(batch_size, 2 * channels + 1, frames, height, width),
+            "timestep": torch.full((batch_size,), 937.5),
+            "action": torch.zeros(batch_size, frames, dtype=torch.long),
+            "viewmats": torch.eye(4).repeat(batch_size, frames, 1, 1),
+            "Ks": torch.eye(3).repeat(batch_size, frames, 1, 1),
+            "anchor_hidden": floats(batch_size, tokens, hidden),
+            "target_hidden": floats(batch_size, tokens, hidden),
+            "target_velocity": floats(batch_size, channels, frames, height, width),
+            "text_k": floats(batch_size, 2, heads, text_tokens, head_dim),
+            "text_v": floats(batch_size, 2, heads, text_tokens, head_dim),
+            "text_mask": torch.ones(batch_size, text_tokens, dtype=torch.bool),
+        }
+        if variant == "v4":
+            batch.update({
+                "prev_chunk_hidden": floats(batch_size, tokens, hidden),
+                "n_ctx": n_ctx,
+                "ctx_prefeatures": {layer: floats(batch_size, n_ctx * height * width, hidden)
+                                    for layer in source_blocks},
+                "ctx_action": torch.zeros(batch_size, n_ctx, dtype=torch.long),
+                "ctx_viewmats": torch.eye(4).repeat(batch_size, n_ctx, 1, 1),
+                "ctx_Ks": torch.eye(3).repeat(batch_size, n_ctx, 1, 1),
+            })
+    return batch
+
+
+def turning_camera_row(num_latents: int, seed: int = 7, *, turn: float = 2.0, step_back: float = 0.2) -> dict:
+    """A synthetic sample-table row: a camera that turns through `turn` rad while it steps `step_back` back per
+    latent, so the memory selection has work to do; fixed intrinsics, no action.
+    Holds "seed", "viewmats" [T, 4, 4] and "Ks" [T, 3, 3] (float64), "action" [T] (long)."""
+    angles = torch.linspace(0, turn, num_latents, dtype=torch.float64)
+    viewmats = torch.eye(4, dtype=torch.float64).repeat(num_latents, 1, 1)
+    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
+    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
+    viewmats[:, 2, 3] = -step_back * torch.arange(num_latents, dtype=torch.float64)
+    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(num_latents, 1, 1)
+    return {"seed": seed, "viewmats": viewmats, "Ks": Ks, "action": torch.zeros(num_latents, dtype=torch.long)}
+
+
+def trajectory_row(chunks: int, grid: tuple[int, int], channels: int,
+                   generator: torch.Generator | None = None) -> tuple[dict, torch.Tensor]:
+    """(`turning_camera_row` of `chunks` chunks, its image condition [1, C, 1, H, W]: zeros, or standard normal
+    draws from `generator`). Real small CPU tensors: the memory selection reads the poses and the seed."""
+    height, width = grid
+    row = turning_camera_row(FRAMES_PER_CHUNK * chunks)
+    if generator is None:
+        return row, torch.zeros(1, channels, 1, height, width)
+    return row, torch.randn(1, channels, 1, height, width, generator=generator)
+
+
+BYT5_TOKENS, VISION_TOKENS = 256, 729  # ByT5 glyph positions; SigLIP 27 x 27 patches of the first frame
+
+
+def clip_item(config, *, chunks: int, grid: tuple[int, int], text_tokens: int, data: str = "latents",
+              states: int = 0, host="meta", encoder_text: bool = False) -> dict:
+    """One dataset clip of `chunks` chunks for the Teacher `config`: its latents ("latents", or KD's "final" +
+    `states` ODE states) in `host` memory (meta: the loader's, not counted by a rehearsal), conditioning, real CPU
+    cameras (`trajectory_row`: the memory selection reads them) and its text: stored text K/V of `text_tokens` tokens,
+    or (encoder_text: where the text stream trains) the encoders' outputs, `text_tokens` LLM tokens + 256 ByT5 +
+    729 SigLIP, all valid."""
+    latents, (height, width) = FRAMES_PER_CHUNK * chunks, grid
+    channels, heads = config.out_channels, config.heads_num
+    row, _ = trajectory_row(chunks, grid, channels)
+    item = {"viewmats": row["viewmats"], "Ks": row["Ks"], "action": row["action"], "seed": row["seed"]}
+    with torch.device(host):
+        item["image_cond"] = torch.zeros(1, channels, 1, height, width)
+        item[data] = torch.zeros(channels, latents, height, width, dtype=torch.bfloat16)
+        if states:
+            item["states"] = torch.zeros(states, channels, latents, height, width, dtype=torch.bfloat16)
+        if not encoder_text:
+            for name in ("text_k", "text_v"):
+                item[name] = torch.zeros(config.mm_double_blocks_depth, heads, text_tokens,
+                                         config.hidden_size // heads, dtype=torch.bfloat16)
+    if encoder_text:
+        with torch.device(host):
+            item.update({
+                "prompt_embeds": torch.zeros(1, text_tokens, config.text_states_dim, dtype=torch.bfloat16),
+                "byt5_text_states": torch.zeros(1, BYT5_TOKENS, config.byt5_states_dim, dtype=torch.bfloat16),
+                "vision_states": torch.zeros(1, VISION_TOKENS, config.vision_states_dim, dtype=torch.bfloat16)})
+        item["prompt_mask"] = torch.ones(1, text_tokens, dtype=torch.long)
+        item["byt5_text_mask"] = torch.ones(1, BYT5_TOKENS, dtype=torch.long)
+    return item

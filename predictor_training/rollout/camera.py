@@ -627,16 +627,3 @@ def _check_points_source(points: torch.Tensor | None, generator: torch.Generator
         )
     if points is not None and (points.ndim != 2 or points.shape[1] != 3):
         raise ValueError(f"points must have shape [N, 3], got {tuple(points.shape)}")
-
-
-def turning_camera_row(num_latents: int, seed: int = 7, *, turn: float = 2.0, step_back: float = 0.2) -> dict:
-    """A synthetic sample-table row for benchmarks and memory rehearsals: a camera that turns through `turn` rad
-    while it steps `step_back` back per latent, so the memory selection has work to do; fixed intrinsics, no action.
-    Holds "seed", "viewmats" [T, 4, 4] and "Ks" [T, 3, 3] (float64), "action" [T] (long)."""
-    angles = torch.linspace(0, turn, num_latents, dtype=torch.float64)
-    viewmats = torch.eye(4, dtype=torch.float64).repeat(num_latents, 1, 1)
-    viewmats[:, 0, 0], viewmats[:, 0, 2] = torch.cos(angles), torch.sin(angles)
-    viewmats[:, 2, 0], viewmats[:, 2, 2] = -torch.sin(angles), torch.cos(angles)
-    viewmats[:, 2, 3] = -step_back * torch.arange(num_latents, dtype=torch.float64)
-    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]], dtype=torch.float64).repeat(num_latents, 1, 1)
-    return {"seed": seed, "viewmats": viewmats, "Ks": Ks, "action": torch.zeros(num_latents, dtype=torch.long)}

@@ -1,6 +1,6 @@
 """Check that the CPU demo trains and evaluates exactly as the recorded baseline did (losses bit for bit).
 
-The baseline (`benchmarks/baselines/demo_world/`) holds the `train_log.jsonl` of the three demo launchers and the
+The baseline (`tools/dev/baselines/demo_world/`) holds the `train_log.jsonl` of the three demo launchers and the
 eval's `aggregate.json` on the demo world (README.md of that folder: the commit and machine it was recorded on). Run
 the demo the same way on the same kind of CPU, then compare:
 
@@ -13,7 +13,7 @@ the demo the same way on the same kind of CPU, then compare:
         --replace_steps 1,2,3 --lpips_random_backbone --threads 1 --ckpt $R/predictor_step_00096.safetensors \
         --ckpt $O/predictor_step_00240.safetensors --ckpt $D/predictor_step_00240.safetensors \
         --context_modes exact,incremental --run_name world_demo_fppp_holdout25 --num_side_by_side 4
-    python benchmarks/compare_demo_baseline.py --checkpoints checkpoints --eval eval
+    python tools/dev/compare_demo_baseline.py --checkpoints checkpoints --eval eval
 
 The baseline knows the CPU kind it was made on (`machine.json`: torch's kernel level, the ISA flags that pick float
 kernels, MKL_CBWR, the torch version - `runtime.cpu_threads.cpu_kind`), and the runs record theirs (train_config.json,

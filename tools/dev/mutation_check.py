@@ -1,9 +1,9 @@
 """Do the tests catch broken maths? Apply small named mutations to a copy of the project, run the tests that should
 catch each, and report the survivors (mutations no test noticed).
 
-    python benchmarks/mutation_check.py                 # every mutation (minutes: each runs its tests)
-    python benchmarks/mutation_check.py --only dmd2_swap_real_fake nft_negate_advantages
-    python benchmarks/mutation_check.py --list
+    python tools/dev/mutation_check.py                 # every mutation (minutes: each runs its tests)
+    python tools/dev/mutation_check.py --only dmd2_swap_real_fake nft_negate_advantages
+    python tools/dev/mutation_check.py --list
 
 Each mutation replaces one exact, unique piece of source text (a sign, a swapped pair of roles, a dropped
 `.detach()`, an off-by-one index) in a fresh copy of the tracked files, then runs its tests there with pytest
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
