@@ -38,9 +38,10 @@ as their loaded contents - a zip archive may differ in layout only -, train_conf
 caches, eval tables, videos), and train_log.jsonl record by record without its wall-clock and memory fields, each
 step exactly once. Compared without their wall-clock figures (seconds and the speedups measured from them, which
 differ between any two runs): the eval's videos/<key>.json, aggregate.json / .csv, per_video.csv, timings.csv and
-table.md, and the world build's build_report.json (each stage's seconds, summed over the launches that worked on
-it). Not compared: run.lock (PIDs), torchrun.log and the world build's <stage>.log (consoles, appended by every
-launch), train_log.discarded.jsonl (the records past a kill, by design).
+table.md, the world build's build_report.json (each stage's seconds, summed over the launches that worked on it)
+and an ODE cache's COMPLETE marker (the seconds of the launch that completed it). Not compared: run.lock (PIDs),
+torchrun.log and the world build's <stage>.log (consoles, appended by every launch), train_log.discarded.jsonl (the
+records past a kill, by design).
 
 Prints a table: command, kills (random / during a write: hit or not), outputs compared, differences. Exit code 1 on
 any difference. This is a benchmark, not a test: it takes minutes (the tiny runs are short; most of the time is
@@ -81,8 +82,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {"run.lock", "torchrun.log", "train_log.discarded.jsonl"}
 VOLATILE_SUFFIXES = (".tmp", ".log")  # a half-written file of a killed launch; a console (world build: <stage>.log)
 # Files holding wall-clock figures besides their results (the eval's reports, one videos/<key>.json per video, the
-# world build's report): compared without those figures (`wall_clock`).
-WALL_CLOCK_FILES = {"aggregate.json", "aggregate.csv", "per_video.csv", "timings.csv", "table.md", "build_report.json"}
+# world build's report, an ODE cache's COMPLETE marker): compared without those figures (`wall_clock`).
+WALL_CLOCK_FILES = {"aggregate.json", "aggregate.csv", "per_video.csv", "timings.csv", "table.md", "build_report.json",
+                    "COMPLETE"}
 LOG_SKIPPED_PREFIXES = ("time/", "memory/")
 # The world build at its smallest: 2 scenes of 77 frames (20 latents: at least the VAE's longest window, 65 frames,
 # and whole chunks of 4 latents), 4 steps of each training stage.
@@ -327,7 +329,7 @@ def same_value(a, b) -> bool:
 
 def wall_clock(name: str) -> bool:
     """A field or column of seconds, or a ratio of seconds: the eval's timings (`*_s`, `measured_*`, `speedup_*`,
-    table.md's `... s/video`, `... s/call`, `speedup ...`) and build_report.json's per-stage `seconds`."""
+    table.md's `... s/video`, `... s/call`, `speedup ...`), build_report.json's per-stage and COMPLETE's `seconds`."""
     return (name == "seconds" or name.endswith(("_s", "_s_per_call")) or name.startswith(("measured_", "speedup"))
             or " s/" in name)
 
@@ -335,7 +337,7 @@ def wall_clock(name: str) -> bool:
 def without_wall_clock(path: Path):
     """The contents of an eval or world-build report with its wall-clock fields dropped (None: not such a file)."""
     text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
+    if path.suffix == ".json" or path.name == "COMPLETE":
         def strip(value):
             if isinstance(value, dict):
                 return {key: strip(item) for key, item in value.items() if not wall_clock(key)}
