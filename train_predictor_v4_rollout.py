@@ -75,6 +75,7 @@ from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (
     environment_summary,
     plan_run,
+    recorded_init_meta,
     run_config,
     subset_tag,
     write_train_config,
@@ -368,6 +369,7 @@ def main(argv=None) -> int:
         parts = build(args, env, policy, teacher_source=teacher_source, dataset=data.dataset,
                       rollout_config=data.rollout_config, run_dir=start.run_dir,
                       resuming=start.resume_path is not None)
+        parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE_PREFIX + letters.lower())
         run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
         # 6. Config and summary.

@@ -86,8 +86,8 @@ from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import (environment_summary, format_lr, plan_run, run_config,
-                                                      write_train_config)
+from predictor_training.runtime.run_directory import (environment_summary, format_lr, plan_run,
+                                                      recorded_init_meta, run_config, write_train_config)
 from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
@@ -369,7 +369,9 @@ def main(argv=None) -> int:
         predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
         teacher_layers = teacher.num_layers
         validation = predictor_validation(  # held-out F-P-P-P (offline) or the rollout's schedule, vs F-F-F-F
-            args, teacher=teacher, predictor=predictor, teacher_folder=teacher_source.folder,
+            every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
+            ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
+            teacher_folder=teacher_source.folder,
             replace_steps=DEFAULT_REPLACE_STEPS if args.data == "offline" else args.replace_steps,
             rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=start.run_dir)
         if args.data == "offline":
@@ -378,13 +380,17 @@ def main(argv=None) -> int:
         init_meta = None
         if start.resume_path is None and args.init_from is not None:
             init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR, expect=init_expect)
+        init_meta = recorded_init_meta(start, init_meta)
 
         # 4. The roles: the DDP-wrapped Predictor every step, with the v4 recipe's optimizer and schedule; the
         #    discriminator on its cadence, built from its own random stream (the global RNG is left as the v4 recipe
         #    leaves it). Resume restores both and the data position.
         discriminator = build_discriminator(predictor.hidden_size, width=args.discriminator_width, seed=args.seed,
                                             device=env.device)
-        optimizer, lr_schedule = build_optimizer_and_schedule(predictor, args)
+        optimizer, lr_schedule = build_optimizer_and_schedule(
+            predictor, fusion_lr=args.fusion_lr, blocks_lr=args.blocks_lr, betas=(args.adam_beta1, args.adam_beta2),
+            weight_decay=args.weight_decay, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
+            block_warmup_steps=args.block_warmup_steps)
         discriminator_role = build_discriminator_role(
             discriminator, lr=args.discriminator_lr, weight_decay=args.discriminator_weight_decay,
             betas=(args.discriminator_adam_beta1, args.discriminator_adam_beta2),

@@ -89,7 +89,7 @@ from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, plan_run,
-                                                     run_config, write_train_config)
+                                                     recorded_init_meta, run_config, write_train_config)
 from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
@@ -465,6 +465,7 @@ def main(argv=None) -> int:
         student, student_model, init_meta, derived = None, None, None, {}
         if args.generator == "predictor":
             predictor, generator_role, init_meta = build_predictor_role(args, teacher, env, resuming)
+            init_meta = recorded_init_meta(start, init_meta)
             derived["predictor"] = predictor.predictor_config()
             letters = Schedule(args.replace_steps).letters()
             generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "

@@ -210,6 +210,22 @@ def test_interrupted_two_role_run_continues_to_the_uninterrupted_result(tiny_dat
     assert (full / "predictor_step_00005.safetensors").is_file()
 
 
+def test_a_continued_run_still_records_the_weights_it_started_from(tiny_dataset, tmp_path):
+    """A run from --init_from, stopped and relaunched, writes the same train_config.json as the uninterrupted run:
+    the continuing launch loads no --init_from file (the weights come from the training state) but still records
+    its metadata (benchmarks/fault_injection.py found it null after a kill, in rollout's config and checkpoints)."""
+    init, full, cut = tmp_path / "init", tmp_path / "full", tmp_path / "cut"
+    assert train_predictor_v4.main(train_args(tiny_dataset, init, steps=2)) == 0
+    flags = ("--init_from", str(init / "training_latest.pt"), "--adv_warmup_steps", "0")
+    adversarial.main(adversarial_args(tiny_dataset, full, *flags, steps=3))
+    adversarial.main(adversarial_args(tiny_dataset, cut, *flags, "--stop_at_step", "2", steps=3))
+    adversarial.main(adversarial_args(tiny_dataset, cut, *flags, steps=3))
+    recorded = json.loads((cut / "train_config.json").read_text())["derived"]
+    assert recorded["init_meta"]["source_blocks"] == [0, 1]
+    assert recorded == json.loads((full / "train_config.json").read_text())["derived"]
+    assert read_training_state(cut / "training_latest.pt")["config"]["derived"] == recorded
+
+
 def test_rollout_mode_trains_both_roles_on_the_states_the_predictor_visits(tmp_path):
     """--data rollout: one step on one trajectory (chunk 0 + one trained F-P-P-P chunk) from an offline init; both
     roles are updated and the discriminator sees the 3 Predictor steps' hiddens."""

@@ -255,6 +255,15 @@ def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=r
     return plan_run_start(args, run_dir_for(args, name), name, meta, inputs)
 
 
+def recorded_init_meta(start: RunStart, loaded: dict | None) -> dict | None:
+    """The --init_from metadata the run records (train_config.json, every checkpoint's config): `loaded`, read from
+    the file this launch loaded, on a fresh start; on a resume or continue the weights come from the training state,
+    so it is the metadata that state recorded: the run's start stays named whichever launch writes the config."""
+    if start.resume_path is None:
+        return loaded
+    return read_training_summary(start.resume_path)["config"]["derived"].get("init_meta")
+
+
 def report_run_start(start: RunStart) -> int:
     """For --print_run_dir: the run directory on stdout, what a launch would do on stderr; returns the exit code
     (0: start or continue; 3: already finished, so a launcher has nothing to start). A run alive in other processes
