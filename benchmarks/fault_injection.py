@@ -44,8 +44,9 @@ torchrun.log and the world build's <stage>.log (consoles, appended by every laun
 records past a kill, by design).
 
 Prints a table: command, kills (random / during a write: hit or not), outputs compared, differences. Exit code 1 on
-any difference. This is a benchmark, not a test: it takes minutes (the tiny runs are short; most of the time is
-Python and torch starting up, 4-6 launches per command). Measured (`--kills 3`, seed 0, 2 shared CPU cores, 21 min):
+any difference. This is a benchmark, not a test: it takes minutes per command (the tiny runs are short; most of the
+time is Python and torch starting up, 4-6 launches per command; the world build about 25 min on loaded cores).
+Measured (`--kills 3`, seed 0, 2 shared CPU cores, 21 min):
 
 | command | kills | outputs compared | differences |
 |---|---|---|---|
@@ -54,8 +55,21 @@ Python and torch starting up, 4-6 launches per command). Measured (`--kills 3`, 
 | disca | 3 random (12.3, 18.2, 28.7 s of 38); 1 during a write | 8 | 0 |
 | df_sft | 3 random (21.3, 24.3, 36.6 s of 42); 0 during a write, 1 missed | 9 | 0 |
 
+The commands added on 2026-12-06 (`--kills 2`, seed 0, 2 CPU cores shared with a leaderboard eval, two trainings and
+a test suite; benchmarks/results/2026-12-06-fault-injection.md has the commands and what was not measured):
+
+| command | kills | outputs compared | differences |
+|---|---|---|---|
+| world | 2 random (178.4, 197.3 s of 244); 1 during a write | 207 | 0 (1 before COMPLETE's seconds were left out) |
+| rollout | 2 random (at 0.73 and 0.81 of T); 1 during a write | 7 | 3, a bug now fixed (below); not re-run since |
+| kd | 2 random (at 0.28 and 0.43 of T); 1 during a write (hit or not: not recorded) | 10 | 0 |
+
 Its first run found the one difference it has seen: inference files of equal weights differed in the order of their
-header's metadata (`runtime.io.save_safetensors` now sorts it).
+header's metadata (`runtime.io.save_safetensors` now sorts it). The rollout's run found the second: a relaunch that
+continues a run from --init_from recorded `init_meta: null` in train_config.json and in every later checkpoint's
+config (the weights come from the training state, so no --init_from file was read); rollout, adversarial and dmd2
+now keep the resumed state's (`runtime.run_directory.recorded_init_meta`,
+tests/test_fvtools_adversarial.py::test_a_continued_run_still_records_the_weights_it_started_from).
 """
 
 from __future__ import annotations
