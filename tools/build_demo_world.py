@@ -90,6 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     vae.add_argument("--vae_latent_channels", type=int, default=16, help="(default %(default)s)")
     vae.add_argument("--vae_block_out_channels", type=str, default="8,16,32,32", help="(default %(default)s)")
     vae.add_argument("--vae_lr", type=float, default=1.5e-3, help="(default %(default)g)")
+    vae.add_argument("--vae_warmup_steps", type=int, default=50, help="(default %(default)s)")
     vae.add_argument("--vae_grad_accum", type=int, default=2, help="(default %(default)s)")
     vae.add_argument("--vae_long_fraction", type=float, default=0.3, help="(default %(default)g)")
     vae.add_argument("--vae_eval_every", type=int, default=0,
@@ -100,6 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     vae.add_argument("--vae_long_windows_per_item", type=int, default=None,
                      help="long windows per micro-batch (default: --vae_windows_per_item)")
     parser.add_argument("--df_sft_steps", type=int, default=5000, help="df_sft optimizer steps (default %(default)s)")
+    parser.add_argument("--df_sft_warmup_steps", type=int, default=100,
+                        help="warmup steps of the df_sft run and of each df_sft_continue round (default %(default)s)")
     parser.add_argument("--df_sft_val_every", type=int, default=1000,
                         help="df_sft: validate (the model's own 4-step rollout of held-out clips against their truth, "
                              "val/psnr_vs_truth in df_sft/train_log.jsonl) every N steps; 0 = never "
@@ -117,6 +120,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "one for every round; 0.6 trains only the levels the 4-step schedule at shift 5 visits "
                              "(1, 0.94, 0.83, 0.625) (default %(default)s)")
     parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
+    parser.add_argument("--kd_warmup_steps", type=int, default=50, help="kd warmup steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the distilled model's rollouts that kd distils (default %(default)s)")
     parser.add_argument("--reuse_weights", type=Path, default=None,
@@ -278,7 +282,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  str(out / "render" / "holdout.jsonl"), "--max_steps", str(args.vae_steps), "--seed", str(args.seed),
                  "--num_frames", str(args.num_frames), "--latent_channels", str(args.vae_latent_channels),
                  "--block_out_channels", args.vae_block_out_channels, "--lr", str(args.vae_lr),
-                 "--grad_accum", str(args.vae_grad_accum), "--long_fraction", str(args.vae_long_fraction),
+                 "--warmup_steps", str(args.vae_warmup_steps), "--grad_accum", str(args.vae_grad_accum),
+                 "--long_fraction", str(args.vae_long_fraction),
                  "--eval_every", str(args.vae_eval_every), "--ckpt_every", str(args.vae_ckpt_every),
                  "--windows_per_item", str(args.vae_windows_per_item),
                  *(["--long_windows_per_item", str(args.vae_long_windows_per_item)]
@@ -315,7 +320,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
         return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["teacher"]), "--dataset_root",
                  str(out / "video_latents"), "--train", "full",
                  "--init_weights", "scratch" if stage == "df_sft" else "teacher", "--precision", "fp32",
-                 "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]), "--warmup_steps", "100",
+                 "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]),
+                 "--warmup_steps", str(args.df_sft_warmup_steps),
                  "--sigma_sampler", "uniform", "--sigma_min", f"{run['sigma_min']:g}", "--sigma_max", "1",
                  "--chunks_per_clip", "2", "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2",
                  "--log_every", "10", "--tracker", "none", "--num_workers", "0", "--seed", str(run["seed"]),
@@ -331,7 +337,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
     if stage == "kd":
         return [[python, "fvtools/train_kd.py", "--teacher", str(distilled_model(args, out)), "--cache_root",
                  str(out / "ode_cache"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
-                 "--lr", "3e-4", "--max_steps", str(args.kd_steps), "--warmup_steps", "50", "--chunks_per_clip", "2",
+                 "--lr", "3e-4", "--max_steps", str(args.kd_steps), "--warmup_steps", str(args.kd_warmup_steps),
+                 "--chunks_per_clip", "2",
                  "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2", "--log_every", "10",
                  "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed), "--experiment", "world_kd",
                  "--output_dir", str(out / "kd"), "--no_progress"]]
