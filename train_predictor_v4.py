@@ -23,10 +23,20 @@ import sys
 from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
-from predictor_training.recipes.offline import build_offline, finish_offline_args, offline_config, offline_parser
+from predictor_training.recipes.offline import build_offline, finish_offline_args, offline_config
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv
-from predictor_training.runtime.errors import command
+from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import (
+    add_data_args,
+    add_loss_args,
+    add_optimization_args,
+    add_predictor_args,
+    add_run_args,
+    add_teacher_args,
+    add_tracker_args,
+    add_validation_args,
+)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.recipe import RecipeParts
@@ -48,7 +58,20 @@ PRESETS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return offline_parser(__doc__, experiment="predictor_v4_prefeature")
+    """The offline v4 recipe's flags: every default below is the recipe (docs/offline.md)."""
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
+    add_teacher_args(parser)
+    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, scheduler_warmup_steps=100,
+                          block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
+                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
+    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
+    add_run_args(parser, experiment="predictor_v4_prefeature", precision="fp32master", ckpt_every=100, keep_last=20,
+                 log_every=10, seed=0)
+    add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    add_validation_args(parser, val_every=0, val_videos=4)
+    return parser
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -32,7 +32,18 @@ from pathlib import Path
 import torch
 
 from predictor_training.data.pair_dataset import disca_pair_batches, v4_pair_batches
-from predictor_training.recipes.offline import finish_offline_args, offline_parser
+from predictor_training.recipes.offline import finish_offline_args
+from predictor_training.runtime.errors import CommandParser
+from predictor_training.runtime.flags import (
+    add_data_args,
+    add_loss_args,
+    add_optimization_args,
+    add_predictor_args,
+    add_run_args,
+    add_teacher_args,
+    add_tracker_args,
+    add_validation_args,
+)
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, seed_everything
 from predictor_training.runtime.logger import MetricsLogger
@@ -82,7 +93,21 @@ def training_args(bench: argparse.Namespace, dataset_root: Path, run_dir: Path) 
             "--tracker", "none", "--no_progress", "--log_every", "1"]
     if not bench.gradient_checkpointing:
         argv.append("--no-gradient_checkpointing")
-    args = finish_offline_args(offline_parser(__doc__, experiment=f"bench_offline_step_{bench.variant}"), argv, {})
+    # The offline recipe's flags at the recipe's values (train_predictor_v4.py's defaults; the learning rates and loss
+    # weights change no step's time).
+    parser = CommandParser(description=__doc__)
+    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=0)
+    add_teacher_args(parser)
+    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=total, scheduler_warmup_steps=1,
+                          block_warmup_steps=-1, batch_size=bench.batch_size, grad_accum=1, weight_decay=0.01,
+                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
+    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
+    add_run_args(parser, experiment=f"bench_offline_step_{bench.variant}", precision="fp32", ckpt_every=-1,
+                 keep_last=1, log_every=1, seed=0)
+    add_tracker_args(parser, tracker="none", project="bench")
+    add_validation_args(parser, val_every=0, val_videos=1)
+    args = finish_offline_args(parser, argv, {})
     args.variant = bench.variant
     return args
 

@@ -200,8 +200,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def recipe_args(recipe: str) -> argparse.Namespace:
     """The recipe's own flag defaults (learning rates, betas, clip, loss weights) from its parser."""
     if recipe in ("v4", "disca"):
-        from train_predictor_v4 import offline_parser
-        return offline_parser("", experiment="rehearsal").parse_args(["--dataset_root", "unused"])
+        import train_predictor_v4
+        return train_predictor_v4.build_parser().parse_args(["--dataset_root", "unused"])
     import train_predictor_v4_rollout
     parser_args = ["--dataset_root", "unused"]
     return _rollout_defaults(train_predictor_v4_rollout, parser_args)
