@@ -126,10 +126,12 @@ def label_checkpoints(checkpoints: Sequence[PredictorCheckpoint]) -> list[Predic
 
 
 def load_predictor(teacher: WorldPlayTransformer, ckpt: PredictorCheckpoint) -> Predictor:
-    """Rebuild the checkpoint's Predictor on `teacher` from its saved config and load its weights (strict)."""
+    """Rebuild the checkpoint's Predictor on `teacher` from its saved config and load its weights (strict). A
+    training state of several roles (adversarial: predictor + discriminator) gives its "predictor" role."""
     predictor = build_predictor_from_config(teacher, ckpt.predictor_config)
     load_model_weights(ckpt.path, predictor, expect={"variant": ckpt.meta["variant"],
-                                                      "source_blocks": ckpt.meta["source_blocks"]})
+                                                      "source_blocks": ckpt.meta["source_blocks"]},
+                       role="predictor" if ckpt.path.suffix == ".pt" else None)
     return predictor.eval().requires_grad_(False)
 
 
