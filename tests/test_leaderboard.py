@@ -416,3 +416,19 @@ def test_a_training_state_of_several_roles_gives_its_predictor(world, tmp_path):
     loaded = load_predictor(teacher, read_predictor_checkpoint(path))
     expected = predictor.state_dict()
     assert all(torch.equal(value, expected[key]) for key, value in loaded.state_dict().items())
+
+
+def test_the_baseline_is_a_row_or_refused_before_the_run():
+    """--baseline names a row or the command stops before evaluating anything; by default the 1-step sampler, and
+    without it (e.g. --samplers 3) the first baseline row after the reference."""
+    from predictor_training.eval.leaderboard import choose_baseline
+
+    def rows(samplers):
+        return build_rows(num_steps=4, shift=5.0, samplers=samplers, caches=[], teacache_full_steps=[], mixtures=[],
+                          predictor_plans={})
+
+    assert choose_baseline(rows([1, 2]), None) == "sampler_1step_frrr"
+    assert choose_baseline(rows([3]), None) == "sampler_3step_fffr"
+    assert choose_baseline(rows([1, 3]), "sampler_3step_frff") == "sampler_3step_frff"
+    with pytest.raises(ValueError, match="--baseline sampler_1step_frrr: not a row"):
+        choose_baseline(rows([3]), "sampler_1step_frrr")

@@ -50,6 +50,7 @@ from predictor_training.eval.leaderboard import (
     build_rows,
     calibrate_adaptive,
     front_keys,
+    choose_baseline,
     with_short_labels,
     write_front_side_by_side,
     write_leaderboard,
@@ -106,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats = parser.add_argument_group("statistics")
     stats.add_argument("--seeds", type=int, default=1, help="run every video under N noise seeds (seed j = table "
                        "seed + j * 100003); intervals resample videos, a video's seeds together (default: %(default)s)")
-    stats.add_argument("--baseline", default=DEFAULT_BASELINE, help="row key every row's paired difference is "
-                       "taken from (default: %(default)s, the 1-step sampler)")
+    stats.add_argument("--baseline", default=None, help="row key every row's paired difference is taken from "
+                       f"(default: {DEFAULT_BASELINE}, the 1-step sampler, when it is a row; else the first sampler "
+                       "or cache row)")
     stats.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: %(default)s)")
     stats.add_argument("--bootstrap_seed", type=int, default=0, help="(default: %(default)s)")
     run = parser.add_argument_group("run and outputs")
@@ -238,6 +240,7 @@ def main(argv=None) -> int:
             specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
                                caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
                                predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)
+            args.baseline = choose_baseline(specs, args.baseline)
             eval_args = argparse.Namespace(**{**vars(args), "context_modes": "exact", "run_name": None,
                                               "num_side_by_side": 0, "chunk0": "full"})
             settings = settings_from_args(eval_args, argv, env.device)

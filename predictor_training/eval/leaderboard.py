@@ -205,6 +205,19 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
     return rows
 
 
+def choose_baseline(specs: Sequence[RowSpec], requested: str | None) -> str:
+    """The row every paired difference is taken from: `requested` (an error naming the rows when it is not one), or
+    by default the 1-step sampler, else the first baseline row after the reference."""
+    keys = [spec.key for spec in specs]
+    if requested is not None:
+        if requested not in keys:
+            raise ValueError(f"--baseline {requested}: not a row of this leaderboard; its rows: {', '.join(keys)}")
+        return requested
+    if DEFAULT_BASELINE in keys:
+        return DEFAULT_BASELINE
+    return next((spec.key for spec in specs if spec.baseline and spec.key != REFERENCE), REFERENCE)
+
+
 def with_short_labels(checkpoints: list) -> list:
     """The checkpoints with their `short_labels` as label and panel."""
     return [replace(ckpt, label=label, panel=label) for ckpt, label in zip(checkpoints, short_labels(checkpoints))]
