@@ -61,8 +61,18 @@ a test suite; benchmarks/results/2026-12-06-fault-injection.md has the commands 
 | command | kills | outputs compared | differences |
 |---|---|---|---|
 | world | 2 random (178.4, 197.3 s of 244); 1 during a write | 207 | 0 (1 before COMPLETE's seconds were left out) |
-| rollout | 2 random (at 0.73 and 0.81 of T); 1 during a write | 7 | 3, a bug now fixed (below); not re-run since |
+| rollout | 2 random (at 0.73 and 0.81 of T); 1 during a write | 7 | 3, a bug now fixed (below) |
 | kd | 2 random (at 0.28 and 0.43 of T); 1 during a write (hit or not: not recorded) | 10 | 0 |
+
+After the fix (`--kills 1`, seed 0, the same loaded machine, about 15 min):
+
+| command | kills | outputs compared | differences |
+|---|---|---|---|
+| rollout | 1 random (38.5 s of 48); 1 during a write | 7 | 0 |
+| dmd2 | 1 random (33.2 s of 45); 1 during a write | 13 | 0 |
+| adversarial | 1 random (15.6 s of 36); 1 during a write | 12 | 0 |
+| nft | 1 random (15.5 s of 55); 1 during a write | 9 | 0 |
+| eval | 1 random (37.3 s of 73); 1 during a write | 13 | 0 |
 
 Its first run found the one difference it has seen: inference files of equal weights differed in the order of their
 header's metadata (`runtime.io.save_safetensors` now sorts it). The rollout's run found the second: a relaunch that
