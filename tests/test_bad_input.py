@@ -63,7 +63,7 @@ def load_tool(name: str):
     return module
 
 
-TOOLS = {name: load_tool(name) for name in ("eval_predictor", "compute_video_metrics", "estimate_memory",
+TOOLS = {name: load_tool(name) for name in ("eval_predictor", "leaderboard", "compute_video_metrics", "estimate_memory",
                                              "convert_sharded_checkpoint", "make_demo_assets", "make_sample_table")}
 MAINS = {
     "v4": train_predictor_v4.main, "disca": train_predictor_disca.main, "rollout": train_predictor_v4_rollout.main,
@@ -510,6 +510,9 @@ TOOL_CASES = {
     "eval_ckpt_wrong_kind": ("eval_predictor", lambda w: evaluate(w, ckpt=w["bad"] / "notes.txt"),
                              lambda w: "notes.txt"),
     "eval_split_unknown": ("eval_predictor", lambda w: evaluate(w, "--split", "nope"), lambda w: "--split"),
+    "leaderboard_baseline_not_a_row": ("leaderboard", lambda w: evaluate(w, "--samplers", "3", "--caches", "",
+                                                                         "--baseline", "sampler_1step_frrr"),
+                                       lambda w: "--baseline"),
     "eval_replace_steps_out_of_range": ("eval_predictor", lambda w: evaluate(w, "--replace_steps", "0,1"),
                                         lambda w: "outside 1..3"),
     "metrics_out_holds_earlier_results": ("compute_video_metrics",
