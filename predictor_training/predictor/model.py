@@ -114,7 +114,7 @@ class FrozenTeacherParts:
         """timestep [B, T] (0..1000), action [B, T] (labels 0..80) -> vec = time_in(t) + action_in(a), [B, T, D]."""
         batch, frames = action.shape
         vec = self.time_in(timestep.reshape(-1)) + self.action_in(action.reshape(-1))
-        return vec.view(batch, frames, -1)
+        return vec.unflatten(0, (batch, frames))  # not view(batch, frames, -1): frames may be 0 (no context)
 
     def rope_table(self, num_frames: int, height: int, width: int, start: int) -> RopeTable:
         """cos/sin [T*H*W, head_dim] float32 for temporal positions start..start+T-1."""
