@@ -132,8 +132,8 @@ def test_fake_run_matches_the_real_cpu_run():
     """The v4 pair step of the tiny Teacher, once on fake tensors and once on real CPU tensors (same tracker): the
     peaks agree except the real CPU mse_loss kernel's larger result storage (a fake / GPU result is one element)."""
     args = _tiny_args("v4", "--context_frames", "4", "--world_size", "1")
-    fake = estimate_memory.rehearse_offline(args, "v4", 4, host="cpu")
-    real = estimate_memory.rehearse_offline(args, "v4", 4, fake=False)
+    fake = estimate_memory.rehearse(args, "v4", n_ctx=4, host="cpu")
+    real = estimate_memory.rehearse(args, "v4", n_ctx=4, fake=False)
     assert fake.peak > 0
     assert abs(real.peak - fake.peak) <= 2 * 128 * 1024, (real.peak, fake.peak)
     assert fake.peak_phase == real.peak_phase

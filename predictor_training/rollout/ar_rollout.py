@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from predictor_training.rollout.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.runtime.memory_rehearsal import real_values
 from predictor_training.teacher.frame_kv_cache import FrameKVCache, check_context_mode
 from predictor_training.runtime.precision import autocast
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
@@ -62,6 +63,13 @@ def make_initial_noise(
     generator = torch.Generator("cpu").manual_seed(seed)
     noise = torch.randn(tuple(shape), generator=generator, dtype=torch.float32)
     return noise.to(device=device, dtype=dtype)
+
+
+def host_retrieval_points(seed: int) -> Tensor:
+    """`make_retrieval_points(seed)` on real host values (a memory rehearsal's fake mode set aside: the points decide
+    which frames the memory selection keeps, hence the context length)."""
+    with real_values():
+        return make_retrieval_points(seed)
 
 
 def build_cond_latents(image_cond: Tensor, num_latents: int) -> Tensor:
@@ -199,7 +207,7 @@ class RolloutInputs:
             viewmats=viewmats,
             Ks=Ks,
             action=action,
-            memory_points=make_retrieval_points(int(seed)),
+            memory_points=host_retrieval_points(int(seed)),
         )
 
     @classmethod
@@ -208,7 +216,7 @@ class RolloutInputs:
         [T, 4, 4], Ks [T, 3, 3], action [T]) with the caller's running latents `noise` [1, C, T, H, W] (noise to
         sample from, or a known history) and the memory-retrieval points of `memory_seed`."""
         return cls(noise=noise, image_cond=item["image_cond"].float(), viewmats=item["viewmats"].double(),
-                   Ks=item["Ks"].double(), action=item["action"], memory_points=make_retrieval_points(int(memory_seed)))
+                   Ks=item["Ks"].double(), action=item["action"], memory_points=host_retrieval_points(int(memory_seed)))
 
 
 # ---- what one step / one chunk produces ------------------------------------------------------------------------
@@ -460,15 +468,16 @@ class ARRollout:
         start = chunk_index * self.config.chunk_latents
         if start == 0:
             return []
-        selected = select_aligned_memory_frames(
-            self.w2c,
-            start,
-            memory_frames=self.config.memory_frames,
-            temporal_context_size=self.config.temporal_context_size,
-            pred_latent_size=self.config.chunk_latents,
-            points=self.inputs.memory_points,
-            generator=self.inputs.memory_generator,
-        )
+        with real_values():  # host work on the poses; under a memory rehearsal too, as its result sizes the context
+            selected = select_aligned_memory_frames(
+                self.w2c,
+                start,
+                memory_frames=self.config.memory_frames,
+                temporal_context_size=self.config.temporal_context_size,
+                pred_latent_size=self.config.chunk_latents,
+                points=self.inputs.memory_points,
+                generator=self.inputs.memory_generator,
+            )
         own = set(range(start, start + self.config.chunk_latents))
         return sorted(int(index) for index in selected if int(index) not in own)
 

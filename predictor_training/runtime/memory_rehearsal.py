@@ -652,3 +652,90 @@ def default_dtype(dtype: torch.dtype):
 
 def relative_error(estimate: float, measured: float) -> float:
     return (estimate - measured) / measured if measured else math.inf
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Reading a rehearsal: where the peak was, what was alive there, the largest batch that fits
+# ---------------------------------------------------------------------------------------------------------------
+class PeakSegments:
+    """Names the part of a step in which the tracker's global peak was reached. `mark(name)` starts a part (a
+    recipe's step calls it through its `mark` seam); a rise of the peak seen at the next mark belongs to the part
+    that was current, so a backward run after a marked call counts to that call's part unless a mark renames it."""
+
+    def __init__(self, tracker: MemoryTracker):
+        self.tracker = tracker
+        self.current = "setup"
+        self.seen = tracker.peak
+        self.at_peak = "setup"
+
+    def mark(self, name: str) -> None:
+        if self.tracker.peak > self.seen:
+            self.at_peak, self.seen = self.current, self.tracker.peak
+        self.current = name
+
+
+def peak_groups(tracker: MemoryTracker, top: int = 8) -> list[str]:
+    """The storages alive at the peak grouped by (op, shape, dtype, phase, category), largest totals first: many
+    same-shaped tensors (a context K/V per layer) that no single one of the 10 largest shows."""
+    groups: dict[tuple, list[int]] = {}
+    for record in tracker.peak_records():
+        key = (record.op, record.shape, str(record.dtype).removeprefix("torch."), record.phase, record.category)
+        entry = groups.setdefault(key, [0, 0])
+        entry[0] += 1
+        entry[1] += record.nbytes
+    ranked = sorted(groups.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    return [f"{count} x {list(shape)} {dtype} {op} ({phase}, {category}): {total / GIB:.2f} GiB"
+            for (op, shape, dtype, phase, category), (count, total) in ranked]
+
+
+_MODULE_TO = nn.Module.to
+
+
+def module_to_unless_unchanged(self, *args, **kwargs):
+    """For `patched((nn.Module, "to", ...))` inside a rehearsal: Module.to() swaps every fake parameter, which fake
+    tensors refuse; a move that changes nothing (PEFT moves each wrapped linear to its own device, the recipes move a
+    model built on its device there) is skipped, anything else still goes to Module.to."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    tensors = list(self.parameters()) + list(self.buffers())
+    if all((device is None or tensor.device == torch.device(device))
+           and (dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype) for tensor in tensors):
+        return self
+    return _MODULE_TO(self, *args, **kwargs)
+
+
+def card_gib(gigabytes: float) -> float:
+    return gigabytes * 1e9 / GIB
+
+
+def needed_gib(report: MemoryReport) -> float:
+    """What a card must hold: the peak as the allocator counts it, the stated allocator margin, the CUDA context."""
+    return report.with_margin_gib() + CUDA_CONTEXT_GIB
+
+
+def largest_batches(run, cards_gb=(80, 141)) -> dict[float, tuple[int, MemoryReport]]:
+    """{card GB: (the largest per-GPU batch whose need fits, its rehearsal)} for `run(batch) -> MemoryReport`: a line
+    through the step's peaks at batches 4 and 8 (affine in the batch), then rehearsals around each predicted batch
+    until batch fits and batch + 1 does not."""
+    def step_need(report: MemoryReport) -> float:  # the step's own peak (not the Teacher load before it)
+        step = max(value for phase, value in report.phase_peaks.items() if phase != "setup")
+        return needed_gib(report) * step / max(report.peak, 1)
+
+    low, high = run(4), run(8)
+    per_item = (step_need(high) - step_need(low)) / 4
+    if per_item <= 0:
+        raise RuntimeError(f"the step's peak does not grow with the batch ({step_need(low):.2f} GiB at 4 and "
+                           f"{step_need(high):.2f} GiB at 8); cannot extrapolate")
+    found = {}
+    for card in cards_gb:
+        batch = max(1, int((card_gib(card) - step_need(low)) / per_item) + 4)
+        report = run(batch)
+        while batch > 1 and needed_gib(report) > card_gib(card):
+            batch -= 1
+            report = run(batch)
+        while needed_gib(report) <= card_gib(card):  # the line may have been low: try one more
+            bigger = run(batch + 1)
+            if needed_gib(bigger) > card_gib(card):
+                break
+            batch, report = batch + 1, bigger
+        found[card] = (batch, report)
+    return found

@@ -312,3 +312,49 @@ def flop_speedup_bound(reference_flops: int, schedule_flops: int) -> float:
     if schedule_flops <= 0:
         raise ValueError(f"schedule FLOPs must be positive, got {schedule_flops}")
     return reference_flops / schedule_flops
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. One training micro-batch of a Predictor recipe (tools/estimate_memory.py's time figures)
+# ---------------------------------------------------------------------------------------------------------------
+# Context frames of chunks 1..7 (memory of 20 frames reached at chunk 5): the v4 offline buckets' mix.
+OFFLINE_CONTEXT_MIX = (4, 8, 12, 16, 20, 20, 20)
+PEAK_BF16_TFLOPS = 989.0  # dense BF16 peak of an H100 SXM / H200 (the same tensor cores), TFLOP/s
+
+
+def predictor_training_step_flops(shape: TeacherShape, predictor_config: Mapping, tokens_per_frame: int,
+                                  text_tokens: int, context_frames: int) -> int:
+    """Forward + backward (2x forward) + the gradient-checkpoint recompute of the two blocks, of one Predictor step."""
+    forward = predictor_step_flops(shape, predictor_config, tokens_per_frame, text_tokens, context_frames)
+    queries = 4 * tokens_per_frame
+    keys = text_tokens + (context_frames * tokens_per_frame if predictor_config["variant"] == "v4" else 0) + queries
+    return 3 * forward + 2 * image_block_flops(shape, 4, queries, keys)
+
+
+def recipe_micro_batch_flops(shape: TeacherShape, recipe: str, *, tokens_per_frame: int, text_tokens: int,
+                             batch_size: int = 1, context_frames: int | None = None, chunks: int = 8,
+                             replace_steps: Sequence[int] = (1, 2, 3), context_mode: str = "exact") -> int:
+    """DiT FLOPs of one micro-batch of a Predictor recipe (matmuls only).
+
+    v4 / disca (offline): batch x (context K/V projection of the 2 source layers + the Predictor step's training);
+    v4 with context_frames None: the mean over OFFLINE_CONTEXT_MIX. rollout: one trajectory of `chunks` chunks -
+    chunk 0 F-F-F-F, then per chunk the context prefill, the Full steps, the Teacher targets of the Predictor steps
+    (forward only) and the Predictor steps' training."""
+    v4 = {"variant": "v4", "hidden_size": shape.hidden_size, "fusion_streams": ["image", "anchor", "prev_chunk"]}
+    if recipe in ("v4", "disca"):
+        config = v4 if recipe == "v4" else {**v4, "variant": "disca", "fusion_streams": ["image", "anchor"]}
+        mix = [0] if recipe == "disca" else (OFFLINE_CONTEXT_MIX if context_frames is None else [context_frames])
+        per_item = [(0 if recipe == "disca" else 2 * image_block_flops(
+            shape, frames, frames * tokens_per_frame, frames * tokens_per_frame, kv_only=True))
+            + predictor_training_step_flops(shape, config, tokens_per_frame, text_tokens, frames) for frames in mix]
+        return int(batch_size * sum(per_item) / len(per_item))
+    context = [0] + [min(4 * chunk, 20) for chunk in range(1, chunks)]
+    teacher = rollout_flops(shape, tokens_per_frame, text_tokens, context, lambda chunk, step: "full",
+                            context_mode=context_mode)["total"]
+    return int(teacher + sum(len(replace_steps) * predictor_training_step_flops(
+        shape, v4, tokens_per_frame, text_tokens, frames) for frames in context[1:]))
+
+
+def seconds_at(flop_count: int, utilisation: float) -> float:
+    """Seconds of `flop_count` FLOPs at `utilisation` of PEAK_BF16_TFLOPS."""
+    return flop_count / (utilisation * PEAK_BF16_TFLOPS * 1e12)

@@ -15,6 +15,7 @@ import torch
 
 from predictor_training.runtime.errors import MissingFileError, UserInputError
 from predictor_training.runtime.io import read_json_file, sha256_json
+from predictor_training.runtime.memory_rehearsal import default_dtype
 from predictor_training.teacher.model import WorldPlayTransformer
 
 
@@ -69,6 +70,19 @@ def load_teacher(source: TeacherSource, device: torch.device | str, dtype: torch
                 f"{source.expected_config_sha256[:12]}... was recorded for it; use the same Teacher"
             )
     return teacher.to(device=device).eval().requires_grad_(False)
+
+
+def preset_teacher_loader(preset: str, on_load=None):
+    """A `load_teacher` (the recipes' seam) that builds the Teacher of config `preset` instead of reading a folder -
+    no weights, e.g. on a memory rehearsal's fake tensors - as load_teacher leaves it: eval, frozen, in the requested
+    dtype. `on_load(teacher)` is called on each (the rehearsal labels its parameters)."""
+    def load(source: TeacherSource, device: torch.device | str, dtype: torch.dtype) -> WorldPlayTransformer:
+        with default_dtype(dtype):
+            teacher = WorldPlayTransformer.from_preset(preset).eval().requires_grad_(False)
+        if on_load is not None:
+            on_load(teacher)
+        return teacher
+    return load
 
 
 def describe_teacher(source: TeacherSource, teacher: WorldPlayTransformer) -> str:
