@@ -675,3 +675,22 @@ def write_front_side_by_side(out_dir: Path, settings, keys: Sequence[str], specs
         written.append("front/" + write_side_by_side(Path(out_dir) / "front", name, frames, methods, settings.fps,
                                                      settings.side_by_side_scale))
     return written
+
+
+def leaderboard_command(run_dir: Path, *, dataset_root: Path, sample_tables: Sequence[str], splits: Sequence[str],
+                        world_size: int) -> str:
+    """The command that puts a finished Predictor run on the leaderboard (its closing line): its training state at
+    its trained plan, against the samplers and caches, on the first held-out split of its dataset (holdout25 when it
+    has one). Demo data (the sample tables beside a demo_config.json) gets the demo form; a real dataset the real
+    form, with $VAE / $ALEXNET left for the user (docs/walkthrough.md § Paths)."""
+    held_out = [split for split in splits if split != "train"]
+    split = "holdout25" if "holdout25" in held_out else (held_out[0] if held_out else "holdout25")
+    samples = Path(sample_tables[0]).parent if sample_tables else None
+    if samples is not None and (samples.parent / "demo_config.json").is_file():
+        inputs = f"--demo {samples.parent} --lpips_random_backbone"
+    else:
+        inputs = (f"--samples_dir {samples or '$SAMPLES'} --dataset_root {dataset_root} --vae $VAE "
+                  "--lpips_alexnet $ALEXNET")
+    launcher = f"torchrun --nproc_per_node {world_size}" if world_size > 1 else "python"
+    return (f"{launcher} tools/leaderboard.py {inputs} --split {split} --ckpt {Path(run_dir) / 'training_latest.pt'} "
+            "--predictor_plans trained")
