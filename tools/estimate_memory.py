@@ -531,6 +531,11 @@ def _to_unless_unchanged(self, *args, **kwargs):
     return _MODULE_TO(self, *args, **kwargs)
 
 
+def last_chunks(num_chunks, count, rank_generator, shared_generator):
+    """The recipes' `draw_chunks` in a rehearsal: the clip's last chunks (the most context: the worst draw)."""
+    return list(range(max(0, num_chunks - count), num_chunks))
+
+
 @contextlib.contextmanager
 def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
     """What a method rehearsal replaces around the recipe's own code, and nothing else:
@@ -558,9 +563,6 @@ def method_rehearsal_hooks(rehearsal: Rehearsal, config: str):
     def make_retrieval_points(seed, *rest, **kwargs):
         with real_values():
             return camera.make_retrieval_points(seed, *rest, **kwargs)
-
-    def last_chunks(num_chunks, count, rank_generator, shared_generator):
-        return list(range(max(0, num_chunks - count), num_chunks))
 
     def keep_adapter_where_made(self, adapter_name, device=None):
         pass  # PEFT's move to the base layer's device: the adapter is made on it here (fake CPU), FP32 as it ends
@@ -597,9 +599,10 @@ def rehearse_teacher_forced(args, recipe: str, *, fake: bool = True) -> MemoryRe
     on one clip, then the loop's clip + AdamW."""
     import importlib
 
-    from predictor_training.methods.method_model import build_method_model
+    from predictor_training.methods.method_model import MethodSettings, build_method_model
     from predictor_training.rollout.ar_rollout import RolloutConfig
     from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.runtime.flags import settings_from_flags
     from predictor_training.runtime.precision import precision_policy
     from predictor_training.teacher.config import preset_config
     from predictor_training.teacher.source import TeacherSource
@@ -618,11 +621,12 @@ def rehearse_teacher_forced(args, recipe: str, *, fake: bool = True) -> MemoryRe
     with (fake_process_group(args.world_size) if sharded and fake else contextlib.nullcontext()), \
             Rehearsal(_method_name(recipe, args, what), cuda_autocast=not args.no_cuda_autocast,
                       fake=fake) as rehearsal, fsdp_storage_accounting(rehearsal.tracker), \
-            method_rehearsal_hooks(rehearsal, args.config):
+            method_rehearsal_hooks(rehearsal, args.config) as load_teacher:
         env = method_env(args.world_size, sharded and fake)
         policy = precision_policy("fp32master", env.device)
         source = TeacherSource(Path("unused"), None, "--teacher", None)
-        method_model = build_method_model(source, flags, env, policy, role_name=module.ROLE)
+        method_model = build_method_model(source, settings_from_flags(MethodSettings, flags), env, policy,
+                                          role_name=module.ROLE, load_teacher=load_teacher)
         role = method_model.role
         rehearsal.tracker.label(role.parameters, "parameters")  # the adapter, or FSDP2's shards
         use_foreach(role.optimizer)
@@ -630,9 +634,11 @@ def rehearse_teacher_forced(args, recipe: str, *, fake: bool = True) -> MemoryRe
         rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
         run_state = RunState()
         if recipe == "df_sft":
-            step_fn = module.DiffusionForcingStep(method_model, rollout_config, flags, env, run_state)
+            step_fn = module.DiffusionForcingStep(method_model, rollout_config, flags, env, run_state,
+                                                  draw_chunks=last_chunks)
         else:
-            step_fn = module.CausalKDStep(method_model, rollout_config, list(range(steps)), flags, env, run_state)
+            step_fn = module.CausalKDStep(method_model, rollout_config, list(range(steps)), flags, env, run_state,
+                                          draw_chunks=last_chunks)
         for step in range(1, args.optimizer_steps + 1):
             role.zero_grad()
             with rehearsal.phase("forward"):
@@ -685,10 +691,11 @@ def rehearse_nft(args, *, fake: bool = True) -> MemoryReport:
     replaced by `ExcludedRewards`: the VAE's weights and decodes are not in the figure."""
     import importlib
 
-    from predictor_training.methods.method_model import build_method_model
+    from predictor_training.methods.method_model import MethodSettings, build_method_model
     from predictor_training.methods.nft import OldPolicy, PolicyModels
     from predictor_training.methods.rewards import parse_reward_weights
     from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.runtime.flags import settings_from_flags
     from predictor_training.runtime.precision import precision_policy
     from predictor_training.teacher.config import preset_config
     from predictor_training.teacher.source import TeacherSource
@@ -704,11 +711,12 @@ def rehearse_nft(args, *, fake: bool = True) -> MemoryReport:
     item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens,
                      data="latents", host="meta" if fake else "cpu")
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
-            method_rehearsal_hooks(rehearsal, args.config):
+            method_rehearsal_hooks(rehearsal, args.config) as load_teacher:
         env = method_env(1, False)
         policy = precision_policy(flags.precision, env.device)
         source = TeacherSource(Path("unused"), None, "--teacher", None)
-        method_model = build_method_model(source, flags, env, policy, role_name=module.ROLE)
+        method_model = build_method_model(source, settings_from_flags(MethodSettings, flags), env, policy,
+                                          role_name=module.ROLE, load_teacher=load_teacher)
         models = PolicyModels(method_model)
         role = method_model.role
         role.ema = OldPolicy(models.old_module, flags.old_decay_schedule, flags.old_decay)
@@ -718,7 +726,8 @@ def rehearse_nft(args, *, fake: bool = True) -> MemoryReport:
         rehearsal.watch_gradients(role.parameters)
         rewards = ExcludedRewards(parse_reward_weights(flags.rewards))
         run_state = RunState()
-        step_fn = module.NftStep(models, rewards, flags, env, run_state, policy.autocast_dtype)
+        step_fn = module.NftStep(models, rewards, flags, env, run_state, policy.autocast_dtype,
+                                 draw_chunks=last_chunks)
         for step in range(1, args.optimizer_steps + 1):
             role.zero_grad()
             with rehearsal.phase("forward"):
@@ -809,7 +818,9 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
     import importlib
 
     from predictor_training.methods import chunk_generators, dmd2_models, score_models
+    from predictor_training.methods.method_model import MethodSettings
     from predictor_training.rollout.ar_rollout import RolloutConfig
+    from predictor_training.runtime.flags import settings_from_flags
     from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
     from predictor_training.runtime.checkpoint import RunState
     from predictor_training.runtime.precision import precision_policy
@@ -823,7 +834,9 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
         recipe_argv += ["--allow_raw_teacher_score", "--score_sigma_min", str(DISTILLED_SIGMA_FLOOR)]
     flags = method_flags(module, recipe_argv)
     if args.real_score == dmd2_models.RAW_TEACHER:
-        flags.real_score_kind, flags.real_score_path = dmd2_models.resolve_real_score_flags(flags)
+        flags.real_score_kind, flags.real_score_path = dmd2_models.resolve_real_score_flags(
+            flags.real_score, allow_raw_teacher_score=flags.allow_raw_teacher_score,
+            score_sigma_min=flags.score_sigma_min, fake_score_train=flags.fake_score_train)
     else:  # resolve_real_score reads the file or folder; its kind is the flag here
         flags.real_score_kind, flags.real_score_path = args.real_score, Path("unused")
     load_lora, real_rank = dmd2_real_score_lora(args)
@@ -841,8 +854,7 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
     item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens,
                      data="latents", host="meta" if fake else "cpu")
     with Rehearsal(name, cuda_autocast=not args.no_cuda_autocast, fake=fake) as rehearsal, \
-            method_rehearsal_hooks(rehearsal, args.config) as load_teacher, \
-            patched((dmd2_models, "load_lora", load_lora)):
+            method_rehearsal_hooks(rehearsal, args.config) as load_teacher:
         env = method_env(1, False)
         policy = precision_policy(flags.precision, env.device)
         rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
@@ -850,11 +862,17 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
                                policy.frozen_dtype)
         student, buckets, models = None, None, [teacher]
         if flags.generator == "predictor":
-            predictor, generator_role, _ = dmd2_models.build_predictor_role(flags, teacher, env, resuming=True)
+            predictor, generator_role, _ = dmd2_models.build_predictor_role(
+                settings_from_flags(dmd2_models.PredictorGeneratorSettings, flags), teacher, env, resuming=True)
             models.append(predictor)
         else:
-            student, generator_role, _ = dmd2_models.build_student(flags, teacher, env, policy)
-        real, fake_score, fake_role = dmd2_models.build_scores(flags, teacher, env, policy)
+            student, generator_role, _ = dmd2_models.build_student(
+                settings_from_flags(MethodSettings, flags), teacher, env, policy, teacher_folder=flags.teacher,
+                generator_every=flags.generator_every, ema_decay=flags.ema_decay,
+                ema_start_step=flags.ema_start_step, load_teacher=load_teacher)
+        real, fake_score, fake_role = dmd2_models.build_scores(
+            settings_from_flags(dmd2_models.ScoreSettings, flags), teacher, env, policy, load_teacher=load_teacher,
+            load_lora=load_lora)
         roles = [generator_role, fake_role]
         rehearsal.label_parameters(models + [real.model])
         for role in roles:
@@ -868,7 +886,8 @@ def rehearse_dmd2(args, *, fake: bool = True) -> MemoryReport:
         run_state = RunState(global_step=flags.monitor_every - 1)  # the step whose end runs the monitor rollout
         step_fn = module.DistributionMatchingStep(args=flags, env=env, run_state=run_state,
                                                   rollout_config=rollout_config, teacher=teacher, real=real,
-                                                  fake=fake_score, generator_role=generator_role, student=student)
+                                                  fake=fake_score, generator_role=generator_role, student=student,
+                                                  draw_chunks=last_chunks)
         segments = PeakSegments(rehearsal.tracker)
         generator_class = (chunk_generators.CompositeRollout if flags.generator == "predictor" else
                            chunk_generators.StudentRollout)
