@@ -23,7 +23,7 @@ import sys
 from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
-from predictor_training.recipes.offline import build_offline, finish_offline_args, offline_config
+from predictor_training.recipes.offline import OfflineSettings, build_offline, finish_offline_args, offline_config
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.errors import CommandParser, command
@@ -36,6 +36,7 @@ from predictor_training.runtime.flags import (
     add_teacher_args,
     add_tracker_args,
     add_validation_args,
+    settings_from_flags,
 )
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
@@ -101,8 +102,9 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, te
           context_timestep: float, run_dir=None, load_teacher=load_teacher) -> RecipeParts:
     """Steps 3-5: the offline recipe's Teacher -> v4 Predictor -> AdamW -> role -> pair step
     (`recipes/offline.py build_offline`, shared with disca). Seams: `load_teacher`."""
-    return build_offline(args, env, policy, variant=VARIANT, teacher_source=teacher_source,
-                         context_timestep=context_timestep, run_dir=run_dir, load_teacher=load_teacher)
+    return build_offline(settings_from_flags(OfflineSettings, args), env, policy, variant=VARIANT,
+                         teacher_source=teacher_source, context_timestep=context_timestep, run_dir=run_dir,
+                         load_teacher=load_teacher)
 
 
 @command

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -84,11 +85,12 @@ from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_da
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.optim import build_optimizer_and_schedule
-from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import (environment_summary, format_lr, plan_run,
+from predictor_training.runtime.run_directory import (RunStart, environment_summary, format_lr, plan_run,
                                                       recorded_init_meta, run_config, write_train_config)
-from predictor_training.teacher.source import check_source_blocks, describe_teacher, load_teacher
+from predictor_training.teacher.source import TeacherSource, check_source_blocks, describe_teacher, load_teacher
 
 VARIANT = "v4"
 DATA_MODES = ("offline", "rollout")
@@ -317,6 +319,135 @@ class AdversarialRolloutStep:
         return metrics
 
 
+@dataclass
+class AdversarialData:
+    """Step 2's data: the items (pairs or trajectories) and this rank's batches; --data offline: the dataset's context
+    timestep; --data rollout: the dataset's AR loop. `text` and `per_rank` describe it for the summary."""
+
+    dataset: object
+    batches: object
+    context_timestep: float | None
+    rollout_config: RolloutConfig | None
+    text: str
+    per_rank: str
+
+
+def build_data(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy) -> AdversarialData:
+    """Step 2: the v4 offline batches (`pair_dataset.v4_pair_batches`, as train_predictor_v4.py), or one whole
+    trajectory per rank per micro-batch (`trajectory_dataset.trajectory_batches`, as the rollout recipe)."""
+    if args.data == "offline":
+        dataset, batches, context_timestep = v4_pair_batches(
+            args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+            batch_size=args.batch_size, seed=args.seed, num_workers=args.num_workers, verify=args.verify_dataset,
+            env=env)
+        text = (f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
+                f"{len(dataset)} pairs ({format_pairs(args.pairs)}); {batches.batches_per_epoch()} "
+                "micro-batches per rank per epoch")
+        return AdversarialData(dataset, batches, context_timestep, None, text, f"{args.batch_size} pairs")
+    data = trajectory_batches(args.dataset_root, args.split, env, sample_table=args.sample_table, seed=args.seed,
+                              num_workers=args.num_workers, verify=args.verify_dataset,
+                              state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
+    text = (f"{data.sample_table}: {len(data.dataset)} trajectories, chunks 1.. "
+            f"{'-'.join(Schedule(args.replace_steps).letters())}; {data.batches.batches_per_epoch()} per rank per "
+            "epoch")
+    return AdversarialData(data.dataset, data.batches, None, data.rollout_config, text, "1 trajectory")
+
+
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, teacher_source: TeacherSource,
+          context_timestep: float | None = None, dataset: TrajectoryTableDataset | None = None,
+          rollout_config: RolloutConfig | None = None, resuming: bool = False, run_dir: Path | None = None,
+          load_teacher=load_teacher) -> RecipeParts:
+    """Steps 3-4: the Teacher -> v4 Predictor, built as train_predictor_v4.py builds it (same seeding), then
+    --init_from (unless a training state is resumed: `resuming`); the validation; the roles: the DDP-wrapped
+    Predictor every step with the v4 recipe's AdamW and schedule, the discriminator on its cadence from its own random
+    stream (the global RNG is left as the v4 recipe leaves it); the `Adversary` and the step of the data mode. The
+    offline mode drops the Teacher (the Predictor shares the frozen modules it runs; `context_timestep` from main's
+    data step); the rollout keeps it for the online labels (its `dataset` and `rollout_config`). Seams:
+    `load_teacher`."""
+    # 3. Teacher -> Predictor, the validation, --init_from.
+    teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
+    log0(describe_teacher(teacher_source, teacher))
+    torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
+    predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
+    teacher_layers = teacher.num_layers
+    validation = predictor_validation(  # held-out F-P-P-P (offline) or the rollout's schedule, vs F-F-F-F
+        every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
+        ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
+        teacher_folder=teacher_source.folder,
+        replace_steps=DEFAULT_REPLACE_STEPS if args.data == "offline" else args.replace_steps,
+        rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=run_dir)
+    if args.data == "offline":
+        del teacher
+    seed_everything(args.seed, rank=env.rank)
+    init_meta = None
+    if not resuming and args.init_from is not None:
+        init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR,
+                                       expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+    # 4. The roles, the adversary and the step.
+    discriminator = build_discriminator(predictor.hidden_size, width=args.discriminator_width, seed=args.seed,
+                                        device=env.device)
+    optimizer, lr_schedule = build_optimizer_and_schedule(
+        predictor, fusion_lr=args.fusion_lr, blocks_lr=args.blocks_lr, betas=(args.adam_beta1, args.adam_beta2),
+        weight_decay=args.weight_decay, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
+        block_warmup_steps=args.block_warmup_steps)
+    discriminator_role = build_discriminator_role(
+        discriminator, lr=args.discriminator_lr, weight_decay=args.discriminator_weight_decay,
+        betas=(args.discriminator_adam_beta1, args.discriminator_adam_beta2),
+        grad_clip=args.discriminator_grad_clip, every=args.discriminator_every, max_steps=args.max_steps)
+    model = wrap_ddp(predictor, env)
+    predictor_role = Role(PREDICTOR, predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
+    adversary = Adversary(predictor_role, discriminator_role, adv_weight=args.adv_weight,
+                          adv_warmup_steps=args.adv_warmup_steps, r1_weight=args.r1_weight, r1_every=args.r1_every)
+    if args.data == "offline":
+        step_fn = AdversarialPairStep(model=model, predictor=predictor, policy=policy,
+                                      context_timestep=context_timestep, adversary=adversary,
+                                      velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight)
+        models = [predictor, discriminator]
+    else:
+        settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
+                                       predictor_autocast_dtype=policy.autocast_dtype,
+                                       replace_steps=tuple(args.replace_steps))
+        step_fn = AdversarialRolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
+                                         settings=settings, adversary=adversary, source_blocks=args.source_blocks,
+                                         env=env)
+        models = [teacher, predictor, discriminator]
+    discriminator_config = {"hidden_size": predictor.hidden_size, "width": args.discriminator_width,
+                            "parameters": sum(p.numel() for p in discriminator.parameters())}
+    return RecipeParts(roles=[predictor_role, discriminator_role], step_fn=step_fn, models=models,
+                       validation=validation,
+                       derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),
+                                "teacher_double_blocks": teacher_layers, "discriminator": discriminator_config})
+
+
+def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
+              data: AdversarialData, parts: RecipeParts) -> dict:
+    """Step 5: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    global_batch_items = (args.batch_size if args.data == "offline" else 1) * env.world_size * args.grad_accum
+    config = run_config(
+        args, run_name=start.run_name, variant=VARIANT, recipe=f"adversarial_{args.data}",
+        world_size=env.world_size, device=str(env.device), backend=env.backend, global_batch=global_batch_items,
+        num_items=len(data.dataset), micro_batches_per_epoch=data.batches.batches_per_epoch(), **parts.derived,
+        environment=environment_summary(),
+    )
+    if env.is_main:
+        write_train_config(start.run_dir, config)
+    discriminator_params = parts.derived["discriminator"]["parameters"]
+    log_summary(f"DisCa-style adversarial Predictor training ({VARIANT}, {args.data})", {
+        **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                              optimizer=parts.roles[0].optimizer, first_step=parts.run_state.global_step + 1,
+                              stop_step=start.stop_step),
+        "init": (f"{start.resume_path} (training state)" if start.resume_path else
+                 f"{args.init_from} (Predictor weights only)" if args.init_from else "fresh Predictor"),
+        "adversarial": f"+ w * -mean D(pred_h), w -> {args.adv_weight:g} over {args.adv_warmup_steps} updates; "
+                       f"D: hinge + R1 {args.r1_weight:g} every {args.r1_every} D updates, lr "
+                       f"{args.discriminator_lr:g}, every {args.discriminator_every} steps, width "
+                       f"{args.discriminator_width} ({discriminator_params:,} params)",
+        "data": data.text,
+        "batch": f"{data.per_rank} per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+    })
+    return config
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -330,119 +461,28 @@ def main(argv=None) -> int:
         open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table)
     teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
     check_source_blocks(args.source_blocks, teacher_source)
-    init_expect = {"variant": VARIANT, "source_blocks": list(args.source_blocks)}
     if args.resume is None and args.init_from is not None:
-        check_weights_file(args.init_from, expect=init_expect)
+        check_weights_file(args.init_from, expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
     meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
     start = plan_run(args, meta=meta, subset=run_tag(args), inputs=[(teacher_source.origin, teacher_source.folder)])
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
-
-        # 2. Data: the v4 offline batches, or one whole trajectory per rank per micro-batch.
-        if args.data == "offline":
-            dataset, batches, context_timestep = v4_pair_batches(
-                args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
-                batch_size=args.batch_size, seed=args.seed, num_workers=args.num_workers,
-                verify=args.verify_dataset, env=env)
-            data_text = (f"{args.dataset_root} split {args.split}: {len(dataset.trajectories)} trajectories -> "
-                         f"{len(dataset)} pairs ({format_pairs(args.pairs)}); {batches.batches_per_epoch()} "
-                         "micro-batches per rank per epoch")
-            per_rank = f"{args.batch_size} pairs"
-        else:
-            data = trajectory_batches(args.dataset_root, args.split, env, sample_table=args.sample_table,
-                                      seed=args.seed, num_workers=args.num_workers, verify=args.verify_dataset,
-                                      state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
-            dataset, batches = data.dataset, data.batches
-            data_text = (f"{data.sample_table}: {len(dataset)} trajectories, chunks 1.. "
-                         f"{'-'.join(Schedule(args.replace_steps).letters())}; {batches.batches_per_epoch()} per "
-                         "rank per epoch")
-            per_rank = "1 trajectory"
-
-        # 3. Teacher -> Predictor, built as train_predictor_v4.py builds it (same seeding), then --init_from. The
-        #    offline mode drops the Teacher (the Predictor shares the frozen modules it runs); the rollout keeps it
-        #    for the online labels.
-        teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
-        log0(describe_teacher(teacher_source, teacher))
-        torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
-        predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
-        teacher_layers = teacher.num_layers
-        validation = predictor_validation(  # held-out F-P-P-P (offline) or the rollout's schedule, vs F-F-F-F
-            every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
-            ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
-            teacher_folder=teacher_source.folder,
-            replace_steps=DEFAULT_REPLACE_STEPS if args.data == "offline" else args.replace_steps,
-            rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=start.run_dir)
-        if args.data == "offline":
-            del teacher
-        seed_everything(args.seed, rank=env.rank)
-        init_meta = None
-        if start.resume_path is None and args.init_from is not None:
-            init_meta = load_model_weights(args.init_from, predictor, role=PREDICTOR, expect=init_expect)
-        init_meta = recorded_init_meta(start, init_meta)
-
-        # 4. The roles: the DDP-wrapped Predictor every step, with the v4 recipe's optimizer and schedule; the
-        #    discriminator on its cadence, built from its own random stream (the global RNG is left as the v4 recipe
-        #    leaves it). Resume restores both and the data position.
-        discriminator = build_discriminator(predictor.hidden_size, width=args.discriminator_width, seed=args.seed,
-                                            device=env.device)
-        optimizer, lr_schedule = build_optimizer_and_schedule(
-            predictor, fusion_lr=args.fusion_lr, blocks_lr=args.blocks_lr, betas=(args.adam_beta1, args.adam_beta2),
-            weight_decay=args.weight_decay, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
-            block_warmup_steps=args.block_warmup_steps)
-        discriminator_role = build_discriminator_role(
-            discriminator, lr=args.discriminator_lr, weight_decay=args.discriminator_weight_decay,
-            betas=(args.discriminator_adam_beta1, args.discriminator_adam_beta2),
-            grad_clip=args.discriminator_grad_clip, every=args.discriminator_every, max_steps=args.max_steps)
-        model = wrap_ddp(predictor, env)
-        predictor_role = Role(PREDICTOR, predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-        roles = [predictor_role, discriminator_role]
-        run_state = resume_roles(start, roles, batches, meta)
-        adversary = Adversary(predictor_role, discriminator_role, adv_weight=args.adv_weight,
-                              adv_warmup_steps=args.adv_warmup_steps, r1_weight=args.r1_weight, r1_every=args.r1_every)
-
+        # 2. Data: the v4 offline batches, or one whole trajectory per rank per micro-batch (see build_data).
+        data = build_data(args, env, policy)
+        # 3-4. Teacher -> Predictor (then --init_from), the validation, the two roles, the step (see build). Resume
+        #      (--resume, or the run directory's own unfinished run) restores both roles and the data position.
+        parts = build(args, env, policy, teacher_source=teacher_source, context_timestep=data.context_timestep,
+                      dataset=data.dataset, rollout_config=data.rollout_config,
+                      resuming=start.resume_path is not None, run_dir=start.run_dir)
+        parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+        run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
         # 5. Config and summary.
-        global_batch_items = (args.batch_size if args.data == "offline" else 1) * env.world_size * args.grad_accum
-        discriminator_params = sum(p.numel() for p in discriminator.parameters())
-        config = run_config(
-            args, run_name=start.run_name, variant=VARIANT, recipe=f"adversarial_{args.data}",
-            world_size=env.world_size, device=str(env.device), backend=env.backend, global_batch=global_batch_items,
-            num_items=len(dataset), micro_batches_per_epoch=batches.batches_per_epoch(), init_meta=init_meta,
-            predictor=predictor.predictor_config(), teacher_double_blocks=teacher_layers,
-            discriminator={"hidden_size": predictor.hidden_size, "width": args.discriminator_width,
-                           "parameters": discriminator_params},
-            environment=environment_summary(),
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        log_summary(f"DisCa-style adversarial Predictor training ({VARIANT}, {args.data})", {
-            **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(), optimizer=optimizer,
-                                  first_step=run_state.global_step + 1, stop_step=start.stop_step),
-            "init": (f"{start.resume_path} (training state)" if start.resume_path else
-                     f"{args.init_from} (Predictor weights only)" if args.init_from else "fresh Predictor"),
-            "adversarial": f"+ w * -mean D(pred_h), w -> {args.adv_weight:g} over {args.adv_warmup_steps} updates; "
-                           f"D: hinge + R1 {args.r1_weight:g} every {args.r1_every} D updates, lr "
-                           f"{args.discriminator_lr:g}, every {args.discriminator_every} steps, width "
-                           f"{args.discriminator_width} ({discriminator_params:,} params)",
-            "data": data_text,
-            "batch": f"{per_rank} per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
-        })
-
+        config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts)
         # 6. Train: the step of the data mode and the shared loop.
-        if args.data == "offline":
-            step_fn = AdversarialPairStep(model=model, predictor=predictor, policy=policy,
-                                          context_timestep=context_timestep, adversary=adversary,
-                                          velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight)
-        else:
-            settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
-                                           predictor_autocast_dtype=policy.autocast_dtype,
-                                           replace_steps=tuple(args.replace_steps))
-            step_fn = AdversarialRolloutStep(model=model, teacher=teacher, dataset=dataset,
-                                             rollout_config=data.rollout_config, settings=settings,
-                                             adversary=adversary, source_blocks=args.source_blocks, env=env)
-        run_training(args, start, env, roles=roles, batches=batches, step_fn=step_fn, run_state=run_state,
-                     config=config, meta=meta, validation=validation)
+        run_training(args, start, env, roles=parts.roles, batches=data.batches, step_fn=parts.step_fn,
+                     run_state=run_state, config=config, meta=meta, validation=parts.validation)
     return 0
 
 

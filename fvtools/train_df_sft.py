@@ -57,6 +57,7 @@ from predictor_training.runtime.flags import (
     add_validation_args,
     check_args,
     parse_recipe_args,
+    settings_from_flags,
 )
 from predictor_training.methods.flow_matching import (
     add_noise,
@@ -71,21 +72,24 @@ from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.methods.method_model import (
     MethodModel,
+    MethodSettings,
     build_method_model,
     dry_run_report,
     export_method_model,
     method_meta,
 )
-from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.runtime.run_directory import (
+    RunStart,
     environment_summary,
     method_run_name,
     plan_run,
     run_config,
     write_train_config,
 )
-from predictor_training.teacher.source import TeacherSource, describe_teacher
+from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 from predictor_training.rollout.teacher_forcing import (
     CONTEXT_NOISE_MODES,
     NoisyContext,
@@ -218,17 +222,18 @@ class DiffusionForcingStep:
     """
 
     def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, args, env: DistEnv,
-                 run_state: RunState):
+                 run_state: RunState, *, draw_chunks=draw_training_chunks):
         self.method_model = method_model
         self.rollout_config = rollout_config
         self.args = args
         self.env = env
         self.run_state = run_state
+        self.draw_chunks = draw_chunks
 
     def draw(self, num_chunks: int, generator: torch.Generator, shared: torch.Generator
              ) -> tuple[list[int], torch.Tensor]:
         """(chunk indices, ascending; their noise levels [k])."""
-        chunks = draw_training_chunks(num_chunks, self.args.chunks_per_clip, generator, shared)
+        chunks = self.draw_chunks(num_chunks, self.args.chunks_per_clip, generator, shared)
         count = len(chunks)
         sigmas = sample_sigmas(self.args.sigma_sampler, count, generator, sigma_min=self.args.sigma_min,
                                sigma_max=self.args.sigma_max, shift=self.args.sigma_shift,
@@ -289,6 +294,48 @@ class DiffusionForcingStep:
                 "sigma/spread": float(sigmas.max() - sigmas.min()), "chunks": float(len(chunks))}
 
 
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, rollout_config: RolloutConfig,
+          run_dir: Path | None = None, load_teacher=load_teacher, draw_chunks=draw_training_chunks) -> RecipeParts:
+    """Step 3: the trained model (a LoRA on the Teacher, or every parameter; `build_method_model`) with its AdamW and
+    schedule, the diffusion-forcing step on clips under `rollout_config` (main's step 2) and the validation. Seams:
+    `load_teacher` (the Teacher folder's loader), `draw_chunks` (which chunks of a clip train)."""
+    source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), env, policy, role_name=ROLE,
+                                      load_teacher=load_teacher)
+    log0(describe_teacher(source, method_model.model))
+    run_state = RunState()
+    step_fn = DiffusionForcingStep(method_model, rollout_config, args, env, run_state, draw_chunks=draw_chunks)
+    return RecipeParts(roles=[method_model.role], step_fn=step_fn, models=[method_model.model], run_state=run_state,
+                       validation=build_validation(args, env, method_model, rollout_config, run_dir),
+                       objects={"method_model": method_model})
+
+
+def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy, dataset,
+              parts: RecipeParts) -> dict:
+    """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    method_model = parts.objects["method_model"]
+    config = run_config(
+        args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
+        backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
+        num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
+        environment=environment_summary(),
+    )
+    if env.is_main:
+        write_train_config(start.run_dir, config)
+    log_summary("diffusion-forcing SFT", {
+        **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                              trained=method_model.describe(), first_step=parts.run_state.global_step + 1,
+                              stop_step=start.stop_step),
+        "data": f"{args.dataset_root} ({args.data}, split {args.split}): {len(dataset)} clips of "
+                f"{dataset.num_latents} latents; {args.chunks_per_clip} chunks per clip, sigma "
+                f"{args.sigma_sampler} in [{args.sigma_min}, {args.sigma_max}]; {args.context_noise} context",
+        "batch": f"1 clip per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+    })
+    if parts.validation is not None:
+        log0(f"validation every {args.val_every} steps: {parts.validation.describe()}")
+    return config
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -298,50 +345,27 @@ def main(argv=None) -> int:
     # 1. The dataset, opened before anything is created (in the launcher's --print_run_dir dry run too); the run
     #    directory, named from the flags; a second launch continues it or finds it finished.
     open_dataset(args, verify=False)
-    meta = method_meta(METHOD, args)
+    meta = method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank)
     start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
-
-        # 2. Data: one clip per rank per micro-batch.
+        # 2. Data: one clip per rank per micro-batch, and the AR loop's context rules for it.
         dataset, batches = build_data(args, env)
         rollout_config = build_rollout_config(args, dataset, policy)
-
-        # 3. The trained model (LoRA on the Teacher, or every parameter) with its optimizer and schedule.
-        source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
-        method_model = build_method_model(source, args, env, policy, role_name=ROLE)
-        log0(describe_teacher(source, method_model.model))
-        run_state = resume_roles(start, [method_model.role], batches, meta)
-
+        # 3. The trained model (LoRA on the Teacher, or every parameter), its optimizer and schedule, the step and the
+        #    validation (see build). Resume (--resume, or the run directory's own unfinished run) restores the role
+        #    and the data position.
+        parts = build(args, env, policy, rollout_config=rollout_config, run_dir=start.run_dir)
+        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
         # 4. Config and summary.
-        config = run_config(
-            args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
-            backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
-            num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
-            environment=environment_summary(),
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        log_summary("diffusion-forcing SFT", {
-            **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
-                                  trained=method_model.describe(), first_step=run_state.global_step + 1,
-                                  stop_step=start.stop_step),
-            "data": f"{args.dataset_root} ({args.data}, split {args.split}): {len(dataset)} clips of "
-                    f"{dataset.num_latents} latents; {args.chunks_per_clip} chunks per clip, sigma "
-                    f"{args.sigma_sampler} in [{args.sigma_min}, {args.sigma_max}]; {args.context_noise} context",
-            "batch": f"1 clip per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
-        })
-
+        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
         # 5. Train, then export the result (a LoRA file or a Teacher folder).
-        step_fn = DiffusionForcingStep(method_model, rollout_config, args, env, run_state)
-        validation = build_validation(args, env, method_model, rollout_config, start.run_dir)
-        if validation is not None:
-            log0(f"validation every {args.val_every} steps: {validation.describe()}")
-        run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=validation)
-        exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
+        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
+                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
+        exported = export_method_model(parts.objects["method_model"], start.run_dir,
+                                       {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} model: {exported}")
     return 0
 

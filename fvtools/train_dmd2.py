@@ -65,10 +65,11 @@ from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.eval.validation import generator_validation, resolve_video_val_args
 from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
 from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
-from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, REAL, build_predictor_role, build_scores,
-                                                   build_student, export_generator_ema, resolve_real_score_flags)
+from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, REAL, PredictorGeneratorSettings,
+                                                   ScoreSettings, build_predictor_role, build_scores, build_student,
+                                                   export_generator_ema, resolve_real_score_flags)
 from predictor_training.methods.flow_matching import SIGMA_SAMPLERS, add_noise, sample_sigmas
-from predictor_training.methods.method_model import dry_run_report, export_method_model
+from predictor_training.methods.method_model import MethodSettings, dry_run_report, export_method_model
 from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.self_rollout import SelfRolloutSettings
@@ -82,15 +83,17 @@ from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_loss_args, add_method_model_args,
                                              add_method_optimization_args, add_run_args, add_tracker_args,
                                              add_validation_args, at_least, check_args, checked, parse_recipe_args,
-                                             parse_source_blocks, positive)
+                                             parse_source_blocks, positive, settings_from_flags)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary
-from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, plan_run,
+from predictor_training.runtime.run_directory import (RunStart, device_tag, environment_summary, format_lr, plan_run,
                                                      recorded_init_meta, run_config, write_train_config)
 from predictor_training.teacher.config import DISTILLED_SHIFT
+from predictor_training.teacher.adapters import load_lora
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
 METHOD = "dmd2"
@@ -261,7 +264,9 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--score_sigma_min={args.score_sigma_min} --score_sigma_max={args.score_sigma_max}: expected "
                      "0 <= min < max <= 1")
     try:
-        args.real_score_kind, args.real_score_path = resolve_real_score_flags(args)
+        args.real_score_kind, args.real_score_path = resolve_real_score_flags(
+            args.real_score, allow_raw_teacher_score=args.allow_raw_teacher_score,
+            score_sigma_min=args.score_sigma_min, fake_score_train=args.fake_score_train)
     except ValueError as error:
         parser.error(str(error))
     # The generator (check_args has checked --fusion_lr and --blocks_lr > 0).
@@ -307,10 +312,12 @@ class DistributionMatchingStep:
     (tests check that the critic trains on the generator's own sample)."""
 
     def __init__(self, *, args, env: DistEnv, run_state: RunState, rollout_config: RolloutConfig, teacher,
-                 real: ScoreModel, fake: ScoreModel, generator_role: Role, student: ScoreModel | None):
+                 real: ScoreModel, fake: ScoreModel, generator_role: Role, student: ScoreModel | None,
+                 draw_chunks=draw_training_chunks):
         self.args, self.env, self.run_state, self.config = args, env, run_state, rollout_config
         self.teacher, self.real, self.fake = teacher, real, fake
         self.generator_role, self.student = generator_role, student
+        self.draw_chunks = draw_chunks
         self.settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                             predictor_autocast_dtype=rollout_config.autocast_dtype,
                                             replace_steps=tuple(args.replace_steps))
@@ -325,7 +332,7 @@ class DistributionMatchingStep:
                                     self.settings, self.env.device, data if args.rollout == "data" else None)
         num_chunks = noise.shape[2] // self.config.chunk_latents
         chunks = (list(range(num_chunks)) if args.rollout == "self" else
-                  draw_training_chunks(num_chunks, args.chunks_per_clip, generator, shared))
+                  self.draw_chunks(num_chunks, args.chunks_per_clip, generator, shared))
         exit_steps = ([args.student_steps - 1] * num_chunks if args.exit_step == "last" else
                       torch.randint(0, args.student_steps, (num_chunks,), generator=shared).tolist())
         history = noise.clone() if args.rollout == "self" else data
@@ -434,6 +441,109 @@ def generator_meta(args: argparse.Namespace) -> dict:
             "fake_score": args.fake_score_train, "student_steps": args.student_steps}
 
 
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, rollout_config: RolloutConfig,
+          resuming: bool = False, run_dir: Path | None = None, load_teacher=load_teacher, load_lora=load_lora,
+          draw_chunks=draw_training_chunks) -> RecipeParts:
+    """Step 3: the frozen Teacher; the generator, built on the Teacher before any adapter is added to it (the
+    Predictor from --init_from unless a training state is resumed: `resuming`; or the student); the real and fake
+    scores; the DMD step on clips under `rollout_config` and the validation. Seams: `load_teacher` (the loader of a
+    Teacher-shaped model folder: the Teacher, a model-folder real score, a full student or fake score),
+    `load_lora` (the real score's adapter file), `draw_chunks` (which chunks of a clip a data-rollout student
+    trains)."""
+    source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
+    teacher = load_teacher(source, env.device, policy.frozen_dtype)
+    log0(describe_teacher(source, teacher))
+    student, student_model, init_meta, derived = None, None, None, {}
+    if args.generator == "predictor":
+        predictor, generator_role, init_meta = build_predictor_role(
+            settings_from_flags(PredictorGeneratorSettings, args), teacher, env, resuming=resuming)
+        derived["predictor"] = predictor.predictor_config()
+        generator_model = predictor
+    else:
+        student, generator_role, student_model = build_student(
+            settings_from_flags(MethodSettings, args), teacher, env, policy, teacher_folder=args.teacher,
+            generator_every=args.generator_every, ema_decay=args.ema_decay, ema_start_step=args.ema_start_step,
+            load_teacher=load_teacher)
+        generator_model = student.model
+    real, fake, fake_role = build_scores(settings_from_flags(ScoreSettings, args), teacher, env, policy,
+                                         load_teacher=load_teacher, load_lora=load_lora)
+    run_state = RunState()
+    step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
+                                       teacher=teacher, real=real, fake=fake, generator_role=generator_role,
+                                       student=student, draw_chunks=draw_chunks)
+    validation = generator_validation(
+        every=args.val_every, dataset_root=args.dataset_root, split=args.val_split, videos=args.val_videos,
+        vae=args.val_vae, seed=args.seed, teacher=teacher, generator_role=generator_role, student=student,
+        replace_steps=args.replace_steps, student_steps=args.student_steps, student_shift=args.student_shift,
+        rollout_config=rollout_config, env=env, run_dir=run_dir)
+    return RecipeParts(
+        roles=[generator_role, fake_role], step_fn=step_fn, run_state=run_state, validation=validation,
+        models=list(dict.fromkeys([teacher, generator_model, real.model, fake.model])),
+        derived={"init_meta": init_meta, "teacher_double_blocks": teacher.num_layers, **derived},
+        objects={"generator_role": generator_role, "student_model": student_model})
+
+
+def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
+              dataset: VideoLatentDataset, parts: RecipeParts) -> dict:
+    """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
+    if args.generator == "predictor":
+        letters = Schedule(args.replace_steps).letters()
+        generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "
+                          f"{'-'.join(letters)}; from {args.init_from if start.resume_path is None else start.resume_path}")
+    else:
+        generator_text = f"{student_model.describe()}; {args.student_steps} steps at shift " \
+                         f"{args.student_shift:g}, exit step {args.exit_step}"
+    trainable = {role.name: sum(param.numel() for param in role.parameters) for role in parts.roles}
+    derived = dict(parts.derived)
+    predictor = {"predictor": derived.pop("predictor")} if "predictor" in derived else {}
+    config = run_config(
+        args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
+        backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
+        num_latents=dataset.num_latents, trainable_parameters=trainable, **derived, environment=environment_summary(),
+        **predictor,
+    )
+    if env.is_main:
+        write_train_config(start.run_dir, config)
+    ema_text = ("no EMA" if generator_role.ema is None else
+                f"EMA decay {args.ema_decay:g} from step {args.ema_start_step} (update "
+                f"{generator_role.ema.start_update})")
+    log_summary("DMD2" + (" + Self-Forcing" if args.rollout == "self" else " (teacher-forced)"), {
+        "run dir": str(start.run_dir),
+        "generator": f"{generator_text}; updated every {args.generator_every} steps; anchor weight "
+                     f"{args.anchor_weight:g}; {ema_text}",
+        "real score": f"{args.real_score} ({args.real_score_kind}), frozen",
+        "fake score": f"{args.fake_score_train} copy of the real score, lr {args.fake_score_lr:g}, every step",
+        "trainable": " | ".join(f"{name} {count:,}" for name, count in trainable.items()),
+        "precision": policy.describe(),
+        "steps": f"{parts.run_state.global_step + 1}..{start.stop_step} of {args.max_steps}",
+        "scores": f"sigma {args.score_sigma_sampler} in [{args.score_sigma_min}, {args.score_sigma_max}]; "
+                  f"monitors every {args.monitor_every} steps",
+        "data": f"{args.dataset_root} (split {args.split}): {len(dataset)} clips of {dataset.num_latents} latents",
+        "batch": f"1 clip per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+        "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
+    })
+    if parts.validation is not None:
+        log0(f"validation every {args.val_every} steps: {parts.validation.describe()}")
+    return config
+
+
+def export(args: argparse.Namespace, *, parts: RecipeParts, run_dir: Path, step: int, meta: dict, config: dict,
+           env: DistEnv) -> None:
+    """After training: a student is exported like the other methods' models (the Predictor's
+    predictor_step_XXXXX.safetensors, written by the loop, is what tools/eval_predictor.py reads); the generator's
+    EMA next to it."""
+    generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
+    if student_model is not None:
+        exported = export_method_model(student_model, run_dir, {**meta, "step": step}, env)
+        log0(f"exported the trained {args.train} student: {exported}")
+    if generator_role.ema is not None:
+        exported = export_generator_ema(generator_role, run_dir, step, meta=meta, config=config,
+                                        keep_last=args.keep_last, env=env, student_model=student_model)
+        log0(f"exported the generator's EMA (decay {args.ema_decay:g}, {generator_role.ema.updates} updates): "
+             f"{exported}")
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -450,83 +560,24 @@ def main(argv=None) -> int:
         return code
     with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
-
         # 2. Data: one clip per rank per micro-batch.
         dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
         batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
         rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
-
-        # 3. The frozen Teacher; the generator (built on the Teacher before any adapter is added to it); the real
-        #    and fake scores. Resume (--resume, or the run directory's own unfinished run) restores both roles.
-        source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
-        teacher = load_teacher(source, env.device, policy.frozen_dtype)
-        log0(describe_teacher(source, teacher))
-        resuming = start.resume_path is not None
-        student, student_model, init_meta, derived = None, None, None, {}
+        # 3. The frozen Teacher; the generator; the real and fake scores; the step and the validation (see build).
+        #    Resume (--resume, or the run directory's own unfinished run) restores both roles.
+        parts = build(args, env, policy, rollout_config=rollout_config, resuming=start.resume_path is not None,
+                      run_dir=start.run_dir)
         if args.generator == "predictor":
-            predictor, generator_role, init_meta = build_predictor_role(args, teacher, env, resuming)
-            init_meta = recorded_init_meta(start, init_meta)
-            derived["predictor"] = predictor.predictor_config()
-            letters = Schedule(args.replace_steps).letters()
-            generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "
-                              f"{'-'.join(letters)}; from {args.init_from if not resuming else start.resume_path}")
-        else:
-            student, generator_role, student_model = build_student(args, teacher, env, policy)
-            generator_text = f"{student_model.describe()}; {args.student_steps} steps at shift " \
-                             f"{args.student_shift:g}, exit step {args.exit_step}"
-        real, fake, fake_role = build_scores(args, teacher, env, policy)
-        roles = [generator_role, fake_role]
-        run_state = resume_roles(start, roles, batches, meta)
-
+            parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
         # 4. Config and summary.
-        trainable = {role.name: sum(param.numel() for param in role.parameters) for role in roles}
-        config = run_config(
-            args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
-            backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
-            num_latents=dataset.num_latents, trainable_parameters=trainable, init_meta=init_meta,
-            teacher_double_blocks=teacher.num_layers, environment=environment_summary(), **derived,
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        ema_text = ("no EMA" if generator_role.ema is None else
-                    f"EMA decay {args.ema_decay:g} from step {args.ema_start_step} (update "
-                    f"{generator_role.ema.start_update})")
-        log_summary("DMD2" + (" + Self-Forcing" if args.rollout == "self" else " (teacher-forced)"), {
-            "run dir": str(start.run_dir),
-            "generator": f"{generator_text}; updated every {args.generator_every} steps; anchor weight "
-                         f"{args.anchor_weight:g}; {ema_text}",
-            "real score": f"{args.real_score} ({args.real_score_kind}), frozen",
-            "fake score": f"{args.fake_score_train} copy of the real score, lr {args.fake_score_lr:g}, every step",
-            "trainable": " | ".join(f"{name} {count:,}" for name, count in trainable.items()),
-            "precision": policy.describe(),
-            "steps": f"{run_state.global_step + 1}..{start.stop_step} of {args.max_steps}",
-            "scores": f"sigma {args.score_sigma_sampler} in [{args.score_sigma_min}, {args.score_sigma_max}]; "
-                      f"monitors every {args.monitor_every} steps",
-            "data": f"{args.dataset_root} (split {args.split}): {len(dataset)} clips of {dataset.num_latents} latents",
-            "batch": f"1 clip per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
-            "checkpoints": f"every {args.ckpt_every} steps, keep {args.keep_last}; tracker {args.tracker}",
-        })
-
-        # 5. Train; a student is exported like the other methods' models (the Predictor's
-        #    predictor_step_XXXXX.safetensors is what tools/eval_predictor.py reads); the generator's EMA next to it.
-        step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
-                                           teacher=teacher, real=real, fake=fake, generator_role=generator_role,
-                                           student=student)
-        validation = generator_validation(args, env, teacher=teacher, generator_role=generator_role, student=student,
-                                      rollout_config=rollout_config, run_dir=start.run_dir)
-        if validation is not None:
-            log0(f"validation every {args.val_every} steps: {validation.describe()}")
-        run_state = run_training(args, start, env, roles=roles, batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=validation)
-        if student_model is not None:
-            exported = export_method_model(student_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
-            log0(f"exported the trained {args.train} student: {exported}")
-        if generator_role.ema is not None:
-            exported = export_generator_ema(generator_role, start.run_dir, run_state.global_step, meta=meta,
-                                            config=config, keep_last=args.keep_last, env=env,
-                                            student_model=student_model)
-            log0(f"exported the generator's EMA (decay {args.ema_decay:g}, {generator_role.ema.updates} updates): "
-                 f"{exported}")
+        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
+        # 5. Train; export a student and the generator's EMA.
+        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
+                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
+        export(args, parts=parts, run_dir=start.run_dir, step=run_state.global_step, meta=meta, config=config,
+               env=env)
     return 0
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ from predictor_training.runtime.flags import (
     add_validation_args,
     check_args,
     parse_recipe_args,
+    settings_from_flags,
 )
 from predictor_training.methods.flow_matching import x0_from_velocity
 from predictor_training.runtime.fsdp import gradient_sync
@@ -56,14 +58,17 @@ from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.methods.method_model import (
     MethodModel,
+    MethodSettings,
     build_method_model,
     dry_run_report,
     export_method_model,
     method_meta,
 )
-from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator
 from predictor_training.runtime.run_directory import (
+    RunStart,
     environment_summary,
     method_run_name,
     plan_run,
@@ -72,7 +77,7 @@ from predictor_training.runtime.run_directory import (
 )
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.teacher.config import DISTILLED_SHIFT
-from predictor_training.teacher.source import TeacherSource, describe_teacher
+from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_text_kv, draw_training_chunks
 
 METHOD = "kd"
@@ -213,13 +218,14 @@ class CausalKDStep:
     and target), so the student's context is the one the teacher's target was made with."""
 
     def __init__(self, method_model: MethodModel, rollout_config: RolloutConfig, state_indices: list[int], args,
-                 env: DistEnv, run_state: RunState):
+                 env: DistEnv, run_state: RunState, *, draw_chunks=draw_training_chunks):
         self.method_model = method_model
         self.rollout_config = rollout_config
         self.state_indices = state_indices
         self.args = args
         self.env = env
         self.run_state = run_state
+        self.draw_chunks = draw_chunks
 
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         if due != {ROLE}:
@@ -233,7 +239,7 @@ class CausalKDStep:
             context_grad=self.args.context_grad,
         )
         shared = stream_generator(self.args.seed, self.run_state.micro_step, ALL_RANKS)
-        chunks = draw_training_chunks(clip.num_chunks, self.args.chunks_per_clip, generator, shared)
+        chunks = self.draw_chunks(clip.num_chunks, self.args.chunks_per_clip, generator, shared)
         levels = torch.randint(0, len(self.state_indices), (len(chunks),), generator=generator).tolist()
         losses, sigmas = [], []
         for position, (chunk_index, level) in enumerate(zip(chunks, levels)):
@@ -274,6 +280,76 @@ def few_step_distance(model, dataset: OdeCacheDataset, count: int, *, steps: int
             "samples": min(count, len(dataset)), "steps": steps, "shift": shift}
 
 
+class StudentDistance:
+    """kd_eval.json: the student's own --student_steps rollout against the teacher's final latents on the first
+    --eval_samples of --eval_split (`few_step_distance`), before training (a fresh run only: a continued run keeps
+    its first measurement) and after it."""
+
+    def __init__(self, args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy,
+                 eval_dataset: OdeCacheDataset, run_dir: Path):
+        self.args, self.env, self.path = args, env, run_dir / EVAL_NAME
+        self.measure = partial(few_step_distance, dataset=eval_dataset, count=args.eval_samples,
+                               steps=args.student_steps, shift=args.student_shift, device=env.device,
+                               autocast_dtype=policy.autocast_dtype)
+        self.report = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def before(self, model) -> None:
+        if "before" not in self.report:
+            self.report["before"] = self.measure(model)
+            log0(f"student vs teacher on {self.args.eval_split}, before: mse {self.report['before']['mse']:.5f}")
+
+    def after(self, model, step: int) -> None:
+        report = self.report
+        report["after"] = {**self.measure(model), "step": step}
+        if self.env.is_main:
+            write_json_atomic(self.path, report)
+        log0(f"student vs teacher on {self.args.eval_split}: mse {report['before']['mse']:.5f} before, "
+             f"{report['after']['mse']:.5f} after step {step} ({self.path})")
+
+
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, state_indices: list[int],
+          run_dir: Path | None = None, load_teacher=load_teacher, draw_chunks=draw_training_chunks) -> RecipeParts:
+    """Step 3: the student (a LoRA on the teacher, or every parameter; `build_method_model`) with its AdamW and
+    schedule, the KD step on the cache states `state_indices` (main's step 2: the student's noise levels) and the
+    validation. Seams: `load_teacher` (the teacher folder's loader), `draw_chunks` (which chunks of a sample
+    train)."""
+    source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), env, policy, role_name=ROLE,
+                                      load_teacher=load_teacher)
+    log0(describe_teacher(source, method_model.model))
+    rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
+    run_state = RunState()
+    step_fn = CausalKDStep(method_model, rollout_config, state_indices, args, env, run_state, draw_chunks=draw_chunks)
+    return RecipeParts(roles=[method_model.role], step_fn=step_fn, models=[method_model.model], run_state=run_state,
+                       validation=build_validation(args, env, method_model, policy.autocast_dtype, run_dir),
+                       objects={"method_model": method_model})
+
+
+def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
+              dataset: OdeCacheDataset, parts: RecipeParts) -> dict:
+    """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    method_model = parts.objects["method_model"]
+    config = run_config(
+        args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
+        backend=env.backend, global_batch=env.world_size * args.grad_accum, num_samples=len(dataset),
+        cache=dataset.config, trainable_parameters=method_model.trainable_parameter_count(),
+        environment=environment_summary(),
+    )
+    if env.is_main:
+        write_train_config(start.run_dir, config)
+    cache = dataset.config
+    log_summary("causal KD", {
+        **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                              trained=method_model.describe(), first_step=parts.run_state.global_step + 1,
+                              stop_step=start.stop_step),
+        "data": f"{args.cache_root} (split {args.split}): {len(dataset)} samples; teacher {cache['steps']} steps "
+                f"at shift {cache['shift']:g}; student {args.student_steps} steps at shift "
+                f"{args.student_shift:g}; {args.chunks_per_clip} chunks per sample",
+        "batch": f"1 sample per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
+    })
+    return config
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -282,67 +358,34 @@ def main(argv=None) -> int:
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     OdeCacheDataset(args.cache_root, args.split)  # opened before anything is created (the dry run's check too)
-    meta = method_meta(METHOD, args)
+    meta = method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank)
     start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
-
-        # 2. Data: one cached sample per rank per micro-batch; the evaluation split.
+        # 2. Data: one cached sample per rank per micro-batch, the cache states at the student's noise levels; the
+        #    evaluation split.
         dataset = OdeCacheDataset(args.cache_root, args.split, verify=args.verify_dataset)
         eval_dataset = OdeCacheDataset(args.cache_root, args.eval_split)
         batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
         state_indices = student_state_indices(args.student_steps, args.student_shift, dataset.stored_sigmas)
-        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
-
-        # 3. The student (LoRA on the teacher, or every parameter) with its optimizer and schedule.
-        source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
-        method_model = build_method_model(source, args, env, policy, role_name=ROLE)
-        log0(describe_teacher(source, method_model.model))
-        run_state = resume_roles(start, [method_model.role], batches, meta)
-
+        # 3. The student (LoRA on the teacher, or every parameter) with its optimizer and schedule, the step and the
+        #    validation (see build). Resume restores the role and the data position.
+        parts = build(args, env, policy, state_indices=state_indices, run_dir=start.run_dir)
+        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
+        student = parts.objects["method_model"]
         # 4. Config and summary; the student's distance to the teacher before training (a fresh run only).
-        config = run_config(
-            args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
-            backend=env.backend, global_batch=env.world_size * args.grad_accum, num_samples=len(dataset),
-            cache=dataset.config, trainable_parameters=method_model.trainable_parameter_count(),
-            environment=environment_summary(),
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        cache = dataset.config
-        log_summary("causal KD", {
-            **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
-                                  trained=method_model.describe(), first_step=run_state.global_step + 1,
-                                  stop_step=start.stop_step),
-            "data": f"{args.cache_root} (split {args.split}): {len(dataset)} samples; teacher {cache['steps']} steps "
-                    f"at shift {cache['shift']:g}; student {args.student_steps} steps at shift "
-                    f"{args.student_shift:g}; {args.chunks_per_clip} chunks per sample",
-            "batch": f"1 sample per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
-        })
-        distance = dict(steps=args.student_steps, shift=args.student_shift, device=env.device,
-                        autocast_dtype=policy.autocast_dtype)
-        eval_path = start.run_dir / EVAL_NAME
-        report = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
-        if "before" not in report:
-            report["before"] = few_step_distance(method_model.model, eval_dataset, args.eval_samples, **distance)
-            log0(f"student vs teacher on {args.eval_split}, before: mse {report['before']['mse']:.5f}")
-
+        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
+        distance = StudentDistance(args, env, policy, eval_dataset, start.run_dir)
+        distance.before(student.model)
+        if parts.validation is not None:
+            log0(f"validation every {args.val_every} steps: {parts.validation.describe()}")
         # 5. Train; measure again; export the student (a LoRA file or a Teacher folder).
-        step_fn = CausalKDStep(method_model, rollout_config, state_indices, args, env, run_state)
-        validation = build_validation(args, env, method_model, policy.autocast_dtype, start.run_dir)
-        if validation is not None:
-            log0(f"validation every {args.val_every} steps: {validation.describe()}")
-        run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=validation)
-        report["after"] = {**few_step_distance(method_model.model, eval_dataset, args.eval_samples, **distance),
-                           "step": run_state.global_step}
-        if env.is_main:
-            write_json_atomic(eval_path, report)
-        log0(f"student vs teacher on {args.eval_split}: mse {report['before']['mse']:.5f} before, "
-             f"{report['after']['mse']:.5f} after step {run_state.global_step} ({eval_path})")
-        exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
+        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
+                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
+        distance.after(student.model, run_state.global_step)
+        exported = export_method_model(student, start.run_dir, {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} student: {exported}")
     return 0
 

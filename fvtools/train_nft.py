@@ -47,12 +47,12 @@ from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
 from predictor_training.eval.validation import reward_validation
 from predictor_training.methods.flow_matching import add_noise, add_sigma_args
-from predictor_training.methods.method_model import build_method_model, dry_run_report, export_method_model, \
-    method_meta
+from predictor_training.methods.method_model import MethodSettings, build_method_model, dry_run_report, \
+    export_method_model, method_meta
 from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.nft import ADVANTAGE_STDS, OLD_DECAY_SCHEDULES, TRAIN_SIGMAS, OldPolicy, \
-    PolicyModels, check_train_sigmas, describe_train_sigmas, evaluate_against_reference, gathered, group_advantages, \
-    group_statistics, nft_objective, old_policy_decay, sampler_sigma_grid, training_sigmas
+    PolicyModels, TrainSigmas, check_train_sigmas, describe_train_sigmas, evaluate_against_reference, gathered, \
+    group_advantages, group_statistics, nft_objective, old_policy_decay, sampler_sigma_grid, training_sigmas
 from predictor_training.methods.rewards import REFERENCE_KINDS, TOTAL, RewardScorer, VideoRewards, \
     default_vae_folder, describe_rewards, holds_vae, parse_reward_weights
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
@@ -62,16 +62,18 @@ from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import UNIT_INTERVAL, add_method_model_args, add_method_optimization_args, \
-    add_run_args, add_tracker_args, add_validation_args, at_least, check_args, checked, parse_recipe_args, positive
+    add_run_args, add_tracker_args, add_validation_args, at_least, check_args, checked, parse_recipe_args, positive, \
+    settings_from_flags
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, method_summary_rows
-from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
-from predictor_training.runtime.run_directory import environment_summary, launch_world, method_run_name, plan_run, \
-    run_config, write_train_config
+from predictor_training.runtime.run_directory import RunStart, environment_summary, launch_world, method_run_name, \
+    plan_run, run_config, write_train_config
 from predictor_training.teacher.config import DISTILLED_SHIFT
-from predictor_training.teacher.source import TeacherSource, describe_teacher
+from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 from predictor_training.video.vae_decoder import VaeDecoder
 
 METHOD = "nft"
@@ -217,16 +219,18 @@ class NftStep:
     micro-step, ALL_RANKS)."""
 
     def __init__(self, models: PolicyModels, rewards: VideoRewards, args, env: DistEnv, run_state: RunState,
-                 autocast_dtype):
+                 autocast_dtype, *, draw_chunks=draw_training_chunks):
         self.models = models
         self.rewards = rewards
         self.args = args
         self.env = env
         self.run_state = run_state
+        self.draw_chunks = draw_chunks
         self.sample_config = RolloutConfig(num_steps=args.sample_steps, shift=args.sample_shift,
                                            state_dtype=torch.float32, autocast_dtype=autocast_dtype)
         self.clip_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast_dtype)
         self.sigma_grid = sampler_sigma_grid(args.sample_steps, args.sample_shift)  # [sample_steps]
+        self.train_sigmas = settings_from_flags(TrainSigmas, args)
 
     def counters(self) -> tuple[int, int, int]:
         return self.args.seed, self.run_state.micro_step, self.env.rank
@@ -303,8 +307,8 @@ class NftStep:
                         context_grad=args.context_grad and role == "policy")
             if self.models.adapters is not None:
                 clips["old"] = clips["reference"] = clips["policy"]
-            chunks = draw_training_chunks(clips["policy"].num_chunks, args.chunks_per_sample, generator, shared)
-            sigmas = training_sigmas(args, self.sigma_grid, len(chunks), generator)
+            chunks = self.draw_chunks(clips["policy"].num_chunks, args.chunks_per_sample, generator, shared)
+            sigmas = training_sigmas(self.train_sigmas, self.sigma_grid, len(chunks), generator)
             for chunk_index, sigma in zip(chunks, sigmas.tolist()):
                 x0 = clips["policy"].chunk_latents(chunk_index)
                 noise = torch.randn(x0.shape, generator=generator).to(device)
@@ -330,6 +334,86 @@ class NftStep:
                 "sigma/mean": sum(sigmas_seen) / len(sigmas_seen)}
 
 
+def video_rewards(args: argparse.Namespace, vae_folder: Path, device: torch.device) -> VideoRewards:
+    """The recipe's rewards: the samples decoded by the VAE in `vae_folder` (FP32, untiled) and scored by --rewards
+    (sampled-frame rewards on --reward_frames frames) against --reference_video (--ground_truth)."""
+    decoder = VaeDecoder.from_folder(vae_folder, device, torch.float32, tiling=False)
+    scorer = RewardScorer(parse_reward_weights(args.rewards), sampled_frames=args.reward_frames)
+    return VideoRewards(scorer, decoder, args.reference_video, args.ground_truth)
+
+
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, vae_folder: Path,
+          run_dir: Path | None = None, load_teacher=load_teacher, draw_chunks=draw_training_chunks,
+          make_rewards=video_rewards) -> RecipeParts:
+    """Steps 3-4: the policy (a LoRA on the Teacher, or every parameter; `build_method_model`) with its AdamW and
+    schedule, its old policy (the role's EMA slot) and the reference (`PolicyModels`); the rewards of samples
+    decoded by the VAE in `vae_folder` (main's step 2); the NFT step and the validation. Seams: `load_teacher` (the
+    Teacher folder's loader), `draw_chunks` (which chunks of a sample train), `make_rewards` (`(args, vae_folder,
+    device) -> rewards`: the decoder and the reward functions)."""
+    # 3. The policy, its old policy and the reference.
+    source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), env, policy, role_name=ROLE,
+                                      load_teacher=load_teacher)
+    log0(describe_teacher(source, method_model.model))
+    models = PolicyModels(method_model)
+    method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
+    # 4. Rewards: the decoder, the scorer, the reference videos; the step and the validation.
+    rewards = make_rewards(args, vae_folder, env.device)
+    run_state = RunState()
+    step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype, draw_chunks=draw_chunks)
+    validation = reward_validation(every=args.val_every, dataset_root=args.dataset_root, split=args.eval_split,
+                                   videos=args.val_videos, seed=args.seed, step_fn=step_fn, vae=vae_folder, env=env,
+                                   run_dir=run_dir)
+    return RecipeParts(roles=[method_model.role], step_fn=step_fn, models=list(dict.fromkeys(models.modules.values())),
+                       run_state=run_state, validation=validation, objects={"method_model": method_model})
+
+
+def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
+              dataset: VideoLatentDataset, vae_folder: Path, parts: RecipeParts) -> dict:
+    """Step 5: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    method_model = parts.objects["method_model"]
+    config = run_config(
+        args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
+        backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
+        num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
+        vae=str(vae_folder), environment=environment_summary(),
+    )
+    if env.is_main:
+        write_train_config(start.run_dir, config)
+    train_sigmas = describe_train_sigmas(settings_from_flags(TrainSigmas, args),
+                                         sampler_sigma_grid(args.sample_steps, args.sample_shift))
+    log_summary("DiffusionNFT", {
+        **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
+                              trained=method_model.describe(), first_step=parts.run_state.global_step + 1,
+                              stop_step=start.stop_step),
+        "data": f"{args.dataset_root} (split {args.split}): {len(dataset)} clips of {dataset.num_latents} "
+                f"latents",
+        "sampling": f"old policy ({args.old_decay_schedule}), {args.samples_per_group} samples per group, "
+                    f"{args.sample_steps} steps at shift {args.sample_shift:g}; 1 group per rank x "
+                    f"{env.world_size} ranks x {args.grad_accum} accumulation",
+        "rewards": f"{args.rewards} (reference: {args.reference_video}; decoded by {vae_folder})",
+        "loss": f"nft (beta {args.beta:g}, adv clip {args.adv_clip:g}, advantages / {args.advantage_std} "
+                f"std) + {args.kl_weight:g} mse(v, v_ref); {args.chunks_per_sample} chunks per sample, "
+                f"sigma {train_sigmas}",
+    })
+    return config
+
+
+def evaluate(args: argparse.Namespace, *, step_fn: NftStep, eval_dataset: VideoLatentDataset, env: DistEnv,
+             run_dir: Path, step: int) -> None:
+    """After training: the policy against the reference from the same noise on --eval_clips held-out clips
+    (nft_eval.json)."""
+    report = {**evaluate_against_reference(step_fn.eval_rollout, step_fn.rewards, eval_dataset, args.eval_clips, env),
+              "split": args.eval_split, "step": step}
+    if env.is_main:
+        write_json_atomic(run_dir / EVAL_NAME, report)
+    policy_total, reference_total = report["reward_policy"][TOTAL], report["reward_reference"][TOTAL]
+    log0(f"policy vs reference on {len(report['clips'])} {args.eval_split} clips (same noise): reward "
+         f"{policy_total:.5g} vs {reference_total:.5g}, policy higher on {report['policy_wins']}; "
+         f"std ratio {report['monitors']['monitor/std_ratio']:.4f}, temporal ratio "
+         f"{report['monitors']['monitor/temporal_ratio']:.4f} ({run_dir / EVAL_NAME})")
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -341,77 +425,36 @@ def main(argv=None) -> int:
         return 0
     # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
     VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
-    meta = {**method_meta(METHOD, args), "samples_per_group": args.samples_per_group,
-            "old_decay_schedule": args.old_decay_schedule, "rewards": args.rewards}
+    meta = {**method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank),
+            "samples_per_group": args.samples_per_group, "old_decay_schedule": args.old_decay_schedule,
+            "rewards": args.rewards}
     start = plan_run(args, meta=meta, naming=method_run_name)
     if (code := early_exit(args, start)) is not None:
         return code
     with distributed_run(args, start) as env:
         policy = precision_policy(args.precision, env.device)
-
-        # 2. Data: one clip (one group's condition) per rank per micro-batch; the clips scored after training.
+        # 2. Data: one clip (one group's condition) per rank per micro-batch; the clips scored after training; the
+        #    VAE that decodes the samples (by default the one that encoded the dataset).
         dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
         batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
         eval_dataset = VideoLatentDataset(args.dataset_root, args.eval_split) if args.eval_clips else None
-
-        # 3. The policy (LoRA on the Teacher, or every parameter), its old policy (the role's EMA slot) and the
-        #    reference.
-        source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
-        method_model = build_method_model(source, args, env, policy, role_name=ROLE)
-        log0(describe_teacher(source, method_model.model))
-        models = PolicyModels(method_model)
-        method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
-
-        # 4. Rewards: the decoder, the scorer, the reference videos.
         vae_folder = args.vae if args.vae is not None else default_vae_folder(args.dataset_root)
-        decoder = VaeDecoder.from_folder(vae_folder, env.device, torch.float32, tiling=False)
-        scorer = RewardScorer(parse_reward_weights(args.rewards), sampled_frames=args.reward_frames)
-        rewards = VideoRewards(scorer, decoder, args.reference_video, args.ground_truth)
-
-        run_state = resume_roles(start, [method_model.role], batches, meta)
-
+        # 3-4. The policy (LoRA on the Teacher, or every parameter), its old policy and the reference; the rewards;
+        #      the step and the validation (see build). Resume restores the role and the data position.
+        parts = build(args, env, policy, vae_folder=vae_folder, run_dir=start.run_dir)
+        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
         # 5. Config and summary.
-        config = run_config(
-            args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
-            backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
-            num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
-            vae=str(vae_folder), environment=environment_summary(),
-        )
-        if env.is_main:
-            write_train_config(start.run_dir, config)
-        log_summary("DiffusionNFT", {
-            **method_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
-                                  trained=method_model.describe(), first_step=run_state.global_step + 1,
-                                  stop_step=start.stop_step),
-            "data": f"{args.dataset_root} (split {args.split}): {len(dataset)} clips of {dataset.num_latents} "
-                    f"latents",
-            "sampling": f"old policy ({args.old_decay_schedule}), {args.samples_per_group} samples per group, "
-                        f"{args.sample_steps} steps at shift {args.sample_shift:g}; 1 group per rank x "
-                        f"{env.world_size} ranks x {args.grad_accum} accumulation",
-            "rewards": f"{args.rewards} (reference: {args.reference_video}; decoded by {vae_folder})",
-            "loss": f"nft (beta {args.beta:g}, adv clip {args.adv_clip:g}, advantages / {args.advantage_std} "
-                    f"std) + {args.kl_weight:g} mse(v, v_ref); {args.chunks_per_sample} chunks per sample, "
-                    f"sigma {describe_train_sigmas(args)}",
-        })
-
+        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, vae_folder=vae_folder,
+                           parts=parts)
         # 6. Train; then the policy against the reference from the same noise on held-out clips; then export the
         #    policy (a LoRA file or a Teacher folder).
-        step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype)
-        validation = reward_validation(args, step_fn, vae_folder, env, start.run_dir)
-        run_state = run_training(args, start, env, roles=[method_model.role], batches=batches, step_fn=step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=validation)
+        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
+                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
         if eval_dataset is not None:
-            report = {**evaluate_against_reference(step_fn.eval_rollout, step_fn.rewards, eval_dataset,
-                                                   args.eval_clips, env),
-                      "split": args.eval_split, "step": run_state.global_step}
-            if env.is_main:
-                write_json_atomic(start.run_dir / EVAL_NAME, report)
-            policy_total, reference_total = report["reward_policy"][TOTAL], report["reward_reference"][TOTAL]
-            log0(f"policy vs reference on {len(report['clips'])} {args.eval_split} clips (same noise): reward "
-                 f"{policy_total:.5g} vs {reference_total:.5g}, policy higher on {report['policy_wins']}; "
-                 f"std ratio {report['monitors']['monitor/std_ratio']:.4f}, temporal ratio "
-                 f"{report['monitors']['monitor/temporal_ratio']:.4f} ({start.run_dir / EVAL_NAME})")
-        exported = export_method_model(method_model, start.run_dir, {**meta, "step": run_state.global_step}, env)
+            evaluate(args, step_fn=parts.step_fn, eval_dataset=eval_dataset, env=env, run_dir=start.run_dir,
+                     step=run_state.global_step)
+        exported = export_method_model(parts.objects["method_model"], start.run_dir,
+                                       {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} policy: {exported}")
     return 0
 

@@ -13,7 +13,6 @@ applies) is tested on the tiny world in tests/test_fvtools_dmd2.py.
 
 from __future__ import annotations
 
-import argparse
 
 import pytest
 import torch
@@ -107,8 +106,6 @@ def test_the_generator_ema_direction_and_start():
 @pytest.mark.parametrize("decay, start_step, every, start_update", [(0.99, 200, 5, 40), (0.5, 3, 2, 1), (0.9, 0, 1, 0)])
 def test_the_dmd2_generator_ema_comes_from_its_flags(decay, start_step, every, start_update):
     """--ema_start_step counts loop steps (Self-Forcing's ema_start_step); the EMA counts generator updates."""
-    args = argparse.Namespace(ema_decay=decay, ema_start_step=start_step, generator_every=every)
-    ema = generator_ema(args, torch.nn.Linear(2, 1))
+    ema = generator_ema(torch.nn.Linear(2, 1), decay=decay, start_step=start_step, every=every)
     assert (ema.decay, ema.start_update) == (decay, start_update)
-    assert generator_ema(argparse.Namespace(ema_decay=-1, ema_start_step=200, generator_every=5),
-                         torch.nn.Linear(2, 1)) is None
+    assert generator_ema(torch.nn.Linear(2, 1), decay=-1, start_step=200, every=5) is None

@@ -29,7 +29,8 @@ from predictor_training.data.ode_cache import (
 )
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.distributed import DistEnv
-from predictor_training.methods.method_model import MethodModel, build_method_model, export_method_model
+from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model, export_method_model
+from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource
@@ -92,7 +93,8 @@ def test_df_sft_draws_one_noise_level_per_chunk(world, tmp_path):
     args = _df_sft_args(world, tmp_path / "sigmas", "--chunks_per_clip", "2", "--sigma_min", "0.0")
     policy = precision_policy("fp32", CPU)
     source = TeacherSource(args.teacher, None, "--teacher", None)
-    method_model = build_method_model(source, args, ENV, policy, role_name="student")
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV, policy,
+                                      role_name="student")
     seen = []
     chunk_step = method_model.model.chunk_step
 
@@ -118,7 +120,8 @@ def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
                         "--lr", "1e-2", "--max_steps", "3", "--warmup_steps", "0")
     policy = precision_policy("fp32", CPU)
     source = TeacherSource(args.teacher, None, "--teacher", None)
-    method_model = build_method_model(source, args, ENV, policy, role_name="student")
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV, policy,
+                                      role_name="student")
     lora_names = set(method_model.role.raw_module.state_dict())
     before = {name: tensor.clone() for name, tensor in method_model.model.state_dict().items()}
     dataset = VideoLatentDataset(world["videos"], "train")

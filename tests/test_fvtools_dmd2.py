@@ -20,7 +20,10 @@ from predictor_training.teacher.adapters import add_lora, save_lora
 from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.distributed import DistEnv
-from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
+from predictor_training.methods.dmd2_models import (FAKE, PredictorGeneratorSettings, ScoreSettings,
+                                                   build_predictor_role, build_scores, build_student)
+from predictor_training.methods.method_model import MethodSettings
+from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.methods.flow_matching import add_noise
 from predictor_training.methods.score_models import ScoreClip
 from predictor_training.runtime.precision import precision_policy
@@ -76,10 +79,13 @@ def _build(world, tmp_path, *extra):
     teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), CPU, torch.float32)
     student = None
     if args.generator == "predictor":
-        _, generator_role, _ = build_predictor_role(args, teacher, ENV, resuming=False)
+        _, generator_role, _ = build_predictor_role(settings_from_flags(PredictorGeneratorSettings, args), teacher,
+                                                    ENV, resuming=False)
     else:
-        student, generator_role, _ = build_student(args, teacher, ENV, policy)
-    real, fake, fake_role = build_scores(args, teacher, ENV, policy)
+        student, generator_role, _ = build_student(
+            settings_from_flags(MethodSettings, args), teacher, ENV, policy, teacher_folder=args.teacher,
+            generator_every=args.generator_every, ema_decay=args.ema_decay, ema_start_step=args.ema_start_step)
+    real, fake, fake_role = build_scores(settings_from_flags(ScoreSettings, args), teacher, ENV, policy)
     step = dmd2.DistributionMatchingStep(
         args=args, env=ENV, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
         teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)

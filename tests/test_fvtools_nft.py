@@ -20,7 +20,8 @@ from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.methods.nft import OldPolicy, PolicyModels, old_policy_decay, sampler_sigma_grid
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.video.vae_decoder import VaeDecoder
-from predictor_training.methods.method_model import build_method_model
+from predictor_training.methods.method_model import MethodSettings, build_method_model
+from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.methods.rewards import REWARDS, RewardScorer, VideoRewards, default_vae_folder, \
     parse_reward_weights, select_frames
@@ -117,7 +118,9 @@ def test_sigma_and_advantage_flags(world, tmp_path, capsys):
     Teacher's lowest trained sigma is refused for a policy that starts from it, unless forced."""
     args = nft.parse_args(_argv(world, tmp_path))
     assert (args.train_sigmas, args.advantage_std, args.sigma_min) == ("sampler_grid", "global", 0.625)
-    assert nft.describe_train_sigmas(args) == "on the sampler's grid {1, 0.9375, 0.8333, 0.625}"
+    grid = nft.sampler_sigma_grid(args.sample_steps, args.sample_shift)
+    assert nft.describe_train_sigmas(settings_from_flags(nft.TrainSigmas, args), grid) == \
+        "on the sampler's grid {1, 0.9375, 0.8333, 0.625}"
     assert nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range")).sigma_min == 0.625
     with pytest.raises(SystemExit):
         nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2"))
@@ -178,7 +181,8 @@ def test_old_policy_follows_its_schedule():
 def _step(world, tmp_path, *extra: str):
     args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
     source = TeacherSource(args.teacher, None, "--teacher", None)
-    method_model = build_method_model(source, args, ENV, precision_policy("fp32", CPU), role_name=nft.ROLE)
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV,
+                                      precision_policy("fp32", CPU), role_name=nft.ROLE)
     models = PolicyModels(method_model)
     method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
     decoder = VaeDecoder.from_folder(default_vae_folder(args.dataset_root), CPU, torch.float32, tiling=False)

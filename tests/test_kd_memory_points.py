@@ -26,7 +26,8 @@ import fvtools.train_df_sft as df_sft
 import fvtools.train_kd as kd
 from predictor_training.data import builder
 from predictor_training.data.ode_cache import CacheJob, CacheSettings, OdeCacheDataset, build_cache
-from predictor_training.methods.method_model import build_method_model
+from predictor_training.methods.method_model import MethodSettings, build_method_model
+from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutInputs, record_rollout
 from predictor_training.rollout.camera import _rotation_y, make_retrieval_points, select_aligned_memory_frames
 from predictor_training.rollout.scheduler import flow_match_sigmas
@@ -148,8 +149,9 @@ def test_kd_student_context_is_the_cache_rollouts_and_the_teacher_is_its_own_fix
     dataset = OdeCacheDataset(cache, "train")
     item = dataset[0]
     assert item["seed"] == ROLLOUT_SEED
-    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None), args, ENV,
-                                      precision_policy("fp32", CPU), role_name="student")
+    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None),
+                                      settings_from_flags(MethodSettings, args), ENV, precision_policy("fp32", CPU),
+                                      role_name="student")
     state_indices = kd.student_state_indices(1, 5.0, dataset.stored_sigmas)
     step = kd.CausalKDStep(method_model, kd.RolloutConfig(state_dtype=torch.float32), state_indices, args, ENV,
                            RunState())
@@ -201,8 +203,8 @@ def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: 
                               "--chunks_per_clip", "8", "--output_dir", str(tmp_path / "run"), "--no_progress",
                               *extra])
     policy = precision_policy("fp32", CPU)
-    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None), args, ENV, policy,
-                                      role_name="student")
+    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None),
+                                      settings_from_flags(MethodSettings, args), ENV, policy, role_name="student")
     rollout_config = df_sft.build_rollout_config(args, SimpleNamespace(config=dataset_config), policy)
     return df_sft.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState()), method_model
 
@@ -351,8 +353,9 @@ def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_pat
                           "--no_progress"])
     dataset = OdeCacheDataset(tmp_path / "cache", "train")
     item = dataset[0]
-    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None), args, ENV,
-                                      precision_policy("fp32", CPU), role_name="student")
+    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None),
+                                      settings_from_flags(MethodSettings, args), ENV, precision_policy("fp32", CPU),
+                                      role_name="student")
     student_sigmas = flow_match_sigmas(4, 5.0)[:-1]
     seen = set()
     for micro_step in range(6):

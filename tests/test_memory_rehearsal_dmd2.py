@@ -110,7 +110,10 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
     wrong adapter would go unseen) and the Teacher's x0 anchor gives it a gradient."""
     import fvtools.train_dmd2 as dmd2
     from predictor_training.data.video_latents import VideoLatentDataset
-    from predictor_training.methods.dmd2_models import FAKE, build_predictor_role, build_scores, build_student
+    from predictor_training.methods.dmd2_models import (FAKE, PredictorGeneratorSettings, ScoreSettings,
+                                                       build_predictor_role, build_scores, build_student)
+    from predictor_training.methods.method_model import MethodSettings
+    from predictor_training.runtime.flags import settings_from_flags
     from predictor_training.runtime.checkpoint import RunState
     from predictor_training.runtime.distributed import DistEnv
     from predictor_training.runtime.precision import precision_policy
@@ -127,14 +130,17 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
     policy = precision_policy("fp32", cpu)
     student = None
     if generator == "predictor":
-        _, generator_role, _ = build_predictor_role(args, teacher, env, resuming=False)
+        _, generator_role, _ = build_predictor_role(settings_from_flags(PredictorGeneratorSettings, args), teacher,
+                                                    env, resuming=False)
     else:
-        student, generator_role, _ = build_student(args, teacher, env, policy)
+        student, generator_role, _ = build_student(
+            settings_from_flags(MethodSettings, args), teacher, env, policy, teacher_folder=args.teacher,
+            generator_every=args.generator_every, ema_decay=args.ema_decay, ema_start_step=args.ema_start_step)
         values = torch.Generator().manual_seed(3)
         with torch.no_grad():
             for param in generator_role.parameters:
                 param.copy_(0.05 * torch.randn(param.shape, generator=values))
-    real, fake, fake_role = build_scores(args, teacher, env, policy)
+    real, fake, fake_role = build_scores(settings_from_flags(ScoreSettings, args), teacher, env, policy)
     step = dmd2.DistributionMatchingStep(
         args=args, env=env, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
         teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)

@@ -34,11 +34,11 @@ import json
 import sys
 from pathlib import Path
 
-from predictor_training.data.builder import DTYPES, run
+from predictor_training.data.builder import DTYPES, BuildOptions, run
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import add_threads_arg, settings_from_flags
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -123,7 +123,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="build_predictor_dataset", load_aware=False)
-    return run(args)
+    return run(settings_from_flags(BuildOptions, args))
 
 
 if __name__ == "__main__":

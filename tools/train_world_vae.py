@@ -22,12 +22,9 @@ import safetensors.torch
 import torch
 
 from predictor_training.data.batches import one_item_per_rank_batches
-from predictor_training.runtime.checkpoint import (
-    RunState,
-    load_model_weights,
-    load_training_state,
-)
+from predictor_training.runtime.checkpoint import RunState, load_model_weights
 from predictor_training.runtime.distributed import (
+    DistEnv,
     cleanup_distributed,
     init_distributed,
     log0,
@@ -42,9 +39,10 @@ from predictor_training.runtime.flags import (
     parse_recipe_args,
 )
 from predictor_training.runtime.io import write_json_atomic
-from predictor_training.runtime.logger import MetricsLogger
-from predictor_training.runtime.loop import train_loop
+from predictor_training.runtime.launch import resume_roles, run_training
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
+from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (
     format_lr,
@@ -245,9 +243,62 @@ def save_vae_folder(vae, folder: Path) -> None:
     staging.rename(folder)
 
 
+def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, resuming: bool = False,
+          run_dir: Path | None = None) -> RecipeParts:
+    """Step 2: the world VAE (seeded from --seed; FP32 only, as parse_args requires, so `policy` is fp32's and
+    changes nothing; --init_from's weights unless a training state is resumed: `resuming`), AdamW with warmup + cosine, its role (gradients all-reduced), the VAE step and,
+    with --holdout and --eval_every, the periodic held-out PSNR (`extra_step_check`, into `run_dir`)."""
+    vae = build_world_vae(world_vae_config(args.latent_channels, args.block_out_channels), args.seed)
+    vae = vae.to(env.device).train()
+    if not resuming and args.init_from is not None:
+        load_initial_weights(vae, args.init_from)
+    optimizer = build_optimizer({ROLE: list(vae.parameters())}, {ROLE: args.lr},
+                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=args.warmup_steps, max_steps=args.max_steps)
+    role = Role(ROLE, vae, optimizer, schedule, grad_clip=args.grad_clip, grad_sync="all_reduce")
+    run_state = RunState()
+    periodic = None
+    if args.holdout is not None and args.eval_every > 0:
+        watched = [clip for group in eval_groups(args.holdout, args.eval_clips).values() for clip in group]
+        periodic = PeriodicEval(vae, watched[:args.eval_clips], args.eval_every, Path(run_dir) / "vae_eval_log.jsonl",
+                                env.device, env.is_main)
+    return RecipeParts(roles=[role], step_fn=VaeStep(vae, args.kl_weight, args.seed, run_state, env.device),
+                       models=[vae], run_state=run_state, loop_options={"extra_step_check": periodic},
+                       objects={"vae": vae})
+
+
+def build_data(args: argparse.Namespace, env: DistEnv) -> tuple[list[ClipVideo], object]:
+    """Step 3: the training clips and this rank's batches of their windows (a mix of short and long ones)."""
+    clips = read_clip_table(args.clips)
+    dataset = ClipWindows(clips, num_frames=args.num_frames, short=args.short, long_min=args.long_min,
+                          long_fraction=args.long_fraction, windows_per_clip=8, seed=args.seed,
+                          windows_per_item=args.windows_per_item, long_windows_per_item=args.long_windows_per_item)
+    return clips, one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
+
+
+def finish(args: argparse.Namespace, vae, env: DistEnv, run_dir: Path) -> None:
+    """Step 7 (rank 0): the latent scale (posterior means of unit variance on the first --eval_clips training clips),
+    held-out PSNR of whole clips (vae_eval.json) and the diffusers folder <run_dir>/vae/."""
+    vae.eval()
+    train_videos = [read_video(clip.video) for clip in read_clip_table(args.clips)[:args.eval_clips]]
+    std = latent_std(vae, train_videos, env.device)
+    vae.register_to_config(scaling_factor=1.0 / std)
+    report = {"latent_std": std, "scaling_factor": 1.0 / std}
+    if args.holdout is not None:
+        groups = eval_groups(args.holdout, args.eval_clips)
+        report.update(score_groups(vae, groups, env.device))
+        log0(f"held-out full-clip PSNR {report['holdout_psnr_mean']:.2f} dB over "
+             f"{sum(len(group) for group in groups.values())} clips "
+             + ", ".join(f"{name} {report[f'{name}_psnr_mean']:.2f} dB" for name in groups))
+    write_json_atomic(run_dir / EVAL_NAME, report)
+    save_vae_folder(vae, run_dir / "vae")
+    log0(f"world VAE saved: {run_dir / 'vae'} (scaling_factor {1.0 / std:.4f})")
+
+
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # 1. The run directory, named from the flags; a finished run whose vae/ is exported has nothing left to do.
     meta = {"method": "world_vae", "precision": args.precision}
     start = plan_run(args, meta=meta, naming=vae_run_name)
     if args.print_run_dir:
@@ -259,67 +310,34 @@ def main(argv=None) -> int:
     try:
         log0(start.describe())
         seed_everything(args.seed, rank=env.rank)
-        vae = build_world_vae(world_vae_config(args.latent_channels, args.block_out_channels), args.seed)
-        vae = vae.to(env.device).train()
-        if start.kind == "finished":  # trained, but stopped before the export below
+        # 2. The VAE, its optimizer and role, the step and the periodic eval (see build).
+        parts = build(args, env, precision_policy(args.precision, env.device),
+                      resuming=start.resume_path is not None, run_dir=start.run_dir)
+        vae = parts.objects["vae"]
+        if start.kind == "finished":  # trained, but stopped before the export of step 7
             load_model_weights(start.resume_path, vae, expect=meta, role=ROLE)
         else:
-            if start.resume_path is None and args.init_from is not None:
-                load_initial_weights(vae, args.init_from)
             if env.is_main:
                 start.run_dir.mkdir(parents=True, exist_ok=True)
-            clips = read_clip_table(args.clips)
-            dataset = ClipWindows(clips, num_frames=args.num_frames, short=args.short, long_min=args.long_min,
-                                  long_fraction=args.long_fraction, windows_per_clip=8, seed=args.seed,
-                                  windows_per_item=args.windows_per_item,
-                                  long_windows_per_item=args.long_windows_per_item)
-            batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
-            optimizer = build_optimizer({ROLE: list(vae.parameters())}, {ROLE: args.lr},
-                                        betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-            schedule = WarmupCosineSchedule(optimizer, warmup_steps=args.warmup_steps, max_steps=args.max_steps)
-            role = Role(ROLE, vae, optimizer, schedule, grad_clip=args.grad_clip, grad_sync="all_reduce")
-            run_state = RunState()
-            if start.resume_path is not None:
-                run_state = load_training_state(start.resume_path, roles=[role], expect=meta)
-                batches.load_state_dict(run_state.data)
+            # 3. Data: clip windows, one item per rank per micro-batch.
+            clips, batches = build_data(args, env)
+            # 4. Resume (the run directory's own unfinished run): the role and the data position.
+            run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
+            # 5. Config and summary.
             config = run_config(args, run_name=start.run_name, vae_config=world_vae_config(
                 args.latent_channels, args.block_out_channels), num_clips=len(clips), world_size=env.world_size)
             if env.is_main:
                 write_train_config(start.run_dir, config)
             log0(f"world VAE: {sum(p.numel() for p in vae.parameters()):,} parameters; {len(clips)} training clips; "
                  f"steps {run_state.global_step + 1}..{start.stop_step}")
-            step_fn = VaeStep(vae, args.kl_weight, args.seed, run_state, env.device)
-            periodic = None
-            if args.holdout is not None and args.eval_every > 0:
-                watched = [clip for group in eval_groups(args.holdout, args.eval_clips).values() for clip in group]
-                periodic = PeriodicEval(vae, watched[:args.eval_clips], args.eval_every,
-                                        start.run_dir / "vae_eval_log.jsonl", env.device, env.is_main)
-            with MetricsLogger(start.run_dir, env, tracker=args.tracker, project=args.swanlab_project,
-                               experiment=args.experiment_name or start.run_name, config=config,
-                               swanlab_mode=args.swanlab_mode) as metrics_logger:
-                train_loop(roles=[role], batches=batches, step_fn=step_fn, run_dir=start.run_dir, env=env,
-                           run_state=run_state, max_steps=args.max_steps, stop_at_step=start.stop_step,
-                           grad_accum=args.grad_accum, ckpt_every=args.ckpt_every, keep_last=args.keep_last,
-                           log_every=args.log_every, metrics_logger=metrics_logger, config=config, meta=meta,
-                           progress=not args.no_progress, extra_step_check=periodic)
+            # 6. Train: the VAE step and the shared loop.
+            run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
+                         run_state=run_state, config=config, meta=meta, **parts.loop_options)
             if start.stop_step < args.max_steps:
                 return 0
-        # Finish: the latent scale, held-out PSNR of whole clips, the diffusers folder.
+        # 7. Finish: the latent scale, held-out PSNR of whole clips, the diffusers folder.
         if env.is_main:
-            vae.eval()
-            train_videos = [read_video(clip.video) for clip in read_clip_table(args.clips)[:args.eval_clips]]
-            std = latent_std(vae, train_videos, env.device)
-            vae.register_to_config(scaling_factor=1.0 / std)
-            report = {"latent_std": std, "scaling_factor": 1.0 / std}
-            if args.holdout is not None:
-                groups = eval_groups(args.holdout, args.eval_clips)
-                report.update(score_groups(vae, groups, env.device))
-                log0(f"held-out full-clip PSNR {report['holdout_psnr_mean']:.2f} dB over "
-                     f"{sum(len(group) for group in groups.values())} clips "
-                     + ", ".join(f"{name} {report[f'{name}_psnr_mean']:.2f} dB" for name in groups))
-            write_json_atomic(start.run_dir / EVAL_NAME, report)
-            save_vae_folder(vae, start.run_dir / "vae")
-            log0(f"world VAE saved: {start.run_dir / 'vae'} (scaling_factor {1.0 / std:.4f})")
+            finish(args, vae, env, start.run_dir)
         return 0
     finally:
         cleanup_distributed()

@@ -75,7 +75,8 @@ class DatasetInputError(UserInputError):
 # =============================================================================================================
 @dataclass
 class BuildOptions:
-    """What ``run`` needs: the fields of the command line's parsed arguments (flags and defaults: docs/dataset.md).
+    """What ``run`` builds from, named as the command line's flags (flags and defaults: docs/dataset.md;
+    ``tools/build_predictor_dataset.py`` makes it with ``flags.settings_from_flags``).
 
     teacher: Teacher folder (config.json + safetensors); action_ckpt: optional action checkpoint on top of it;
     samples: sample tables (a row's split is its table's file stem); encoded: folder of encoder outputs
@@ -271,12 +272,14 @@ def trajectory_tensors(recorder: TrajectoryRecorder, inputs: RolloutInputs, roll
     return tensors
 
 
-def build_trajectory(teacher, job: TrajectoryJob, case_tensors: dict, args, device, dtype, storage_dtype) -> dict:
-    """Run the F-F-F-F rollout of one sample-table row and return its tensors (storage dtype)."""
+def build_trajectory(teacher, job: TrajectoryJob, case_tensors: dict, *, num_latents: int,
+                     prefeature_layers: Sequence[int], device, dtype, storage_dtype) -> dict:
+    """Run the F-F-F-F rollout of one sample-table row (`num_latents` latents, the pre-features of
+    `prefeature_layers` recorded) and return its tensors (storage dtype)."""
     text_kv = TextKV.from_layer_stack(case_tensors["text_k"], case_tensors["text_v"], device, dtype)
     image_cond = case_tensors["image_cond"].to(device=device, dtype=dtype)
-    inputs = rollout_inputs_for_job(job, image_cond, args.num_latents, device, dtype)
-    config = rollout_config(args.prefeature_layers, dtype)
+    inputs = rollout_inputs_for_job(job, image_cond, num_latents, device, dtype)
+    config = rollout_config(prefeature_layers, dtype)
     rollout, recorder = record_rollout(teacher, text_kv, inputs, config, device, record_dtype=storage_dtype)
     return trajectory_tensors(recorder, inputs, rollout, job.seed)
 
@@ -284,20 +287,20 @@ def build_trajectory(teacher, job: TrajectoryJob, case_tensors: dict, args, devi
 # =============================================================================================================
 # 5. Dataset config, manifest parts, resume
 # =============================================================================================================
-def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int, int, int]) -> dict:
+def dataset_config(options: BuildOptions, plan: BuildPlan, teacher_config: dict, grid: tuple[int, int, int]) -> dict:
     """Everything that determines the stored tensors (no timestamps, so a rebuild writes the same bytes)."""
-    rollout = rollout_config(args.prefeature_layers, DTYPES[args.dtype])
+    rollout = rollout_config(options.prefeature_layers, DTYPES[options.dtype])
     sigmas = flow_match_sigmas(rollout.num_steps, rollout.shift)
     teacher_files = sorted(
-        {"name": path.name, "bytes": path.stat().st_size} for path in Path(args.teacher).glob("*.safetensors*")
-    ) if Path(args.teacher).is_dir() else []
+        {"name": path.name, "bytes": path.stat().st_size} for path in Path(options.teacher).glob("*.safetensors*")
+    ) if Path(options.teacher).is_dir() else []
     return {
         "builder_version": BUILDER_VERSION,
         "teacher": {
-            "folder": str(Path(args.teacher).resolve()),
+            "folder": str(Path(options.teacher).resolve()),
             "config_sha256": sha256_json(teacher_config),
             "weight_files": sorted(teacher_files, key=lambda item: item["name"]),
-            "action_ckpt": None if args.action_ckpt is None else str(Path(args.action_ckpt).resolve()),
+            "action_ckpt": None if options.action_ckpt is None else str(Path(options.action_ckpt).resolve()),
             "depth": teacher_config["mm_double_blocks_depth"],
             "hidden": teacher_config["hidden_size"],
             "heads": teacher_config["heads_num"],
@@ -307,9 +310,9 @@ def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int,
         "num_cases": len(plan.cases),
         "num_trajectories": len(plan.trajectories),
         "grid": {"C": grid[0], "H": grid[1], "W": grid[2]},
-        "num_latents": args.num_latents,
+        "num_latents": options.num_latents,
         "chunk_latents": rollout.chunk_latents,
-        "num_chunks": args.num_latents // rollout.chunk_latents,
+        "num_chunks": options.num_latents // rollout.chunk_latents,
         "num_steps": rollout.num_steps,
         "shift": rollout.shift,
         "timesteps": sigmas_to_timesteps(sigmas).tolist(),
@@ -319,9 +322,9 @@ def dataset_config(args, plan: BuildPlan, teacher_config: dict, grid: tuple[int,
                    "pred_latent_size": rollout.chunk_latents, "points_seed": "row seed",
                    "num_points": 50000},
         "noise": "make_initial_noise(row seed): CPU torch.Generator, float32 randn, cast to the compute dtype",
-        "prefeature_layers": list(args.prefeature_layers),
-        "compute_dtype": args.dtype,
-        "storage_dtype": args.storage_dtype,
+        "prefeature_layers": list(options.prefeature_layers),
+        "compute_dtype": options.dtype,
+        "storage_dtype": options.storage_dtype,
     }
 
 
@@ -441,29 +444,30 @@ def estimate_case_bytes(channels, height, width, depth, hidden, text_tokens, sto
     return 2 * depth * text_tokens * hidden * storage_bytes + channels * height * width * storage_bytes + 400
 
 
-def dry_run(args, plan: BuildPlan, teacher_config: dict) -> None:
+def dry_run(options: BuildOptions, plan: BuildPlan, teacher_config: dict) -> None:
     """Print the trajectory count and the estimated dataset size (GiB) for the configured Teacher and grid."""
     channels, depth, hidden = (teacher_config[key] for key in ("in_channels", "mm_double_blocks_depth",
                                                                   "hidden_size"))
-    storage_bytes = torch.tensor([], dtype=DTYPES[args.storage_dtype]).element_size()
-    grid = plan.grid if plan.grid is not None else args.assume_grid
+    storage_bytes = torch.tensor([], dtype=DTYPES[options.storage_dtype]).element_size()
+    grid = plan.grid if plan.grid is not None else options.assume_grid
     missing = [job.case_id for job in plan.cases if job.text_tokens is None]
-    if grid is None or (missing and args.assume_text_tokens is None):
+    if grid is None or (missing and options.assume_text_tokens is None):
         raise DatasetInputError(
             f"--dry_run: no encoder output for {len(missing)} case(s) (e.g. {missing[:1]}); give --assume_grid HxW "
             "and --assume_text_tokens N to estimate without them"
         )
     height, width = grid
-    text_tokens = [job.text_tokens if job.text_tokens is not None else args.assume_text_tokens for job in plan.cases]
-    per_trajectory = estimate_trajectory_bytes(channels, height, width, hidden, args.num_latents,
-                                               args.prefeature_layers, storage_bytes)
+    text_tokens = [job.text_tokens if job.text_tokens is not None else options.assume_text_tokens
+                   for job in plan.cases]
+    per_trajectory = estimate_trajectory_bytes(channels, height, width, hidden, options.num_latents,
+                                               options.prefeature_layers, storage_bytes)
     case_bytes = sum(estimate_case_bytes(channels, height, width, depth, hidden, tokens, storage_bytes)
                      for tokens in text_tokens)
     total = per_trajectory * len(plan.trajectories) + case_bytes
     gib = 1024 ** 3
     print(f"dry run: {len(plan.trajectories)} trajectories, {len(plan.cases)} cases; grid C={channels} H={height} "
-          f"W={width}, {args.num_latents} latents, depth {depth}, hidden {hidden}, prefeature layers "
-          f"{list(args.prefeature_layers)}, storage {args.storage_dtype}")
+          f"W={width}, {options.num_latents} latents, depth {depth}, hidden {hidden}, prefeature layers "
+          f"{list(options.prefeature_layers)}, storage {options.storage_dtype}")
     print(f"dry run: per trajectory {per_trajectory / gib:.3f} GiB ({per_trajectory} bytes); cases "
           f"{case_bytes / gib:.3f} GiB ({case_bytes} bytes); total {total / gib:.2f} GiB ({total} bytes)")
 
@@ -482,27 +486,28 @@ def read_teacher_config(teacher_dir: Path) -> dict:
 # =============================================================================================================
 # 7. Run and build
 # =============================================================================================================
-def run(args) -> int:
+def run(options: BuildOptions) -> int:
     """Plan, then either print the dry-run estimate or build (``torchrun``-aware); returns the exit status.
 
-    ``args``: a ``BuildOptions`` or the command line's ``argparse.Namespace`` with the same fields.
-    ``args.prefeature_layers`` None is replaced by ``default_prefeature_layers`` of the Teacher's depth.
+    ``options.prefeature_layers`` None is replaced by ``default_prefeature_layers`` of the Teacher's depth (in
+    ``options``, which the caller then reads).
     """
-    teacher_config = read_teacher_config(args.teacher)
+    teacher_config = read_teacher_config(options.teacher)
     depth = teacher_config["mm_double_blocks_depth"]
-    if args.prefeature_layers is None:
-        args.prefeature_layers = default_prefeature_layers(depth)
-    bad_layers = [layer for layer in args.prefeature_layers if not 0 <= layer < depth]
+    if options.prefeature_layers is None:
+        options.prefeature_layers = default_prefeature_layers(depth)
+    bad_layers = [layer for layer in options.prefeature_layers if not 0 <= layer < depth]
     if bad_layers:
         raise DatasetInputError(f"--prefeature_layers {bad_layers}: the Teacher has double blocks 0..{depth - 1}")
-    plan = read_plan(args.samples, args.encoded, args.num_latents, teacher_config, read_encoded=not args.dry_run)
-    if args.dry_run:
-        dry_run(args, plan, teacher_config)
+    plan = read_plan(options.samples, options.encoded, options.num_latents, teacher_config,
+                     read_encoded=not options.dry_run)
+    if options.dry_run:
+        dry_run(options, plan, teacher_config)
         return 0
 
-    env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[args.device])
+    env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
     try:
-        return build(args, plan, teacher_config, env)
+        return build(options, plan, teacher_config, env)
     finally:
         cleanup_distributed()
 
@@ -522,24 +527,24 @@ def case_checksums(root: Path) -> TensorChecksums:
     return TensorChecksums(expected)
 
 
-def build(args, plan: BuildPlan, teacher_config: dict, env) -> int:
-    """Build (or resume) the dataset in ``args.out`` on this rank of ``env`` (``distributed.init_distributed``)."""
-    root = args.out
-    device, dtype, storage_dtype = env.device, DTYPES[args.dtype], DTYPES[args.storage_dtype]
+def build(options: BuildOptions, plan: BuildPlan, teacher_config: dict, env) -> int:
+    """Build (or resume) the dataset in ``options.out`` on this rank of ``env`` (``distributed.init_distributed``)."""
+    root = options.out
+    device, dtype, storage_dtype = env.device, DTYPES[options.dtype], DTYPES[options.storage_dtype]
     part_file = root / PARTS_DIR / f"rank{env.rank}.jsonl"
     log = (lambda message: print(f"[build_predictor_dataset] {message}", flush=True)) if env.is_main else (
         lambda message: None)
 
     # 1. Teacher, grid (from the first case's encoder output), dataset config.
     started = time.time()
-    teacher = load_teacher(TeacherSource(Path(args.teacher), args.action_ckpt, "--teacher", None), device, dtype)
+    teacher = load_teacher(TeacherSource(Path(options.teacher), options.action_ckpt, "--teacher", None), device, dtype)
     grid = (teacher.config.in_channels, *plan.grid)
     if env.is_main:
         root.mkdir(parents=True, exist_ok=True)
-        write_or_check_config(root, dataset_config(args, plan, teacher_config, grid))
+        write_or_check_config(root, dataset_config(options, plan, teacher_config, grid))
     log(f"{len(plan.cases)} cases, {len(plan.trajectories)} trajectories, world size {env.world_size}, "
-        f"device {device}, compute {args.dtype}, storage {args.storage_dtype}, grid {grid}, "
-        f"prefeature layers {list(args.prefeature_layers)}")
+        f"device {device}, compute {options.dtype}, storage {options.storage_dtype}, grid {grid}, "
+        f"prefeature layers {list(options.prefeature_layers)}")
     barrier()
     entries = known_entries(root)
     barrier()  # nobody appends to a part file before every rank has read them
@@ -573,17 +578,19 @@ def build(args, plan: BuildPlan, teacher_config: dict, env) -> int:
         if reason != "missing":
             print(f"[rank {env.rank}] rebuilding {job.file}: {reason}", flush=True)
         case_tensors = load_tensors(root / f"cases/{job.case_id}.safetensors", checksums=cases)
-        tensors = build_trajectory(teacher, job, case_tensors, args, device, dtype, storage_dtype)
+        tensors = build_trajectory(teacher, job, case_tensors, num_latents=options.num_latents,
+                                   prefeature_layers=options.prefeature_layers, device=device, dtype=dtype,
+                                   storage_dtype=storage_dtype)
         facts = write_safetensors_atomic(root / job.file, tensors)
         append_jsonl(part_file, make_manifest_entry("trajectory", job.file, facts, job.case_id, job.action_id,
                                                     job.split))
         counts["built"] += 1
-        if args.stop_after is not None and counts["built"] >= args.stop_after:
+        if options.stop_after is not None and counts["built"] >= options.stop_after:
             break
     print(f"[rank {env.rank}] trajectories built {counts['built']}, skipped {counts['skipped']}; "
           f"cases built {counts['cases_built']}, skipped {counts['cases_skipped']}", flush=True)
-    if args.stop_after is not None:
-        print(f"[rank {env.rank}] --stop_after {args.stop_after}: stopping without a manifest (rerun to resume)",
+    if options.stop_after is not None:
+        print(f"[rank {env.rank}] --stop_after {options.stop_after}: stopping without a manifest (rerun to resume)",
               flush=True)
         return 0
 

@@ -282,25 +282,27 @@ def resolve_video_val_args(parser, args, method: str) -> None:
         parser.error(f"--val_every={args.val_every}: {error}; pass --val_vae DIR / --val_split NAME")
 
 
-def generator_validation(args, env: DistEnv, *, teacher, generator_role, student, rollout_config: RolloutConfig,
-                         run_dir: Path) -> ClipRolloutValidation | None:
-    """DMD2's validation (fvtools/train_dmd2.py): the generator's rollout on the first --val_videos clips of
-    --val_split (the F-P-P-P composite through the eval's own step hook on the frozen Teacher, or the student's own
-    --student_steps rollout) against the clip's decoded latents (val/*_vs_truth) and the Teacher's F-F-F-F of the
+def generator_validation(*, every: int, dataset_root: Path, split: str, videos: int, vae: Path, seed: int, teacher,
+                         generator_role, student, replace_steps, student_steps: int, student_shift: float,
+                         rollout_config: RolloutConfig, env: DistEnv, run_dir: Path) -> ClipRolloutValidation | None:
+    """DMD2's validation (fvtools/train_dmd2.py; its --val_every, --dataset_root, --val_split, --val_videos,
+    --val_vae, --seed): the generator's rollout on the first `videos` clips of `split` (the composite of
+    `replace_steps` through the eval's own step hook on the frozen Teacher, or the student's own `student_steps`
+    rollout at `student_shift`) against the clip's decoded latents (val/*_vs_truth) and the Teacher's F-F-F-F of the
     same noise (val/*_vs_teacher), plus the collapse monitors of the generator's latents against the Teacher's
-    (val/monitor/*). `student`: the student's ScoreModel, or None for the Predictor. None with --val_every 0."""
-    if args.val_every <= 0:
+    (val/monitor/*). `student`: the student's ScoreModel, or None for the Predictor. None with every 0."""
+    if every <= 0:
         return None
-    dataset = VideoLatentDataset(args.dataset_root, args.val_split)
+    dataset = VideoLatentDataset(dataset_root, split)
     autocast_dtype = rollout_config.autocast_dtype
-    schedule = Schedule.for_rollout(args.replace_steps, rollout_config)
+    schedule = Schedule.for_rollout(replace_steps, rollout_config)
     teacher_rollout = composite_rollout(teacher, None, schedule, rollout_config, env.device, autocast_dtype, run_dir)
 
     def reference(item, noise, memory_seed):
         with adapter(teacher, None):
             return teacher_rollout(item, noise, memory_seed)
 
-    if args.generator == "predictor":
+    if student is None:  # the Predictor
         predictor = unwrap_model(generator_role.module)
         modules = [predictor]
         composite = composite_rollout(teacher, predictor, schedule, rollout_config, env.device, autocast_dtype,
@@ -311,7 +313,7 @@ def generator_validation(args, env: DistEnv, *, teacher, generator_role, student
                 return composite(item, noise, memory_seed)
     else:
         modules = [student.model]
-        config = RolloutConfig(num_steps=args.student_steps, shift=args.student_shift, state_dtype=torch.float32,
+        config = RolloutConfig(num_steps=student_steps, shift=student_shift, state_dtype=torch.float32,
                                autocast_dtype=autocast_dtype)
         own = own_rollout(student.model, config, env.device, autocast_dtype)
 
@@ -324,20 +326,22 @@ def generator_validation(args, env: DistEnv, *, teacher, generator_role, student
         return {f"val/{key}": value for key, value in figures.items()}
 
     return ClipRolloutValidation(
-        generate=generate, reference=reference, extra=monitors, dataset=dataset, num_videos=args.val_videos,
-        vae=args.val_vae, env=env, run_dir=run_dir, seed=args.seed, chunk_latents=rollout_config.chunk_latents,
-        collective=generator_role.is_fsdp, modules=modules, split=args.val_split, reference_name="teacher")
+        generate=generate, reference=reference, extra=monitors, dataset=dataset, num_videos=videos, vae=vae, env=env,
+        run_dir=run_dir, seed=seed, chunk_latents=rollout_config.chunk_latents, collective=generator_role.is_fsdp,
+        modules=modules, split=split, reference_name="teacher")
 
 
-def reward_validation(args, step_fn, vae_folder: Path, env: DistEnv, run_dir: Path):
-    """NFT's validation (fvtools/train_nft.py, `step_fn` its NftStep): held-out reward while training (None with --val_every 0): the policy's rollout on the first --val_videos clips
-    of --eval_split, from the eval's own noise streams, scored against the clip's truth and the reference's rollout
-    from the same noise (its drift from the reference), with every reward of both as val/reward/<name> and
-    val/reward_reference/<name>."""
-    if args.val_every <= 0:
+def reward_validation(*, every: int, dataset_root: Path, split: str, videos: int, seed: int, step_fn, vae: Path,
+                      env: DistEnv, run_dir: Path) -> ClipRolloutValidation | None:
+    """NFT's validation (fvtools/train_nft.py: its --val_every, --dataset_root, --eval_split, --val_videos, --seed;
+    `step_fn` its NftStep, `vae` the folder that decodes its samples): held-out reward while training (None with
+    every 0): the policy's rollout on the first `videos` clips of `split`, from the eval's own noise streams, scored
+    against the clip's truth and the reference's rollout from the same noise (its drift from the reference), with
+    every reward of both as val/reward/<name> and val/reward_reference/<name>."""
+    if every <= 0:
         return None
-    dataset = VideoLatentDataset(args.dataset_root, args.eval_split)
-    row_of = {dataset[row]["clip_id"]: row for row in range(min(args.val_videos, len(dataset)))}
+    dataset = VideoLatentDataset(dataset_root, split)
+    row_of = {dataset[row]["clip_id"]: row for row in range(min(videos, len(dataset)))}
 
     def rollout(role: str):
         return lambda item, noise, memory_seed: step_fn.eval_rollout(item, role, row_of[item["clip_id"]])
@@ -348,9 +352,8 @@ def reward_validation(args, step_fn, vae_folder: Path, env: DistEnv, run_dir: Pa
                 **{f"val/reward_reference/{name}": float(values[1]) for name, values in scores.items()}}
 
     return ClipRolloutValidation(generate=rollout("policy"), reference=rollout("reference"), extra=rewards,
-                                 dataset=dataset, num_videos=args.val_videos, vae=vae_folder, env=env,
-                                 run_dir=run_dir, seed=args.seed, chunk_latents=CHUNK_LATENTS,
-                                 split=args.eval_split)
+                                 dataset=dataset, num_videos=videos, vae=vae, env=env, run_dir=run_dir, seed=seed,
+                                 chunk_latents=CHUNK_LATENTS, split=split)
 
 
 def own_rollout(model, rollout_config: RolloutConfig, device: torch.device, autocast_dtype):

@@ -20,12 +20,12 @@ training state, and written next to the raw weights at the end of a run (`export
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from predictor_training.methods.method_model import MethodModel, build_method_model, export_method_model
+from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model, export_method_model
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.model import build_predictor
 from predictor_training.runtime.checkpoint import (inference_weights_name, load_model_weights, prune_checkpoints,
@@ -70,120 +70,180 @@ def resolve_real_score(path: Path) -> tuple[str, Path]:
                      "lora_*.safetensors, a LoRA adapter file, or 'teacher'")
 
 
-def resolve_real_score_flags(args: argparse.Namespace) -> tuple[str, Path | None]:
+def resolve_real_score_flags(real_score: str, *, allow_raw_teacher_score: bool, score_sigma_min: float,
+                             fake_score_train: str) -> tuple[str, Path | None]:
     """(kind, path) of --real_score: ("teacher", None) for the raw Teacher, only with --allow_raw_teacher_score and
     --score_sigma_min at or above the distilled sigma floor; else `resolve_real_score`. ValueError names the flags."""
-    if args.real_score == RAW_TEACHER:
-        if not args.allow_raw_teacher_score:
+    if real_score == RAW_TEACHER:
+        if not allow_raw_teacher_score:
             raise ValueError(f"--real_score teacher: the distilled {DISTILLED_STEPS}-step Teacher is not a score model "
                              f"(its x - sigma v is a sample-like jump, trained only at sigma in "
                              f"[{DISTILLED_SIGMA_FLOOR}, 1]); train a real score with fvtools/train_df_sft.py and pass "
                              "its model, or add --allow_raw_teacher_score")
-        if args.score_sigma_min < DISTILLED_SIGMA_FLOOR:
-            raise ValueError(f"--score_sigma_min={args.score_sigma_min} with --real_score teacher: the raw Teacher was "
+        if score_sigma_min < DISTILLED_SIGMA_FLOOR:
+            raise ValueError(f"--score_sigma_min={score_sigma_min} with --real_score teacher: the raw Teacher was "
                              f"trained only at sigma >= {DISTILLED_SIGMA_FLOOR} ({DISTILLED_STEPS} steps at shift "
                              f"{DISTILLED_SHIFT:g}); expected --score_sigma_min >= {DISTILLED_SIGMA_FLOOR}")
         return RAW_TEACHER, None
     try:
-        kind, path = resolve_real_score(Path(args.real_score))
+        kind, path = resolve_real_score(Path(real_score))
     except ValueError as error:
-        raise ValueError(f"--real_score={args.real_score!r}: {error}") from None
-    if kind == "lora" and args.fake_score_train == "full":
+        raise ValueError(f"--real_score={real_score!r}: {error}") from None
+    if kind == "lora" and fake_score_train == "full":
         raise ValueError("--fake_score_train full with a LoRA --real_score: a full fake score needs a model folder; "
                          "use --fake_score_train lora (initialised from the real score's adapter)")
     return kind, path
 
 
-def role_schedule(args: argparse.Namespace, optimizer, every: int, *, two_groups: bool):
-    """The role's warmup + cosine over its own updates (max_steps // every; warmup_steps // every)."""
-    updates, warmup = args.max_steps // every, args.warmup_steps // every
-    if two_groups:
+@dataclass(frozen=True)
+class ScoreSettings:
+    """What `build_scores` builds from, named as train_dmd2.py's flags. real_score_kind / real_score_path: the
+    resolved --real_score (`resolve_real_score_flags`); teacher: the Teacher folder (the base of a full fake copy of
+    the raw Teacher); fake_score_train: "lora" | "full"; lora_rank, lora_alpha, seed: a fresh fake adapter (the real
+    score is no adapter); fake_score_lr, fake_score_adam_beta1/2, weight_decay, fake_score_grad_clip: the fake
+    score's AdamW and clip; gradient_checkpointing: of the fake score's blocks; max_steps, warmup_steps: its warmup +
+    cosine (it trains every loop step)."""
+
+    real_score_kind: str
+    real_score_path: Path | None
+    teacher: Path
+    fake_score_train: str
+    lora_rank: int
+    lora_alpha: float
+    seed: int
+    fake_score_lr: float
+    fake_score_adam_beta1: float
+    fake_score_adam_beta2: float
+    weight_decay: float
+    fake_score_grad_clip: float
+    gradient_checkpointing: bool
+    max_steps: int
+    warmup_steps: int
+
+
+@dataclass(frozen=True)
+class PredictorGeneratorSettings:
+    """What `build_predictor_role` builds from, named as train_dmd2.py's flags: the v4 Predictor on `source_blocks`
+    (from `init_from` unless resuming; `gradient_checkpointing` of its blocks and of the frozen Teacher's), AdamW
+    over its two groups (fusion_lr, blocks_lr, adam_beta1/2, weight_decay; grad_clip), updated every
+    `generator_every` loop steps with a warmup + cosine over its own updates (max_steps, warmup_steps in loop steps;
+    block_warmup_steps in its updates, -1 = none), and its EMA (ema_decay, -1 = none; ema_start_step in loop
+    steps)."""
+
+    source_blocks: tuple[int, int]
+    init_from: Path | None
+    gradient_checkpointing: bool
+    fusion_lr: float
+    blocks_lr: float
+    adam_beta1: float
+    adam_beta2: float
+    weight_decay: float
+    grad_clip: float
+    generator_every: int
+    max_steps: int
+    warmup_steps: int
+    block_warmup_steps: int
+    ema_decay: float
+    ema_start_step: int
+
+
+def role_schedule(optimizer, *, max_steps: int, warmup_steps: int, every: int, block_warmup_steps: int | None = None):
+    """The role's warmup + cosine over its own updates (max_steps // every; warmup_steps // every); with
+    `block_warmup_steps` (the Predictor's) the two-group schedule that holds its blocks at LR 0 that long."""
+    updates, warmup = max_steps // every, warmup_steps // every
+    if block_warmup_steps is not None:
         return TwoGroupLRSchedule(optimizer, warmup_steps=warmup, max_steps=updates,
-                                  block_warmup_steps=args.block_warmup_steps)
+                                  block_warmup_steps=block_warmup_steps)
     return WarmupCosineSchedule(optimizer, warmup_steps=warmup, max_steps=updates)
 
 
-def generator_ema(args: argparse.Namespace, module: torch.nn.Module) -> EMA | None:
-    """The generator's EMA (--ema_decay, -1 = none), or None. --ema_start_step counts loop steps, as Self-Forcing's
-    `ema_start_step` does; the EMA counts the generator's own updates, so it starts averaging after update
-    ema_start_step // generator_every (before, its shadow copies the weights)."""
-    if args.ema_decay == -1:
+def generator_ema(module: torch.nn.Module, *, decay: float, start_step: int, every: int) -> EMA | None:
+    """The generator's EMA (--ema_decay `decay`, -1 = none), or None. --ema_start_step counts loop steps, as
+    Self-Forcing's `ema_start_step` does; the EMA counts the generator's own updates (one every `every` loop steps),
+    so it starts averaging after update start_step // every (before, its shadow copies the weights)."""
+    if decay == -1:
         return None
-    return EMA(module, args.ema_decay, start_update=args.ema_start_step // args.generator_every)
+    return EMA(module, decay, start_update=start_step // every)
 
 
-def build_scores(args: argparse.Namespace, teacher, env: DistEnv, policy: PrecisionPolicy
-                 ) -> tuple[ScoreModel, ScoreModel, Role]:
-    """(real score, fake score, the fake score's role) from --real_score (resolved by the recipe's checks into
-    `args.real_score_kind` / `args.real_score_path`), --fake_score_train and the --fake_score_* optimizer flags. The
-    fake score starts equal to the real score."""
+def build_scores(settings: ScoreSettings, teacher, env: DistEnv, policy: PrecisionPolicy, *,
+                 load_teacher=load_teacher, load_lora=load_lora) -> tuple[ScoreModel, ScoreModel, Role]:
+    """(real score, fake score, the fake score's role) from the resolved --real_score, --fake_score_train and the
+    --fake_score_* optimizer flags (`settings`). The fake score starts equal to the real score. load_teacher /
+    load_lora: the loaders of a model folder / an adapter file (a memory rehearsal passes stand-ins)."""
     # 1. The real score: the Teacher itself, an adapter on it, or a model folder (frozen dtype).
-    if args.real_score_kind == RAW_TEACHER:
+    if settings.real_score_kind == RAW_TEACHER:
         real = ScoreModel(teacher, None, REAL)
-    elif args.real_score_kind == "lora":
-        load_lora(teacher, args.real_score_path, REAL, trainable=False)
+    elif settings.real_score_kind == "lora":
+        load_lora(teacher, settings.real_score_path, REAL, trainable=False)
         real = ScoreModel(teacher, REAL, REAL)
     else:
-        model = load_teacher(TeacherSource(args.real_score_path, None, "--real_score", None), env.device,
+        model = load_teacher(TeacherSource(settings.real_score_path, None, "--real_score", None), env.device,
                              policy.frozen_dtype)
         real = ScoreModel(model, None, REAL)
     # 2. The fake score: an adapter on the real score's base, or a trainable FP32 copy of the real score.
-    if args.fake_score_train == "lora":
+    if settings.fake_score_train == "lora":
         if real.adapter_name is not None:
             copy_lora(real.model, real.adapter_name, FAKE, trainable=True)
         else:
-            add_lora(real.model, FAKE, args.lora_rank, args.lora_alpha, seed=args.seed)
+            add_lora(real.model, FAKE, settings.lora_rank, settings.lora_alpha, seed=settings.seed)
         fake = ScoreModel(real.model, FAKE, FAKE)
         raw_module, parameters = AdapterWeights(real.model, FAKE), lora_parameters(real.model, FAKE)
-        real.model.set_gradient_checkpointing(args.gradient_checkpointing)
+        real.model.set_gradient_checkpointing(settings.gradient_checkpointing)
     else:
-        folder = args.teacher if args.real_score_kind == RAW_TEACHER else args.real_score_path
+        folder = settings.teacher if settings.real_score_kind == RAW_TEACHER else settings.real_score_path
         source = TeacherSource(folder, None, "--real_score (fake score copy)", None)
         model = load_teacher(source, env.device, torch.float32).requires_grad_(True).train()
-        model.set_gradient_checkpointing(args.gradient_checkpointing)
+        model.set_gradient_checkpointing(settings.gradient_checkpointing)
         fake = ScoreModel(model, None, FAKE)
         raw_module, parameters = model, [param for param in model.parameters() if param.requires_grad]
     # 3. Its role: trained every loop step, gradients all-reduced (the frozen base is not DDP-wrapped).
-    optimizer = build_optimizer({FAKE: parameters}, {FAKE: args.fake_score_lr},
-                                betas=(args.fake_score_adam_beta1, args.fake_score_adam_beta2),
-                                weight_decay=args.weight_decay)
-    role = Role(FAKE, raw_module, optimizer, role_schedule(args, optimizer, 1, two_groups=False),
-                grad_clip=args.fake_score_grad_clip, grad_sync="all_reduce")
+    optimizer = build_optimizer({FAKE: parameters}, {FAKE: settings.fake_score_lr},
+                                betas=(settings.fake_score_adam_beta1, settings.fake_score_adam_beta2),
+                                weight_decay=settings.weight_decay)
+    schedule = role_schedule(optimizer, max_steps=settings.max_steps, warmup_steps=settings.warmup_steps, every=1)
+    role = Role(FAKE, raw_module, optimizer, schedule, grad_clip=settings.fake_score_grad_clip, grad_sync="all_reduce")
     return real, fake, role
 
 
-def build_student(args: argparse.Namespace, teacher, env: DistEnv, policy: PrecisionPolicy
+def build_student(settings: MethodSettings, teacher, env: DistEnv, policy: PrecisionPolicy, *, teacher_folder: Path,
+                  generator_every: int, ema_decay: float, ema_start_step: int, load_teacher=load_teacher
                   ) -> tuple[ScoreModel, Role, MethodModel]:
     """(the student as a score model, its role, the `MethodModel` that `export_method_model` writes):
     `build_method_model` for a generator that shares the loaded `teacher` with the scores (a LoRA goes on it), is
-    replicated rather than sharded (full), is updated every --generator_every steps and keeps an EMA."""
-    source = TeacherSource(args.teacher, None, "--teacher", None)
-    student = build_method_model(source, args, env, policy, role_name=STUDENT, base_model=teacher,
-                                 every=args.generator_every, shard=False)
-    student.role.ema = generator_ema(args, student.role.raw_module)
+    replicated rather than sharded (full: loaded from `teacher_folder` by `load_teacher`), is updated every
+    `generator_every` loop steps and keeps an EMA (`generator_ema`)."""
+    source = TeacherSource(teacher_folder, None, "--teacher", None)
+    student = build_method_model(source, settings, env, policy, role_name=STUDENT, base_model=teacher,
+                                 every=generator_every, shard=False, load_teacher=load_teacher)
+    student.role.ema = generator_ema(student.role.raw_module, decay=ema_decay, start_step=ema_start_step,
+                                     every=generator_every)
     return ScoreModel(student.model, student.adapter, STUDENT), student.role, student
 
 
-def build_predictor_role(args: argparse.Namespace, teacher, env: DistEnv, resuming: bool
+def build_predictor_role(settings: PredictorGeneratorSettings, teacher, env: DistEnv, *, resuming: bool
                          ) -> tuple[torch.nn.Module, Role, dict | None]:
-    """(the v4 Predictor on the Teacher, its role, the --init_from file's metadata or None when resuming): loaded
-    from --init_from unless a training state is resumed, DDP-wrapped, two LR groups (--fusion_lr, --blocks_lr),
-    due every --generator_every steps."""
-    predictor = build_predictor(teacher, PREDICTOR_VARIANT, args.source_blocks, args.gradient_checkpointing)
+    """(the v4 Predictor on the Teacher, its role, the `init_from` file's metadata or None when resuming): loaded
+    from `init_from` unless a training state is resumed, DDP-wrapped, two LR groups (fusion_lr, blocks_lr), due
+    every `generator_every` loop steps, with its EMA."""
+    predictor = build_predictor(teacher, PREDICTOR_VARIANT, settings.source_blocks, settings.gradient_checkpointing)
     # A schedule ending on Full steps (F-P-P-F) re-runs them on the frozen Teacher with a graph to the sample
     # (`CompositeRollout.differentiable_sample`): checkpoint its blocks too, whatever model the scores sit on.
-    teacher.set_gradient_checkpointing(args.gradient_checkpointing)
+    teacher.set_gradient_checkpointing(settings.gradient_checkpointing)
     init_meta = None
     if not resuming:
-        init_meta = load_model_weights(args.init_from, predictor, expect={
-            "variant": PREDICTOR_VARIANT, "source_blocks": list(args.source_blocks)})
+        init_meta = load_model_weights(settings.init_from, predictor, expect={
+            "variant": PREDICTOR_VARIANT, "source_blocks": list(settings.source_blocks)})
     groups = predictor.trainable_parameter_groups()
-    optimizer = build_optimizer(groups, {"fusion": args.fusion_lr, "blocks": args.blocks_lr},
-                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    role = Role("predictor", predictor, optimizer, role_schedule(args, optimizer, args.generator_every,
-                                                                 two_groups=True),
-                module=wrap_ddp(predictor, env), every=args.generator_every, grad_clip=args.grad_clip,
-                ema=generator_ema(args, predictor))
+    optimizer = build_optimizer(groups, {"fusion": settings.fusion_lr, "blocks": settings.blocks_lr},
+                                betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay)
+    every = settings.generator_every
+    schedule = role_schedule(optimizer, max_steps=settings.max_steps, warmup_steps=settings.warmup_steps, every=every,
+                             block_warmup_steps=settings.block_warmup_steps)
+    module = wrap_ddp(predictor, env)
+    ema = generator_ema(predictor, decay=settings.ema_decay, start_step=settings.ema_start_step, every=every)
+    role = Role("predictor", predictor, optimizer, schedule, module=module, every=every, grad_clip=settings.grad_clip,
+                ema=ema)
     return predictor, role, init_meta
 
 

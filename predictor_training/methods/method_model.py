@@ -80,10 +80,35 @@ class MethodModel:
         return f"{self.role.name}: every parameter{sharded}: {count:,}"
 
 
-def method_meta(method: str, args) -> dict:
+@dataclass(frozen=True)
+class MethodSettings:
+    """What `build_method_model` builds from, named as the method flags (runtime/flags.py add_method_model_args,
+    add_method_optimization_args, add_run_args; `flags.settings_from_flags(MethodSettings, args)`).
+
+    train: "lora" | "full"; init_weights: "teacher" | "scratch" (full only); lora_rank, lora_alpha: the adapter
+    (lora only); gradient_checkpointing: of the model's blocks; lr, warmup_steps, max_steps: the peak LR and the
+    warmup + cosine in loop steps; adam_beta1, adam_beta2, weight_decay: AdamW; grad_clip: the role's clip (-1 =
+    measure only); seed: the adapter's or the fresh model's initialisation (the same on every rank)."""
+
+    train: str
+    init_weights: str
+    lora_rank: int
+    lora_alpha: float
+    gradient_checkpointing: bool
+    lr: float
+    warmup_steps: int
+    max_steps: int
+    adam_beta1: float
+    adam_beta2: float
+    weight_decay: float
+    grad_clip: float
+    seed: int
+
+
+def method_meta(method: str, *, train: str, precision: str, lora_rank: int) -> dict:
     """The checkpoint meta of a method run; a resume must match it (`load_training_state(expect=...)`)."""
-    return {"method": method, "train": args.train, "precision": args.precision,
-            "lora_rank": args.lora_rank if args.train == "lora" else None}
+    return {"method": method, "train": train, "precision": precision,
+            "lora_rank": lora_rank if train == "lora" else None}
 
 
 def build_fresh_model(source: TeacherSource, seed: int) -> WorldPlayTransformer:
@@ -97,43 +122,44 @@ def build_fresh_model(source: TeacherSource, seed: int) -> WorldPlayTransformer:
         return WorldPlayTransformer(**arguments)
 
 
-def build_method_model(source: TeacherSource, args, env: DistEnv, policy: PrecisionPolicy, *, role_name: str,
-                       base_model: WorldPlayTransformer | None = None, every: int = 1,
-                       shard: bool = True) -> MethodModel:
-    """The trained model and its role from the method flags (--train, --init_weights, --lora_rank, --lora_alpha,
-    --gradient_checkpointing, --lr, --warmup_steps, --max_steps, --adam_beta1/2, --weight_decay, --grad_clip,
-    --seed). The optimizer is AdamW over one group named `role_name`, with the warmup + cosine schedule over the
-    role's own updates (max_steps // every, warmup_steps // every).
+def build_method_model(source: TeacherSource, settings: MethodSettings, env: DistEnv, policy: PrecisionPolicy, *,
+                       role_name: str, base_model: WorldPlayTransformer | None = None, every: int = 1,
+                       shard: bool = True, load_teacher=load_teacher) -> MethodModel:
+    """The trained model and its role from `settings` (train, init_weights, lora_rank, lora_alpha,
+    gradient_checkpointing, lr, warmup_steps, max_steps, adam_beta1/2, weight_decay, grad_clip, seed). The optimizer
+    is AdamW over one group named `role_name`, with the warmup + cosine schedule over the role's own updates
+    (max_steps // every, warmup_steps // every).
 
     base_model: for a LoRA, the already loaded Teacher to put the adapter on (shared with other roles; the adapter
     is then not made the active one: each call selects its own) instead of loading a second one. every: the role's
     cadence in loop steps. shard: FSDP2-shard a full model over the ranks (else it is replicated, its gradients
-    all-reduced)."""
-    if args.train == "lora":
+    all-reduced). load_teacher: `(source, device, dtype) -> model`, the Teacher folder's loader (a memory rehearsal
+    builds the model from its config instead)."""
+    if settings.train == "lora":
         model = base_model if base_model is not None else load_teacher(source, env.device, policy.frozen_dtype)
-        add_lora(model, role_name, args.lora_rank, args.lora_alpha, seed=args.seed)  # the same on every rank
+        add_lora(model, role_name, settings.lora_rank, settings.lora_alpha, seed=settings.seed)  # alike on every rank
         if base_model is None:
             set_active_adapter(model, role_name)
         raw_module, grad_sync, adapter_name = AdapterWeights(model, role_name), "all_reduce", role_name
         parameters = lora_parameters(model, role_name)
     else:
-        if args.init_weights == "teacher":
+        if settings.init_weights == "teacher":
             model = load_teacher(source, env.device, torch.float32)
         else:
-            model = build_fresh_model(source, args.seed).to(env.device)
+            model = build_fresh_model(source, settings.seed).to(env.device)
         model.requires_grad_(True).train()
         if shard and env.distributed:
             model = shard_model(model, env)  # build the optimizer afterwards: it must hold the shards
         raw_module, grad_sync, adapter_name = model, ("none" if shard else "all_reduce"), None
         parameters = [param for param in model.parameters() if param.requires_grad]
-    model.set_gradient_checkpointing(args.gradient_checkpointing)
-    optimizer = build_optimizer({role_name: parameters}, {role_name: args.lr},
-                                betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
-    schedule = WarmupCosineSchedule(optimizer, warmup_steps=args.warmup_steps // every,
-                                    max_steps=args.max_steps // every)
-    role = Role(role_name, raw_module, optimizer, schedule, every=every, grad_clip=args.grad_clip,
+    model.set_gradient_checkpointing(settings.gradient_checkpointing)
+    optimizer = build_optimizer({role_name: parameters}, {role_name: settings.lr},
+                                betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay)
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=settings.warmup_steps // every,
+                                    max_steps=settings.max_steps // every)
+    role = Role(role_name, raw_module, optimizer, schedule, every=every, grad_clip=settings.grad_clip,
                 grad_sync=grad_sync)
-    return MethodModel(model, role, args.train, adapter_name)
+    return MethodModel(model, role, settings.train, adapter_name)
 
 
 def export_method_model(method_model: MethodModel, run_dir: Path, metadata: dict, env: DistEnv) -> Path:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -93,21 +94,36 @@ TRAIN_SIGMAS = ("sampler_grid", "range")
 RANGE_FLAGS = ("sigma_sampler", "sigma_min", "sigma_max", "sigma_shift", "logit_mean", "logit_std")
 
 
-def training_sigmas(args, grid: Tensor, count: int, generator: torch.Generator) -> Tensor:
-    """`count` training noise levels [count] (--train_sigmas): the sampler's `grid` in a random order, or draws of
-    --sigma_sampler within [--sigma_min, --sigma_max]."""
-    if args.train_sigmas == "sampler_grid":
+@dataclass(frozen=True)
+class TrainSigmas:
+    """Where the training noise levels come from, named as train_nft.py's flags: train_sigmas "sampler_grid" (the
+    sampler's own noise levels) or "range" (draws of sigma_sampler within [sigma_min, sigma_max], with sigma_shift,
+    logit_mean, logit_std: `flow_matching.sample_sigmas`)."""
+
+    train_sigmas: str
+    sigma_sampler: str
+    sigma_min: float
+    sigma_max: float
+    sigma_shift: float
+    logit_mean: float
+    logit_std: float
+
+
+def training_sigmas(settings: TrainSigmas, grid: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """`count` training noise levels [count] (`settings.train_sigmas`): the sampler's `grid` in a random order, or
+    draws of the sigma sampler within [sigma_min, sigma_max]."""
+    if settings.train_sigmas == "sampler_grid":
         return draw_grid_sigmas(grid, count, generator)
-    return sample_sigmas(args.sigma_sampler, count, generator, sigma_min=args.sigma_min, sigma_max=args.sigma_max,
-                         shift=args.sigma_shift, logit_mean=args.logit_mean, logit_std=args.logit_std)
+    return sample_sigmas(settings.sigma_sampler, count, generator, sigma_min=settings.sigma_min,
+                         sigma_max=settings.sigma_max, shift=settings.sigma_shift, logit_mean=settings.logit_mean,
+                         logit_std=settings.logit_std)
 
 
-def describe_train_sigmas(args) -> str:
-    """The training noise levels in words, for the run summary."""
-    if args.train_sigmas == "sampler_grid":
-        grid = ", ".join(f"{sigma:.4g}" for sigma in sampler_sigma_grid(args.sample_steps, args.sample_shift).tolist())
-        return f"on the sampler's grid {{{grid}}}"
-    return f"{args.sigma_sampler} in [{args.sigma_min:g}, {args.sigma_max:g}]"
+def describe_train_sigmas(settings: TrainSigmas, grid: Tensor) -> str:
+    """The training noise levels in words, for the run summary (`grid`: the sampler's, `sampler_sigma_grid`)."""
+    if settings.train_sigmas == "sampler_grid":
+        return f"on the sampler's grid {{{', '.join(f'{sigma:.4g}' for sigma in grid.tolist())}}}"
+    return f"{settings.sigma_sampler} in [{settings.sigma_min:g}, {settings.sigma_max:g}]"
 
 
 def check_train_sigmas(parser, args) -> None:

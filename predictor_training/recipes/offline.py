@@ -6,7 +6,9 @@ summary. The scripts keep what differs: their presets and data (`check_data`, `b
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -37,7 +39,37 @@ def finish_offline_args(parser: argparse.ArgumentParser, argv, presets: dict) ->
     return args
 
 
-def build_offline(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, variant: str,
+@dataclass(frozen=True)
+class OfflineSettings:
+    """What `build_offline` builds from, named as the offline scripts' flags (`flags.settings_from_flags`): the
+    Predictor (source_blocks, gradient_checkpointing; its fusion/head initialised from `seed`), its validation
+    (val_every, val_split, val_videos, val_vae, val_ground_truth on dataset_root), AdamW over its two groups
+    (fusion_lr, blocks_lr, adam_beta1/2, weight_decay; grad_clip) with the warmup + cosine (scheduler_warmup_steps,
+    max_steps, block_warmup_steps) and the pair loss's weights (velocity_weight, hidden_weight)."""
+
+    seed: int
+    source_blocks: tuple[int, int]
+    gradient_checkpointing: bool
+    dataset_root: Path
+    val_every: int
+    val_split: str | None
+    val_videos: int
+    val_vae: Path | None
+    val_ground_truth: Path | None
+    fusion_lr: float
+    blocks_lr: float
+    adam_beta1: float
+    adam_beta2: float
+    weight_decay: float
+    scheduler_warmup_steps: int
+    max_steps: int
+    block_warmup_steps: int
+    grad_clip: float
+    velocity_weight: float
+    hidden_weight: float
+
+
+def build_offline(settings: OfflineSettings, env: DistEnv, policy: PrecisionPolicy, *, variant: str,
                   teacher_source: TeacherSource, context_timestep: float, run_dir, load_teacher=load_teacher
                   ) -> RecipeParts:
     """Steps 3-5 of the offline recipe (the scripts' `build`): the Teacher, the `variant` Predictor on it, the
@@ -46,28 +78,29 @@ def build_offline(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolic
     # 3. Teacher -> Predictor.
     teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
     log0(describe_teacher(teacher_source, teacher))
-    torch.manual_seed(args.seed)  # the same fusion/head initialisation on every rank
-    predictor = build_predictor(teacher, variant, args.source_blocks, args.gradient_checkpointing)
+    torch.manual_seed(settings.seed)  # the same fusion/head initialisation on every rank
+    predictor = build_predictor(teacher, variant, settings.source_blocks, settings.gradient_checkpointing)
     teacher_layers = teacher.num_layers
     # Held-out F-P-P-P videos every --val_every steps keep the whole Teacher (it rolls out the reference), in the
     # dataset's AR loop.
     validation = predictor_validation(
-        every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
-        ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
-        teacher_folder=teacher_source.folder, replace_steps=DEFAULT_REPLACE_STEPS, rollout_config=None,
-        autocast_dtype=policy.autocast_dtype, env=env, run_dir=run_dir)
+        every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
+        ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
+        predictor=predictor, teacher_folder=teacher_source.folder, replace_steps=DEFAULT_REPLACE_STEPS,
+        rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=run_dir)
     del teacher
-    seed_everything(args.seed, rank=env.rank)
+    seed_everything(settings.seed, rank=env.rank)
     # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule.
     optimizer, lr_schedule = build_optimizer_and_schedule(
-        predictor, fusion_lr=args.fusion_lr, blocks_lr=args.blocks_lr, betas=(args.adam_beta1, args.adam_beta2),
-        weight_decay=args.weight_decay, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
-        block_warmup_steps=args.block_warmup_steps)
+        predictor, fusion_lr=settings.fusion_lr, blocks_lr=settings.blocks_lr,
+        betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay,
+        warmup_steps=settings.scheduler_warmup_steps, max_steps=settings.max_steps,
+        block_warmup_steps=settings.block_warmup_steps)
     # 5. The one trained role: the DDP-wrapped Predictor with its optimizer and schedule; the pair step.
     model = wrap_ddp(predictor, env)
-    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
+    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=settings.grad_clip)
     step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy, context_timestep=context_timestep,
-                      velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight)
+                      velocity_weight=settings.velocity_weight, hidden_weight=settings.hidden_weight)
     return RecipeParts(roles=[role], step_fn=step_fn, models=[predictor], validation=validation,
                        derived={"predictor": predictor.predictor_config(), "teacher_double_blocks": teacher_layers})
 

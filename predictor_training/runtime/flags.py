@@ -12,10 +12,11 @@ entry script's `parse_args()` is the one place where its defaults are written (a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import yaml
 
@@ -23,6 +24,7 @@ from predictor_training.runtime.logger import SWANLAB_MODES, TRACKERS
 from predictor_training.runtime.precision import PRECISIONS
 
 BACKENDS = ("auto", "nccl", "gloo")
+Settings = TypeVar("Settings")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,6 +396,14 @@ def config_tokens(parser: argparse.ArgumentParser, path: Path) -> list[str]:
             value = ",".join(str(item) for item in value)
         tokens += [flag, str(value)]
     return tokens
+
+
+def settings_from_flags(cls: type[Settings], args: argparse.Namespace, **values) -> Settings:
+    """The settings dataclass `cls` of a package builder from a recipe's flags: each field takes the flag of its own
+    name, unless `values` gives it (a value that is no flag, e.g. a resolved path). The one place a builder's named
+    values are read off the namespace: `build_method_model(settings_from_flags(MethodSettings, args), ...)`."""
+    return cls(**{field.name: values[field.name] if field.name in values else getattr(args, field.name)
+                  for field in dataclasses.fields(cls)})
 
 
 # ---------------------------------------------------------------------------------------------------------------
