@@ -105,12 +105,15 @@ PRESETS = {
              "--batch_size", "8", "--adv_weight", "0.01", "--adv_warmup_steps", "20", "--discriminator_lr", "1e-3",
              "--r1_every", "4", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0",
              "--val_every", "120", "--val_videos", "1"],
+    # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
+    "real_size": ["--source_blocks", "1,52", "--precision", "fp32master", "--batch_size", "16",
+                  "--gradient_checkpointing"],
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The adversarial recipe: every default below is the recipe (docs/methods/adversarial.md); the Predictor's are
-    the v4 offline recipe's."""
+def build_parser() -> argparse.ArgumentParser:
+    """The adversarial recipe's flags: every default below is the recipe (docs/methods/adversarial.md); the
+    Predictor's are the v4 offline recipe's."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
     data = parser.add_argument_group("adversarial data")
@@ -170,6 +173,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                  keep_last=20, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
     add_validation_args(parser, val_every=0, val_videos=4)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, --preset / --config applied, then the cross-flag checks (an error names the flag and exits 2)."""
+    parser = build_parser()
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     check_adversarial_args(parser, args)

@@ -109,6 +109,8 @@ PRESETS = {
              "--lr", "1e-3", "--max_steps", "300", "--warmup_steps", "20", "--chunks_per_clip", "2",
              "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
              "--num_workers", "0", "--val_every", "50", "--val_videos", "1"],
+    # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
+    "real_size": ["--train", "lora", "--precision", "fp32master", "--gradient_checkpointing"],
 }
 
 

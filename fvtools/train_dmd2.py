@@ -108,6 +108,9 @@ PRESETS = {
              "--fake_score_lr", "1e-4", "--monitor_every", "10", "--no-gradient_checkpointing", "--ckpt_every", "20",
              "--keep_last", "2", "--tracker", "none", "--num_workers", "0", "--val_every", "30",
              "--val_videos", "1"],
+    # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
+    "real_size": ["--generator", "predictor", "--source_blocks", "1,52", "--precision", "fp32master",
+                  "--gradient_checkpointing"],
 }
 
 
@@ -313,11 +316,12 @@ class DistributionMatchingStep:
 
     def __init__(self, *, args, env: DistEnv, run_state: RunState, rollout_config: RolloutConfig, teacher,
                  real: ScoreModel, fake: ScoreModel, generator_role: Role, student: ScoreModel | None,
-                 draw_chunks=draw_training_chunks):
+                 draw_chunks=draw_training_chunks, mark=None):
         self.args, self.env, self.run_state, self.config = args, env, run_state, rollout_config
         self.teacher, self.real, self.fake = teacher, real, fake
         self.generator_role, self.student = generator_role, student
         self.draw_chunks = draw_chunks
+        self.mark = mark or (lambda part: None)  # names the part of the step that runs next (a memory rehearsal)
         self.settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                             predictor_autocast_dtype=rollout_config.autocast_dtype,
                                             replace_steps=tuple(args.replace_steps))
@@ -365,6 +369,7 @@ class DistributionMatchingStep:
         memory_seed = stream_seed(*counters, 1)
         data = item["latents"][None].float().to(env.device)
         noise = torch.randn(data.shape, generator=generator).to(env.device)
+        self.mark("the generator's start (text K/V, chunk 0), the scores' clips")
         with torch.set_grad_enabled(generator_due):
             rollout = self.start_generator(item, noise, data, memory_seed, generator, shared)
         history = data if args.rollout == "data" else noise.clone()
@@ -377,6 +382,7 @@ class DistributionMatchingStep:
         for position, chunk_index in enumerate(chunks):
             last = position == len(chunks) - 1
             with rollout.sync_context(sync and last):
+                self.mark(f"generator forward, chunk {chunk_index}")
                 with torch.set_grad_enabled(generator_due):
                     chunk = rollout.produce(chunk_index)
                 detached = chunk.sample.detach().float()
@@ -384,6 +390,7 @@ class DistributionMatchingStep:
                     real_clip.copy_history(rollout.history, chunk_index)
                     fake_clip.copy_history(rollout.history, chunk_index)
                 # Critic: flow matching of the fake score on this very sample.
+                self.mark("critic: fake score forward + backward")
                 critic_sigma, critic_noise, critic_input = self.draw_score_inputs(detached, generator)
                 score_sigma, score_noise, score_input = self.draw_score_inputs(detached, generator)
                 with torch.enable_grad():
@@ -397,10 +404,14 @@ class DistributionMatchingStep:
                 # Generator: the DMD gradient of the same sample, plus the anchor.
                 if generator_due:
                     with torch.no_grad():
+                        self.mark(f"{self.real.label} x0 (no grad)")
                         x0_real = real_clip.x0(chunk_index, score_input, score_sigma)
+                        self.mark(f"{self.fake.label} x0 (no grad)")
                         x0_fake = fake_clip.x0(chunk_index, score_input, score_sigma)
                     gradient = dmd_gradient(x0_fake, x0_real, detached)
+                    self.mark("generator loss")
                     loss_dmd = dmd_generator_loss(chunk.sample, gradient)
+                    self.mark("generator backward")
                     total = loss_dmd
                     if chunk.anchor is not None and args.anchor_weight > 0:
                         total = total + args.anchor_weight * chunk.anchor
@@ -412,6 +423,7 @@ class DistributionMatchingStep:
                     self.trace.append({"chunk": chunk_index, "sample": detached.clone(),
                                        "critic_input": critic_input.detach().clone(),
                                        "critic_sigma": critic_sigma.clone(), "critic_noise": critic_noise.clone()})
+            self.mark("commit")
             rollout.commit(chunk)
             samples.append(detached)
             for key, value in metrics.items():
@@ -421,6 +433,7 @@ class DistributionMatchingStep:
         result = {key: sum(values) / len(values) for key, values in totals.items()}
         result["loss"] = result["critic_loss"] + result.get("generator_loss", 0.0)
         if (self.run_state.global_step + 1) % args.monitor_every == 0:
+            self.mark("monitor: the Teacher's F-F-F-F (no grad)")
             reference = teacher_chunks(self.teacher, item, noise, memory_seed, chunks, self.config, env.device,
                                        data if args.rollout == "data" else None)
             monitors = collapse_monitors(torch.cat(samples, dim=2), reference, self.config.chunk_latents)
@@ -443,13 +456,13 @@ def generator_meta(args: argparse.Namespace) -> dict:
 
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, rollout_config: RolloutConfig,
           resuming: bool = False, run_dir: Path | None = None, load_teacher=load_teacher, load_lora=load_lora,
-          draw_chunks=draw_training_chunks) -> RecipeParts:
+          draw_chunks=draw_training_chunks, mark=None) -> RecipeParts:
     """Step 3: the frozen Teacher; the generator, built on the Teacher before any adapter is added to it (the
     Predictor from --init_from unless a training state is resumed: `resuming`; or the student); the real and fake
     scores; the DMD step on clips under `rollout_config` and the validation. Seams: `load_teacher` (the loader of a
     Teacher-shaped model folder: the Teacher, a model-folder real score, a full student or fake score),
     `load_lora` (the real score's adapter file), `draw_chunks` (which chunks of a clip a data-rollout student
-    trains)."""
+    trains), `mark` (called with the name of each part of the step as it starts: where a rehearsal's peak is)."""
     source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
     teacher = load_teacher(source, env.device, policy.frozen_dtype)
     log0(describe_teacher(source, teacher))
@@ -470,7 +483,7 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, ro
     run_state = RunState()
     step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
                                        teacher=teacher, real=real, fake=fake, generator_role=generator_role,
-                                       student=student, draw_chunks=draw_chunks)
+                                       student=student, draw_chunks=draw_chunks, mark=mark)
     validation = generator_validation(
         every=args.val_every, dataset_root=args.dataset_root, split=args.val_split, videos=args.val_videos,
         vae=args.val_vae, seed=args.seed, teacher=teacher, generator_role=generator_role, student=student,

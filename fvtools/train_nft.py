@@ -91,6 +91,8 @@ PRESETS = {
              "--rewards", "reference_agreement:1,smoothness:10", "--reference_video", "ground_truth",
              "--no-gradient_checkpointing", "--ckpt_every", "10", "--keep_last", "2", "--tracker", "none",
              "--num_workers", "0", "--val_every", "30", "--val_videos", "1"],
+    # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
+    "real_size": ["--train", "lora", "--precision", "fp32master", "--gradient_checkpointing"],
 }
 
 

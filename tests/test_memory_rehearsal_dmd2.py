@@ -30,8 +30,8 @@ def test_dmd2_fake_run_matches_the_real_cpu_run(generator, real_score):
     peak in the same phase and the same part of the step, both roles' gradients and AdamW state present."""
     args = estimate_memory.parse_args(["--recipe", "dmd2", *TINY, "--chunks", "2", "--world_size", "1",
                                        "--generator", generator, "--real_score", real_score])
-    fake = estimate_memory.rehearse_dmd2(args)
-    real = estimate_memory.rehearse_dmd2(args, fake=False)
+    fake = estimate_memory.rehearse(args)
+    real = estimate_memory.rehearse(args, fake=False)
     assert set(fake.phase_peaks) == set(real.phase_peaks) == {"setup", "forward", "backward", "optimizer"}
     for phase, value in real.phase_peaks.items():
         assert abs(fake.phase_peaks[phase] - value) <= 0.01 * value, (phase, fake.phase_peaks, real.phase_peaks)
@@ -84,7 +84,7 @@ def test_the_generator_context_cut_lowers_the_peak(monkeypatch, capsys):
     teacher = sum(param.numel() for param in WorldPlayTransformer.from_preset("demo").parameters()) * 2  # BF16
     assert cut["live_after_step"]["parameters"] >= 2 * teacher
     _undo_the_generator_context_cut(monkeypatch)
-    undone = estimate_memory.rehearse_dmd2(estimate_memory.parse_args(argv))
+    undone = estimate_memory.rehearse(estimate_memory.parse_args(argv))
     assert cut["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
     assert undone.peak > cut["peak_gib"] * 2**30, (cut["peak_gib"], undone.peak)
 

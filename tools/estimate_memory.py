@@ -26,11 +26,10 @@ preset and a row here. The eval (`--recipe eval`) rehearses tools/eval_predictor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,33 +38,21 @@ from typing import Callable
 import torch
 
 from predictor_training.data.synthetic import clip_item, offline_batch, trajectory_row
+from predictor_training.eval.rehearsal import rehearse_eval_rollout
+from predictor_training.methods.dmd2_models import resolve_real_score_flags
+from predictor_training.methods.rewards import FixedRewards, parse_reward_weights
 from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
+from predictor_training.recipes.rehearsal import Plan, last_chunks, recipe_flags, rehearse_recipe
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import Schedule
-from predictor_training.runtime.distributed import DistEnv
+from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import parse_recipe_args
-from predictor_training.runtime.loop import _grad_norm_and_clip
-from predictor_training.runtime.memory_rehearsal import (
-    DDPBuckets,
-    MemoryReport,
-    Rehearsal,
-    card_gib,
-    fake_process_group,
-    fsdp_storage_accounting,
-    largest_batches,
-    module_to_unless_unchanged,
-    needed_gib,
-    patched,
-    peak_groups,
-    real_values,
-    use_foreach,
-)
+from predictor_training.runtime.memory_rehearsal import MemoryReport, card_gib, largest_batches, needed_gib
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import flops
+from predictor_training.teacher.adapters import add_lora
 from predictor_training.teacher.config import preset_config
-from predictor_training.teacher.source import TeacherSource, preset_teacher_loader
-from predictor_training.eval.rehearsal import rehearse_eval_rollout
+from predictor_training.teacher.source import TeacherSource
 
 CONTEXT_TIMESTEP = 14.0
 MAX_CONTEXT_FRAMES = RolloutConfig.memory_frames  # the AR loop's memory window: no chunk sees more context
@@ -140,25 +127,10 @@ def _ints(text: str, flag: str, count: int | None, sep: str) -> tuple[int, ...]:
 
 # ---- the recipes -----------------------------------------------------------------------------------------------
 @dataclass
-class Plan:
-    """What one rehearsal gives a recipe: its name, `build`'s keywords (beyond args, env, policy and load_teacher),
-    the micro-batch, and the options of the loop step."""
-
-    name: str
-    build: dict
-    item: Callable[[], dict]
-    ddp: bool = True  # the first role is DDP-wrapped on a real job (its buckets counted when --world_size > 1)
-    sharded: bool = False  # FSDP2 over --world_size ranks in a fake process group
-    notes: Callable[[SimpleNamespace], dict] = lambda parts: {}  # noqa: E731
-    prepare: Callable[[SimpleNamespace], None] = lambda parts: None  # noqa: E731
-
-
-@dataclass
 class Row:
-    module: str  # the recipe's entry module (its build_parser, PRESETS["real_size"], build)
+    module: str  # the recipe's entry module (its build, PRESETS["real_size"], build_parser or parse_args)
     flags: Callable[[argparse.Namespace], list[str]]  # the rehearsal's flags in the recipe's own names
-    plan: Callable[..., Plan]  # plan(args, flags, config, host, n_ctx)
-    extra: dict = field(default_factory=dict)
+    plan: Callable[..., Plan]  # plan(args, flags, config, host, n_ctx) -> Plan
 
 
 def blocks(args) -> list[str]:
@@ -207,6 +179,88 @@ def case_kv(args, config, host) -> dict:
         return {"text_k": torch.zeros(shape, dtype=torch.bfloat16), "text_v": torch.zeros(shape, dtype=torch.bfloat16)}
 
 
+def method_clip(args, config, host, data="latents", states=0, encoder_text=False) -> Callable[[], dict]:
+    item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens, data=data,
+                     states=states, host=host, encoder_text=encoder_text)
+    return lambda: item
+
+
+def teacher_forced_plan(recipe: str):
+    def plan(args, flags, config, host, n_ctx) -> Plan:
+        steps = flags.student_steps if recipe == "kd" else 0
+        item = method_clip(args, config, host, "latents" if recipe == "df_sft" else "final", steps,
+                           encoder_text=args.train == "full")
+        if recipe == "kd":
+            item()["sigmas"] = torch.linspace(1.0, 0.5, steps).tolist()
+        autocast = precision_policy(flags.precision, torch.device("cpu")).autocast_dtype
+        inputs = ({"rollout_config": RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast)}
+                  if recipe == "df_sft" else {"state_indices": list(range(steps))})
+        what = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full parameters"
+        shards = f", FSDP2 over {args.world_size} ranks (per rank)" if args.train == "full" and args.world_size > 1 \
+            else ""
+        return Plan(f"{recipe} {what}, {args.chunks} chunks{shards}", {**inputs, "draw_chunks": last_chunks}, item,
+                    ddp=False, sharded=args.train == "full")
+    return plan
+
+
+def adversarial_plan(args, flags, config, host, n_ctx) -> Plan:
+    rollout = args.data == "rollout"
+    inputs = rollout_plan(args, flags, config, host, n_ctx) if rollout else offline_plan("v4")(
+        args, flags, config, host, n_ctx)
+    data = (f"rollout {letters(args.replace_steps)}, {args.chunks} chunks, one trajectory" if rollout else
+            f"offline, batch {args.batch_size}, {n_ctx} context frames")
+
+    def prepare(parts):  # the heaviest step of the cadences: r1_every updates in, generator term on, lazy R1 due
+        for role in parts.roles:
+            for _ in range(flags.r1_every):
+                role.lr_schedule.step()
+
+    def notes(parts) -> dict:
+        weight, r1 = parts.step_fn.adversary.weight(), flags.r1_weight > 0
+        return {"adversarial": f"weight {weight:g} (generator term {'built' if weight > 0 else 'not built'}), lazy "
+                               f"R1 {'applied' if r1 else 'not applied'}", **flop_notes(args, "rollout" if rollout
+                                                                                        else "v4", n_ctx, user=False)}
+    return Plan(f"adversarial {data}, blocks {list(args.source_blocks)}, discriminator width "
+                f"{flags.discriminator_width}, both roles due", {**inputs.build, "resuming": True}, inputs.item,
+                notes=notes, prepare=prepare)
+
+
+def nft_plan(args, flags, config, host, n_ctx) -> Plan:
+    rewards = FixedRewards(parse_reward_weights(flags.rewards))
+    return Plan(f"nft LoRA rank {flags.lora_rank}, {flags.samples_per_group} samples of {args.chunks} chunks, "
+                f"{flags.chunks_per_sample} chunks trained per sample",
+                {"vae_folder": Path("unused"), "draw_chunks": last_chunks,
+                 "make_rewards": lambda flags, vae_folder, device: rewards}, method_clip(args, config, host),
+                ddp=False)
+
+
+def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
+    df_sft = recipe_flags(importlib.import_module("fvtools.train_df_sft"), [])  # what a df_sft LoRA file holds
+    if args.real_score == "teacher":
+        flags.real_score_kind, flags.real_score_path = resolve_real_score_flags(
+            flags.real_score, allow_raw_teacher_score=True, score_sigma_min=flags.score_sigma_min,
+            fake_score_train=flags.fake_score_train)
+    else:  # resolve_real_score_flags reads the file or folder; its kind is the flag here
+        flags.real_score_kind, flags.real_score_path = args.real_score, Path("unused")
+    student = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full"
+    generator = (f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" if
+                 args.generator == "predictor" else f"{student} student, {flags.student_steps} steps")
+    real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher",
+            "model": "a second BF16 model"}[args.real_score]
+    autocast = precision_policy(flags.precision, torch.device("cpu")).autocast_dtype
+
+    def load_lora(teacher, path, name=None, *, trainable=False):  # an adapter of df_sft's shape, values not read
+        return add_lora(teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
+
+    def prepare(parts):  # the step whose end runs the monitor rollout
+        parts.run_state.global_step = flags.monitor_every - 1
+    return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout "
+                f"{flags.rollout}, both roles due, monitor step",
+                {"rollout_config": RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast),
+                 "resuming": True, "load_lora": load_lora, "draw_chunks": last_chunks},
+                method_clip(args, config, host), ddp=args.generator == "predictor", segments=True, prepare=prepare)
+
+
 DATA = ["--dataset_root", "unused"]
 RECIPES = {
     "v4": Row("train_predictor_v4", lambda a: [*DATA, *blocks(a), "--batch_size", str(a.batch_size)],
@@ -215,77 +269,34 @@ RECIPES = {
                  offline_plan("disca")),
     "rollout": Row("train_predictor_v4_rollout",
                    lambda a: [*DATA, *blocks(a), *steps(a), "--context_mode", a.context_mode], rollout_plan),
+    "df_sft": Row("fvtools.train_df_sft", lambda a: ["--train", a.train], teacher_forced_plan("df_sft")),
+    "kd": Row("fvtools.train_kd", lambda a: ["--train", a.train], teacher_forced_plan("kd")),
+    "adversarial": Row("fvtools.train_adversarial", lambda a: [*DATA, *blocks(a), *steps(a), "--data", a.data,
+                                                               "--batch_size", str(a.batch_size)], adversarial_plan),
+    "nft": Row("fvtools.train_nft", lambda a: ["--train", "lora", *[f"--{flag}={getattr(a, flag)}" for flag in (
+        "samples_per_group", "chunks_per_sample") if getattr(a, flag) is not None]], nft_plan),
+    "dmd2": Row("fvtools.train_dmd2", lambda a: [
+        "--generator", a.generator, "--real_score", a.real_score, "--train", a.train, *blocks(a), *steps(a),
+        *(["--allow_raw_teacher_score", "--score_sigma_min", str(DISTILLED_SIGMA_FLOOR)] if a.real_score ==
+          "teacher" else [])], dmd2_plan),
 }
 
 
 # ---- one loop for every recipe ---------------------------------------------------------------------------------
-def recipe_flags(module, argv: list[str]) -> argparse.Namespace:
-    """The recipe's flags at its `real_size` preset plus `argv`, without its file checks (nothing is read here)."""
-    return parse_recipe_args(module.build_parser(), ["--preset", "real_size", *argv], module.PRESETS)
-
-
 def rehearse(args, recipe: str | None = None, *, fake: bool = True, host: str | None = None,
              n_ctx: int | None = None) -> MemoryReport:
-    """`--optimizer_steps` loop steps of `recipe` (default --recipe) with every role due. fake=False runs the same on
-    real CPU tensors (tiny configs only: it allocates). host: where the loader's batch lies before the step moves it
-    to the device: "meta" (host memory, not counted; fake runs) or "cpu" (counted for the whole step)."""
+    """`--optimizer_steps` loop steps of `recipe` (default --recipe) with every role due (predictor_training/recipes/
+    rehearsal.py). fake=False: real CPU tensors (tiny configs only). host: where the loader's batch lies before the
+    step moves it to the device: "meta" (host memory, not counted; fake runs) or "cpu" (counted throughout)."""
     recipe = recipe or args.recipe
     row, module = RECIPES[recipe], importlib.import_module(RECIPES[recipe].module)
     flags = recipe_flags(module, row.flags(args))
-    config = SimpleNamespace(**preset_config(args.config))
-    plan = row.plan(args, flags, config, host or ("meta" if fake else "cpu"),
+    plan = row.plan(args, flags, SimpleNamespace(**preset_config(args.config)), host or ("meta" if fake else "cpu"),
                     max(args.context_frames) if n_ctx is None else n_ctx)
-    sharded = plan.sharded and fake and args.world_size > 1
-    with contextlib.ExitStack() as stack:
-        if sharded:
-            stack.enter_context(fake_process_group(args.world_size))
-        rehearsal = stack.enter_context(Rehearsal(plan.name, cuda_autocast=not args.no_cuda_autocast, fake=fake))
-        stack.enter_context(fsdp_storage_accounting(rehearsal.tracker))
-        stack.enter_context(patched((torch.nn.Module, "to", module_to_unless_unchanged)))  # torch's own move
-        stack.enter_context(contextlib.redirect_stdout(sys.stderr))  # the recipe's log lines: stdout is the report
-        env = DistEnv(rank=0, local_rank=0, world_size=args.world_size if sharded else 1, device=torch.device("cpu"),
-                      backend="fake" if sharded else None, is_main=True)
-        policy = precision_policy(flags.precision, env.device)
-        parts = module.build(flags, env, policy, load_teacher=preset_teacher_loader(
-            args.config, on_load=lambda teacher: rehearsal.label_parameters([teacher])), **plan.build)
-        rehearsal.label_parameters(parts.models)
-        for role in parts.roles:
-            rehearsal.tracker.label(role.parameters, "parameters")  # adapters, FSDP2's shards
-            use_foreach(role.optimizer)
-            rehearsal.watch_gradients(role.parameters)
-            if role.ema is not None and hasattr(role.ema, "shadow"):  # an FP32 EMA shadow: training state
-                rehearsal.tracker.label(role.ema.shadow.values(), "optimizer_state")
-        buckets = (DDPBuckets(parts.roles[0].parameters, rehearsal.tracker)
-                   if plan.ddp and args.world_size > 1 and not plan.sharded else None)
-        plan.prepare(parts)
-        due = frozenset(role.name for role in parts.roles)
-        for step in range(1, args.optimizer_steps + 1):
-            for role in parts.roles:
-                role.zero_grad()
-            with rehearsal.phase("forward"):
-                parts.step_fn(plan.item(), sync=True, due=due)
-            optimizer_phase(rehearsal, parts.roles, buckets, step)
-            parts.run_state.global_step, parts.run_state.micro_step = step, parts.run_state.micro_step + 1
-        rehearsal.notes["configuration"] = configuration(args, recipe, flags, plan.sharded)
-        rehearsal.notes.update(plan.notes(parts))
-        rehearsal.notes["peak_groups"] = peak_groups(rehearsal.tracker)
-        rehearsal.notes["live_after_step"] = rehearsal.tracker.live_by_category()
-    return rehearsal.report()
-
-
-def optimizer_phase(rehearsal: Rehearsal, roles, buckets, step: int) -> None:
-    """The loop after the micro-batches: DDP's bucket views, each role's clip, then each role's AdamW + schedule."""
-    if buckets is not None:
-        buckets.adopt_gradients()  # the gradients are views of the buckets now
-    else:  # FSDP2's sharded gradients are set by its reduce-scatter, not accumulated by autograd: label them here
-        for role in roles:
-            rehearsal.tracker.label([param.grad for param in role.parameters], "gradients")
-    with rehearsal.phase("optimizer"):
-        for role in roles:
-            _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
-        for role in roles:
-            role.step()
-            rehearsal.label_optimizer(role.optimizer)
+    notes = plan.notes
+    plan.notes = lambda parts: {"configuration": configuration(args, recipe, flags, plan.sharded), **notes(parts)}
+    return rehearse_recipe(module, flags, plan, preset=args.config, world_size=args.world_size,
+                           optimizer_steps=args.optimizer_steps, cuda_autocast=not args.no_cuda_autocast, fake=fake)
 
 
 def configuration(args, recipe: str, flags, sharded: bool) -> str:
@@ -302,14 +313,14 @@ def configuration(args, recipe: str, flags, sharded: bool) -> str:
     return "; ".join(parts)
 
 
-def flop_notes(args, recipe: str, context_frames: int | None) -> dict:
+def flop_notes(args, recipe: str, context_frames: int | None, user: bool = True) -> dict:
     shape = flops.TeacherShape.from_config(preset_config(args.config))
     count = partial(flops.recipe_micro_batch_flops, shape, recipe, tokens_per_frame=args.latent_grid[0] *
                     args.latent_grid[1], text_tokens=args.text_tokens, batch_size=args.batch_size, chunks=args.chunks,
                     replace_steps=args.replace_steps, context_mode=args.context_mode)
     notes = {"dit_tflops_per_micro_batch": round(count(context_frames=context_frames) / 1e12, 1),
              "seconds_at_40pct_of_989_tflops": round(flops.seconds_at(count(context_frames=context_frames), 0.4), 2)}
-    if recipe in USER_SECONDS_PER_MICRO_BATCH and args.config == "worldplay_480p_i2v":
+    if user and recipe in USER_SECONDS_PER_MICRO_BATCH and args.config == "worldplay_480p_i2v":
         measured = USER_SECONDS_PER_MICRO_BATCH[recipe]
         notes["user_seconds_per_micro_batch"] = measured
         notes["utilisation_implied_by_user_time"] = round(

@@ -45,6 +45,7 @@ from torch import Tensor
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.methods.monitors import temporal_delta_energy
 from predictor_training.runtime.errors import MissingFileError
+from predictor_training.runtime.memory_rehearsal import real_values
 
 READS = ("first_frame", "sampled_frames", "video")
 TOTAL = "total"
@@ -251,3 +252,17 @@ REWARDS: dict[str, Reward] = {
     "contrast": Reward(contrast, reads="sampled_frames",
                        description="mean per-frame pixel standard deviation (0 = one flat colour)"),
 }
+
+
+class FixedRewards:
+    """In place of `VideoRewards` where nothing may be decoded (a memory rehearsal: the VAE and the reward functions
+    are outside the DiT's figure): scores 0..1 spread over the K samples, per reward name and in TOTAL, as real CPU
+    values (distinct per sample, so the advantages are not all zero)."""
+
+    def __init__(self, names):
+        self.names = list(names)
+
+    def __call__(self, samples, item) -> dict:
+        with real_values():
+            spread = torch.linspace(0.0, 1.0, samples.shape[0])
+            return {**{name: spread.clone() for name in self.names}, TOTAL: spread}

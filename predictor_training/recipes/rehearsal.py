@@ -1,0 +1,136 @@
+"""One loop step of any recipe through its own `build`, under a memory rehearsal (tools/estimate_memory.py; docs/
+memory.md § How a recipe is rehearsed).
+
+A recipe is rehearsable when its entry script has `build(args, env, policy, *, <inputs>, <seams>) -> RecipeParts`
+(what its `main()` builds between the run start and the loop) and a `real_size` preset. `rehearse_recipe` builds it
+with the Teacher made from its config (`load_teacher`, a seam every recipe has) and the `Plan`'s other keywords
+(the data's stand-ins, the recipe's own seams), then runs `optimizer_steps` loop steps with every role due: the step
+function on the plan's micro-batch, DDP's bucket views, each role's clip and AdamW (foreach, as on CUDA). Nothing in
+the recipe is patched; the only patches are torch's and PEFT's moves of fake parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.flags import parse_recipe_args
+from predictor_training.runtime.loop import _grad_norm_and_clip
+from predictor_training.runtime.memory_rehearsal import (
+    DDPBuckets,
+    MemoryReport,
+    PeakSegments,
+    Rehearsal,
+    fake_process_group,
+    fsdp_storage_accounting,
+    module_to_unless_unchanged,
+    patched,
+    peak_groups,
+    use_foreach,
+)
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.recipe import RecipeParts
+from predictor_training.teacher.source import preset_teacher_loader
+
+
+@dataclass
+class Plan:
+    """What a rehearsal gives a recipe: the report's name, `build`'s keywords (beyond args, env, policy and
+    load_teacher), the loader's micro-batch, and the loop step's options. ddp: the first role is DDP-wrapped on a
+    real job (its gradient buckets counted when world_size > 1). sharded: FSDP2 over world_size ranks in a fake
+    process group (per-rank figures). segments: `build` takes `mark` (the report names the part of the step where
+    the peak is, notes["peak_in"]). prepare(parts): before the step (e.g. advance a cadence). notes(parts): extra
+    report notes."""
+
+    name: str
+    build: dict
+    item: Callable[[], dict]
+    ddp: bool = True
+    sharded: bool = False
+    segments: bool = False
+    prepare: Callable[[RecipeParts], None] = lambda parts: None  # noqa: E731
+    notes: Callable[[RecipeParts], dict] = lambda parts: {}  # noqa: E731
+
+
+def recipe_flags(module: ModuleType, argv: list[str]) -> argparse.Namespace:
+    """The recipe's flags at its `real_size` preset plus `argv`, without its file checks (nothing is read: a recipe
+    without `build_parser` stops before them at --dry_run)."""
+    if hasattr(module, "build_parser"):
+        return parse_recipe_args(module.build_parser(), ["--preset", "real_size", *argv], module.PRESETS)
+    flags = module.parse_args(["--preset", "real_size", *argv, "--dry_run", "unused"])
+    return argparse.Namespace(**{**vars(flags), "dry_run": None})
+
+
+def last_chunks(num_chunks: int, count: int, rank_generator, shared_generator) -> list[int]:
+    """A `draw_chunks` seam: the clip's last `count` chunks (the most context: the worst draw for memory)."""
+    return list(range(max(0, num_chunks - count), num_chunks))
+
+
+def rehearse_recipe(module: ModuleType, flags: argparse.Namespace, plan: Plan, *, preset: str, world_size: int,
+                    optimizer_steps: int = 1, cuda_autocast: bool = True, fake: bool = True) -> MemoryReport:
+    """`optimizer_steps` loop steps of the recipe `module` built from `flags` with the Teacher of config `preset`.
+    fake=False runs the same on real CPU tensors (tiny presets only: it allocates)."""
+    sharded = plan.sharded and fake and world_size > 1
+    with contextlib.ExitStack() as stack:
+        if sharded:
+            stack.enter_context(fake_process_group(world_size))
+        rehearsal = stack.enter_context(Rehearsal(plan.name, cuda_autocast=cuda_autocast, fake=fake))
+        stack.enter_context(fsdp_storage_accounting(rehearsal.tracker))
+        # torch's and PEFT's own moves of fake parameters, skipped where they change nothing (the adapters are made
+        # on their base layer's device, FP32 as they end)
+        stack.enter_context(patched((torch.nn.Module, "to", module_to_unless_unchanged),
+                                    (BaseTunerLayer, "_move_adapter_to_device_of_base_layer", lambda *a, **k: None)))
+        stack.enter_context(contextlib.redirect_stdout(sys.stderr))  # the recipe's log lines; stdout is the report
+        env = DistEnv(rank=0, local_rank=0, world_size=world_size if sharded else 1, device=torch.device("cpu"),
+                      backend="fake" if sharded else None, is_main=True)
+        segments = PeakSegments(rehearsal.tracker)
+        load_teacher = preset_teacher_loader(preset, on_load=lambda teacher: rehearsal.label_parameters([teacher]))
+        parts = module.build(flags, env, precision_policy(flags.precision, env.device), load_teacher=load_teacher,
+                             **plan.build, **({"mark": segments.mark} if plan.segments else {}))
+        rehearsal.label_parameters(parts.models)
+        for role in parts.roles:
+            rehearsal.tracker.label(role.parameters, "parameters")  # adapters, FSDP2's shards
+            use_foreach(role.optimizer)
+            rehearsal.watch_gradients(role.parameters)
+            if role.ema is not None and hasattr(role.ema, "shadow"):  # an FP32 EMA shadow: training state
+                rehearsal.tracker.label(role.ema.shadow.values(), "optimizer_state")
+        buckets = (DDPBuckets(parts.roles[0].parameters, rehearsal.tracker)
+                   if plan.ddp and world_size > 1 and not plan.sharded else None)
+        plan.prepare(parts)
+        for step in range(1, optimizer_steps + 1):
+            for role in parts.roles:
+                role.zero_grad()
+            with rehearsal.phase("forward"):
+                parts.step_fn(plan.item(), sync=True, due=frozenset(role.name for role in parts.roles))
+            segments.mark("optimizer")
+            optimizer_phase(rehearsal, parts.roles, buckets, step)
+            segments.mark("after the step")
+            parts.run_state.global_step, parts.run_state.micro_step = step, parts.run_state.micro_step + 1
+        rehearsal.notes.update(plan.notes(parts))
+        rehearsal.notes.update({"peak_in": segments.at_peak} if plan.segments else {})
+        rehearsal.notes.update(peak_groups=peak_groups(rehearsal.tracker),
+                               live_after_step=rehearsal.tracker.live_by_category())
+    return rehearsal.report()
+
+
+def optimizer_phase(rehearsal: Rehearsal, roles, buckets: DDPBuckets | None, step: int) -> None:
+    """The loop after the micro-batches: DDP's bucket views, each role's clip, then each role's AdamW + schedule."""
+    if buckets is not None:
+        buckets.adopt_gradients()  # the gradients are views of the buckets now
+    else:  # FSDP2's sharded gradients are set by its reduce-scatter, not accumulated by autograd: label them here
+        for role in roles:
+            rehearsal.tracker.label([param.grad for param in role.parameters], "gradients")
+    with rehearsal.phase("optimizer"):
+        for role in roles:
+            _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
+        for role in roles:
+            role.step()
+            rehearsal.label_optimizer(role.optimizer)
