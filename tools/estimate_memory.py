@@ -1,26 +1,15 @@
-"""Per-GPU memory of a recipe's training step at real size, without a GPU: the recipe's own `build` and step on fake
-tensors (docs/memory.md).
+"""Per-GPU memory of a recipe's training step at real size, without a GPU (docs/memory.md):
 
-    python tools/estimate_memory.py --recipe v4                          # 8.6B config, batch 16, 20 context frames
-    python tools/estimate_memory.py --recipe v4 --context_frames 0 4 8 12 16 20 --json
+    python tools/estimate_memory.py --recipe v4 --context_frames 4 8 12 16 20 --json   # 8.6B config, batch 16
     python tools/estimate_memory.py --recipe rollout --replace_steps 1,2,3 --context_mode incremental
-    python tools/estimate_memory.py --recipe v4 --fit                    # largest batch on 80 GB / 141 GB cards
-    python tools/estimate_memory.py --recipe kd --train full --world_size 8
-    python tools/estimate_memory.py --recipe dmd2 --generator student --real_score model
+    python tools/estimate_memory.py --recipe kd --train full --world_size 8             # --fit: v4, disca
 
-One loop for every recipe (`rehearse`): the recipe's flags at its `real_size` preset (plus the rows' flags below),
-then its `build(args, env, policy, ...)` - the Teacher built from its config (`--config`, no weights) in BF16, the
-trained models, optimizers, schedules and step function, exactly as its `main()` builds them - then one loop step
-(`--optimizer_steps`) with every role due: the step function on a synthetic micro-batch at the largest shapes the
-data gives (`data/synthetic.py`), DDP's gradient buckets (`--world_size` > 1), each role's clip and AdamW (foreach,
-as on CUDA). All under FakeTensorMode with CUDA's autocast rules: nothing of real size is allocated
-(predictor_training/runtime/memory_rehearsal.py says what is modelled and what is not). It prints the per-rank peak
-by category, the phase where it happens, per-phase peaks and the 10 largest tensors alive at the peak; `--json`.
-
-A rehearsal passes the recipe's `build` keywords instead of patching it: `load_teacher` (the Teacher from its
-config), the data's stand-ins, and what a recipe names as seams (the real score's LoRA file, the reward functions,
-the chunk draw). `RECIPES` below is the whole list: a new recipe is rehearsable once it has `build`, a `real_size`
-preset and a row here. The eval (`--recipe eval`) rehearses tools/eval_predictor.py's own rollout, inference only.
+One loop for every recipe (predictor_training/recipes/rehearsal.py): the recipe's flags at its `real_size` preset,
+its own `build` (the Teacher from --config, no weights, BF16), then one loop step with every role due on a synthetic
+micro-batch at the data's largest shapes, under FakeTensorMode with CUDA's autocast rules (runtime/
+memory_rehearsal.py: what is modelled): the per-rank peak by category, its phase, the largest tensors alive there.
+A rehearsal passes `build` keywords (the Teacher loader, the data's stand-ins, the recipe's seams) and patches
+nothing: a new recipe needs a `build`, a `real_size` preset and a row in RECIPES.
 """
 
 from __future__ import annotations
@@ -37,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from predictor_training.data.synthetic import clip_item, offline_batch, trajectory_row
+from predictor_training.data.synthetic import case_text_kv, clip_item, offline_batch, trajectory_row
 from predictor_training.eval.rehearsal import rehearse_eval_rollout
 from predictor_training.methods.dmd2_models import resolve_real_score_flags
 from predictor_training.methods.rewards import FixedRewards, parse_reward_weights
@@ -65,53 +54,43 @@ USER_SECONDS_PER_MICRO_BATCH = {"v4": 4.49, "disca": 1.66}
 def parse_args(argv=None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--recipe", required=True, choices=[*RECIPES, "eval"], help="the recipe to rehearse")
+    add("--recipe", required=True, choices=[*RECIPES, "eval"], help="the recipe to rehearse (eval: its rollout)")
     add("--config", default="worldplay_480p_i2v", help="Teacher preset (teacher/config.py; default %(default)s)")
-    add("--batch_size", type=int, default=16, help="per-GPU batch of the offline recipes (v4, disca, adversarial)")
-    add("--context_frames", type=int, nargs="+", default=[20],
-        help=f"v4: context frames of the batch, multiples of 4 in 0..{MAX_CONTEXT_FRAMES} (default 20, the peak)")
-    add("--source_blocks", type=lambda text: _ints(text, "--source_blocks", 2, ","), default=(1, 52),
-        help="Predictor blocks (1,52)")
-    add("--text_tokens", type=int, default=MAX_TEXT_TOKENS,
-        help=f"text tokens of the longest case, 1..{MAX_TEXT_TOKENS} (the text encoder's limit; default 1000)")
-    add("--latent_grid", type=lambda text: _ints(text.lower(), "--latent_grid", 2, "x"), default=(30, 52),
+    add("--batch_size", type=int, default=16, help="per-GPU batch of v4, disca, adversarial (16)")
+    add("--context_frames", type=int, nargs="+", default=[20], help="v4: context frames, multiples of 4 in 0..20 (20)")
+    add("--source_blocks", type=lambda t: _ints(t, "--source_blocks", 2, ","), default=(1, 52), help="blocks (1,52)")
+    add("--text_tokens", type=int, default=MAX_TEXT_TOKENS, help="text tokens, 1..1000 (the encoder's limit; 1000)")
+    add("--latent_grid", type=lambda t: _ints(t.lower(), "--latent_grid", 2, "x"), default=(30, 52),
         help="latent HxW (480x832 -> 30x52)")
-    add("--chunks", type=int, default=8, help="rollout, the fvtools methods, eval: chunks of one trajectory (8)")
-    add("--replace_steps", type=lambda text: _ints(text, "--replace_steps", None, ","), default=(1, 2, 3),
-        help="rollout, eval, adversarial --data rollout, dmd2 --generator predictor: Predictor steps (1,2,3)")
-    add("--context_mode", choices=("exact", "incremental"), default="exact",
-        help="rollout, eval: how each chunk's context K/V are built")
-    add("--data", choices=("offline", "rollout"), default="offline",
-        help="adversarial: its --data (offline pairs at --batch_size, or one F-P-P-P trajectory of --chunks)")
-    add("--world_size", type=int, default=8,
-        help="ranks (> 1: DDP's gradient buckets; df_sft / kd --train full: FSDP2's per-rank shard; default 8)")
-    add("--train", choices=("lora", "full"), default="lora",
-        help="df_sft, kd, dmd2 --generator student: a LoRA on the Teacher (default) or every parameter")
+    add("--chunks", type=int, default=8, help="chunks of one trajectory or clip (8)")
+    add("--replace_steps", type=lambda t: _ints(t, "--replace_steps", None, ","), default=(1, 2, 3),
+        help="the Predictor's steps (rollout, eval, adversarial --data rollout, dmd2 --generator predictor; 1,2,3)")
+    add("--context_mode", choices=("exact", "incremental"), default="exact", help="rollout, eval: context K/V")
+    add("--data", choices=("offline", "rollout"), default="offline", help="adversarial: its --data")
+    add("--world_size", type=int, default=8, help="ranks: DDP buckets if > 1; --train full: FSDP2's shard (8)")
+    add("--train", choices=("lora", "full"), default="lora", help="df_sft, kd, dmd2 student: a LoRA or every parameter")
     add("--generator", choices=("predictor", "student"), default="predictor", help="dmd2: its --generator")
     add("--real_score", choices=("lora", "model", "teacher"), default="lora",
         help="dmd2: the kind of its --real_score (a df_sft LoRA file, a model folder, the raw Teacher)")
-    add("--samples_per_group", type=int, default=None, help="nft: K samples per step (default: the recipe's)")
-    add("--chunks_per_sample", type=int, default=None, help="nft: chunks trained per sample (default: the recipe's)")
-    add("--optimizer_steps", type=int, default=1, help="optimizer steps (2 shows a step with AdamW moments)")
+    add("--samples_per_group", type=int, default=None, help="nft: K samples per step (the recipe's)")
+    add("--chunks_per_sample", type=int, default=None, help="nft: chunks trained per sample (the recipe's)")
+    add("--optimizer_steps", type=int, default=1, help="loop steps (2: one with AdamW's moments present)")
     add("--no_cuda_autocast", action="store_true", help="CPU autocast's own rules (for comparison)")
     add("--fit", action="store_true", help="v4, disca: also the largest per-GPU batch on 80 GB and 141 GB cards")
     add("--json", action="store_true", help="one JSON object per estimate")
-    add("--undo_cuts", nargs="+", choices=CUTS, default=[],
-        help="rehearse the code as the user measured it: these memory cuts undone (predictor/memory_cuts.py)")
+    add("--undo_cuts", nargs="+", choices=CUTS, default=[], help="these memory cuts undone (predictor/memory_cuts.py)")
     args = parser.parse_args(argv)
     checks = [(args.fit and args.recipe not in ("v4", "disca"), f"--fit: for v4 and disca only, not {args.recipe}"),
               (args.data != "offline" and args.recipe != "adversarial", f"--data {args.data}: an adversarial mode"),
-              (args.batch_size < 1, f"--batch_size {args.batch_size}: expected >= 1"),
               (any(not 0 <= n <= MAX_CONTEXT_FRAMES or n % 4 for n in args.context_frames),
                f"--context_frames {args.context_frames}: expected multiples of 4 in 0..{MAX_CONTEXT_FRAMES}"),
               (not 1 <= args.text_tokens <= MAX_TEXT_TOKENS, f"--text_tokens {args.text_tokens}: expected 1..1000"),
               (args.chunks < 2, f"--chunks {args.chunks}: expected >= 2 (chunk 0 plus a trained chunk)"),
-              (args.world_size < 1 or args.optimizer_steps < 1, "--world_size, --optimizer_steps: expected >= 1"),
-              (not args.replace_steps or not all(1 <= s <= 3 for s in args.replace_steps),
-               f"--replace_steps {args.replace_steps}: expected steps within 1..3")]
-    for failed, message in checks:
-        if failed:
-            parser.error(message)
+              (min(args.batch_size, args.world_size, args.optimizer_steps) < 1,
+               "--batch_size, --world_size, --optimizer_steps: expected >= 1"),
+              (not all(1 <= s <= 3 for s in args.replace_steps), f"--replace_steps {args.replace_steps}: 1..3")]
+    for message in [message for failed, message in checks if failed][:1]:
+        parser.error(message)
     return args
 
 
@@ -125,7 +104,6 @@ def _ints(text: str, flag: str, count: int | None, sep: str) -> tuple[int, ...]:
     return values
 
 
-# ---- the recipes -----------------------------------------------------------------------------------------------
 @dataclass
 class Row:
     module: str  # the recipe's entry module (its build, PRESETS["real_size"], build_parser or parse_args)
@@ -133,16 +111,9 @@ class Row:
     plan: Callable[..., Plan]  # plan(args, flags, config, host, n_ctx) -> Plan
 
 
-def blocks(args) -> list[str]:
-    return ["--source_blocks", ",".join(map(str, args.source_blocks))]
-
-
-def steps(args) -> list[str]:
-    return ["--replace_steps", ",".join(map(str, args.replace_steps))]
-
-
-def letters(replace_steps) -> str:
-    return "-".join(Schedule(tuple(replace_steps)).letters())
+def blocks(args): return ["--source_blocks", ",".join(map(str, args.source_blocks))]  # noqa: E704
+def steps(args): return ["--replace_steps", ",".join(map(str, args.replace_steps))]  # noqa: E704
+def letters(replace_steps): return "-".join(Schedule(tuple(replace_steps)).letters())  # noqa: E704
 
 
 def offline_plan(variant: str):
@@ -159,7 +130,7 @@ def offline_plan(variant: str):
 
 def rollout_plan(args, flags, config, host, n_ctx) -> Plan:
     row, image_cond = trajectory_row(args.chunks, args.latent_grid, config.out_channels)
-    case = case_kv(args, config, host) | {"image_cond": image_cond}  # the dataset's case, read into host memory
+    case = {**case_text_kv(config, text_tokens=args.text_tokens, host=host), "image_cond": image_cond}
     policy = precision_policy(flags.precision, torch.device("cpu"))
     rollout_config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                    context_mode=args.context_mode)
@@ -171,33 +142,27 @@ def rollout_plan(args, flags, config, host, n_ctx) -> Plan:
                 notes=lambda parts: flop_notes(args, "rollout", None))
 
 
-def case_kv(args, config, host) -> dict:
-    """A case's stored text K/V of --text_tokens tokens for every double block (BF16), in `host` memory."""
-    shape = (config.mm_double_blocks_depth, config.heads_num, args.text_tokens,
-             config.hidden_size // config.heads_num)
-    with torch.device(host):
-        return {"text_k": torch.zeros(shape, dtype=torch.bfloat16), "text_v": torch.zeros(shape, dtype=torch.bfloat16)}
-
-
 def method_clip(args, config, host, data="latents", states=0, encoder_text=False) -> Callable[[], dict]:
     item = clip_item(config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens, data=data,
                      states=states, host=host, encoder_text=encoder_text)
+    if states:  # KD's sample: the noise levels of its stored ODE states
+        item["sigmas"] = torch.linspace(1.0, 0.5, states).tolist()
     return lambda: item
+
+
+def fp32_states(flags) -> RolloutConfig:
+    """The methods' AR loop: FP32 running latents, the recipe's autocast."""
+    autocast = precision_policy(flags.precision, torch.device("cpu")).autocast_dtype
+    return RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast)
 
 
 def teacher_forced_plan(recipe: str):
     def plan(args, flags, config, host, n_ctx) -> Plan:
         steps = flags.student_steps if recipe == "kd" else 0
-        item = method_clip(args, config, host, "latents" if recipe == "df_sft" else "final", steps,
-                           encoder_text=args.train == "full")
-        if recipe == "kd":
-            item()["sigmas"] = torch.linspace(1.0, 0.5, steps).tolist()
-        autocast = precision_policy(flags.precision, torch.device("cpu")).autocast_dtype
-        inputs = ({"rollout_config": RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast)}
-                  if recipe == "df_sft" else {"state_indices": list(range(steps))})
+        item = method_clip(args, config, host, "final" if steps else "latents", steps, args.train == "full")
+        inputs = {"state_indices": list(range(steps))} if steps else {"rollout_config": fp32_states(flags)}
         what = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full parameters"
-        shards = f", FSDP2 over {args.world_size} ranks (per rank)" if args.train == "full" and args.world_size > 1 \
-            else ""
+        shards = f", FSDP2 over {args.world_size} ranks (per rank)" * (args.train == "full" and args.world_size > 1)
         return Plan(f"{recipe} {what}, {args.chunks} chunks{shards}", {**inputs, "draw_chunks": last_chunks}, item,
                     ddp=False, sharded=args.train == "full")
     return plan
@@ -209,17 +174,14 @@ def adversarial_plan(args, flags, config, host, n_ctx) -> Plan:
         args, flags, config, host, n_ctx)
     data = (f"rollout {letters(args.replace_steps)}, {args.chunks} chunks, one trajectory" if rollout else
             f"offline, batch {args.batch_size}, {n_ctx} context frames")
-
-    def prepare(parts):  # the heaviest step of the cadences: r1_every updates in, generator term on, lazy R1 due
-        for role in parts.roles:
-            for _ in range(flags.r1_every):
-                role.lr_schedule.step()
+    # The heaviest step of the cadences: r1_every updates of both roles in (generator term on, lazy R1 due).
+    prepare = lambda parts: [role.lr_schedule.step() for role in parts.roles for _ in range(flags.r1_every)]  # noqa
 
     def notes(parts) -> dict:
-        weight, r1 = parts.step_fn.adversary.weight(), flags.r1_weight > 0
-        return {"adversarial": f"weight {weight:g} (generator term {'built' if weight > 0 else 'not built'}), lazy "
-                               f"R1 {'applied' if r1 else 'not applied'}", **flop_notes(args, "rollout" if rollout
-                                                                                        else "v4", n_ctx, user=False)}
+        weight, r1 = parts.step_fn.adversary.weight(), "applied" if flags.r1_weight > 0 else "not applied"
+        built = "built" if weight > 0 else "not built"
+        return {"adversarial": f"weight {weight:g} (generator term {built}), lazy R1 {r1}",
+                **flop_notes(args, "rollout" if rollout else "v4", n_ctx, user=False)}
     return Plan(f"adversarial {data}, blocks {list(args.source_blocks)}, discriminator width "
                 f"{flags.discriminator_width}, both roles due", {**inputs.build, "resuming": True}, inputs.item,
                 notes=notes, prepare=prepare)
@@ -236,28 +198,22 @@ def nft_plan(args, flags, config, host, n_ctx) -> Plan:
 
 def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
     df_sft = recipe_flags(importlib.import_module("fvtools.train_df_sft"), [])  # what a df_sft LoRA file holds
-    if args.real_score == "teacher":
-        flags.real_score_kind, flags.real_score_path = resolve_real_score_flags(
-            flags.real_score, allow_raw_teacher_score=True, score_sigma_min=flags.score_sigma_min,
-            fake_score_train=flags.fake_score_train)
-    else:  # resolve_real_score_flags reads the file or folder; its kind is the flag here
-        flags.real_score_kind, flags.real_score_path = args.real_score, Path("unused")
+    flags.real_score_kind, flags.real_score_path = resolve_real_score_flags(  # a file or folder would be read:
+        flags.real_score, allow_raw_teacher_score=True, score_sigma_min=flags.score_sigma_min,  # its kind is the flag
+        fake_score_train=flags.fake_score_train) if args.real_score == "teacher" else (args.real_score, Path("unused"))
     student = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full"
     generator = (f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" if
                  args.generator == "predictor" else f"{student} student, {flags.student_steps} steps")
     real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher",
             "model": "a second BF16 model"}[args.real_score]
-    autocast = precision_policy(flags.precision, torch.device("cpu")).autocast_dtype
 
     def load_lora(teacher, path, name=None, *, trainable=False):  # an adapter of df_sft's shape, values not read
         return add_lora(teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
-
-    def prepare(parts):  # the step whose end runs the monitor rollout
-        parts.run_state.global_step = flags.monitor_every - 1
+    prepare = lambda parts: setattr(parts.run_state, "global_step", flags.monitor_every - 1)  # noqa: E731 (monitor)
     return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout "
                 f"{flags.rollout}, both roles due, monitor step",
-                {"rollout_config": RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast),
-                 "resuming": True, "load_lora": load_lora, "draw_chunks": last_chunks},
+                {"rollout_config": fp32_states(flags), "resuming": True, "load_lora": load_lora,
+                 "draw_chunks": last_chunks},
                 method_clip(args, config, host), ddp=args.generator == "predictor", segments=True, prepare=prepare)
 
 
@@ -273,8 +229,8 @@ RECIPES = {
     "kd": Row("fvtools.train_kd", lambda a: ["--train", a.train], teacher_forced_plan("kd")),
     "adversarial": Row("fvtools.train_adversarial", lambda a: [*DATA, *blocks(a), *steps(a), "--data", a.data,
                                                                "--batch_size", str(a.batch_size)], adversarial_plan),
-    "nft": Row("fvtools.train_nft", lambda a: ["--train", "lora", *[f"--{flag}={getattr(a, flag)}" for flag in (
-        "samples_per_group", "chunks_per_sample") if getattr(a, flag) is not None]], nft_plan),
+    "nft": Row("fvtools.train_nft", lambda a: ["--train", "lora", *[f"--{k}={v}" for k in ("samples_per_group",
+               "chunks_per_sample") if (v := getattr(a, k)) is not None]], nft_plan),
     "dmd2": Row("fvtools.train_dmd2", lambda a: [
         "--generator", a.generator, "--real_score", a.real_score, "--train", a.train, *blocks(a), *steps(a),
         *(["--allow_raw_teacher_score", "--score_sigma_min", str(DISTILLED_SIGMA_FLOOR)] if a.real_score ==
@@ -282,7 +238,6 @@ RECIPES = {
 }
 
 
-# ---- one loop for every recipe ---------------------------------------------------------------------------------
 def rehearse(args, recipe: str | None = None, *, fake: bool = True, host: str | None = None,
              n_ctx: int | None = None) -> MemoryReport:
     """`--optimizer_steps` loop steps of `recipe` (default --recipe) with every role due (predictor_training/recipes/
@@ -294,42 +249,22 @@ def rehearse(args, recipe: str | None = None, *, fake: bool = True, host: str | 
     plan = row.plan(args, flags, SimpleNamespace(**preset_config(args.config)), host or ("meta" if fake else "cpu"),
                     max(args.context_frames) if n_ctx is None else n_ctx)
     notes = plan.notes
-    plan.notes = lambda parts: {"configuration": configuration(args, recipe, flags, plan.sharded), **notes(parts)}
+    plan.notes = lambda parts: {"shapes": f"text {args.text_tokens} tokens, latents 4x{args.latent_grid[0]}x"
+                                          f"{args.latent_grid[1]} per chunk", **notes(parts)}
     return rehearse_recipe(module, flags, plan, preset=args.config, world_size=args.world_size,
                            optimizer_steps=args.optimizer_steps, cuda_autocast=not args.no_cuda_autocast, fake=fake)
 
 
-def configuration(args, recipe: str, flags, sharded: bool) -> str:
-    parts = [f"config {args.config}", f"{flags.precision} (frozen bf16, trainable fp32, bf16 autocast)",
-             f"gradient checkpointing {'on' if getattr(flags, 'gradient_checkpointing', True) else 'off'}",
-             f"text {args.text_tokens} tokens", f"latents 4x{args.latent_grid[0]}x{args.latent_grid[1]} per chunk",
-             f"autocast rules {'CPU' if args.no_cuda_autocast else 'CUDA (emulated)'}"]
-    if recipe in ("v4", "disca", "rollout", "adversarial"):
-        parts.append(f"DDP buckets {'counted' if args.world_size > 1 else 'none (1 rank)'}")
-    if recipe == "rollout":
-        parts.append(f"{args.chunks} chunks, replace_steps {list(args.replace_steps)}, context {args.context_mode}")
-    if sharded:
-        parts.append(f"FSDP2 over {args.world_size} ranks (fake process group), per-rank figures")
-    return "; ".join(parts)
-
-
 def flop_notes(args, recipe: str, context_frames: int | None, user: bool = True) -> dict:
-    shape = flops.TeacherShape.from_config(preset_config(args.config))
-    count = partial(flops.recipe_micro_batch_flops, shape, recipe, tokens_per_frame=args.latent_grid[0] *
-                    args.latent_grid[1], text_tokens=args.text_tokens, batch_size=args.batch_size, chunks=args.chunks,
-                    replace_steps=args.replace_steps, context_mode=args.context_mode)
-    notes = {"dit_tflops_per_micro_batch": round(count(context_frames=context_frames) / 1e12, 1),
-             "seconds_at_40pct_of_989_tflops": round(flops.seconds_at(count(context_frames=context_frames), 0.4), 2)}
-    if user and recipe in USER_SECONDS_PER_MICRO_BATCH and args.config == "worldplay_480p_i2v":
-        measured = USER_SECONDS_PER_MICRO_BATCH[recipe]
-        notes["user_seconds_per_micro_batch"] = measured
-        notes["utilisation_implied_by_user_time"] = round(
-            count(context_frames=None) / (measured * flops.PEAK_BF16_TFLOPS * 1e12), 3)
-    return notes
+    user_seconds = USER_SECONDS_PER_MICRO_BATCH.get(recipe) if user and args.config == "worldplay_480p_i2v" else None
+    return flops.micro_batch_time_notes(
+        flops.TeacherShape.from_config(preset_config(args.config)), recipe, context_frames=context_frames,
+        user_seconds=user_seconds, tokens_per_frame=args.latent_grid[0] * args.latent_grid[1],
+        text_tokens=args.text_tokens, batch_size=args.batch_size, chunks=args.chunks,
+        replace_steps=args.replace_steps, context_mode=args.context_mode)
 
 
-def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:
-    """tools/eval_predictor.py's rollout (predictor_training/eval/rehearsal.py), inference only."""
+def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:  # tools/eval_predictor.py's rollout, inference
     return rehearse_eval_rollout(args.config, chunks=args.chunks, grid=args.latent_grid, text_tokens=args.text_tokens,
                                  replace_steps=args.replace_steps, context_mode=args.context_mode,
                                  source_blocks=args.source_blocks, cuda_autocast=not args.no_cuda_autocast, fake=fake)
@@ -341,9 +276,7 @@ def estimate(args) -> list[MemoryReport]:
             return [rehearse_eval(args)]
         if args.recipe != "v4":
             return [rehearse(args)]
-        # The undone pre-feature cut: the loop's batch stays on the device for the whole step, as the user's dict
-        # kept it.
-        host = "cpu" if "offline_prefeatures" in args.undo_cuts else None
+        host = "cpu" if "offline_prefeatures" in args.undo_cuts else None  # the batch kept on the device, as undone
         return [rehearse(args, host=host, n_ctx=n_ctx) for n_ctx in args.context_frames]
 
 
@@ -353,15 +286,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     for report in estimate(args):
         print(json.dumps(report.to_json()) if args.json else report.format(), flush=True)
-    if args.fit:
-        n_ctx = max(args.context_frames) if args.recipe == "v4" else 0
-        run = lambda batch: rehearse(argparse.Namespace(**{**vars(args), "batch_size": batch}), n_ctx=n_ctx)  # noqa
-        for card, (batch, report) in largest_batches(run).items():
-            line = {"recipe": args.recipe, "card_gb": card, "context_frames": n_ctx, "largest_batch": batch,
-                    "needs_gib": round(needed_gib(report), 2), "card_gib": round(card_gib(card), 2)}
-            print(json.dumps(line) if args.json else
-                  f"{args.recipe}: largest per-GPU batch on a {card} GB card ({card_gib(card):.1f} GiB): {batch} "
-                  f"(needs {needed_gib(report):.1f} GiB incl. margin and CUDA context)", flush=True)
+    n_ctx = max(args.context_frames) if args.recipe == "v4" else 0
+    run = lambda batch: rehearse(argparse.Namespace(**{**vars(args), "batch_size": batch}), n_ctx=n_ctx)  # noqa
+    for card, (batch, report) in largest_batches(run).items() if args.fit else ():
+        line = {"recipe": args.recipe, "card_gb": card, "context_frames": n_ctx, "largest_batch": batch,
+                "needs_gib": round(needed_gib(report), 2), "card_gib": round(card_gib(card), 2)}
+        print(json.dumps(line) if args.json else f"{args.recipe}: largest per-GPU batch on a {card} GB card "
+              f"({line['card_gib']} GiB): {batch} (needs {line['needs_gib']} GiB incl. margin and CUDA context)")
     return 0
 
 

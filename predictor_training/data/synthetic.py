@@ -13,6 +13,7 @@ real size on fake tensors; benchmarks/gpu_acceptance.py on the GPU; the tests at
 - ``offline_batch``: a collated offline batch (``collate_pairs``' keys) of the v4 or disca recipe;
 - ``turning_camera_row`` / ``trajectory_row``: a sample-table row whose camera turns and steps back (so the memory
   selection has work to do), and its image condition;
+- ``case_text_kv``: a case file's stored text K/V;
 - ``clip_item``: one clip of the generic methods' datasets (latents or KD's ODE states, cameras, text).
 """
 
@@ -275,6 +276,14 @@ def trajectory_row(chunks: int, grid: tuple[int, int], channels: int,
     if generator is None:
         return row, torch.zeros(1, channels, 1, height, width)
     return row, torch.randn(1, channels, 1, height, width, generator=generator)
+
+
+def case_text_kv(config, *, text_tokens: int, host="meta") -> dict:
+    """A case file's stored text K/V ("text_k", "text_v" [depth, heads, text_tokens, head_dim], BF16) for the
+    Teacher `config`, zeros in `host` memory (meta: the loader's, not counted by a rehearsal)."""
+    shape = (config.mm_double_blocks_depth, config.heads_num, text_tokens, config.hidden_size // config.heads_num)
+    with torch.device(host):
+        return {name: torch.zeros(shape, dtype=torch.bfloat16) for name in ("text_k", "text_v")}
 
 
 BYT5_TOKENS, VISION_TOKENS = 256, 729  # ByT5 glyph positions; SigLIP 27 x 27 patches of the first frame

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from predictor_training.data.synthetic import trajectory_row
+from predictor_training.data.synthetic import case_text_kv, trajectory_row
 from predictor_training.eval.methods import PredictorCheckpoint, PredictorMethod, with_context_mode
 from predictor_training.eval.run import rollout_config_for
 from predictor_training.eval.runtime import EvalRuntime
@@ -35,11 +35,7 @@ def rehearse_eval_rollout(preset: str, *, chunks: int, grid: tuple[int, int], te
     memory selection's context frames per chunk."""
     config = SimpleNamespace(**preset_config(preset))
     item, image_cond = trajectory_row(chunks, grid, config.out_channels)
-    heads = config.heads_num
-    with torch.device("meta" if fake else "cpu"):  # the case file, read into host memory by the dataset
-        case = {name: torch.zeros(config.mm_double_blocks_depth, heads, text_tokens, config.hidden_size // heads,
-                                  dtype=torch.bfloat16) for name in ("text_k", "text_v")}
-    case["image_cond"] = image_cond
+    case = {**case_text_kv(config, text_tokens=text_tokens, host="meta" if fake else "cpu"), "image_cond": image_cond}
     letters = "-".join(Schedule(tuple(replace_steps)).letters())
     name = (f"eval rollout {letters}, {chunks} chunks, context {context_mode}, blocks {list(source_blocks)}, "
             "inference")

@@ -114,6 +114,12 @@ def rehearse_recipe(module: ModuleType, flags: argparse.Namespace, plan: Plan, *
             optimizer_phase(rehearsal, parts.roles, buckets, step)
             segments.mark("after the step")
             parts.run_state.global_step, parts.run_state.micro_step = step, parts.run_state.micro_step + 1
+        rehearsal.notes["configuration"] = "; ".join([
+            f"config {preset}", f"precision {flags.precision}", "gradient checkpointing "
+            f"{'on' if getattr(flags, 'gradient_checkpointing', True) else 'off'}",
+            f"autocast rules {'CUDA (emulated)' if cuda_autocast else 'CPU'}",
+            f"FSDP2 over {world_size} ranks (fake process group), per-rank figures" if sharded else
+            f"DDP buckets {'counted' if buckets is not None else 'none'}"])
         rehearsal.notes.update(plan.notes(parts))
         rehearsal.notes.update({"peak_in": segments.at_peak} if plan.segments else {})
         rehearsal.notes.update(peak_groups=peak_groups(rehearsal.tracker),

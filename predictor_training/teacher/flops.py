@@ -358,3 +358,18 @@ def recipe_micro_batch_flops(shape: TeacherShape, recipe: str, *, tokens_per_fra
 def seconds_at(flop_count: int, utilisation: float) -> float:
     """Seconds of `flop_count` FLOPs at `utilisation` of PEAK_BF16_TFLOPS."""
     return flop_count / (utilisation * PEAK_BF16_TFLOPS * 1e12)
+
+
+def micro_batch_time_notes(shape: TeacherShape, recipe: str, *, context_frames: int | None,
+                           user_seconds: float | None = None, **sizes) -> dict:
+    """The time figures of a rehearsal's report: a micro-batch's DiT TFLOPs (`recipe_micro_batch_flops` with
+    `sizes`) and its seconds at 40 % of the BF16 peak; with the user's measured seconds per micro-batch (at the
+    offline context mix), the utilisation they imply."""
+    count = recipe_micro_batch_flops(shape, recipe, context_frames=context_frames, **sizes)
+    notes = {"dit_tflops_per_micro_batch": round(count / 1e12, 1),
+             "seconds_at_40pct_of_989_tflops": round(seconds_at(count, 0.4), 2)}
+    if user_seconds is not None:
+        mix = recipe_micro_batch_flops(shape, recipe, context_frames=None, **sizes)
+        notes.update(user_seconds_per_micro_batch=user_seconds,
+                     utilisation_implied_by_user_time=round(mix / (user_seconds * PEAK_BF16_TFLOPS * 1e12), 3))
+    return notes
