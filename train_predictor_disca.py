@@ -28,7 +28,7 @@ from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, disca_pair_batches, disca_pair_dataset
 from predictor_training.recipes.offline import OfflineSettings, build_offline, finish_offline_args, offline_config
 from predictor_training.runtime.checkpoint import checkpoint_meta
-from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
 from predictor_training.runtime.flags import (
     add_data_args,
@@ -41,6 +41,7 @@ from predictor_training.runtime.flags import (
     add_validation_args,
     settings_from_flags,
 )
+from predictor_training.eval.leaderboard import leaderboard_command
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.recipe import RecipeParts
@@ -143,6 +144,9 @@ def main(argv=None) -> int:
         # 7. Train: the pair step and the shared loop.
         run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
                      run_state=run_state, config=config, meta=meta, validation=parts.validation)
+        # 8. Where this Predictor stands against the samplers and caches at its cost (docs/leaderboard.md).
+        log0("next, the leaderboard: " + leaderboard_command(start.run_dir, dataset_root=args.dataset_root,
+                                                             world_size=env.world_size))
     return 0
 
 

@@ -65,6 +65,7 @@ from predictor_training.teacher.config import DISTILLED_STEPS
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.data.trajectory_dataset import open_trajectory_table, trajectory_batches
+from predictor_training.eval.leaderboard import leaderboard_command
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
@@ -385,6 +386,9 @@ def main(argv=None) -> int:
         run_training(args, start, env, roles=parts.roles, batches=data.batches, step_fn=parts.step_fn,
                      run_state=run_state, config=config, meta=meta, validation=parts.validation,
                      **parts.loop_options)
+        # 8. Where this Predictor stands against the samplers and caches at its cost (docs/leaderboard.md).
+        log0("next, the leaderboard: " + leaderboard_command(start.run_dir, dataset_root=args.dataset_root,
+                                                             world_size=env.world_size))
     return 0
 
 

@@ -37,6 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.eval.caches import (
     AdaptiveSkip,
     PreviousChunkReuse,
@@ -72,7 +73,7 @@ from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRunt
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import flow_match_sigmas
-from predictor_training.runtime.io import write_json_atomic, write_text_atomic
+from predictor_training.runtime.io import read_json_file, write_json_atomic, write_text_atomic
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.source import load_teacher
 from predictor_training.video.metrics import jsonable
@@ -677,15 +678,16 @@ def write_front_side_by_side(out_dir: Path, settings, keys: Sequence[str], specs
     return written
 
 
-def leaderboard_command(run_dir: Path, *, dataset_root: Path, sample_tables: Sequence[str], splits: Sequence[str],
-                        world_size: int) -> str:
-    """The command that puts a finished Predictor run on the leaderboard (its closing line): its training state at
-    its trained plan, against the samplers and caches, on the first held-out split of its dataset (holdout25 when it
-    has one). Demo data (the sample tables beside a demo_config.json) gets the demo form; a real dataset the real
-    form, with $VAE / $ALEXNET left for the user (docs/walkthrough.md § Paths)."""
-    held_out = [split for split in splits if split != "train"]
-    split = "holdout25" if "holdout25" in held_out else (held_out[0] if held_out else "holdout25")
-    samples = Path(sample_tables[0]).parent if sample_tables else None
+def leaderboard_command(run_dir: Path, *, dataset_root: Path, world_size: int) -> str:
+    """The command that puts a finished Predictor run on the leaderboard (the recipes' closing line): its training
+    state at its trained plan, against the samplers and caches, on the first held-out split its dataset records
+    (holdout25 when it has one). Demo data (sample tables beside a demo_config.json) gets the demo form; a real
+    dataset the real one, with $VAE and $ALEXNET left to the user (docs/walkthrough.md § Paths)."""
+    config = read_json_file(Path(dataset_root) / DATASET_CONFIG_NAME)
+    held_out = [split for split in config.get("splits", []) if split != "train"]
+    split = "holdout25" if "holdout25" in held_out or not held_out else held_out[0]
+    tables = config.get("sample_tables") or []
+    samples = Path(tables[0]).parent if tables else None
     if samples is not None and (samples.parent / "demo_config.json").is_file():
         inputs = f"--demo {samples.parent} --lpips_random_backbone"
     else:
