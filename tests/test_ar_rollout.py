@@ -125,15 +125,20 @@ def test_trajectory_tool_regenerates_points_from_the_seed(tmp_path):
 
 
 # ---- a tiny random Teacher ------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_teacher():
+def make_tiny_teacher() -> WorldPlayTransformer:
+    """The tiny preset, its zero-initialised layers random (seed 1), frozen, in eval mode."""
     torch.manual_seed(0)
     teacher = WorldPlayTransformer.from_preset("tiny")
     randomize_zero_initialised_(teacher, torch.Generator().manual_seed(1))
     return teacher.eval().requires_grad_(False)
 
 
-def _tiny_text_kv(teacher):
+@pytest.fixture(scope="module")
+def tiny_teacher():
+    return make_tiny_teacher()
+
+
+def tiny_text_kv(teacher):
     generator = torch.Generator().manual_seed(2)
     config = teacher.config
     text = torch.randn(1, 6, config.text_states_dim, generator=generator)
@@ -143,7 +148,7 @@ def _tiny_text_kv(teacher):
         return teacher.text_prefill(text, torch.tensor([[1, 1, 1, 1, 0, 0]]), byt5, torch.tensor([[1, 0, 1]]), vision)
 
 
-def _tiny_inputs(teacher, num_latents=12, height=2, width=3, seed=5) -> RolloutInputs:
+def tiny_rollout_inputs(teacher, num_latents=12, height=2, width=3, seed=5) -> RolloutInputs:
     channels = teacher.config.in_channels
     generator = torch.Generator().manual_seed(seed)
     cameras = turning_camera_row(num_latents, turn=0.5, step_back=0.1)
@@ -170,7 +175,7 @@ def test_initial_noise_and_condition_channels():
 
 
 def test_hook_that_runs_the_teacher_reproduces_the_plain_rollout(tiny_teacher):
-    text_kv, inputs = _tiny_text_kv(tiny_teacher), _tiny_inputs(tiny_teacher)
+    text_kv, inputs = tiny_text_kv(tiny_teacher), tiny_rollout_inputs(tiny_teacher)
     config = RolloutConfig(prefeature_layers=(0, 1))
     plain, recorder = record_rollout(tiny_teacher, text_kv, inputs, config)
     seen = []
@@ -202,7 +207,7 @@ def test_hook_that_runs_the_teacher_reproduces_the_plain_rollout(tiny_teacher):
 
 
 def test_reuse_hook_replaces_steps_and_euler_uses_its_velocity(tiny_teacher):
-    text_kv, inputs = _tiny_text_kv(tiny_teacher), _tiny_inputs(tiny_teacher)
+    text_kv, inputs = tiny_text_kv(tiny_teacher), tiny_rollout_inputs(tiny_teacher)
     recorder = TrajectoryRecorder()
 
     def reuse_steps_1_2(call):
@@ -226,7 +231,7 @@ def test_reuse_hook_replaces_steps_and_euler_uses_its_velocity(tiny_teacher):
 
 
 def test_bfloat16_state_rounds_every_write_back(tiny_teacher):
-    text_kv, inputs = _tiny_text_kv(tiny_teacher), _tiny_inputs(tiny_teacher, num_latents=8)
+    text_kv, inputs = tiny_text_kv(tiny_teacher), tiny_rollout_inputs(tiny_teacher, num_latents=8)
     inputs = dataclasses.replace(inputs, noise=inputs.noise.bfloat16())
     config = RolloutConfig(state_dtype=torch.bfloat16)
     rollout, recorder = record_rollout(tiny_teacher, text_kv, inputs, config)
@@ -242,11 +247,11 @@ def test_bfloat16_state_rounds_every_write_back(tiny_teacher):
 
 
 def test_rollout_rejects_bad_inputs(tiny_teacher):
-    text_kv, inputs = _tiny_text_kv(tiny_teacher), _tiny_inputs(tiny_teacher)
+    text_kv, inputs = tiny_text_kv(tiny_teacher), tiny_rollout_inputs(tiny_teacher)
     with pytest.raises(ValueError, match="prefeature_layers"):
         ARRollout(tiny_teacher, text_kv, inputs, RolloutConfig(prefeature_layers=(5,)))
     with pytest.raises(ValueError, match="multiple of chunk_latents"):
-        ARRollout(tiny_teacher, text_kv, _tiny_inputs(tiny_teacher, num_latents=10))
+        ARRollout(tiny_teacher, text_kv, tiny_rollout_inputs(tiny_teacher, num_latents=10))
     with pytest.raises(ValueError, match="viewmats"):
         dataclasses.replace(inputs, viewmats=inputs.viewmats[:-1])
     with pytest.raises(ValueError, match="exactly one of memory_points and memory_generator"):

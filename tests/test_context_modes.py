@@ -12,7 +12,7 @@ import torch
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, StepOutput
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, FrameKVCache, cache_bytes_per_frame
 from predictor_training.teacher.layers import apply_rope
-from tests.test_ar_rollout import _tiny_inputs, _tiny_text_kv, tiny_teacher  # noqa: F401 (a fixture)
+from tests.test_ar_rollout import make_tiny_teacher, tiny_rollout_inputs, tiny_text_kv
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -20,18 +20,18 @@ HEIGHT, WIDTH = 2, 3
 
 
 @pytest.fixture(scope="module")
-def teacher(tiny_teacher):
-    return tiny_teacher
+def teacher():
+    return make_tiny_teacher()
 
 
 @pytest.fixture(scope="module")
 def text_kv(teacher):
-    return _tiny_text_kv(teacher)
+    return tiny_text_kv(teacher)
 
 
 def rollout(teacher, text_kv, mode: str, num_latents: int, **config) -> ARRollout:
     """A turning, advancing camera (every frame has its own ProPE matrix), tests/test_ar_rollout.py's inputs."""
-    inputs = _tiny_inputs(teacher, num_latents=num_latents, height=HEIGHT, width=WIDTH)
+    inputs = tiny_rollout_inputs(teacher, num_latents=num_latents, height=HEIGHT, width=WIDTH)
     return ARRollout(teacher, text_kv, inputs, RolloutConfig(context_mode=mode, **config))
 
 

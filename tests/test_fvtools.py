@@ -194,7 +194,7 @@ def test_dry_run_counts_the_real_config_on_the_meta_device(capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # kd
 # ---------------------------------------------------------------------------------------------------------------
-def _cache(world, out: Path, steps: int = 8) -> Path:
+def write_ode_cache(world, out: Path, steps: int = 8) -> Path:
     teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"])).eval().requires_grad_(False)
     datasets = {split: VideoLatentDataset(world["videos"], split) for split in ("train", "holdout")}
     jobs = [CacheJob(index, f"{split}{position}", split, 100 + index, (split, position))
@@ -206,7 +206,7 @@ def _cache(world, out: Path, steps: int = 8) -> Path:
 
 
 def test_ode_cache_is_resumable_checksummed_and_marked_complete(world, tmp_path):
-    out = _cache(world, tmp_path / "cache")
+    out = write_ode_cache(world, tmp_path / "cache")
     assert (out / COMPLETE_MARKER).is_file()
     dataset = OdeCacheDataset(out, "train")
     item = dataset[0]
@@ -215,13 +215,13 @@ def test_ode_cache_is_resumable_checksummed_and_marked_complete(world, tmp_path)
     assert torch.equal(item["states"][0], torch.randn(1, 4, 8, 2, 3, generator=torch.Generator().manual_seed(
         100))[0])  # step 0 of every chunk is the seed's noise
     mtimes = {path: path.stat().st_mtime_ns for path in (out / "samples").iterdir()}
-    _cache(world, out)  # a rerun keeps every verified sample
+    write_ode_cache(world, out)  # a rerun keeps every verified sample
     assert mtimes == {path: path.stat().st_mtime_ns for path in (out / "samples").iterdir()}
     (out / COMPLETE_MARKER).unlink()
     with pytest.raises(OdeCacheError, match="not finished"):
         OdeCacheDataset(out, "train")
     with pytest.raises(Exception, match="other settings"):
-        _cache(world, out, steps=16)
+        write_ode_cache(world, out, steps=16)
 
 
 def test_ode_cache_max_clips_plans_an_evenly_spaced_subset_per_split(world):
@@ -254,7 +254,7 @@ def test_kd_student_learns_the_many_step_teachers_final_latents(world, tmp_path)
     before/after distance of the student's own 4-step rollout is reported (kd_eval.json), not asserted: on this
     random 4-block teacher it is dominated by the rollout's own drift and moves either way with the seed (on the
     demo world's trained Teacher it falls, train.md § 4 "Demo results")."""
-    cache = _cache(world, tmp_path / "cache", steps=16)
+    cache = write_ode_cache(world, tmp_path / "cache", steps=16)
     out = tmp_path / "kd"
     assert kd.main(["--preset", "demo", "--teacher", str(world["teacher"]), "--cache_root", str(cache),
                     "--output_dir", str(out), "--max_steps", "50", "--eval_samples", "1", "--no_progress",
@@ -267,7 +267,7 @@ def test_kd_student_learns_the_many_step_teachers_final_latents(world, tmp_path)
 
 
 def test_kd_refuses_a_student_grid_the_cache_lacks(world, tmp_path, capsys):
-    cache = _cache(world, tmp_path / "cache")
+    cache = write_ode_cache(world, tmp_path / "cache")
     with pytest.raises(SystemExit):
         kd.parse_args(["--teacher", str(world["teacher"]), "--cache_root", str(cache), "--student_steps", "3"])
     assert "rebuild the cache with --store_grid 3" in capsys.readouterr().err

@@ -36,9 +36,9 @@ ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_m
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("dmd2")
+def write_dmd2_world(root: Path) -> dict[str, Path]:
+    """The method world under `root`, a trained-looking v4 Predictor on blocks 1, 2 to start from and a real-score
+    LoRA file on its Teacher. Returns {"teacher", "videos", "init", "real_lora"}."""
     write_method_world(root)
     teacher = WorldPlayTransformer.from_pretrained(str(root / "teacher"))
     generator = torch.Generator().manual_seed(1)
@@ -54,7 +54,12 @@ def world(tmp_path_factory) -> dict[str, Path]:
             "real_lora": root / "real_score_lora.safetensors"}
 
 
-def _argv(world, out: Path, *extra) -> list[str]:
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    return write_dmd2_world(tmp_path_factory.mktemp("dmd2"))
+
+
+def dmd2_argv(world, out: Path, *extra) -> list[str]:
     return ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--init_from", str(world["init"]), "--source_blocks", "1,2",
             "--output_dir", str(out), "--max_steps", "4", "--warmup_steps", "0", "--monitor_every", "2",
@@ -67,7 +72,7 @@ def _log(run_dir: Path) -> list[dict]:
 
 def _build(world, tmp_path, *extra):
     """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own functions."""
-    argv = _argv(world, tmp_path / "run", *extra)
+    argv = dmd2_argv(world, tmp_path / "run", *extra)
     if "student" in extra:
         argv.remove("--init_from")
         argv.remove(str(world["init"]))
@@ -167,7 +172,7 @@ def test_critic_and_generator_use_the_one_rollout(world, tmp_path, monkeypatch):
 
 def test_cadence_generator_every_n_steps_critic_every_step(world, tmp_path):
     out = tmp_path / "cadence"
-    assert dmd2.main(_argv(world, out, "--generator_every", "2")) == 0
+    assert dmd2.main(dmd2_argv(world, out, "--generator_every", "2")) == 0
     log = _log(out)
     assert [record["updates/predictor"] for record in log] == [0, 1, 1, 2]
     assert [record["updates/fake_score"] for record in log] == [1, 2, 3, 4]
@@ -182,10 +187,10 @@ def test_cadence_generator_every_n_steps_critic_every_step(world, tmp_path):
 def test_resume_mid_interval_equals_an_uninterrupted_run_in_every_role(world, tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["--generator_every", "2", "--ckpt_every", "3"]
-    assert dmd2.main(_argv(world, whole, *common)) == 0
-    assert dmd2.main(_argv(world, split, *common, "--stop_at_step", "3")) == 0
+    assert dmd2.main(dmd2_argv(world, whole, *common)) == 0
+    assert dmd2.main(dmd2_argv(world, split, *common, "--stop_at_step", "3")) == 0
     assert len(_log(split)) == 3
-    assert dmd2.main(_argv(world, split, *common)) == 0  # the directory's own run continues at step 4
+    assert dmd2.main(dmd2_argv(world, split, *common)) == 0  # the directory's own run continues at step 4
     drop = ("time/step_s", "time/data_s", "memory/cpu_peak_rss_gib")
     assert [{k: v for k, v in r.items() if k not in drop} for r in _log(split)] == \
            [{k: v for k, v in r.items() if k not in drop} for r in _log(whole)]
@@ -201,7 +206,7 @@ def test_the_predictor_checkpoint_loads_in_the_eval(world, tmp_path):
     from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
 
     out = tmp_path / "evaluable"
-    assert dmd2.main(_argv(world, out, "--max_steps", "2", "--generator_every", "1")) == 0
+    assert dmd2.main(dmd2_argv(world, out, "--max_steps", "2", "--generator_every", "1")) == 0
     ckpt = read_predictor_checkpoint(out / "predictor_step_00002.safetensors")
     assert ckpt.variant == "v4" and ckpt.meta["source_blocks"] == [1, 2] and ckpt.step == 2
     teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
@@ -214,7 +219,7 @@ def test_the_predictor_checkpoint_loads_in_the_eval(world, tmp_path):
 
 
 def test_refuses_the_raw_teacher_as_real_score_without_the_flag_or_below_its_sigmas(world, tmp_path, capsys):
-    argv = _argv(world, tmp_path / "raw")
+    argv = dmd2_argv(world, tmp_path / "raw")
     argv[argv.index("--real_score") + 1] = "teacher"
     with pytest.raises(SystemExit):
         dmd2.parse_args(argv)
@@ -225,7 +230,7 @@ def test_refuses_the_raw_teacher_as_real_score_without_the_flag_or_below_its_sig
     args = dmd2.parse_args([*argv, "--allow_raw_teacher_score", "--score_sigma_min", "0.625"])
     assert args.real_score_kind == "teacher"
     with pytest.raises(SystemExit):
-        dmd2.parse_args([*_argv(world, tmp_path / "bad"), "--real_score", str(tmp_path)])
+        dmd2.parse_args([*dmd2_argv(world, tmp_path / "bad"), "--real_score", str(tmp_path)])
     assert "expected a model folder with config.json" in capsys.readouterr().err
 
 
@@ -234,7 +239,7 @@ def test_two_ranks_train_both_roles_and_keep_their_replicas_identical(world, tmp
     refuses replicas that differ over ranks, so finishing proves the DDP Predictor and the all-reduced fake score
     stayed identical on both ranks."""
     run_dir = tmp_path / "run"
-    result = run_two_ranks("fvtools/train_dmd2.py", *_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
+    result = run_two_ranks("fvtools/train_dmd2.py", *dmd2_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
                                                            "--monitor_every", "2"))
     assert_finished(result)
     assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
@@ -448,7 +453,7 @@ def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):
     from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
 
     out = tmp_path / "ema"
-    assert dmd2.main(_argv(world, out, "--max_steps", "3", "--generator_every", "1", "--ema_decay", "0.5",
+    assert dmd2.main(dmd2_argv(world, out, "--max_steps", "3", "--generator_every", "1", "--ema_decay", "0.5",
                            "--ema_start_step", "1", "--keep_last", "1")) == 0
     saved = read_training_state(out / "training_latest.pt")["roles"]["predictor"]
     assert saved["ema"]["updates"] == 3 and saved["ema"]["decay"] == 0.5 and saved["ema"]["start_update"] == 1

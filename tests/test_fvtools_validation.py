@@ -17,7 +17,8 @@ import fvtools.train_kd as kd
 from predictor_training.eval.validation import ClipRolloutValidation
 from predictor_training.methods.rewards import default_vae_folder
 from tests.method_world import write_method_world
-from tests.test_fvtools import _cache
+from tests.test_fvtools import write_ode_cache
+from tests.test_fvtools_dmd2 import dmd2_argv, write_dmd2_world
 from tests.test_validation import keeps_random_states
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -111,7 +112,7 @@ def _kd(world, cache: Path, out: Path, *extra: str) -> list[dict]:
 
 
 def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys, monkeypatch):
-    cache = _cache(world, tmp_path / "cache", steps=8)
+    cache = write_ode_cache(world, tmp_path / "cache", steps=8)
     plain = _kd(world, cache, tmp_path / "plain")
     vae = default_vae_folder(world["videos"]) / "vae"  # --val_vae names the VAE folder itself
     validated_steps = keeps_random_states(monkeypatch, ClipRolloutValidation)
@@ -133,22 +134,18 @@ def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys, monkey
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dmd2_world(tmp_path_factory) -> dict[str, Path]:
-    from tests.test_fvtools_dmd2 import world as dmd2_world_fixture
-
-    return dmd2_world_fixture.__wrapped__(tmp_path_factory)
+    return write_dmd2_world(tmp_path_factory.mktemp("dmd2"))
 
 
 @pytest.mark.parametrize("generator", ["predictor", "student"])
 def test_dmd2_validation_leaves_training_unchanged(dmd2_world, tmp_path, generator):
-    from tests.test_fvtools_dmd2 import _argv
-
     extra = ["--max_steps", "2", "--generator_every", "1", "--monitor_every", "1", "--ckpt_every", "1",
              "--val_every", "0"]
     if generator == "student":
         extra = ["--generator", "student", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", *extra]
 
     def argv(out: Path, *more: str) -> list[str]:
-        args = _argv(dmd2_world, out, *extra, *more)
+        args = dmd2_argv(dmd2_world, out, *extra, *more)
         if generator == "student":
             args.remove("--init_from")
             args.remove(str(dmd2_world["init"]))
