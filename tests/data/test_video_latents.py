@@ -48,7 +48,7 @@ def single_build(demo, tmp_path_factory, one_thread):
 
 
 # =============================================================================================================
-# 3. the reader
+# the reader
 # =============================================================================================================
 def test_reader_items_have_the_documented_shapes(single_build):
     dataset = vl.VideoLatentDataset(single_build, "train", verify=True)

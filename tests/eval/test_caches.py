@@ -45,7 +45,7 @@ def _settings(world, split: str = "holdout50") -> EvalSettings:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. The caches' formulas on constructed inputs
+# The caches' formulas on constructed inputs
 # ---------------------------------------------------------------------------------------------------------------
 def _done(step: int, sigma: float, hidden: torch.Tensor, full: bool = True) -> DoneStep:
     return DoneStep(step, sigma, StepOutput(velocity=hidden.new_zeros(1), final_hidden=hidden), full)

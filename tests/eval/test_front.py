@@ -21,7 +21,7 @@ from predictor_training.eval.front import (
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3. Statistics: the bootstrap on a known distribution, the front on a hand-made table
+# Statistics: the bootstrap on a known distribution, the front on a hand-made table
 # ---------------------------------------------------------------------------------------------------------------
 def test_paired_bootstrap_recovers_a_known_mean_difference():
     rng = np.random.default_rng(0)

@@ -34,7 +34,7 @@ def world(tmp_path_factory) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Untrained Predictor == hidden reuse, bitwise (and both differ from the reference and velocity reuse)
+# Untrained Predictor == hidden reuse, bitwise (and both differ from the reference and velocity reuse)
 # ---------------------------------------------------------------------------------------------------------------
 def test_untrained_predictor_rollout_equals_hidden_reuse_bitwise(world):
     root = world["root"]

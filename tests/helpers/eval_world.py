@@ -92,7 +92,7 @@ def write_eval_world(root: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3. Ground truth
+# Ground-truth videos of the world's rows, and the library entry point's settings
 # ---------------------------------------------------------------------------------------------------------------
 def write_ground_truth(folder: Path, keys, num_frames: int = CLI_FRAMES, mp4_keys=()) -> Path:
     """Random uint8 ground-truth videos [num_frames, 32, 48, 3]: PNG-frame folders <key>/, lossless <key>.mp4 for

@@ -62,10 +62,9 @@ CPU = torch.device("cpu")
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# kd
-# ---------------------------------------------------------------------------------------------------------------
 def write_ode_cache(world, out: Path, steps: int = 8) -> Path:
+    """An 8-step (or `steps`) ODE cache of the world's three clips (train 0, 1 and holdout 0; seeds 100..102) under
+    `out`, built in this process; returns `out`."""
     teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"])).eval().requires_grad_(False)
     datasets = {split: VideoLatentDataset(world["videos"], split) for split in ("train", "holdout")}
     jobs = [CacheJob(index, f"{split}{position}", split, 100 + index, (split, position))

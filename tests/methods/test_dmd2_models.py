@@ -42,8 +42,9 @@ def test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_st
     from predictor_training.methods.method_model import MethodModel
     from predictor_training.teacher.adapters import lora_state_dict
 
-    args, _, role, _, teacher, _ = build_dmd2_step(world, tmp_path, "--generator", "student", "--train", "lora", "--lora_rank",
-                                          "4", "--lora_alpha", "4", "--ema_decay", "0.5", "--ema_start_step", "0")
+    args, _, role, _, teacher, _ = build_dmd2_step(world, tmp_path, "--generator", "student", "--train", "lora",
+                                                   "--lora_rank", "4", "--lora_alpha", "4", "--ema_decay", "0.5",
+                                                   "--ema_start_step", "0")
     with torch.no_grad():
         for param in role.parameters:
             param.add_(1.0)

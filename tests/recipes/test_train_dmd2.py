@@ -185,8 +185,8 @@ def test_two_ranks_train_both_roles_and_keep_their_replicas_identical(world, tmp
     refuses replicas that differ over ranks, so finishing proves the DDP Predictor and the all-reduced fake score
     stayed identical on both ranks."""
     run_dir = tmp_path / "run"
-    result = run_two_ranks("fvtools/train_dmd2.py", *dmd2_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
-                                                           "--monitor_every", "2"))
+    result = run_two_ranks("fvtools/train_dmd2.py", *dmd2_argv(world, run_dir, "--max_steps", "2", "--ckpt_every",
+                                                               "1", "--monitor_every", "2"))
     assert_finished(result)
     assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
     log = _log(run_dir)
@@ -343,8 +343,8 @@ def test_roles_real_frozen_fake_every_step_generator_at_its_cadence(world, tmp_p
     counted in its own updates."""
     for extra in ((), ("--real_score", str(world["real_lora"]), "--fake_score_train", "lora", "--lora_rank", "4",
                        "--lora_alpha", "4")):
-        args, _, generator_role, fake_role, teacher, real = build_dmd2_step(world, tmp_path, "--generator_every", "3",
-                                                                  "--ema_start_step", "7", *extra)
+        args, _, generator_role, fake_role, teacher, real = build_dmd2_step(
+            world, tmp_path, "--generator_every", "3", "--ema_start_step", "7", *extra)
         trained = {id(param) for role in (generator_role, fake_role) for param in role.parameters}
         real_parameters = ([param for name, param in real.model.named_parameters() if ".real_score" in name]
                            if real.adapter_name else list(real.model.parameters()))
@@ -379,7 +379,7 @@ def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):
 
     out = tmp_path / "ema"
     assert dmd2.main(dmd2_argv(world, out, "--max_steps", "3", "--generator_every", "1", "--ema_decay", "0.5",
-                           "--ema_start_step", "1", "--keep_last", "1")) == 0
+                               "--ema_start_step", "1", "--keep_last", "1")) == 0
     saved = read_training_state(out / "training_latest.pt")["roles"]["predictor"]
     assert saved["ema"]["updates"] == 3 and saved["ema"]["decay"] == 0.5 and saved["ema"]["start_update"] == 1
     ckpt = read_predictor_checkpoint(out / "predictor_ema_step_00003.safetensors")

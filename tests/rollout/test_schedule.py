@@ -9,7 +9,7 @@ from predictor_training.rollout.schedule import Schedule, StepPlan, parse_replac
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. Schedules, names, argument checks
+# Schedule: the eval's replaced steps
 # ---------------------------------------------------------------------------------------------------------------
 def test_schedule_letters_and_chunk0_rule():
     fppp = Schedule(parse_replace_steps("1,2,3"))
@@ -24,7 +24,7 @@ def test_schedule_letters_and_chunk0_rule():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Step plans and rows
+# StepPlan: the leaderboard's step plans
 # ---------------------------------------------------------------------------------------------------------------
 def test_step_plan_letters_mixtures_and_errors():
     plan = StepPlan.parse("F-R-R-R|F-R-R-F")

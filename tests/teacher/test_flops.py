@@ -20,7 +20,7 @@ from tests.helpers.eval_world import HEIGHT, WIDTH
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 5. FLOP counts against torch's own counter (matmuls + attention)
+# FLOP counts against torch's own counter (matmuls + attention)
 # ---------------------------------------------------------------------------------------------------------------
 def _cpu_sdpa_flops(query, key, value, *args, out_shape=None, **kwargs):
     return sdpa_flop_count(query, key, value)

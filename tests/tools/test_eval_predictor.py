@@ -76,7 +76,7 @@ def _json(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. The CLI: names, files, metrics, timings, FLOPs
+# 1. The command line: names, files, metrics, timings, FLOPs
 # ---------------------------------------------------------------------------------------------------------------
 def test_cli_writes_named_outputs(fppp_run):
     assert fppp_run["status"] == 0, fppp_run["stderr"]
@@ -196,10 +196,13 @@ def test_without_context_modes_nothing_is_added(fppp_run):
         assert "@" not in text and "context cache" not in text and "context assembly" not in text, name
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Ground truth
+# ---------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ground_truth_run(world, tmp_path_factory) -> dict:
     truth = write_ground_truth(tmp_path_factory.mktemp("ground_truth"), ("c000__a0", "c000__a2"),
-                                mp4_keys=("c000__a2",))
+                               mp4_keys=("c000__a2",))
     out = tmp_path_factory.mktemp("eval_ground_truth_out")
     result = _cli(world, out, "--replace_steps", "1,2,3", "--num_side_by_side", "1", "--warmup_chunks", "0",
                   "--ground_truth", str(truth))
@@ -291,7 +294,7 @@ def load_eval_tool():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3b. Context modes: the reference and the Predictor once more with the incremental context K/V cache
+# 3. Context modes: the reference and the Predictor once more with the incremental context K/V cache
 # ---------------------------------------------------------------------------------------------------------------
 LONG_FRAMES = (LONG_LATENTS - 1) * 4 + 1  # holdout50: 3 chunks, so chunk 2's context is no longer one chunk
 
@@ -377,8 +380,8 @@ def test_context_modes_flops_and_timings(context_modes_run, world):
 def test_context_modes_are_part_of_the_fingerprint(world, context_modes_run):
     """The same directory with other context modes is refused before anything runs."""
     settings = eval_settings(world, context_modes_run["out"], run_name=context_modes_run["run_dir"].name,
-                         sample_table=world["root"] / "samples" / "holdout50.jsonl", split="holdout50",
-                         num_latents=LONG_LATENTS, ground_truth=context_modes_run["truth"])
+                             sample_table=world["root"] / "samples" / "holdout50.jsonl", split="holdout50",
+                             num_latents=LONG_LATENTS, ground_truth=context_modes_run["truth"])
     with pytest.raises(ValueError, match=r"other settings \(differences in \['context_modes'\]\)"):
         run_evaluation(settings, init_distributed("gloo"))
 

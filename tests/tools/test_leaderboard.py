@@ -23,7 +23,7 @@ def world(tmp_path_factory) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. End to end: one leaderboard run on the tiny world
+# End to end: one leaderboard run on the tiny world
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def leaderboard_run(world, tmp_path_factory) -> dict:
