@@ -80,9 +80,11 @@ def test_damage_changes_only_the_tensor_and_an_old_manifest_has_no_checksums(tmp
 def test_context_indices_keep_frame_zero_and_respect_the_cap():
     generator = torch.Generator().manual_seed(0)
     assert context_indices(2, 8, generator).tolist() == list(range(8))  # 8 earlier frames fit the cap
-    capped = context_indices(5, 8, generator)
-    assert capped.numel() == 8 and capped[0] == 0 and bool((capped[1:] > 0).all())
-    assert capped.tolist() == sorted(set(capped.tolist())) and int(capped.max()) < 5 * FRAMES_PER_CHUNK
+    drawn = [context_indices(5, 8, torch.Generator().manual_seed(seed)) for seed in range(40)]
+    for capped in drawn:  # frame 0, then 7 distinct later frames of the 20 before chunk 5, ascending
+        assert capped.numel() == 8 and capped[0] == 0 and bool((capped[1:] > 0).all())
+        assert capped.tolist() == sorted(set(capped.tolist())) and int(capped.max()) < 5 * FRAMES_PER_CHUNK
+    assert {int(index) for capped in drawn for index in capped[1:]} == set(range(1, 20))  # every one can be drawn
 
 
 def test_the_turning_camera_turns_and_steps_back():
