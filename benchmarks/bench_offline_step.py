@@ -191,8 +191,9 @@ def loop_pass(args: argparse.Namespace, env) -> list[float]:
 
 
 def tiny_dataset(folder: Path) -> Path:
-    """The tests' tiny dataset (tests/test_offline_training.py: write_tiny_dataset)."""
-    spec = importlib.util.spec_from_file_location("offline_tests", REPO_ROOT / "tests" / "test_offline_training.py")
+    """The tests' tiny dataset (tests/helpers/offline_dataset.py: write_tiny_dataset)."""
+    spec = importlib.util.spec_from_file_location("offline_dataset",
+                                                  REPO_ROOT / "tests" / "helpers" / "offline_dataset.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.write_tiny_dataset(folder)

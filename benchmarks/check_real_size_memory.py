@@ -9,7 +9,8 @@ trajectory), each at the batch the user ran, it rehearses the training step twic
 once with the code as the user measured it (`--undo_cuts`: this code's memory cuts undone) —
 that estimate must lie within 10 % of the user's `torch.cuda.max_memory_allocated` — and once with this code,
 which must stay under the targets of issue 20 (v4 <= 52, disca <= 25, rollout <= 48 GiB). The test suite checks
-at tiny size that each cut lowers the peak (`tests/test_memory_rehearsal.py::test_each_offline_memory_cut_lowers_the_peak`);
+at tiny size that each cut lowers the peak
+(`tests/tools/test_estimate_memory.py::test_each_offline_memory_cut_lowers_the_peak`);
 this check is the real-size one (two 8-chunk rollouts on fake tensors: minutes, so a benchmark, not a timed test).
 """
 

@@ -79,7 +79,7 @@ header's metadata (`runtime.io.save_safetensors` now sorts it). The rollout's ru
 continues a run from --init_from recorded `init_meta: null` in train_config.json and in every later checkpoint's
 config (the weights come from the training state, so no --init_from file was read); rollout, adversarial and dmd2
 now keep the resumed state's (`runtime.run_directory.recorded_init_meta`,
-tests/test_fvtools_adversarial.py::test_a_continued_run_still_records_the_weights_it_started_from).
+tests/recipes/test_train_adversarial.py::test_a_continued_run_still_records_the_weights_it_started_from).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Neither loss reaches the other role's parameters; the loop also refuses gradient
 --data offline: stored Teacher pairs, the batches of train_predictor_v4.py (`pair_dataset.v4_pair_batches`).
   The discriminator is initialised from its own random stream (seed, DISCRIMINATOR_STREAM) and draws nothing
   during training, so with --adv_weight 0 the Predictor's weights and losses equal train_predictor_v4.py's bit
-  for bit (tests/test_fvtools_adversarial.py).
+  for bit (tests/recipes/test_train_adversarial.py).
 --data rollout: on-policy, as train_predictor_v4_rollout.py (`trajectory_dataset.trajectory_batches`, then
   predictor/self_rollout.py): one trajectory per rank per step, chunk 0 F-F-F-F, chunks 1.. under --replace_steps;
   every Predictor step gives a fake (its predicted hidden) and a real (the Teacher's hidden on the same state the

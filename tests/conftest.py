@@ -33,45 +33,61 @@ def one_thread():
 
 # The fast tier (`pytest -m "not slow"`, minutes on 2 cores) leaves out whole modules that launch torchrun, train
 # demo-sized models or build datasets and worlds; single slow tests elsewhere carry @pytest.mark.slow themselves.
+# Paths are relative to tests/ (test files of different folders may share a name).
 SLOW_MODULES = frozenset({
-    "test_conformance_other_sizes.py", "test_context_modes.py", "test_dataset_builder.py", "test_demo_assets.py",
-    "test_eval.py", "test_fsdp.py", "test_fvtools.py", "test_fvtools_adversarial.py", "test_fvtools_dmd2.py",
-    "test_fvtools_nft.py", "test_fvtools_validation.py", "test_kd_memory_points.py", "test_offline_training.py",
-    "test_rollout_training.py", "test_run_lock.py", "test_sharded_checkpoint.py", "test_teacher_samples.py",
-    "test_validation.py", "test_video_latent_dataset.py", "test_world.py", "test_world_shipped.py",
-    "test_world_vae.py", "test_encoders.py",
+    "conformance/test_conformance_other_sizes.py", "data/test_builder.py", "data/test_encoders.py",
+    "data/test_ode_cache.py", "data/test_shards.py", "data/test_teacher_samples.py", "data/test_video_latent_build.py",
+    "data/test_video_latents.py", "eval/test_inputs.py", "eval/test_methods.py", "eval/test_run.py",
+    "eval/test_validation.py", "methods/test_chunk_generators.py", "methods/test_method_model.py",
+    "methods/test_rewards.py", "predictor/test_self_rollout.py", "recipes/test_kd_memory_points.py",
+    "recipes/test_method_validation.py", "recipes/test_offline.py", "recipes/test_run_lock.py",
+    "recipes/test_train_adversarial.py", "recipes/test_train_df_sft.py", "recipes/test_train_dmd2.py",
+    "recipes/test_train_kd.py", "recipes/test_train_nft.py", "recipes/test_train_predictor_v4_rollout.py",
+    "rollout/test_context_modes.py", "rollout/test_teacher_forcing.py", "runtime/test_fsdp.py",
+    "runtime/test_sharded_checkpoint.py", "teacher/test_flops.py", "teacher/test_frame_kv_cache.py",
+    "tools/test_build_demo_world.py", "tools/test_build_ode_cache.py", "tools/test_check_conformance.py",
+    "tools/test_check_trajectory_conformance.py", "tools/test_compute_video_metrics.py", "tools/test_encode_cases.py",
+    "tools/test_eval_predictor.py", "tools/test_leaderboard.py", "tools/test_make_demo_assets.py",
+    "tools/test_print_flop_bounds.py", "world/test_demo_assets.py", "world/test_render.py", "world/test_scene.py",
+    "world/test_shipped.py", "world/test_vae.py",
 })
 
 
 # Single tests of the other modules that start a tool or torchrun as a subprocess (10-70 s each on a busy 2-core
-# machine, measured with --durations).
+# machine, measured with --durations), or that came from a module of the slow tier when the tests were split by
+# package module (tests/<layer>/test_<module>.py).
 SLOW_TESTS = frozenset({
-    "test_memory_rehearsal.py::test_method_fake_run_matches_the_real_cpu_run",
-    "test_memory_rehearsal.py::test_fsdp_full_run_holds_the_per_rank_share",
-    "test_memory_rehearsal.py::test_adversarial_fake_run_matches_the_real_cpu_run",
-    "test_memory_rehearsal.py::test_eval_fake_run_matches_the_real_cpu_run",
-    "test_memory_rehearsal.py::test_nft_fake_run_matches_the_real_cpu_run",
-    "test_loop.py::test_ddp_two_ranks_resume_matches_uninterrupted",
-    "test_loop.py::test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint",
-    "test_metrics.py::test_cli_runs_as_a_script_and_reports_usage_errors",
-    "test_sample_table.py::test_tool_writes_poses_and_three_disjoint_tables",
-    "test_sample_table.py::test_tool_rejects_bad_cases_before_writing",
-    "test_conformance.py::test_cli_prints_one_line_per_case_and_exit_codes",
-    "test_ar_rollout.py::test_trajectory_tool_command_line",
-    "test_distribution_matching.py::test_learned_critic_at_its_own_cadence",
-    "test_run_names.py::test_bad_flag_on_the_command_line_has_no_traceback",
-    "test_roles.py::test_two_rank_multi_role_resume_matches_uninterrupted_run",
-    "test_checkpoint.py::test_training_state_survives_sigkill_during_write",
-    "test_leaderboard.py::test_leaderboard_writes_its_table_intervals_and_plots",
-    "test_leaderboard.py::test_leaderboard_rerun_resumes_and_keeps_the_calibration",
-    "test_leaderboard.py::test_calibrating_on_the_evaluated_split_is_refused",
+    "methods/test_dmd2.py::test_learned_critic_at_its_own_cadence",
+    "methods/test_dmd2_models.py::test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_stay",
+    "methods/test_nft.py::test_old_policy_follows_its_schedule",
+    "recipes/test_run_names.py::test_bad_flag_on_the_command_line_has_no_traceback",
+    "rollout/test_schedule.py::test_schedule_letters_and_chunk0_rule",
+    "runtime/test_checkpoint.py::test_training_state_survives_sigkill_during_write",
+    "runtime/test_loop.py::test_ddp_two_ranks_resume_matches_uninterrupted",
+    "runtime/test_loop.py::test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint",
+    "runtime/test_roles.py::test_two_rank_multi_role_resume_matches_uninterrupted_run",
+    "runtime/test_run_directory.py::test_a_held_lock_refuses_and_dies_with_its_holder",
+    "tools/test_estimate_memory.py::test_adversarial_fake_run_matches_the_real_cpu_run",
+    "tools/test_estimate_memory.py::test_eval_fake_run_matches_the_real_cpu_run",
+    "tools/test_estimate_memory.py::test_fsdp_full_run_holds_the_per_rank_share",
+    "tools/test_estimate_memory.py::test_method_fake_run_matches_the_real_cpu_run",
+    "tools/test_estimate_memory.py::test_nft_fake_run_matches_the_real_cpu_run",
+    "tools/test_make_sample_table.py::test_tool_rejects_bad_cases_before_writing",
+    "tools/test_make_sample_table.py::test_tool_writes_poses_and_three_disjoint_tables",
+    "world/test_clips.py::test_bad_settings_are_refused",
+    "world/test_clips.py::test_mp4_worlds_are_lossless",
+    "world/test_clips.py::test_world_tables_are_accepted_by_the_video_latent_builder_and_hold_the_promised_splits",
+    "world/test_paths.py::test_pose_strings_have_the_asked_steps_and_only_vocabulary_words",
+    "world/test_paths.py::test_video_frame_cameras_hit_the_latent_poses_exactly_and_interpolate_between",
 })
+
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        name = f"{item.path.name}::{item.originalname}"
-        if item.path.name in SLOW_MODULES or name in SLOW_TESTS:
+        module = item.path.relative_to(TESTS_DIR).as_posix()
+        if module in SLOW_MODULES or f"{module}::{item.originalname}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
 
 

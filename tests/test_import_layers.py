@@ -11,6 +11,7 @@ under `TYPE_CHECKING`, so a typing-only cycle fails as well.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,6 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch, source, expect
     (fake_root / PACKAGE / "__init__.py").write_text("")
     (target.parent / "__init__.py").write_text("")
     target.write_text(source)
-    monkeypatch.setattr(__import__(__name__), "ROOT", fake_root)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)  # tests.test_import_layers
     problems = import_violations()
     assert len(problems) == 1 and expected in problems[0], problems

@@ -20,7 +20,7 @@
 # (tools/launch_predictor_v4_training.sh), then `--preset demo` (offline pairs, 120 steps) starting from that run's
 # training_latest.pt: DisCa adds its discriminator to a Predictor already trained by regression, so the
 # discriminator meets fakes close to the Teacher's hiddens. A from-scratch run is the same command with --init_from
-# left out (its --adv_weight 0 case equals train_predictor_v4.py exactly; tests/test_fvtools_adversarial.py).
+# left out (its --adv_weight 0 case equals train_predictor_v4.py exactly; tests/recipes/test_train_adversarial.py).
 #
 # Every flag of `python fvtools/train_adversarial.py --help` can be given after the positionals, or as an environment
 # variable of the same name in capitals (FLAG_VARIABLES in tools/_launch_common.sh, plus ADV_WEIGHT,

@@ -8,7 +8,7 @@ warm-up of the adversarial weight:
     L_G = -mean(D(fake))                                              (D's parameters frozen for this loss)
 
 `discriminator_loss` detaches the fake and `generator_loss` runs D with its parameters out of the graph, so neither
-side's loss reaches the other's parameters (tests/test_adversarial.py checks it).
+side's loss reaches the other's parameters (tests/methods/test_adversarial.py checks it).
 
 Precision: the real hiddens come in their storage / Teacher dtype (BF16 in a real run), the fake (the Predictor's
 FP32 residual sum) does not, so D could tell them apart by the rounding alone. `Adversary` therefore shows D the fake

@@ -18,7 +18,7 @@ and the critic learns the generator's distribution by flow matching on the same,
     L_critic = mean((v_fake(x_σ') - (noise' - sg(x̂)))^2)
 
 The sign is the one of DMD2 and FastVideo (FastVideo issue #836): x0_fake - x0_real in x0 space. The toy test on 1-D
-Gaussians (tests/test_distribution_matching.py) pins it: with the scores swapped the generator moves away.
+Gaussians (tests/methods/test_dmd2.py) pins it: with the scores swapped the generator moves away.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ and the loss pulls x0+ towards the sample where the advantage is high and x0- wh
     L = mean[ (c / β) * ( r |x0+ - x0|^2 / w+  +  (1 - r) |x0- - x0|^2 / w- ) ],   w± = sg(mean|x0± - x0|)
 
 At v_θ = v_old a zero advantage (r = 1/2) gives no gradient (the two terms cancel) and a non-zero one does
-(tests/test_diffusion_nft.py). `nft_objective` adds the KL term to the frozen reference, λ mse(v_θ, sg(v_ref)),
-which pulls the policy towards the reference (tests/test_method_signs_nft_adversarial.py).
+(tests/methods/test_nft.py). `nft_objective` adds the KL term to the frozen reference, λ mse(v_θ, sg(v_ref)),
+which pulls the policy towards the reference (tests/methods/test_nft.py).
 
 The old policy is refreshed after each policy update, old <- d old + (1 - d) policy, with d from a named schedule
 (`old_policy_decay`); `OldPolicy` does this in place on the old policy's own weights and is what a training role

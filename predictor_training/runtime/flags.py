@@ -40,7 +40,7 @@ def checked(kind: type, expected: str, ok: Callable) -> Callable[[str], object]:
         return value
 
     parse.__name__ = kind.__name__  # argparse's "invalid <name> value" message names the type by it
-    parse.ok, parse.expected = ok, expected  # read by tests/test_bad_input.py, which makes a refused value of each
+    parse.ok, parse.expected = ok, expected  # tests/recipes/test_bad_input.py makes a refused value of each
     return parse
 
 
@@ -411,7 +411,8 @@ def settings_from_flags(cls: type[Settings], args: argparse.Namespace, **values)
 # ---------------------------------------------------------------------------------------------------------------
 # The rules of single flags, by name: (ok(value, flags), what was expected). `check_args` applies the rule of every
 # flag a recipe has; `flags` holds all of the recipe's values (a rule may read another flag, e.g. max_steps), and
-# "{name}" in the expectation is filled in from them. tests/test_bad_input.py makes a refused value of each.
+# "{name}" in the expectation is filled in from them. tests/recipes/test_bad_input.py makes a refused value of
+# each.
 FLAG_RULES: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "fusion_lr": (lambda value, flags: value > 0, "> 0"),
     "blocks_lr": (lambda value, flags: value > 0, "> 0"),

@@ -9,8 +9,8 @@ where tensors carry only shape, dtype and device. `Rehearsal` (a context manager
   CUDA runs layer_norm / pow / exp / rsqrt / softmax / sum / the losses in float32 and has no "promote" policy for
   `cat` / `stack` / `index_copy`). A dispatcher registration, not a TorchFunctionMode, so that the backward's
   checkpoint recompute follows the same rules. The op lists are copied from torch's `aten/src/ATen/autocast_mode.h`
-  for the pinned torch version (`AUTOCAST_TORCH_VERSION`); tests/test_memory_rehearsal.py fails when torch's own
-  registrations change;
+  for the pinned torch version (`AUTOCAST_TORCH_VERSION`); tests/runtime/test_memory_rehearsal.py fails when
+  torch's own registrations change;
 * `MemoryTracker`: a TorchDispatchMode that sees every op output (forward, backward, checkpoint recompute, optimizer)
   and accounts storages (views share one) by category - parameters, gradients, optimizer state, DDP buckets,
   activations (activations and temporaries) - with the peak per phase (setup / forward / backward / optimizer; the
@@ -101,7 +101,7 @@ CUDA_PROMOTE = (
     "scatter_add",
 )
 # The ops torch 2.14 registers at AutocastCPU (aten/src/ATen/autocast_mode.cpp): pinned so that a torch upgrade that
-# changes either list fails tests/test_memory_rehearsal.py and this emulation is re-checked.
+# changes either list fails tests/runtime/test_memory_rehearsal.py and this emulation is re-checked.
 PINNED_CPU_AUTOCAST_OPS = (
     '_addmm_activation', '_convolution.deprecated', '_grid_sampler_2d_cpu_fallback', '_lu_with_info',
     '_native_multi_head_attention', 'adaptive_avg_pool3d', 'adaptive_max_pool3d', 'addbmm', 'addmm', 'avg_pool3d',

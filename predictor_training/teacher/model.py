@@ -69,8 +69,8 @@ class _Modulation(nn.Module):
 
 # `DoubleStreamBlock.image_forward` releases its attention inputs (q, the key/value concatenations, this call's own
 # K/V) right after the attention; False keeps them to the end of the call, as the code the user's GPU figures were
-# measured with did (tests/test_memory_rehearsal.py compares the memory rehearsal with those figures). Values are the
-# same either way: only the tensors' lifetimes differ.
+# measured with did (tests/tools/test_estimate_memory.py compares the memory rehearsal with those figures). Values
+# are the same either way: only the tensors' lifetimes differ.
 RELEASE_ATTENTION_INPUTS = True
 
 

@@ -1,0 +1,156 @@
+"""The eval's library entry point (predictor_training/eval/run.py) on the tiny eval world: an empty
+schedule reproduces the reference, ground truth refused before the run, run names and context-mode lists, the dtype
+choice, and the Teacher checked against the training dataset's record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from predictor_training.eval import (
+    REUSE_HIDDEN,
+    REUSE_VELOCITY,
+    EvalRuntime,
+    EvalSettings,
+    default_run_name,
+    label_checkpoints,
+    parse_context_modes,
+    read_predictor_checkpoint,
+    resolve_dtype,
+    resolve_teacher,
+    run_evaluation,
+)
+from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.runtime.distributed import init_distributed
+from predictor_training.teacher import WorldPlayTransformer
+from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
+from tests.helpers.eval_world import (
+    CLI_FRAMES,
+    CLI_LATENTS,
+    RUN_DIR_NAME,
+    STEP,
+    eval_settings,
+    write_eval_world,
+    write_ground_truth,
+)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    return write_eval_world(tmp_path_factory.mktemp("eval_world"))
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_no_replaced_steps_reproduce_the_reference(world, tmp_path):
+    """The library entry point without the command line: an empty schedule makes every method the reference."""
+    root = world["root"]
+    settings = EvalSettings(
+        teacher_source=TeacherSource(root / "teacher", None, "--teacher", None), vae=root / "vae",
+        sample_table=root / "samples" / "holdout25.jsonl", split="holdout25", case_source="encoded",
+        case_root=root / "encoded", num_latents=CLI_LATENTS, checkpoints=[world["ckpt"]],
+        schedule=Schedule(parse_replace_steps("")), dtype=torch.float32, vae_dtype=torch.float32,
+        output_root=tmp_path, max_videos=1, num_side_by_side=0, lpips_random_backbone=True, warmup_chunks=1,
+        progress=False,
+    )
+    report = run_evaluation(settings, init_distributed("gloo"))
+    run_dir = tmp_path / f"{RUN_DIR_NAME}_ckptstep{STEP}_ffff_holdout25"
+    assert report["out_dir"] == run_dir and report["computed"] == ["c000__a0"] and report["skipped"] == 0
+    methods = _json(run_dir / "aggregate.json")["methods"]
+    for name in (REUSE_VELOCITY, REUSE_HIDDEN, f"predictor_ckptstep{STEP}"):
+        metrics = methods[name]["metrics"]
+        assert metrics["mse"] == 0 and metrics["psnr_full"] == "inf" and metrics["ssim"] == 1.0
+        assert metrics["identical_frames"] == metrics["num_frames"] == (CLI_LATENTS - 1) * 4 + 1
+        assert methods[name]["speedup"]["flop_bound_dit"] == 1.0
+    assert "| inf |" in (run_dir / "table.md").read_text() and "| inf |" in report["table"]
+
+
+def test_missing_ground_truth_fails_before_anything_runs(world, tmp_path):
+    truth = write_ground_truth(tmp_path / "truth", ("c000__a0",))  # the split also has c000__a2
+    with pytest.raises(FileNotFoundError, match=re.escape(str(truth / "c000__a2.mp4"))) as error:
+        run_evaluation(eval_settings(world, tmp_path / "out", ground_truth=truth), init_distributed("gloo"))
+    assert "1 of 2 rows" in str(error.value) and str(truth / "c000__a0") not in str(error.value)
+    assert not (tmp_path / "out").exists()  # refused before the run directory, so before any rollout
+
+
+def test_ground_truth_of_another_length_is_an_error_naming_the_file(world, tmp_path, monkeypatch):
+    truth = write_ground_truth(tmp_path / "truth", ("c000__a0",), num_frames=CLI_FRAMES - 1)
+
+    def no_rollout(*args, **kwargs):
+        raise AssertionError("a rollout ran before the ground truth's shape was checked")
+
+    monkeypatch.setattr(EvalRuntime, "rollout", no_rollout)
+    expected = f"{truth / 'c000__a0'}: ground-truth frame count is {CLI_FRAMES - 1}, expected {CLI_FRAMES}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        run_evaluation(eval_settings(world, tmp_path / "out", ground_truth=truth, max_videos=1),
+                       init_distributed("gloo"))
+
+
+def test_run_names_follow_the_convention(world):
+    ckpt = read_predictor_checkpoint(world["ckpt"])
+    other = dataclasses.replace(ckpt, step=300)
+    foreign = dataclasses.replace(ckpt, run_name="disca_run", step=300)
+    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50") == f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50"
+    assert default_run_name([ckpt, other], Schedule((1, 2)), "train") == f"{RUN_DIR_NAME}_ckptstep5+300_fppf_train"
+    assert default_run_name([], Schedule((1, 2, 3)), "holdout25") == "reuse_fppp_holdout25"
+    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("exact",)) == (
+        f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50")
+    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("last_step", "incremental")) == (
+        f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50_ctx-incremental+last_step")
+    assert default_run_name([], Schedule((1, 2)), "train", ("exact", "last_step")) == "reuse_fppf_train_ctx-last_step"
+    # exact is always run, first; the others in the order of CONTEXT_MODES, each once
+    assert parse_context_modes("exact") == ("exact",) and parse_context_modes("incremental") == ("exact", "incremental")
+    assert parse_context_modes(" last_step,exact,incremental,last_step") == ("exact", "incremental", "last_step")
+    with pytest.raises(ValueError, match="--context_modes 'exact,': expected a comma-separated list"):
+        parse_context_modes("exact,")
+    labelled = label_checkpoints([ckpt, foreign])
+    assert [item.label for item in labelled] == [f"{RUN_DIR_NAME}_ckptstep{STEP}", "disca_run_ckptstep300"]
+    assert [item.panel for item in labelled] == [f"#1 ckptstep{STEP}", "#2 ckptstep300"]
+    assert label_checkpoints([ckpt])[0].panel == f"ckptstep{STEP}"
+    with pytest.raises(ValueError, match="twice"):
+        label_checkpoints([ckpt, ckpt])
+
+
+def test_dtype_choice_is_explicit():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_dtype("bfloat16", [{"precision": "fp32"}], cpu) == (torch.bfloat16, "--dtype bfloat16")
+    assert resolve_dtype("auto", [{"precision": "fp32master"}], cpu)[0] == torch.bfloat16
+    assert resolve_dtype("auto", [], cpu) == (torch.float32, "--dtype auto without checkpoints: float32 on cpu")
+    assert resolve_dtype("auto", [], cuda) == (torch.bfloat16, "--dtype auto without checkpoints: bfloat16 on CUDA")
+    with pytest.raises(ValueError, match="choose --dtype"):
+        resolve_dtype("auto", [{"precision": "fp32"}, {"precision": "fp32master"}], cpu)
+
+
+def test_explicit_teacher_is_checked_against_the_training_dataset_record(world, tmp_path):
+    """--teacher: the Teacher config recorded by the checkpoint's training dataset is enforced, as in training; a
+    run that records no dataset (or whose dataset is not here) leaves the Teacher unchecked."""
+    root = world["root"]
+    ckpt = label_checkpoints([read_predictor_checkpoint(world["ckpt"])])[0]
+    actual = teacher_config_sha256(WorldPlayTransformer.from_pretrained(str(root / "teacher")))
+
+    def trained_on(name: str, sha: str | None):
+        dataset = tmp_path / name
+        if sha is not None:
+            dataset.mkdir()
+            (dataset / "dataset_config.json").write_text(json.dumps(
+                {"teacher": {"folder": str(root / "teacher"), "config_sha256": sha, "action_ckpt": None}}))
+        return dataclasses.replace(ckpt, run_flags={**ckpt.run_flags, "dataset_root": str(dataset)})
+
+    teacher = root / "teacher"
+    assert resolve_teacher(teacher, None, "--teacher", [ckpt]).expected_config_sha256 is None  # nothing recorded
+    assert resolve_teacher(teacher, None, "--teacher", [trained_on("gone", None)]).expected_config_sha256 is None
+    same = resolve_teacher(teacher, None, "--teacher", [trained_on("same", actual)])
+    assert same.expected_config_sha256 == actual and same.origin == "--teacher"
+    load_teacher(same, torch.device("cpu"), torch.float32)
+    other = resolve_teacher(teacher, None, "--demo", [trained_on("other", "0" * 64)])
+    with pytest.raises(ValueError, match="config sha256"):
+        load_teacher(other, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="different configs"):
+        resolve_teacher(teacher, None, "--teacher", [trained_on("a", actual), trained_on("b", "0" * 64)])

@@ -1,0 +1,396 @@
+"""fvtools DMD2 + Self-Forcing (fvtools/train_dmd2.py) on tiny models (CPU, single process).
+
+World: the demo Teacher config (4 blocks, width 64, random weights with every path active), three procedural clips of
+8 latents (2 chunks) at 2 x 3 (two train, one holdout), a v4 Predictor on blocks 1, 2 with random (non-zero) output
+layers saved as an inference file (`--init_from`), and the Teacher folder itself as the real score's model folder.
+The DMD losses and their sign are tested on 1-D Gaussians in tests/methods/test_dmd2.py; here the wiring is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fvtools.train_dmd2 as dmd2
+from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.methods.dmd2_models import FAKE
+from predictor_training.methods.flow_matching import add_noise
+from predictor_training.methods.score_models import ScoreClip
+from predictor_training.predictor.model import build_predictor
+from predictor_training.runtime.checkpoint import read_training_state
+from predictor_training.teacher import WorldPlayTransformer
+from tests.helpers.method_world import build_dmd2_step, dmd2_argv, write_dmd2_world
+from tests.helpers.two_ranks import assert_finished, run_two_ranks
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    return write_dmd2_world(tmp_path_factory.mktemp("dmd2"))
+
+
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def _frozen_grads(module: torch.nn.Module, trained: list) -> list[str]:
+    """Names of parameters of `module` that are not in `trained` but hold a gradient."""
+    trained_ids = {id(param) for param in trained}
+    return [name for name, param in module.named_parameters()
+            if id(param) not in trained_ids and param.grad is not None]
+
+
+def _check_role_grads(role) -> None:
+    grads = [param.grad for param in role.parameters if param.grad is not None]
+    assert grads, f"{role.name}: no gradient"
+    assert all(torch.isfinite(grad).all() for grad in grads), role.name
+    assert sum(float(grad.abs().sum()) for grad in grads) > 0, f"{role.name}: zero gradients"
+
+
+@pytest.mark.parametrize("extra", [
+    ("--rollout", "self"),
+    ("--rollout", "data", "--fake_score_train", "lora", "--lora_rank", "4", "--lora_alpha", "4"),
+    ("--generator", "student", "--rollout", "data", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4",
+     "--fake_score_train", "lora", "--real_score", "REAL_LORA", "--anchor_weight", "1"),
+    ("--generator", "student", "--rollout", "self", "--train", "full", "--student_steps", "2"),
+], ids=["predictor-self", "predictor-data-fake-lora", "student-lora-data", "student-full-self"])
+def test_one_step_gives_gradients_only_to_the_trainable_roles(world, tmp_path, extra):
+    extra = tuple(str(world["real_lora"]) if value == "REAL_LORA" else value for value in extra)
+    args, step, generator_role, fake_role, teacher, real = build_dmd2_step(world, tmp_path, *extra)
+    dataset = VideoLatentDataset(world["videos"], "train")
+    # The fake score starts equal to the real score (a DMD gradient of 0): one critic update first, as a run has
+    # before its first generator step.
+    step(dataset[1], sync=True, due=frozenset({FAKE}))
+    fake_role.step()
+    fake_role.zero_grad()
+    step.run_state.micro_step += 1
+    metrics = step(dataset[0], sync=True, due=frozenset({generator_role.name, FAKE}))
+    for key in ("critic_loss", "generator_loss", "dmd_loss", "dmd/grad_rms"):
+        assert metrics[key] == metrics[key] and metrics[key] > 0, (key, metrics)
+    if args.generator == "predictor":
+        assert metrics["anchor_loss"] > 0  # the composite's Predictor-vs-Teacher loss
+    elif args.anchor_weight > 0:
+        assert metrics["anchor_loss"] == 0  # a fresh LoRA student is the Teacher: same x0 at the same state
+    _check_role_grads(generator_role)
+    _check_role_grads(fake_role)
+    trained = generator_role.parameters + fake_role.parameters
+    assert _frozen_grads(teacher, trained) == []  # the Teacher (and adapters on it that do not train)
+    assert _frozen_grads(real.model, trained) == []  # the real score
+
+
+def test_a_step_without_the_generator_trains_only_the_critic(world, tmp_path):
+    _, step, generator_role, fake_role, _, _ = build_dmd2_step(world, tmp_path)
+    metrics = step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({FAKE}))
+    assert generator_role.parameters_with_grad() == []  # its rollout ran without a graph
+    _check_role_grads(fake_role)
+    assert "generator_loss" not in metrics and metrics["loss"] == metrics["critic_loss"]
+
+
+def test_critic_and_generator_use_the_one_rollout(world, tmp_path, monkeypatch):
+    """Per step the composite is rolled out once (3 Predictor calls per chunk after chunk 0), and the critic's noisy
+    input is exactly that rollout's chunk, noised."""
+    _, step, generator_role, _, _, _ = build_dmd2_step(world, tmp_path)
+    produced = []
+    produce = dmd2.CompositeRollout.produce
+
+    def spy(self, chunk_index):
+        chunk = produce(self, chunk_index)
+        produced.append(chunk.sample.detach().clone())
+        return chunk
+
+    monkeypatch.setattr(dmd2.CompositeRollout, "produce", spy)
+    calls = []
+    hook = generator_role.raw_module.register_forward_hook(lambda *_: calls.append(1))
+    step.trace = []
+    step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({"predictor", FAKE}))
+    hook.remove()
+    assert len(produced) == len(step.trace) == 1  # 8 latents: chunk 0 (Teacher) + 1 generated chunk
+    assert len(calls) == 3  # F-P-P-P: one rollout, not a second one for the critic
+    for sample, trace in zip(produced, step.trace):
+        assert torch.equal(trace["sample"], sample)
+        expected = add_noise(sample, trace["critic_noise"], trace["critic_sigma"][None])
+        assert torch.equal(trace["critic_input"], expected)
+
+
+def test_cadence_generator_every_n_steps_critic_every_step(world, tmp_path):
+    out = tmp_path / "cadence"
+    assert dmd2.main(dmd2_argv(world, out, "--generator_every", "2")) == 0
+    log = _log(out)
+    assert [record["updates/predictor"] for record in log] == [0, 1, 1, 2]
+    assert [record["updates/fake_score"] for record in log] == [1, 2, 3, 4]
+    assert ["generator_loss" in record for record in log] == [False, True, False, True]
+    assert ["grad_norm/predictor" in record for record in log] == [False, True, False, True]
+    assert all("monitor/std_ratio" in record for record in log[1::2])  # --monitor_every 2
+    assert all(f"monitor/chunk1/{name}" in log[1] for name in ("std_ratio", "temporal_ratio"))
+    saved = read_training_state(out / "training_latest.pt")
+    assert sorted(saved["roles"]) == ["fake_score", "predictor"]
+
+
+def test_resume_mid_interval_equals_an_uninterrupted_run_in_every_role(world, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["--generator_every", "2", "--ckpt_every", "3"]
+    assert dmd2.main(dmd2_argv(world, whole, *common)) == 0
+    assert dmd2.main(dmd2_argv(world, split, *common, "--stop_at_step", "3")) == 0
+    assert len(_log(split)) == 3
+    assert dmd2.main(dmd2_argv(world, split, *common)) == 0  # the directory's own run continues at step 4
+    drop = ("time/step_s", "time/data_s", "memory/cpu_peak_rss_gib")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in _log(split)] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in _log(whole)]
+    whole_roles = read_training_state(whole / "training_latest.pt")["roles"]
+    split_roles = read_training_state(split / "training_latest.pt")["roles"]
+    for role in ("predictor", "fake_score"):
+        assert whole_roles[role]["model"].keys() == split_roles[role]["model"].keys()
+        for name, tensor in whole_roles[role]["model"].items():
+            assert torch.equal(tensor, split_roles[role]["model"][name]), (role, name)
+
+
+def test_the_predictor_checkpoint_loads_in_the_eval(world, tmp_path):
+    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
+
+    out = tmp_path / "evaluable"
+    assert dmd2.main(dmd2_argv(world, out, "--max_steps", "2", "--generator_every", "1")) == 0
+    ckpt = read_predictor_checkpoint(out / "predictor_step_00002.safetensors")
+    assert ckpt.variant == "v4" and ckpt.meta["source_blocks"] == [1, 2] and ckpt.step == 2
+    teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
+    predictor = load_predictor(teacher, ckpt)
+    saved = read_training_state(out / "training_latest.pt")["roles"]["predictor"]["model"]
+    loaded = predictor.state_dict()
+    assert loaded.keys() == saved.keys()
+    for name, tensor in saved.items():  # the inference file holds the trained weights in BF16
+        assert torch.equal(loaded[name].float(), tensor.to(torch.bfloat16).float()), name
+
+
+def test_refuses_the_raw_teacher_as_real_score_without_the_flag_or_below_its_sigmas(world, tmp_path, capsys):
+    argv = dmd2_argv(world, tmp_path / "raw")
+    argv[argv.index("--real_score") + 1] = "teacher"
+    with pytest.raises(SystemExit):
+        dmd2.parse_args(argv)
+    assert "--real_score teacher: the distilled 4-step Teacher is not a score model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dmd2.parse_args([*argv, "--allow_raw_teacher_score"])
+    assert "--score_sigma_min=0.02 with --real_score teacher" in capsys.readouterr().err
+    args = dmd2.parse_args([*argv, "--allow_raw_teacher_score", "--score_sigma_min", "0.625"])
+    assert args.real_score_kind == "teacher"
+    with pytest.raises(SystemExit):
+        dmd2.parse_args([*dmd2_argv(world, tmp_path / "bad"), "--real_score", str(tmp_path)])
+    assert "expected a model folder with config.json" in capsys.readouterr().err
+
+
+def test_two_ranks_train_both_roles_and_keep_their_replicas_identical(world, tmp_path):
+    """torchrun x2 (gloo): 2 steps (the generator due at step 2), a checkpoint after each. The loop's checkpoint
+    refuses replicas that differ over ranks, so finishing proves the DDP Predictor and the all-reduced fake score
+    stayed identical on both ranks."""
+    run_dir = tmp_path / "run"
+    result = run_two_ranks("fvtools/train_dmd2.py", *dmd2_argv(world, run_dir, "--max_steps", "2", "--ckpt_every",
+                                                               "1", "--monitor_every", "2"))
+    assert_finished(result)
+    assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
+    log = _log(run_dir)
+    assert [record["step"] for record in log] == [1, 2]
+    assert [record["updates/fake_score"] for record in log] == [1, 2]
+    assert [record["updates/predictor"] for record in log] == [0, 1]
+    assert all(torch.isfinite(torch.tensor(record["critic_loss"])) for record in log)
+    assert "generator_loss" in log[1] and "monitor/std_ratio" in log[1]
+
+
+def test_dry_run_lists_every_role_with_the_predictor_counted_on_its_blocks(capsys):
+    """--dry_run at a preset's size (meta device): the Predictor generator's trained parameters are those of a v4
+    Predictor built on the named Teacher blocks."""
+    assert dmd2.main(["--dry_run", "demo", "--source_blocks", "1,2"]) == 0
+    report = capsys.readouterr().out
+    with torch.device("meta"):
+        expected = sum(param.numel() for param in build_predictor(WorldPlayTransformer.from_preset("demo"), "v4", (1, 2))
+                       .parameters() if param.requires_grad)
+    assert f"role predictor: v4 Predictor on Teacher blocks [1, 2]: {expected:,} trained parameters" in report
+    assert [line.split(":")[0] for line in report.splitlines()[2:]] == [
+        "role teacher", "role predictor", "role real_score", "role fake_score"]
+
+
+# ---- the DMD gradient reaches the generator through its own output, with the right roles and signs -------------
+def _critic_update(step, fake_role, item) -> None:
+    """One critic update (the fake score starts equal to the real score: a DMD gradient of 0), as a run has before
+    its first generator step; grads cleared, the micro-step advanced."""
+    step(item, sync=True, due=frozenset({FAKE}))
+    fake_role.step()
+    fake_role.zero_grad()
+    step.run_state.micro_step += 1
+
+
+def _generator_grads(step, roles, item) -> tuple[dict, list[torch.Tensor]]:
+    """(metrics, the generator's gradients) of one step with every role due, from zeroed gradients; the weights are
+    not stepped, so a second call with the same micro-step repeats the same draws."""
+    generator_role = roles[0]
+    for role in roles:
+        role.zero_grad()
+    metrics = step(item, sync=True, due=frozenset(role.name for role in roles))
+    return metrics, [torch.zeros_like(param) if param.grad is None else param.grad.clone()
+                     for param in generator_role.parameters]
+
+
+def test_dmd_reaches_the_predictor_when_the_chunk_ends_on_a_full_step(world, tmp_path, monkeypatch):
+    """F-P-P-F (--replace_steps 1,2): the trajectory detaches the latent at the Full step 3, so the composite's final
+    latent has no graph; the sample is recomputed through the (frozen) Teacher's step 3. The Predictor's gradient
+    with DMD differs from the one without (DMD's g zeroed), DMD alone (--anchor_weight 0) back-propagates, and the
+    Teacher gets no gradient."""
+    args, step, generator_role, fake_role, teacher, real = build_dmd2_step(world, tmp_path, "--replace_steps", "1,2")
+    dataset = VideoLatentDataset(world["videos"], "train")
+    _critic_update(step, fake_role, dataset[1])
+    roles = (generator_role, fake_role)
+    metrics, with_dmd = _generator_grads(step, roles, dataset[0])
+    assert metrics["dmd/grad_rms"] > 0 and metrics["anchor_loss"] > 0
+    assert _frozen_grads(teacher, generator_role.parameters + fake_role.parameters) == []
+    monkeypatch.setattr(dmd2, "dmd_gradient", lambda x0_fake, x0_real, sample: torch.zeros_like(sample.float()))
+    _, without_dmd = _generator_grads(step, roles, dataset[0])
+    monkeypatch.undo()
+    difference = sum(float((a - b).abs().sum()) for a, b in zip(with_dmd, without_dmd))
+    assert difference > 1e-6 * sum(float(grad.abs().sum()) for grad in without_dmd), difference
+    step.args.anchor_weight = 0.0  # DMD alone: a graph to back-propagate (it crashed: "does not require grad")
+    metrics, dmd_only = _generator_grads(step, roles, dataset[0])
+    assert "anchor_loss" in metrics and metrics["generator_loss"] == metrics["dmd_loss"]
+    scale = max(float(grad.abs().max()) for grad in with_dmd)
+    for grad, expected in zip(dmd_only, (a - b for a, b in zip(with_dmd, without_dmd))):
+        torch.testing.assert_close(grad, expected, rtol=1e-3, atol=1e-5 * scale)
+    assert all(torch.isfinite(grad).all() for grad in dmd_only)
+
+
+def _spy_scores(monkeypatch) -> list[tuple[str, str, torch.Tensor, torch.Tensor]]:
+    """Record every score call (method, score label, input, output) of the step."""
+    calls = []
+    velocity, x0 = ScoreClip.velocity, ScoreClip.x0
+
+    def velocity_spy(self, chunk_index, noisy, sigma):
+        out = velocity(self, chunk_index, noisy, sigma)
+        calls.append(("velocity", self.score.label, noisy.detach().clone(), out.detach().clone()))
+        return out
+
+    def x0_spy(self, chunk_index, noisy, sigma):
+        out = x0(self, chunk_index, noisy, sigma)
+        calls.append(("x0", self.score.label, noisy.detach().clone(), out.detach().clone()))
+        return out
+
+    monkeypatch.setattr(ScoreClip, "velocity", velocity_spy)
+    monkeypatch.setattr(ScoreClip, "x0", x0_spy)
+    return calls
+
+
+@pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
+def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tmp_path, monkeypatch, replace_steps):
+    """The gradient the generator's sample receives is exactly (x0_fake - x0_real) / mean|x̂ - x0_real| / numel per
+    chunk (DMD2's sign and normaliser), with x0_fake from the fake score and x0_real from the real score at the same
+    noisy input: swapping the scores, flipping a sign or letting the critic's loss reach the sample breaks it."""
+    _, step, generator_role, fake_role, _, _ = build_dmd2_step(world, tmp_path, "--replace_steps", replace_steps)
+    dataset = VideoLatentDataset(world["videos"], "train")
+    _critic_update(step, fake_role, dataset[1])
+    calls = _spy_scores(monkeypatch)
+    samples = []
+    loss = dmd2.dmd_generator_loss
+
+    def loss_spy(sample, gradient):
+        sample.retain_grad()
+        samples.append(sample)
+        return loss(sample, gradient)
+
+    monkeypatch.setattr(dmd2, "dmd_generator_loss", loss_spy)
+    step.trace = []
+    step(dataset[0], sync=True, due=frozenset({generator_role.name, FAKE}))
+    x0_calls = {label: (noisy, out) for method, label, noisy, out in calls if method == "x0"}
+    assert len([call for call in calls if call[0] == "x0"]) == 2 and sorted(x0_calls) == ["fake_score", "real_score"]
+    (real_input, x0_real), (fake_input, x0_fake) = x0_calls["real_score"], x0_calls["fake_score"]
+    assert torch.equal(real_input, fake_input)  # one noisy input for both scores
+    assert len(samples) == len(step.trace) == 1
+    sample = step.trace[0]["sample"]
+    assert torch.equal(samples[0].detach(), sample)
+    assert not torch.equal(x0_fake, x0_real)
+    expected = (x0_fake - x0_real) / (sample - x0_real).abs().mean() / sample.numel()
+    torch.testing.assert_close(samples[0].grad, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+
+
+def test_the_critic_regresses_the_fake_score_onto_noise_minus_sample(world, tmp_path, monkeypatch):
+    """The critic's loss is flow matching of the FAKE score's velocity at the noised sample onto noise - x̂
+    (`critic_loss(velocity, noise, sample)`), on every step, due generator or not."""
+    _, step, generator_role, _, _, _ = build_dmd2_step(world, tmp_path)
+    calls = _spy_scores(monkeypatch)
+    critic_args = []
+    critic_loss = dmd2.critic_loss
+
+    def critic_spy(velocity, noise, sample):
+        critic_args.append((velocity.detach().clone(), noise.clone(), sample.clone()))
+        return critic_loss(velocity, noise, sample)
+
+    monkeypatch.setattr(dmd2, "critic_loss", critic_spy)
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    for due in (frozenset({FAKE}), frozenset({generator_role.name, FAKE})):
+        calls.clear(), critic_args.clear()
+        step.trace = []
+        metrics = step(item, sync=True, due=due)
+        (trace,), ((velocity, noise, sample),) = step.trace, critic_args
+        velocity_calls = [call for call in calls if call[0] == "velocity" and torch.equal(call[2],
+                                                                                          trace["critic_input"])]
+        assert [label for _, label, _, _ in velocity_calls] == ["fake_score"]
+        assert torch.equal(velocity, velocity_calls[0][3])
+        assert torch.equal(noise, trace["critic_noise"]) and torch.equal(sample, trace["sample"])
+        target = trace["critic_noise"] - trace["sample"]
+        assert metrics["critic_loss"] == pytest.approx(float(((velocity - target) ** 2).mean()), rel=1e-6)
+
+
+def test_roles_real_frozen_fake_every_step_generator_at_its_cadence(world, tmp_path):
+    """The real score is frozen (no parameter requires grad or sits in an optimizer) for a model-folder and a LoRA
+    real score; the fake score is due every step; the generator every --generator_every steps, its schedule and EMA
+    counted in its own updates."""
+    for extra in ((), ("--real_score", str(world["real_lora"]), "--fake_score_train", "lora", "--lora_rank", "4",
+                       "--lora_alpha", "4")):
+        args, _, generator_role, fake_role, teacher, real = build_dmd2_step(
+            world, tmp_path, "--generator_every", "3", "--ema_start_step", "7", *extra)
+        trained = {id(param) for role in (generator_role, fake_role) for param in role.parameters}
+        real_parameters = ([param for name, param in real.model.named_parameters() if ".real_score" in name]
+                           if real.adapter_name else list(real.model.parameters()))
+        assert real_parameters and not any(param.requires_grad for param in real_parameters)
+        assert not any(id(param) in trained for param in real_parameters)
+        assert fake_role.every == 1 and all(fake_role.is_due(step) for step in range(1, 7))
+        assert generator_role.every == 3 and [generator_role.is_due(s) for s in range(1, 7)] == [0, 0, 1, 0, 0, 1]
+        assert generator_role.lr_schedule.max_steps == args.max_steps // 3
+        assert generator_role.ema.decay == 0.99 and generator_role.ema.start_update == 7 // 3
+        assert fake_role.ema is None
+
+
+def test_the_generator_loss_is_applied_only_when_due(world, tmp_path, monkeypatch):
+    """Not due: its rollout runs without a graph and the DMD loss is never formed; due: once per chunk."""
+    _, step, generator_role, fake_role, _, _ = build_dmd2_step(world, tmp_path)
+    losses, produced = [], []
+    loss, produce = dmd2.dmd_generator_loss, dmd2.CompositeRollout.produce
+    monkeypatch.setattr(dmd2, "dmd_generator_loss", lambda *a: losses.append(1) or loss(*a))
+    monkeypatch.setattr(dmd2.CompositeRollout, "produce",
+                        lambda self, c: produced.append(produce(self, c)) or produced[-1])
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    step(item, sync=True, due=frozenset({FAKE}))
+    assert losses == [] and not produced[0].sample.requires_grad and generator_role.parameters_with_grad() == []
+    step(item, sync=True, due=frozenset({generator_role.name, FAKE}))
+    assert losses == [1] and produced[1].sample.requires_grad and generator_role.parameters_with_grad() != []
+
+
+def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):
+    """--ema_decay 0.5 --ema_start_step 1, 3 updates: the EMA copies update 1, then averages updates 2 and 3; the
+    predictor_ema_step_00003.safetensors holds that shadow (BF16) and loads in the eval like the raw weights."""
+    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
+
+    out = tmp_path / "ema"
+    assert dmd2.main(dmd2_argv(world, out, "--max_steps", "3", "--generator_every", "1", "--ema_decay", "0.5",
+                               "--ema_start_step", "1", "--keep_last", "1")) == 0
+    saved = read_training_state(out / "training_latest.pt")["roles"]["predictor"]
+    assert saved["ema"]["updates"] == 3 and saved["ema"]["decay"] == 0.5 and saved["ema"]["start_update"] == 1
+    ckpt = read_predictor_checkpoint(out / "predictor_ema_step_00003.safetensors")
+    assert ckpt.step == 3 and ckpt.meta["ema"] == {"decay": 0.5, "start_update": 1, "updates": 3}
+    teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
+    loaded = load_predictor(teacher, ckpt).state_dict()
+    assert loaded.keys() == saved["model"].keys()
+    differs = 0
+    for name, tensor in saved["model"].items():
+        expected = saved["ema"]["shadow"].get(name, tensor)
+        assert torch.equal(loaded[name].float(), expected.to(torch.bfloat16).float()), name
+        differs += not torch.equal(saved["ema"]["shadow"].get(name, tensor), tensor)
+    assert differs > 0  # the average lags the trained weights
+    assert (out / "predictor_step_00003.safetensors").is_file()

@@ -1,0 +1,237 @@
+"""fvtools/train_nft.py (DiffusionNFT) on tiny models (CPU, single process).
+
+Data: the video-latent demo (three procedural clips of 8 latents at 2 x 3, two train, one holdout, through the
+demo's tiny random encoders and VAE); the model: the demo Teacher config (4 blocks, width 64). The NFT loss itself
+(sign, zero advantage, toy convergence) and the rewards are tested in tests/methods/; the 2-rank path runs here and
+in the launcher demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fvtools.train_nft as nft
+from predictor_training.data.video_latents import VideoLatentDataset
+from predictor_training.methods.method_model import MethodSettings, build_method_model
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.flags import settings_from_flags
+from predictor_training.methods.nft import OldPolicy, PolicyModels, sampler_sigma_grid
+from predictor_training.methods.rewards import RewardScorer, VideoRewards, default_vae_folder, parse_reward_weights
+from predictor_training.runtime.checkpoint import RunState, read_training_state
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.teacher.source import TeacherSource
+from predictor_training.video.vae_decoder import VaeDecoder
+from tests.helpers.method_world import write_method_world
+from tests.helpers.two_ranks import assert_finished, run_two_ranks
+
+
+CPU = torch.device("cpu")
+ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    return write_method_world(tmp_path_factory.mktemp("nft"))
+
+
+def _argv(world, out: Path, *extra: str) -> list[str]:
+    return ["--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]), "--output_dir", str(out),
+            "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--precision", "fp32", "--lr", "1e-2",
+            "--max_steps", "4", "--warmup_steps", "0", "--samples_per_group", "2", "--chunks_per_sample", "1",
+            "--monitor_every", "100", "--no-gradient_checkpointing", "--tracker", "none", "--num_workers", "0",
+            "--no_progress", *extra]
+
+
+def test_flags_are_checked(world, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--rewards", "aesthetic:1"))
+    assert "unknown reward 'aesthetic'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--samples_per_group", "1"))
+    assert "argument --samples_per_group: expected >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--reference_video", "none"))
+    assert "--reference_video none has none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--reference_video", "ground_truth"))
+    assert "--ground_truth=None: expected a folder" in capsys.readouterr().err
+
+
+def test_sigma_and_advantage_flags(world, tmp_path, capsys):
+    """Defaults: the sampler's sigma grid and the global advantage std. A continuous range below the distilled
+    Teacher's lowest trained sigma is refused for a policy that starts from it, unless forced."""
+    args = nft.parse_args(_argv(world, tmp_path))
+    assert (args.train_sigmas, args.advantage_std, args.sigma_min) == ("sampler_grid", "global", 0.625)
+    grid = nft.sampler_sigma_grid(args.sample_steps, args.sample_shift)
+    assert nft.describe_train_sigmas(settings_from_flags(nft.TrainSigmas, args), grid) == \
+        "on the sampler's grid {1, 0.9375, 0.8333, 0.625}"
+    assert nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range")).sigma_min == 0.625
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2"))
+    error = capsys.readouterr().err
+    assert "--sigma_min=0.2 with --train_sigmas range" in error and "--allow_sigma_below_teacher" in error
+    forced = nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2",
+                                  "--allow_sigma_below_teacher"))
+    assert forced.sigma_min == 0.2
+    scratch = nft.parse_args(_argv(world, tmp_path, "--train", "full", "--init_weights", "scratch", "--train_sigmas",
+                                   "range", "--sigma_min", "0.2"))  # not the distilled Teacher: no floor
+    assert scratch.sigma_min == 0.2
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--sigma_min", "0.7"))
+    assert "--sigma_min=0.7 with --train_sigmas sampler_grid" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nft.parse_args(_argv(world, tmp_path, "--advantage_std", "batch"))
+    assert "invalid choice: 'batch'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one real step
+# ---------------------------------------------------------------------------------------------------------------
+def _step(world, tmp_path, *extra: str):
+    args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
+    source = TeacherSource(args.teacher, None, "--teacher", None)
+    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV,
+                                      precision_policy("fp32", CPU), role_name=nft.ROLE)
+    models = PolicyModels(method_model)
+    method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
+    decoder = VaeDecoder.from_folder(default_vae_folder(args.dataset_root), CPU, torch.float32, tiling=False)
+    rewards = VideoRewards(RewardScorer(parse_reward_weights(args.rewards)), decoder, args.reference_video, None)
+    step = nft.NftStep(models, rewards, args, ENV, RunState(), None)
+    return step, method_model, models
+
+
+@pytest.mark.parametrize("train", ["lora", "full"])
+def test_one_step_trains_only_the_policy(world, tmp_path, train):
+    step, method_model, models = _step(world, tmp_path, "--train", train, "--kl_weight", "1.0")
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    policy_params = {id(param) for param in method_model.role.parameters}
+    frozen = {(id(module), name): param.detach().clone() for module in set(models.modules.values())
+              for name, param in module.named_parameters() if id(param) not in policy_params}
+    frozen_old = {name: param.detach().clone() for name, param in models.old_module.named_parameters()}
+    method_model.role.zero_grad()
+    metrics = step(item, sync=True, due=frozenset({nft.ROLE}))
+    named = dict(method_model.role.raw_module.named_parameters())
+    without = [name for name, param in named.items() if param.grad is None]
+    last = len(method_model.model.double_blocks) - 1  # the last block's text-stream output feeds nothing
+    assert all(name.startswith(f"double_blocks.{last}.txt_") for name in without), without
+    grads = [param.grad for param in named.values() if param.grad is not None]
+    assert all(torch.isfinite(grad).all() for grad in grads)
+    assert sum(float(grad.abs().sum()) for grad in grads) > 0  # policy == old policy, yet a non-zero update
+    for module in set(models.modules.values()):  # no gradient outside the policy: old policy, reference, base
+        assert all(param.grad is None for param in module.parameters() if id(param) not in policy_params)
+    assert all(torch.equal(param, frozen[id(module), name]) for module in set(models.modules.values())
+               for name, param in module.named_parameters() if id(param) not in policy_params)
+    assert metrics["advantage/abs_mean"] > 0 and metrics["kl"] == 0  # policy == reference before any update
+    assert metrics["monitor/std_ratio"] == 1.0  # step 1: policy == reference, the same noise
+    method_model.role.step()  # optimizer step, then old <- d old + (1 - d) policy (ramp_slow: d = 0.001)
+    for name, param in models.old_module.named_parameters():
+        policy_param = dict(method_model.role.raw_module.named_parameters())[name]
+        torch.testing.assert_close(param, 0.001 * frozen_old[name] + 0.999 * policy_param.detach(), rtol=0,
+                                   atol=1e-7)
+
+
+def test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid(world, tmp_path, monkeypatch):
+    """The rewards [0, 1] of a group of two: the objective sees sample 0 with A = -0.5/(0.5 + 1e-4) and sample 1 with
+    +0.5/(0.5 + 1e-4) (not negated, not swapped), each chunk at one of the sampler's sigmas."""
+    step, _, _ = _step(world, tmp_path)
+    seen = []
+    objective = nft.nft_objective
+
+    def spy(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs):
+        seen.append((float(t), float(advantage), x0.detach().clone()))
+        return objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs)
+
+    def ranked_rewards(videos, item):  # sample k scores k
+        return {"total": torch.arange(videos.shape[0], dtype=torch.float32)}
+
+    monkeypatch.setattr(nft, "nft_objective", spy)
+    step.rewards = ranked_rewards
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    samples = step.sample(item, "old", range(2))
+    step(item, sync=True, due=frozenset({nft.ROLE}))
+    assert len(seen) == 2  # one chunk per sample
+    expected = 0.5 / (0.5 + 1e-4)
+    assert [advantage for _, advantage, _ in seen] == pytest.approx([-expected, expected])
+    grid = set(sampler_sigma_grid(4, 5.0).tolist())
+    assert all(sigma in grid for sigma, _, _ in seen)
+    for index, (_, _, x0) in enumerate(seen):  # the objective's x0 is a chunk of sample `index`
+        chunk = x0.shape[2]
+        assert any(torch.equal(x0.cpu(), samples[index:index + 1, :, start:start + chunk])
+                   for start in range(0, samples.shape[2], chunk))
+
+
+def test_sampling_is_regenerated_from_its_counters(world, tmp_path):
+    step, _, _ = _step(world, tmp_path)
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    first = step.sample(item, "old", range(2))
+    assert not torch.equal(first[0], first[1])  # the samples of a group differ
+    assert torch.equal(step.sample(item, "old", range(2)), first)  # the same counters: the same samples
+    step.run_state.micro_step = 1
+    assert not torch.equal(step.sample(item, "old", range(2)), first)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resume
+# ---------------------------------------------------------------------------------------------------------------
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_resume_equals_an_uninterrupted_run(world, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["--ckpt_every", "2", "--monitor_every", "3"]
+    assert nft.main(_argv(world, whole, *common)) == 0
+    assert nft.main(_argv(world, split, *common, "--stop_at_step", "2")) == 0
+    assert nft.main(_argv(world, split, *common)) == 0  # the directory's own run continues at step 3
+    timing = ("time/", "memory/")
+    strip = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(whole)]
+    resumed = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(split)]
+    assert resumed == strip  # rewards, advantages, sample checksums, losses, monitors: bit for bit
+    assert strip[2]["samples/checksum"] != strip[1]["samples/checksum"]
+    saved = {run: read_training_state(run / "training_latest.pt")["roles"][nft.ROLE] for run in (whole, split)}
+    for name, tensor in saved[whole]["model"].items():  # the policy
+        assert torch.equal(tensor, saved[split]["model"][name])
+    assert saved[whole]["ema"]["updates"] == saved[split]["ema"]["updates"] == 4
+    for name, tensor in saved[whole]["ema"]["weights"].items():  # the old policy
+        assert torch.equal(tensor, saved[split]["ema"]["weights"][name])
+    assert any(not torch.equal(tensor, saved[whole]["model"][name])  # old policy lags (ramp_slow decay > 0)
+               for name, tensor in saved[whole]["ema"]["weights"].items())
+    report = json.loads((whole / nft.EVAL_NAME).read_text())  # after training: policy vs reference, same noise
+    assert len(report["clips"]) == 1 and report["split"] == "holdout" and report["step"] == 4
+    assert set(report["reward_policy"]) == {"reference_agreement", "smoothness", "total"}
+    assert report["reward_policy"]["total"] != report["reward_reference"]["total"]
+    assert json.loads((split / nft.EVAL_NAME).read_text()) == report
+
+
+def test_two_ranks_gather_the_groups_and_keep_the_policy_identical(world, tmp_path):
+    """torchrun x2 (gloo): one group per rank, advantages over the gathered table, 2 steps with a checkpoint after
+    each. The loop's checkpoint refuses replicas that differ over ranks, so finishing proves the all-reduced LoRA
+    policy stayed identical on both ranks; the held-out comparison is sharded over the ranks and gathered."""
+    run_dir = tmp_path / "run"
+    result = run_two_ranks("fvtools/train_nft.py", *_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
+                                                          "--eval_clips", "1"))
+    assert_finished(result)
+    assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
+    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in log] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(record["loss"])) for record in log)
+    assert (run_dir / "nft_eval.json").is_file()
+
+
+def test_validation_reports_held_out_rewards_and_changes_no_training(world, tmp_path):
+    plain, validated = tmp_path / "plain", tmp_path / "validated"
+    assert nft.main(_argv(world, plain, "--max_steps", "2")) == 0
+    assert nft.main(_argv(world, validated, "--max_steps", "2", "--val_every", "1", "--val_videos", "1")) == 0
+    timing = ("time/", "memory/", "val/")
+    assert ([{k: v for k, v in row.items() if not k.startswith(timing)} for row in _log(validated)]
+            == [{k: v for k, v in row.items() if not k.startswith(timing)} for row in _log(plain)])
+    figures = [row for row in _log(validated) if "val/psnr_vs_truth" in row]
+    assert [row["step"] for row in figures] == [1, 2]
+    for row in figures:
+        assert {"val/reward/total", "val/reward_reference/total", "val/psnr_vs_reference"} <= set(row)
+    assert figures[0]["val/reward_reference/total"] == figures[1]["val/reward_reference/total"]  # a fixed reference
+    assert (validated / "best.json").is_file() and (validated / "val_curve.png").is_file()

@@ -1,0 +1,117 @@
+"""Distributed setup (predictor_training/runtime/distributed.py) in one process: the backend choice, plain python as
+world size 1 (no process group), a partial torchrun environment refused, seeds offset by rank, and a one-rank gloo
+group for the DDP helpers (wrap, unwrap, no_sync, gather). The 2-rank paths run under torchrun in
+tests/runtime/test_loop.py and the recipe tests."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+import predictor_training.runtime.distributed as distributed
+from predictor_training.runtime.distributed import (
+    DistEnv,
+    all_gather_objects,
+    cleanup_distributed,
+    current_rank,
+    init_distributed,
+    maybe_no_sync,
+    print0,
+    resolve_backend,
+    seed_everything,
+    unwrap_model,
+    wrap_ddp,
+)
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_backend_follows_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_backend("auto") == "gloo" and resolve_backend("gloo") == "gloo"
+    with pytest.raises(RuntimeError, match="backend='nccl' needs CUDA"):
+        resolve_backend("nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_backend("auto") == "nccl" and resolve_backend("nccl") == "nccl" and resolve_backend("gloo") == "gloo"
+    with pytest.raises(ValueError, match="backend='mpi'; expected one of"):
+        resolve_backend("mpi")
+
+
+def test_plain_python_is_one_rank_without_a_process_group(no_torchrun):
+    env = init_distributed("gloo")
+    assert env == DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None, is_main=True)
+    assert not env.distributed and not torch.distributed.is_initialized()
+    module = torch.nn.Linear(2, 2)
+    assert wrap_ddp(module, env) is module and unwrap_model(module) is module
+    with maybe_no_sync(module, enabled=True):  # a null context for a plain module
+        pass
+    assert all_gather_objects({"rank": 0}) == [{"rank": 0}]
+
+
+def test_a_partial_torchrun_environment_is_refused(no_torchrun, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"partial torchrun environment .*missing: \['LOCAL_RANK', 'MASTER_ADDR', "
+                                           r"'MASTER_PORT'\]"):
+        init_distributed("gloo")
+
+
+def test_only_rank_0_prints(no_torchrun, monkeypatch, capsys):
+    print0("from rank 0")
+    monkeypatch.setenv("RANK", "1")
+    assert current_rank() == 1
+    print0("from rank 1")
+    assert capsys.readouterr().out == "from rank 0\n"
+
+
+def test_seeds_are_offset_by_rank():
+    assert seed_everything(3, rank=2) == 5
+    draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    assert draws == (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    seed_everything(3, rank=1)
+    assert float(torch.rand(1)) != draws[2]
+    with pytest.raises(ValueError, match="both must be >= 0"):
+        seed_everything(-1, rank=0)
+
+
+def test_one_rank_gloo_group_wraps_in_ddp_and_skips_the_all_reduce_under_no_sync(no_torchrun, monkeypatch):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(name, value)
+    # torchrun's workers die with their agent; this test process is no torchrun worker
+    monkeypatch.setattr(distributed, "exit_with_launcher", lambda: None)
+    env = init_distributed("gloo")
+    try:
+        assert env == DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo",
+                              is_main=True)
+        assert env.distributed and torch.distributed.is_initialized()
+        module = torch.nn.Linear(2, 2)
+        wrapped = wrap_ddp(module, env)
+        assert isinstance(wrapped, DistributedDataParallel) and unwrap_model(wrapped) is module
+        assert wrapped.require_backward_grad_sync
+        with maybe_no_sync(wrapped, enabled=True):
+            assert not wrapped.require_backward_grad_sync
+        with maybe_no_sync(wrapped, enabled=False):
+            assert wrapped.require_backward_grad_sync
+        assert all_gather_objects(("rank", env.rank)) == [("rank", 0)]
+    finally:
+        cleanup_distributed()
+    assert not torch.distributed.is_initialized()
+    cleanup_distributed()  # safe to call again

@@ -1,0 +1,98 @@
+"""The start and end every recipe's `main()` shares (predictor_training/runtime/launch.py), in one process: when a
+launch has nothing to train, the run directory made and locked for the run's lifetime (a second writer refused in
+one line), the seeds, and the resume of the roles and the batch stream. A whole toy recipe launched through the
+launchers runs in tests/recipes/test_run_lock.py."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from predictor_training.runtime.checkpoint import RunState, save_training_state
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles
+from predictor_training.runtime.roles import Role
+from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart
+from tests.helpers.toy_loop import META, SINGLE, setup_loop
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_torchrun(monkeypatch):
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def start(run_dir, kind="fresh", resume_path=None, saved_step=0, stop_step=6) -> RunStart:
+    return RunStart(run_dir=run_dir, run_name=run_dir.name, kind=kind, resume_path=resume_path,
+                    saved_step=saved_step, stop_step=stop_step)
+
+
+def test_nothing_to_train_for_print_run_dir_and_a_finished_run(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert early_exit(argparse.Namespace(print_run_dir=False), start(run_dir)) is None
+    assert early_exit(argparse.Namespace(), start(run_dir, "continue", run_dir / "t.pt", 2)) is None
+    assert early_exit(argparse.Namespace(print_run_dir=True), start(run_dir)) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{run_dir}\n" and err == f"new run in {run_dir}\n"
+    finished = start(run_dir, "finished", run_dir / "training_latest.pt", 6)
+    assert early_exit(argparse.Namespace(print_run_dir=True), finished) == 3  # a launcher has nothing to start
+    assert early_exit(argparse.Namespace(print_run_dir=False), finished) == 0
+    assert "already finished at step 6; nothing to do" in capsys.readouterr().out
+    assert not run_dir.exists()  # nothing is made before the run starts
+
+
+def test_the_run_directory_is_locked_for_the_run_and_the_seeds_are_set(tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "run"
+    with distributed_run(argparse.Namespace(backend="gloo", seed=7), start(run_dir)) as env:
+        assert env == SINGLE and run_dir.is_dir()
+        draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+        holders = RunLock(run_dir).holders()
+        assert holders is not None and str(os.getpid()) in holders
+        with pytest.raises(RunLockedError):
+            RunLock(run_dir).acquire()
+        with pytest.raises(UserInputError, match="already running"):  # a second writer, in one line
+            with distributed_run(argparse.Namespace(backend="gloo", seed=7), start(run_dir)):
+                pass
+        assert RunLock(run_dir).holders() == holders  # the refused launch left the run's lock alone
+    assert RunLock(run_dir).holders() is None  # released when the block ends
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    assert draws == (random.random(), float(np.random.rand()), float(torch.rand(1)))  # --seed + rank 0
+    assert f"new run in {run_dir}" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="inside"):
+        with distributed_run(argparse.Namespace(backend="gloo", seed=7), start(run_dir)):
+            raise RuntimeError("inside")
+    assert RunLock(run_dir).holders() is None  # released however the block ends
+
+
+def test_resume_restores_the_roles_and_puts_the_batches_back(tmp_path):
+    model, optimizer, schedule, _, batches = setup_loop(tmp_path, max_steps=4)
+    for _ in range(3):
+        next(batches)
+    saved = RunState(global_step=3, micro_step=3, epoch=0, data=batches.state_dict())
+    path = tmp_path / "training_latest.pt"
+    save_training_state(path, roles=[Role("predictor", model, optimizer, schedule)], run_state=saved, config={},
+                        meta=META)
+    expected_next = next(batches)
+
+    other_model, other_optimizer, other_schedule, _, other_batches = setup_loop(tmp_path, max_steps=4)
+    with torch.no_grad():
+        for param in other_model.parameters():
+            param.add_(1.0)
+    roles = [Role("predictor", other_model, other_optimizer, other_schedule)]
+    assert resume_roles(start(tmp_path, "fresh"), roles, other_batches, META) == RunState()
+    held = RunState()
+    restored = resume_roles(start(tmp_path, "continue", path, 3), roles, other_batches, META, run_state=held)
+    assert restored is held and restored == saved  # filled in place: the recipe's step holds this object
+    assert all(torch.equal(a, b) for a, b in zip(other_model.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(next(other_batches), expected_next))
+    with pytest.raises(Exception, match="variant"):
+        resume_roles(start(tmp_path, "continue", path, 3), roles, None, {**META, "variant": "other"})
