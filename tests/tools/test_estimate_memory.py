@@ -65,19 +65,6 @@ def test_adversarial_fake_run_matches_the_real_cpu_run(data):
     assert fake.peak_phase == real.peak_phase
 
 
-@pytest.mark.parametrize("mode", ["exact", "incremental"])
-def test_eval_fake_run_matches_the_real_cpu_run(mode):
-    """tools/eval_predictor.py's rollout (EvalRuntime.rollout, F-P-P-P, inference only) of 3 chunks on the tiny
-    Teacher: fake against real CPU tensors, same peak within 1 %, the memory selection's real context sizes."""
-    args = _tiny_args("eval", "--chunks", "3", "--context_mode", mode)
-    fake = estimate_memory.rehearse_eval(args)
-    real = estimate_memory.rehearse_eval(args, fake=False)
-    assert abs(real.peak - fake.peak) <= 0.01 * real.peak, (real.peak, fake.peak)
-    assert fake.peak_phase == real.peak_phase == "forward"
-    assert fake.notes["context_frames_per_chunk"] == real.notes["context_frames_per_chunk"] == [0, 4, 8]
-    assert fake.by_category["gradients"] == fake.by_category["optimizer_state"] == 0
-
-
 def test_nft_fake_run_matches_the_real_cpu_run():
     """fvtools/train_nft.py (LoRA policy, old-policy adapter, reference) on the tiny Teacher: one NftStep (K = 2
     samples of 2 chunks, 1 chunk trained each, step 1's monitor rollouts) and the loop's AdamW + old-policy update,
