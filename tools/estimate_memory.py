@@ -170,21 +170,18 @@ def teacher_forced_plan(recipe: str):
 
 def adversarial_plan(args, flags, config, host, n_ctx) -> Plan:
     rollout = args.data == "rollout"
-    inputs = rollout_plan(args, flags, config, host, n_ctx) if rollout else offline_plan("v4")(
-        args, flags, config, host, n_ctx)
+    inputs = (rollout_plan if rollout else offline_plan("v4"))(args, flags, config, host, n_ctx)
     data = (f"rollout {letters(args.replace_steps)}, {args.chunks} chunks, one trajectory" if rollout else
             f"offline, batch {args.batch_size}, {n_ctx} context frames")
-    # The heaviest step of the cadences: r1_every updates of both roles in (generator term on, lazy R1 due).
-    prepare = lambda parts: [role.lr_schedule.step() for role in parts.roles for _ in range(flags.r1_every)]  # noqa
 
     def notes(parts) -> dict:
         weight, r1 = parts.step_fn.adversary.weight(), "applied" if flags.r1_weight > 0 else "not applied"
-        built = "built" if weight > 0 else "not built"
-        return {"adversarial": f"weight {weight:g} (generator term {built}), lazy R1 {r1}",
-                **flop_notes(args, "rollout" if rollout else "v4", n_ctx, user=False)}
+        return {"adversarial": f"weight {weight:g} (generator term {'built' if weight > 0 else 'not built'}), "
+                f"lazy R1 {r1}", **flop_notes(args, "rollout" if rollout else "v4", n_ctx, user=False)}
     return Plan(f"adversarial {data}, blocks {list(args.source_blocks)}, discriminator width "
                 f"{flags.discriminator_width}, both roles due", {**inputs.build, "resuming": True}, inputs.item,
-                notes=notes, prepare=prepare)
+                notes=notes, prepare=lambda parts: [  # the heaviest step: r1_every updates in (generator term, R1)
+                    role.lr_schedule.step() for role in parts.roles for _ in range(flags.r1_every)])
 
 
 def nft_plan(args, flags, config, host, n_ctx) -> Plan:
@@ -198,23 +195,21 @@ def nft_plan(args, flags, config, host, n_ctx) -> Plan:
 
 def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
     df_sft = recipe_flags(importlib.import_module("fvtools.train_df_sft"), [])  # what a df_sft LoRA file holds
-    flags.real_score_kind, flags.real_score_path = resolve_real_score_flags(  # a file or folder would be read:
-        flags.real_score, allow_raw_teacher_score=True, score_sigma_min=flags.score_sigma_min,  # its kind is the flag
-        fake_score_train=flags.fake_score_train) if args.real_score == "teacher" else (args.real_score, Path("unused"))
-    student = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full"
-    generator = (f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" if
-                 args.generator == "predictor" else f"{student} student, {flags.student_steps} steps")
-    real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher",
-            "model": "a second BF16 model"}[args.real_score]
-
-    def load_lora(teacher, path, name=None, *, trainable=False):  # an adapter of df_sft's shape, values not read
-        return add_lora(teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
-    prepare = lambda parts: setattr(parts.run_state, "global_step", flags.monitor_every - 1)  # noqa: E731 (monitor)
+    flags.real_score_kind, flags.real_score_path = (args.real_score, Path("unused")) if args.real_score != "teacher" \
+        else resolve_real_score_flags(flags.real_score, allow_raw_teacher_score=True, **{  # a file is read there
+            key: getattr(flags, key) for key in ("score_sigma_min", "fake_score_train")})
+    generator = (f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" if args.generator ==
+                 "predictor" else f"{'full' if args.train == 'full' else f'LoRA rank {flags.lora_rank}'} student, "
+                 f"{flags.student_steps} steps")
+    real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher"}.get(
+        args.real_score, "a second BF16 model")
+    load_lora = lambda teacher, path, name=None, *, trainable=False: add_lora(  # noqa: E731 (df_sft's shape)
+        teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
     return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout "
-                f"{flags.rollout}, both roles due, monitor step",
-                {"rollout_config": fp32_states(flags), "resuming": True, "load_lora": load_lora,
-                 "draw_chunks": last_chunks},
-                method_clip(args, config, host), ddp=args.generator == "predictor", segments=True, prepare=prepare)
+                f"{flags.rollout}, both roles due, monitor step", {"rollout_config": fp32_states(flags), "resuming":
+                True, "load_lora": load_lora, "draw_chunks": last_chunks}, method_clip(args, config, host),
+                ddp=args.generator == "predictor", segments=True, prepare=lambda parts: setattr(  # the monitor step
+                    parts.run_state, "global_step", flags.monitor_every - 1))
 
 
 DATA = ["--dataset_root", "unused"]
