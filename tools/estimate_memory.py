@@ -18,11 +18,10 @@ import argparse
 import importlib
 import json
 import sys
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -83,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     checks = [(args.fit and args.recipe not in ("v4", "disca"), f"--fit: for v4 and disca only, not {args.recipe}"),
               (args.data != "offline" and args.recipe != "adversarial", f"--data {args.data}: an adversarial mode"),
               (any(not 0 <= n <= MAX_CONTEXT_FRAMES or n % 4 for n in args.context_frames),
-               f"--context_frames {args.context_frames}: expected multiples of 4 in 0..{MAX_CONTEXT_FRAMES}"),
+               f"--context_frames {' '.join(map(str, args.context_frames))}: expected multiples of 4 in 0..20"),
               (not 1 <= args.text_tokens <= MAX_TEXT_TOKENS, f"--text_tokens {args.text_tokens}: expected 1..1000"),
               (args.chunks < 2, f"--chunks {args.chunks}: expected >= 2 (chunk 0 plus a trained chunk)"),
               (min(args.batch_size, args.world_size, args.optimizer_steps) < 1,
@@ -104,8 +103,7 @@ def _ints(text: str, flag: str, count: int | None, sep: str) -> tuple[int, ...]:
     return values
 
 
-@dataclass
-class Row:
+class Row(NamedTuple):
     module: str  # the recipe's entry module (its build, PRESETS["real_size"], build_parser or parse_args)
     flags: Callable[[argparse.Namespace], list[str]]  # the rehearsal's flags in the recipe's own names
     plan: Callable[..., Plan]  # plan(args, flags, config, host, n_ctx) -> Plan
