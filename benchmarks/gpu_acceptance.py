@@ -6,38 +6,27 @@
     python benchmarks/gpu_acceptance.py --tiny --out_dir /tmp/acc         # the same code, tiny, on the CPU (tests)
     python benchmarks/gpu_acceptance.py --shapes                          # no GPU: real-size shapes on fake tensors
 
-It builds the real `worldplay_480p_i2v` Teacher (8.6B parameters) with random BF16 weights on the device and the v4
-/ disca Predictors on it (`predictor/model.py build_predictor`), then measures, within `--budget_s` (sections that
-do not fit in what is left are skipped with a line saying so; the plan is each section's FLOP count,
-`teacher/flops.py`, at the Full step's measured rate; sections run in the order per-call speed, memory, rollouts,
-numerics). Every time is taken by `runtime/timing.py interleaved` (warm-up excluded); docs/cluster.md says what each
-figure is and what to compare it with.
+It builds the real `worldplay_480p_i2v` Teacher (8.6B parameters) with random BF16 weights on the device
+(`teacher/source.py random_teacher`) and measures, within `--budget_s` (a section that does not fit in what is left
+is skipped with a line saying so; the plan is each section's FLOP count, `teacher/flops.py`, at the Full step's
+measured rate), in this order (docs/cluster.md says what each figure is and what to compare it with):
 
-1. environment: device, memory, torch / CUDA / cuDNN versions, and which SDPA kernel a Full step ran (read from the
-   profiler's op names; `runtime/timing.py device_environment`, `sdpa_kernels`);
-2. speed, per call (best and median of --repeats): a Full step on a chunk with a full context, the exact context
-   prefill, the incremental mode's K/V pass over a finished chunk, and a v4 Predictor step (the Teacher's own methods
-   and the Predictor's forward); the Full step's TFLOP/s and its fraction of the device's BF16 matmul peak;
-3. speed, rollouts: one --chunks-chunk rollout each of F-F-F-F (exact context), F-P-P-P (exact) and F-P-P-P
-   (incremental context), run by the eval's own `TimedRollout` and step functions (`eval/methods.py`), interleaved
-   after a warm-up rollout of each; the measured DiT speedup next to the FLOP bound of the same context sizes and
-   their ratio (the goal: >= 0.9 for F-P-P-P);
-4. memory: one loop step (the step function, then each role's clip and AdamW) of v4 offline (batch --offline_batch,
-   halved until it fits), disca offline and the rollout recipe (F-P-P-P, --chunks chunks), each built by the recipe's
-   own build (`recipes/offline.py build_offline`, `recipes/rollout.py build_rollout`, from the flags of its real_size
-   preset) on this process's Teacher (their `load_teacher` seam), on the package's synthetic inputs
-   (`data/synthetic.py`): `torch.cuda.max_memory_allocated` / `max_memory_reserved`, next to the fake-tensor estimate
-   of `tools/estimate_memory.py --json` when `--memory_estimates FILE` is given (its relative error). This process
-   holds the whole Teacher, which the offline recipes do not: its bytes are reported apart
-   (`teacher_not_in_recipe_gib`) and subtracted in `comparable_gib`, the figure compared with the estimate;
-5. numerics: the conformance Teacher (`tests/data/conformance/worldplay_tiny_A`, `conformance/calls.py
-   bf16_vs_fp32`) on the device in BF16 against FP32, plus FP32 against the golden vectors; and a 2-chunk rollout of
-   the real-size Teacher in BF16 (BF16 state and autocast, as the eval runs it) against the same weights in FP32.
+1. the environment, and the SDPA kernel a Full step ran (`runtime/timing.py device_environment`, `sdpa_kernels`);
+2. per call: a Full step with a full context, the exact context prefill, the incremental K/V pass and a v4 Predictor
+   step; FLOPs, TFLOP/s and the fraction of the measured BF16 matmul peak;
+3. memory: one loop step (step function, each role's clip and AdamW) of v4 offline (batch --offline_batch, halved
+   until it fits), disca offline and the rollout recipe, each built by the recipe's own build
+   (`recipes/offline.py build_offline`, `recipes/rollout.py build_rollout`, with the flags of its real_size preset)
+   on this process's Teacher (their `load_teacher` seam), on `data/synthetic.py`'s inputs: max allocated / reserved,
+   and the `comparable` figure (less the Teacher an offline recipe frees) against `--memory_estimates`;
+4. rollouts of --chunks chunks, F-F-F-F, F-P-P-P exact and incremental, by the eval's `TimedRollout` and step
+   functions: measured DiT speedup next to the FLOP bound of the same context sizes (goal >= 0.9 for F-P-P-P);
+5. numerics: the conformance Teacher in BF16 against FP32 on the device (`conformance/calls.py bf16_vs_fp32`), and a
+   2-chunk rollout of the real-size Teacher in BF16 against the same weights in FP32.
 
-Writes `<out_dir>/gpu_acceptance.json` and `<out_dir>/gpu_acceptance.md` (atomically). Refuses to start without
-CUDA unless given --tiny, which runs the same code with the tiny Teacher preset on the CPU (the memory figures are
-then not measured: CPU has no caching allocator). Every real-size figure needs a GPU run; --tiny keeps the code
-working.
+Every time is taken by `runtime/timing.py interleaved` (warm-up rounds excluded). Writes `<out_dir>/gpu_acceptance.json`
+and `.md` (atomically). Refuses to start without CUDA unless given --tiny: the same code with the tiny Teacher on the
+CPU (memory not measured there: no caching allocator), which only keeps the code working.
 """
 
 from __future__ import annotations
@@ -54,10 +43,17 @@ from types import SimpleNamespace
 import torch
 
 from predictor_training.conformance.calls import bf16_vs_fp32, max_difference
-from predictor_training.data.synthetic import case_text_kv, offline_batch, teacher_call_inputs, trajectory_row
+from predictor_training.data.synthetic import case_text_kv, offline_batch, trajectory_row
 from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn
-from predictor_training.eval.timing import Stopwatch, TimedRollout
-from predictor_training.predictor.model import build_predictor
+from predictor_training.eval.timing import (
+    CHUNK_FRAMES,
+    CONTEXT_TIMESTEP,
+    Stopwatch,
+    TimedRollout,
+    chunk_call_flops,
+    chunk_calls,
+)
+from predictor_training.predictor.model import as_trained_, build_predictor
 from predictor_training.recipes.offline import REAL_SIZE as OFFLINE_REAL_SIZE
 from predictor_training.recipes.offline import OfflineSettings, add_offline_args, build_offline
 from predictor_training.recipes.rollout import REAL_SIZE as ROLLOUT_REAL_SIZE
@@ -71,24 +67,18 @@ from predictor_training.runtime.loop import _grad_norm_and_clip
 from predictor_training.runtime.memory_rehearsal import GIB, read_estimates
 from predictor_training.runtime.precision import autocast, precision_policy
 from predictor_training.runtime.timing import Budget, device_environment, interleaved, matmul_peak, sdpa_kernels
-from predictor_training.teacher import TextKV, WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher import TextKV
 from predictor_training.teacher.flops import (
     TeacherShape,
-    context_prefill_flops,
     flop_speedup_bound,
-    frame_kv_pass_flops,
     memory_context_frames,
-    predictor_step_flops,
     recipe_micro_batch_flops,
     replacement_rollout_flops,
-    teacher_chunk_step_flops,
 )
-from predictor_training.teacher.source import TeacherSource
+from predictor_training.teacher.source import TeacherSource, random_teacher
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFORMANCE_SET = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
-CHUNK_FRAMES = 4
-CONTEXT_TIMESTEP = 14.0
 RECIPES = ("v4", "disca", "rollout")
 ROLLOUTS = {  # name: (replace_steps, context mode)
     "F-F-F-F exact": ((), "exact"),
@@ -173,36 +163,10 @@ def release(device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Models and inputs
 # ---------------------------------------------------------------------------------------------------------------
-def build_teacher(size: Size, device: torch.device, dtype: torch.dtype, randomize: bool = True) -> WorldPlayTransformer:
-    """The preset's Teacher made directly on `device` in `dtype`, random weights (the upstream zero-initialised
-    layers randomised too, so every path affects the output), frozen, eval."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            teacher = WorldPlayTransformer.from_preset(size.preset)
-    finally:
-        torch.set_default_dtype(previous)
-    if randomize:
-        with torch.no_grad():
-            randomize_zero_initialised_(teacher, torch.Generator(device=device).manual_seed(1))
-    return teacher.eval().requires_grad_(False)
-
-
-def as_trained(predictor):
-    """The Predictor's zero-initialised outputs made non-zero, as after (offline) training."""
-    with torch.no_grad():
-        for module in (predictor.fusion.proj, predictor.residual_head.fc2):
-            for param in module.parameters():
-                param.normal_(0.0, 0.02)
-    return predictor
-
-
 def make_predictor(teacher, size: Size):
     """A v4 `build_predictor` (FP32 copies of the source blocks, gradient checkpointing as the recipes), as trained."""
     torch.manual_seed(2)
-    return as_trained(build_predictor(teacher, "v4", size.source_blocks, gradient_checkpointing=True))
+    return as_trained_(build_predictor(teacher, "v4", size.source_blocks, gradient_checkpointing=True))
 
 
 def random_text_kv(teacher, size: Size, device: torch.device) -> TextKV:
@@ -220,50 +184,19 @@ def camera_row(size: Size, chunks: int, teacher):
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Speed
 # ---------------------------------------------------------------------------------------------------------------
-def timed_calls(teacher, predictor, text_kv, size: Size, device: torch.device) -> dict:
-    """{name: call} of the four per-call timings (inputs made once): the Full step with size.context_frames of
-    context, the context prefill of those frames, the incremental K/V pass over a finished chunk, a v4 Predictor
-    step. Each call returns its output (for the shape check)."""
-    n, grid, dtype = size.context_frames, (size.height, size.width), teacher.dtype
-    context = teacher_call_inputs(teacher.config, n, grid, device=device, dtype=dtype,
-                                  generator=torch.Generator(device=device).manual_seed(5))
-    chunk = teacher_call_inputs(teacher.config, CHUNK_FRAMES, grid, device=device, dtype=dtype,
-                                generator=torch.Generator(device=device).manual_seed(6))
-    context_timestep = torch.full((n,), CONTEXT_TIMESTEP, device=device)
-    blocks = predictor.source_blocks
-    tokens = CHUNK_FRAMES * size.height * size.width
-    with torch.no_grad(), autocast(device, torch.bfloat16):
-        context_kv, _ = teacher.context_prefill(context[0], context_timestep, *context[2:], text_kv)
-        anchor = torch.randn(1, tokens, teacher.config.hidden_size, device=device, dtype=torch.float32).to(dtype)
-        previous_hidden = torch.randn_like(anchor)
-    return {
-        "full_step": lambda: teacher.chunk_step(*chunk, text_kv, context_kv=context_kv),
-        "context_prefill": lambda: teacher.context_prefill(context[0], context_timestep, *context[2:], text_kv)[0],
-        "cache_pass": lambda: teacher.frame_kv_pass(chunk[0], torch.full((CHUNK_FRAMES,), CONTEXT_TIMESTEP,
-                                                    device=device), *chunk[2:], text_kv, context_kv=context_kv),
-        "predictor_step": lambda: predictor(chunk[0], anchor, chunk[1][None], chunk[2], chunk[3], chunk[4],
-                                            text_kv.select(blocks), context=context_kv.select(blocks),
-                                            prev_chunk_hidden=previous_hidden),
-    }
-
-
 def speed_calls(teacher, predictor, text_kv, size: Size, device: torch.device, repeats: int) -> dict:
-    """Per-call times of `timed_calls`, side by side; FLOPs (teacher/flops.py) and TFLOP/s of each."""
-    n, per_frame, tokens = size.context_frames, size.height * size.width, size.text_tokens
-    calls = timed_calls(teacher, predictor, text_kv, size, device)
+    """Per-call times of `eval/timing.py chunk_calls`, side by side; FLOPs (teacher/flops.py) and TFLOP/s of each."""
+    calls = chunk_calls(teacher, predictor, text_kv, size.context_frames, (size.height, size.width), device)
     with torch.no_grad(), autocast(device, torch.bfloat16):
         kernels = sdpa_kernels(calls["full_step"])
         results = interleaved(calls, repeats, device=device)
-    shape = TeacherShape.from_config(teacher.config)
-    flops = {"full_step": teacher_chunk_step_flops(shape, per_frame, tokens, n, CHUNK_FRAMES),
-             "context_prefill": context_prefill_flops(shape, per_frame, tokens, n),
-             "cache_pass": frame_kv_pass_flops(shape, per_frame, tokens, n, CHUNK_FRAMES),
-             "predictor_step": predictor_step_flops(shape, predictor.predictor_config(), per_frame, tokens, n,
-                                                    CHUNK_FRAMES)}
+    flops = chunk_call_flops(TeacherShape.from_config(teacher.config), predictor.predictor_config(),
+                             size.height * size.width, size.text_tokens, size.context_frames)
     for name, record in results.items():
         record["flops"] = flops[name]
         record["tflops"] = flops[name] / record["min_s"] / 1e12
-    return {"context_frames": n, "text_tokens": tokens, "calls": results, "sdpa_kernels": kernels}
+    return {"context_frames": size.context_frames, "text_tokens": size.text_tokens, "calls": results,
+            "sdpa_kernels": kernels}
 
 
 def run_rollouts(teacher, predictor, text_kv, size: Size, chunks: int, device: torch.device) -> dict:
@@ -353,7 +286,7 @@ def memory_step(recipe: str, teacher, size: Size, chunks: int, batch_size: int, 
     """One loop step of `recipe` (`recipe_step`: a fresh Predictor and AdamW, its outputs as trained): the step
     function with every role due, then each role's clip and AdamW step; peak allocated / reserved on CUDA."""
     parts, item = recipe_step(recipe, teacher, size, chunks, batch_size, device)
-    as_trained(parts.models[-1])
+    as_trained_(parts.models[-1])
     outside = teacher_bytes_outside(teacher, parts.models)
     release(device)
     if device.type == "cuda":
@@ -428,7 +361,7 @@ def rollout_numerics(teacher, text_kv, size: Size, device: torch.device) -> dict
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         model = teacher
         if dtype != teacher.dtype:  # the same weights in FP32
-            model = build_teacher(size, device, dtype)
+            model = random_teacher(size.preset, device, dtype, randomize=False)
             model.load_state_dict(teacher.state_dict())
         kv = text_kv if dtype == teacher.dtype else TextKV([k.to(dtype) for k in text_kv.k],
                                                            [v.to(dtype) for v in text_kv.v], text_kv.mask)
@@ -486,12 +419,13 @@ def real_size_shapes(size: Size = REAL) -> dict:
 
     device = torch.device("cpu")
     with Rehearsal(f"gpu_acceptance shapes, {size.preset}"):
-        teacher = build_teacher(size, device, torch.bfloat16, randomize=False)
+        teacher = random_teacher(size.preset, device, torch.bfloat16, randomize=False)
         predictor = build_predictor(teacher, "v4", size.source_blocks, gradient_checkpointing=True)
         text_kv = random_text_kv(teacher, size, device)
         shapes = {}
         with torch.no_grad(), autocast(device, torch.bfloat16):
-            for name, call in timed_calls(teacher, predictor, text_kv, size, device).items():
+            for name, call in chunk_calls(teacher, predictor, text_kv, size.context_frames,
+                                          (size.height, size.width), device).items():
                 output = call()
                 output = {"full_step": lambda: output,  # velocity [1, C, 4, H, W]
                           "context_prefill": lambda: output.layer(0).stacked()[0],  # layer 0's stacked K
@@ -499,15 +433,15 @@ def real_size_shapes(size: Size = REAL) -> dict:
                           "predictor_step": lambda: output[1]}[name]()  # the velocity
                 shapes[name] = list(output.shape)
     shape = TeacherShape.from_config(teacher.config)
-    per_frame = size.height * size.width
-    flops = {"full_step": teacher_chunk_step_flops(shape, per_frame, size.text_tokens, size.context_frames),
-             "context_prefill": context_prefill_flops(shape, per_frame, size.text_tokens, size.context_frames)}
+    flops = chunk_call_flops(shape, predictor.predictor_config(), size.height * size.width, size.text_tokens,
+                             size.context_frames)
     totals = rollout_totals(shape, size, size.chunks, predictor.predictor_config())
     bounds = {name: flop_speedup_bound(totals[REFERENCE_ROLLOUT], total) for name, total in totals.items()
               if name != REFERENCE_ROLLOUT}
     assumed = 400e12
     plan = plan_seconds(assumed, shape, size, predictor.predictor_config(), tiny=False)
-    return {"shapes": shapes, "flops": flops, "context_frames": memory_context_frames(size.chunks),
+    return {"shapes": shapes, "flops": {name: flops[name] for name in ("full_step", "context_prefill")},
+            "context_frames": memory_context_frames(size.chunks),
             "flop_bounds": bounds, "assumed_tflops": assumed / 1e12, "plan_s": plan,
             "teacher_parameters": sum(param.numel() for param in teacher.parameters())}
 
@@ -607,7 +541,7 @@ def main(argv=None) -> dict:
 
     # 1. Models (always: every section needs them).
     start = budget.elapsed()
-    teacher = build_teacher(size, device, torch.bfloat16)
+    teacher = random_teacher(size.preset, device, torch.bfloat16)
     predictor = make_predictor(teacher, size)
     text_kv = random_text_kv(teacher, size, device)
     report["build_s"] = budget.elapsed() - start
