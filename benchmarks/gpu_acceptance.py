@@ -22,7 +22,7 @@ measured rate), in this order (docs/cluster.md says what each figure is and what
 4. rollouts of --chunks chunks, F-F-F-F, F-P-P-P exact and incremental, by the eval's `TimedRollout` and step
    functions: measured DiT speedup next to the FLOP bound of the same context sizes (goal >= 0.9 for F-P-P-P);
 5. numerics: the conformance Teacher in BF16 against FP32 on the device (`conformance/calls.py bf16_vs_fp32`), and a
-   2-chunk rollout of the real-size Teacher in BF16 against the same weights in FP32.
+   2-chunk rollout of the real-size Teacher in BF16 against the same weights in FP32 (`bf16_vs_fp32_rollout`).
 
 Every time is taken by `runtime/timing.py interleaved` (warm-up rounds excluded). Writes `<out_dir>/gpu_acceptance.json`
 and `.md` (atomically). Refuses to start without CUDA unless given --tiny: the same code with the tiny Teacher on the
@@ -42,11 +42,10 @@ from types import SimpleNamespace
 
 import torch
 
-from predictor_training.conformance.calls import bf16_vs_fp32, max_difference
+from predictor_training.conformance.calls import bf16_vs_fp32, bf16_vs_fp32_rollout
 from predictor_training.data.synthetic import case_text_kv, offline_batch, trajectory_row
 from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn
 from predictor_training.eval.timing import (
-    CHUNK_FRAMES,
     CONTEXT_TIMESTEP,
     Stopwatch,
     TimedRollout,
@@ -64,7 +63,7 @@ from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.flags import parse_recipe_args, settings_from_flags
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
 from predictor_training.runtime.loop import _grad_norm_and_clip
-from predictor_training.runtime.memory_rehearsal import GIB, read_estimates
+from predictor_training.runtime.memory_rehearsal import GIB, estimate_columns, read_estimates
 from predictor_training.runtime.precision import autocast, precision_policy
 from predictor_training.runtime.timing import Budget, device_environment, interleaved, matmul_peak, sdpa_kernels
 from predictor_training.teacher import TextKV
@@ -338,51 +337,13 @@ def memory_rows(teacher, size: Size, chunks: int, first_batch: int, device: torc
                     break
                 print(f"memory {recipe}: batch {batch} does not fit, trying {batch // 2}", flush=True)
                 batch //= 2
-        estimate, row = estimates.get(recipe), rows[recipe]
-        row["estimate_gib"] = None if estimate is None else estimate["gib"]
-        row["estimate_name"] = None if estimate is None else estimate["name"]
-        row["estimate_batch_matches"] = None
-        row["estimate_error"] = None
-        if estimate is not None and row.get("comparable_gib") is not None:
-            row["estimate_error"] = (estimate["gib"] - row["comparable_gib"]) / row["comparable_gib"]
-            if recipe != "rollout" and estimate.get("batch_size") is not None:
-                row["estimate_batch_matches"] = estimate["batch_size"] == row["batch_size"]
+        rows[recipe].update(estimate_columns(estimates.get(recipe), rows[recipe].get("comparable_gib"),
+                                             None if recipe == "rollout" else rows[recipe]["batch_size"]))
     return rows
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. Numerics
-# ---------------------------------------------------------------------------------------------------------------
-def rollout_numerics(teacher, text_kv, size: Size, device: torch.device) -> dict:
-    """A 2-chunk F-F-F-F rollout of the run's Teacher in BF16 (state and autocast, as the eval runs it) against
-    the same weights in FP32 (FP32 state, no autocast): per-chunk max abs / relative error of the final latents."""
-    row, image_cond = camera_row(size, 2, teacher)
-    results = {}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        model = teacher
-        if dtype != teacher.dtype:  # the same weights in FP32
-            model = random_teacher(size.preset, device, dtype, randomize=False)
-            model.load_state_dict(teacher.state_dict())
-        kv = text_kv if dtype == teacher.dtype else TextKV([k.to(dtype) for k in text_kv.k],
-                                                           [v.to(dtype) for v in text_kv.v], text_kv.mask)
-        config = RolloutConfig(state_dtype=dtype, autocast_dtype=None if dtype == torch.float32 else dtype)
-        inputs = RolloutInputs.from_seed(row["seed"], image_cond, row["viewmats"], row["Ks"], row["action"],
-                                         state_dtype=dtype)
-        rollout = TimedRollout(model, kv, inputs, config, device=device, stopwatch=Stopwatch(device))
-        with torch.no_grad():
-            results[name] = rollout.run().float().cpu()
-        if model is not teacher:
-            del model, kv
-            release(device)
-    chunks = {}
-    for chunk in range(2):
-        frames = slice(chunk * CHUNK_FRAMES, (chunk + 1) * CHUNK_FRAMES)
-        chunks[f"chunk{chunk}"] = max_difference(results["bf16"][:, :, frames], results["fp32"][:, :, frames])
-    return {"chunks": chunks, "whole": max_difference(results["bf16"], results["fp32"])}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 5. The plan, and real size without a GPU: shapes on fake tensors
+# 4. The plan, and real size without a GPU: shapes on fake tensors
 # ---------------------------------------------------------------------------------------------------------------
 def rollout_totals(shape: TeacherShape, size: Size, chunks: int, predictor_config: dict) -> dict[str, int]:
     """DiT FLOPs of each rollout of ROLLOUTS over `chunks` chunks with the memory rule's context sizes (what the
@@ -447,7 +408,7 @@ def real_size_shapes(size: Size = REAL) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 6. Report
+# 5. Report
 # ---------------------------------------------------------------------------------------------------------------
 def fmt(value, digits: int = 2, suffix: str = "") -> str:
     if value is None:
@@ -519,7 +480,7 @@ def markdown(report: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 7. Main
+# 6. Main
 # ---------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> dict:
     args = parse_args(argv)
@@ -598,7 +559,8 @@ def main(argv=None) -> dict:
             budget.skip("numerics rollout_2chunks", f"skipped numerics rollout_2chunks: an FP32 copy of the Teacher "
                         f"needs {needed / GIB:.1f} GiB, {free / GIB:.1f} GiB free")
         else:
-            report["numerics"]["rollout_2chunks"] = rollout_numerics(teacher, text_kv, size, device)
+            report["numerics"]["rollout_2chunks"] = bf16_vs_fp32_rollout(teacher, size.preset, text_kv,
+                                                                         *camera_row(size, 2, teacher), device)
         print(f"numerics: conformance bf16 vs fp32 worst relative "
               f"{report['numerics']['conformance']['bf16_vs_fp32_worst_rel']:.3e}", flush=True)
 

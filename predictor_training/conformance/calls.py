@@ -4,7 +4,8 @@ A conformance folder (format: ``tests/data/conformance/README.md``, called "READ
 ``weights.safetensors.xz``, ``vectors.safetensors``, ``vectors.json``, ``pose.json`` and ``pose_from_string.json``.
 Nothing here depends on the sizes of a particular set: depth, grid, lengths and chunk parameters are read from the
 files. ``tools/check_conformance.py`` is the command line around ``run_conformance``; ``bf16_vs_fp32`` runs the same
-calls on a device in BF16 and FP32 (benchmarks/gpu_acceptance.py's numerics).
+calls on a device in BF16 and FP32, ``bf16_vs_fp32_rollout`` a Teacher's AR rollout (benchmarks/gpu_acceptance.py's
+numerics).
 
 Model cases are teacher-forced: the context prefill and the chunk steps receive the stored reference text cache
 (and the chunk with a context the stored context cache), so a failure points at the call that is wrong. Model tensors
@@ -15,6 +16,7 @@ tolerances (float32, CPU)").
 
 from __future__ import annotations
 
+import gc
 import json
 import lzma
 import math
@@ -29,6 +31,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from predictor_training.conformance import TIERS
 from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import sha256_bytes
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
 from predictor_training.runtime.precision import autocast
 from predictor_training.teacher import (
     ContextKV,
@@ -37,6 +40,7 @@ from predictor_training.teacher import (
     WorldPlayTransformer,
     load_state_dict_strict,
 )
+from predictor_training.teacher.source import random_teacher
 
 WEIGHTS_FILE = "weights.safetensors.xz"
 DECOMPRESSED_WEIGHTS_ENTRY = "weights.safetensors (after xz -d)"
@@ -525,3 +529,30 @@ def bf16_vs_fp32(root: str | Path, device: torch.device) -> dict:
             "bf16_vs_fp32_worst_rel": max(record["max_rel"] for record in per_output.values()),
             "fp32_device_vs_golden_worst_abs": max((record["max_abs"] for record in golden.values()), default=None),
             "fp32_device_vs_golden": golden}
+
+
+def bf16_vs_fp32_rollout(teacher, preset: str, text_kv: TextKV, row: dict, image_cond: torch.Tensor,
+                         device: torch.device, chunk_frames: int = 4) -> dict:
+    """An F-F-F-F rollout (`rollout/ar_rollout.py ARRollout`) of the sample-table `row` (seed, cameras, actions)
+    by the BF16 `teacher` of config `preset` (BF16 state and autocast, as the eval runs it) against the same weights
+    in FP32 (FP32 state, no autocast): `max_difference` of each chunk's final latents and of the whole."""
+    results = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        model, kv = teacher, text_kv
+        if dtype != teacher.dtype:  # the same weights in FP32
+            model = random_teacher(preset, device, dtype, randomize=False)
+            model.load_state_dict(teacher.state_dict())
+            kv = TextKV([k.to(dtype) for k in text_kv.k], [v.to(dtype) for v in text_kv.v], text_kv.mask)
+        config = RolloutConfig(state_dtype=dtype, autocast_dtype=None if dtype == torch.float32 else dtype)
+        inputs = RolloutInputs.from_seed(row["seed"], image_cond, row["viewmats"], row["Ks"], row["action"],
+                                         state_dtype=dtype)
+        with torch.no_grad():
+            results[name] = ARRollout(model, kv, inputs, config, device=device).run().float().cpu()
+        del model, kv
+        gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    chunks = {f"chunk{chunk}": max_difference(results["bf16"][:, :, chunk * chunk_frames:(chunk + 1) * chunk_frames],
+                                              results["fp32"][:, :, chunk * chunk_frames:(chunk + 1) * chunk_frames])
+              for chunk in range(results["bf16"].shape[2] // chunk_frames)}
+    return {"chunks": chunks, "whole": max_difference(results["bf16"], results["fp32"])}

@@ -778,3 +778,16 @@ def read_estimates(path: Path | None, recipes: Sequence[str], flag: str = "--mem
             batch = int(after) if after.isdigit() else None
         estimates.setdefault(recipe, {"gib": float(gib), "name": report["name"], "batch_size": batch})
     return estimates
+
+
+def estimate_columns(estimate: dict | None, measured_gib: float | None, batch_size: int | None = None) -> dict:
+    """A measured peak next to its `read_estimates` entry (or None): estimate_gib, estimate_name,
+    estimate_batch_matches (None unless both batches are known) and estimate_error, (estimate - measured) / measured
+    (None unless both figures are known)."""
+    if estimate is None or measured_gib is None:
+        gib, name = (None, None) if estimate is None else (estimate["gib"], estimate["name"])
+        return {"estimate_gib": gib, "estimate_name": name, "estimate_batch_matches": None, "estimate_error": None}
+    batches = (batch_size, estimate.get("batch_size"))
+    return {"estimate_gib": estimate["gib"], "estimate_name": estimate["name"],
+            "estimate_batch_matches": None if None in batches else batches[0] == batches[1],
+            "estimate_error": (estimate["gib"] - measured_gib) / measured_gib}
