@@ -57,6 +57,7 @@ SLOW_MODULES = frozenset({
 # machine, measured with --durations), or that came from a module of the slow tier when the tests were split by
 # package module (tests/<layer>/test_<module>.py).
 SLOW_TESTS = frozenset({
+    "eval/test_rehearsal.py::test_eval_fake_run_matches_the_real_cpu_run",
     "methods/test_dmd2.py::test_learned_critic_at_its_own_cadence",
     "methods/test_dmd2_models.py::test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_stay",
     "methods/test_nft.py::test_old_policy_follows_its_schedule",
@@ -68,7 +69,6 @@ SLOW_TESTS = frozenset({
     "runtime/test_roles.py::test_two_rank_multi_role_resume_matches_uninterrupted_run",
     "runtime/test_run_directory.py::test_a_held_lock_refuses_and_dies_with_its_holder",
     "tools/test_estimate_memory.py::test_adversarial_fake_run_matches_the_real_cpu_run",
-    "tools/test_estimate_memory.py::test_eval_fake_run_matches_the_real_cpu_run",
     "tools/test_estimate_memory.py::test_fsdp_full_run_holds_the_per_rank_share",
     "tools/test_estimate_memory.py::test_method_fake_run_matches_the_real_cpu_run",
     "tools/test_estimate_memory.py::test_nft_fake_run_matches_the_real_cpu_run",
