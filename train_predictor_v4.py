@@ -23,18 +23,21 @@ import sys
 from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
-from predictor_training.recipes.offline import (
-    REAL_SIZE,
-    OfflineSettings,
-    add_offline_args,
-    build_offline,
-    finish_offline_args,
-    offline_config,
-)
+from predictor_training.recipes.offline import OfflineSettings, build_offline, finish_offline_args, offline_config
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import settings_from_flags
+from predictor_training.runtime.flags import (
+    add_data_args,
+    add_loss_args,
+    add_optimization_args,
+    add_predictor_args,
+    add_run_args,
+    add_teacher_args,
+    add_tracker_args,
+    add_validation_args,
+    settings_from_flags,
+)
 from predictor_training.eval.leaderboard import leaderboard_command
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
@@ -51,14 +54,25 @@ PRESETS = {
              "--max_steps", "240", "--scheduler_warmup_steps", "10", "--block_warmup_steps", "10",
              "--batch_size", "8", "--ckpt_every", "40", "--tracker", "none", "--num_workers", "0",
              "--val_every", "240", "--val_videos", "1"],
-    "real_size": REAL_SIZE,
+    "real_size": ["--source_blocks", "1,52", "--precision", "fp32master", "--batch_size", "16",
+                  "--gradient_checkpointing"],
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The offline v4 recipe's flags: `recipes/offline.py add_offline_args` (docs/offline.md)."""
+    """The offline v4 recipe's flags: every default below is the recipe (docs/offline.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_offline_args(parser, experiment="predictor_v4_prefeature")
+    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
+    add_teacher_args(parser)
+    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
+    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, scheduler_warmup_steps=100,
+                          block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
+                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
+    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
+    add_run_args(parser, experiment="predictor_v4_prefeature", precision="fp32master", ckpt_every=100, keep_last=20,
+                 log_every=10, seed=0)
+    add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
+    add_validation_args(parser, val_every=0, val_videos=4)
     return parser
 
 

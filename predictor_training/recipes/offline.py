@@ -1,7 +1,6 @@
 """The offline recipe's wiring, shared by its two variants (`train_predictor_v4.py`, `train_predictor_disca.py`;
 docs/offline.md; each script holds its flags and their defaults): the cross-flag checks, the build (Teacher -> Predictor -> optimizer -> role -> pair step) and the run's config and
-summary, the shared flags (`add_offline_args`, the `real_size` preset). The scripts keep what differs: their other
-presets and data (`check_data`, `build_data`), and their `main()`.
+summary. The scripts keep what differs: their presets and data (`check_data`, `build_data`), and their `main()`.
 """
 
 from __future__ import annotations
@@ -20,14 +19,6 @@ from predictor_training.predictor.pair_step import pair_step
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything, wrap_ddp
 from predictor_training.runtime.flags import (
-    add_data_args,
-    add_loss_args,
-    add_optimization_args,
-    add_predictor_args,
-    add_run_args,
-    add_teacher_args,
-    add_tracker_args,
-    add_validation_args,
     check_args,
     format_pairs,
     parse_recipe_args,
@@ -39,27 +30,6 @@ from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import RunStart, environment_summary, run_config, write_train_config
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
-
-
-# The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
-REAL_SIZE = ["--source_blocks", "1,52", "--precision", "fp32master", "--batch_size", "16", "--gradient_checkpointing"]
-
-
-def add_offline_args(parser: argparse.ArgumentParser, *, experiment: str) -> argparse.ArgumentParser:
-    """The offline recipe's flags on `parser`, shared by v4 and disca: every default below is the recipe
-    (docs/offline.md)."""
-    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=4)
-    add_teacher_args(parser)
-    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
-    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=2000, scheduler_warmup_steps=100,
-                          block_warmup_steps=100, batch_size=16, grad_accum=1, weight_decay=0.01,
-                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
-    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    add_run_args(parser, experiment=experiment, precision="fp32master", ckpt_every=100, keep_last=20, log_every=10,
-                 seed=0)
-    add_tracker_args(parser, tracker="swanlab", project="hy-predictor")
-    add_validation_args(parser, val_every=0, val_videos=4)
-    return parser
 
 
 def finish_offline_args(parser: argparse.ArgumentParser, argv, presets: dict) -> argparse.Namespace:
