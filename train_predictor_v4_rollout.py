@@ -28,25 +28,21 @@ Launchers (8 GPUs; with no GPU and no DATASET_ROOT the first runs the whole CPU 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
-from typing import Callable
 
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
+from predictor_training.data.trajectory_dataset import (
+    TrajectoryTableDataset,
+    open_trajectory_table,
+    trajectory_batches,
+)
+from predictor_training.eval.leaderboard import leaderboard_command
+from predictor_training.recipes.rollout import VARIANT, RolloutSettings, build_rollout
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
-from predictor_training.data.dataset_config import (
-    DATASET_CONFIG_NAME,
-    resolve_teacher_source,
-)
-from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.runtime.distributed import (
-    DistEnv,
-    all_gather_objects,
-    log0,
-    wrap_ddp,
-)
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, parse_replace_steps, Schedule
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
+from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta
+from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     add_data_args,
@@ -58,21 +54,14 @@ from predictor_training.runtime.flags import (
     add_tracker_args,
     add_validation_args,
     check_args,
-    parse_subset_cases,
     parse_recipe_args,
+    parse_subset_cases,
+    settings_from_flags,
 )
-from predictor_training.teacher.config import DISTILLED_STEPS
-from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
-from predictor_training.runtime.logger import log_summary, recipe_summary_rows
-from predictor_training.data.trajectory_dataset import open_trajectory_table, trajectory_batches
-from predictor_training.eval.leaderboard import leaderboard_command
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
-from predictor_training.runtime.optim import build_optimizer_and_schedule
+from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.eval.validation import predictor_validation
-from predictor_training.predictor.model import build_predictor
-from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (
     environment_summary,
     plan_run,
@@ -81,10 +70,10 @@ from predictor_training.runtime.run_directory import (
     subset_tag,
     write_train_config,
 )
-from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
-from predictor_training.teacher.source import TeacherSource, check_source_blocks, describe_teacher, load_teacher
+from predictor_training.teacher.config import DISTILLED_STEPS
+from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
+from predictor_training.teacher.source import TeacherSource, check_source_blocks, load_teacher
 
-VARIANT = "v4"
 RECIPE_PREFIX = "rollout_"  # + the schedule's letters: the checkpoints' recipe, e.g. rollout_fppp
 
 # The demo trains at 5x the recipe's learning rates and on the velocity loss alone: with the recipe's hidden term
@@ -204,10 +193,6 @@ def plan_letters(replace_steps, reuse_steps, num_steps: int = DISTILLED_STEPS) -
     return "".join("P" if step in replace_steps else "R" if step in reuse_steps else "F" for step in range(num_steps))
 
 
-class DuplicateTrajectoryError(RuntimeError):
-    """Two ranks (or two micro-batches of one step) got the same (case_id, action_id)."""
-
-
 def run_tags(args) -> str:
     """The recipe's run-name part after the blocks: the context mode when not exact, then the case subset."""
     tags = [] if args.context_mode == "exact" else [f"ctx{args.context_mode}"]
@@ -215,104 +200,15 @@ def run_tags(args) -> str:
     return "_".join(tags + ([subset] if subset else []))
 
 
-def latent_grad_check(replace_steps) -> Callable[[int, dict], None] | None:
-    """`check_latent_grads` when the schedule has two consecutive Predictor steps (whose latent path can be checked),
-    else None (F-P-F-P: every Predictor step starts from a Teacher-made latent, no latent path to check)."""
-    consecutive = any(step + 1 in replace_steps for step in replace_steps)
-    return check_latent_grads if consecutive else None
-
-
-def check_latent_grads(step: int, metrics: dict[str, float]) -> None:
-    """The Predictor-made latents (x2, x3 under F-P-P-P) must receive a gradient (the BPTT path through them is
-    alive)."""
-    value = metrics["latent_grad_l1_min"]
-    if not value > 0:
-        raise RuntimeError(
-            f"step {step}: latent_grad_l1_min={value}: some x2/x3 got no gradient, so the latent BPTT path is cut "
-            "(an untrained Predictor, with zero-initialised output layers, ignores its input latent: start from an "
-            "offline v4 checkpoint with --init_from)"
-        )
-
-
-class RolloutStep:
-    """`step_fn` of the loop: one trajectory per call (micro-batch), forward + per-chunk backward inside.
-
-    Before the rollout it gathers every rank's (case_id, action_id) and refuses duplicates within the optimizer
-    step; after it, `latent_grad_l1_min` is replaced by its minimum over ranks, so the loop's rank mean is that
-    minimum and `check_latent_grads` decides identically on every rank.
-    """
-
-    def __init__(self, *, model, teacher, dataset: TrajectoryTableDataset, rollout_config: RolloutConfig,
-                 settings: SelfRolloutSettings, env: DistEnv):
-        self.model = model
-        self.teacher = teacher
-        self.dataset = dataset
-        self.rollout_config = rollout_config
-        self.settings = settings
-        self.env = env
-        self.step_keys: list = []
-
-    def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
-        if due != {"predictor"}:
-            raise ValueError(f"RolloutStep trains the role 'predictor' every step; the loop says {sorted(due)}")
-        # 1. Distinct trajectories across ranks (and micro-batches) of this optimizer step.
-        self.step_keys.extend(map(tuple, all_gather_objects(list(item["key"]))))
-        if len(set(self.step_keys)) != len(self.step_keys):
-            raise DuplicateTrajectoryError(f"trajectory keys used twice in one optimizer step: {self.step_keys}")
-        distinct = float(len(self.step_keys))
-        if sync:
-            self.step_keys = []
-        # 2. The trajectory's static inputs: the exact text K/V of every layer, the image condition, and what the
-        #    row's seed gives (noise, memory points).
-        trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
-                                        predictor=self.model, config=self.rollout_config, settings=self.settings,
-                                        device=self.env.device)
-        # 3. Roll out and train.
-        metrics = train_trajectory(trajectory, sync=sync)
-        if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
-            gathered = all_gather_objects(metrics["latent_grad_l1_min"])
-            metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
-        metrics["trajectory/distinct_keys"] = distinct
-        return metrics
-
-
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, teacher_source: TeacherSource,
           dataset: TrajectoryTableDataset, rollout_config: RolloutConfig, run_dir=None, resuming: bool = False,
           load_teacher=load_teacher) -> RecipeParts:
-    """Steps 3-5: the Teacher (kept whole: it makes the labels online), the Predictor from --init_from (unless a
-    training state is resumed: `resuming`), AdamW with the two-group schedule, the DDP-wrapped role, the trajectory
-    step and the validation. Seams: `load_teacher`."""
-    # 3. Teacher and Predictor.
-    teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
-    log0(describe_teacher(teacher_source, teacher))
-    predictor = build_predictor(teacher, VARIANT, args.source_blocks, args.gradient_checkpointing)
-    init_meta = None
-    if not resuming:
-        init_meta = load_model_weights(args.init_from, predictor,
-                                       expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
-    # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
-    optimizer, lr_schedule = build_optimizer_and_schedule(
-        predictor, fusion_lr=args.fusion_lr, blocks_lr=args.blocks_lr, betas=(args.adam_beta1, args.adam_beta2),
-        weight_decay=args.weight_decay, warmup_steps=args.scheduler_warmup_steps, max_steps=args.max_steps,
-        block_warmup_steps=args.block_warmup_steps)
-    # 5. The one trained role (the DDP-wrapped Predictor), the trajectory step and the validation.
-    model = wrap_ddp(predictor, env)
-    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=args.grad_clip)
-    settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
-                                   predictor_autocast_dtype=policy.autocast_dtype,
-                                   replace_steps=tuple(args.replace_steps), reuse_steps=tuple(args.reuse_steps))
-    step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
-                          settings=settings, env=env)
-    validation = predictor_validation(
-        every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
-        ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
-        teacher_folder=teacher_source.folder, replace_steps=args.replace_steps, reuse_steps=args.reuse_steps,
-        rollout_config=rollout_config, env=env, run_dir=run_dir)
-    return RecipeParts(
-        roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
-        derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),
-                 "teacher_double_blocks": teacher.num_layers},
-        loop_options={"extra_step_check": latent_grad_check(args.replace_steps)})
+    """Steps 3-5 (`recipes/rollout.py build_rollout`, from the flags): the Teacher, the Predictor from --init_from
+    (unless a training state is resumed: `resuming`), AdamW with the two-group schedule, the DDP-wrapped role, the
+    trajectory step and the validation. Seams: `load_teacher`."""
+    return build_rollout(settings_from_flags(RolloutSettings, args), env, policy, teacher_source=teacher_source,
+                         dataset=dataset, rollout_config=rollout_config, run_dir=run_dir, resuming=resuming,
+                         load_teacher=load_teacher)
 
 
 def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: PrecisionPolicy, data, parts: RecipeParts,

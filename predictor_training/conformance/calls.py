@@ -3,7 +3,9 @@
 A conformance folder (format: ``tests/data/conformance/README.md``, called "README" below) holds ``config.json``,
 ``weights.safetensors.xz``, ``vectors.safetensors``, ``vectors.json``, ``pose.json`` and ``pose_from_string.json``.
 Nothing here depends on the sizes of a particular set: depth, grid, lengths and chunk parameters are read from the
-files. ``tools/check_conformance.py`` is the command line around ``run_conformance``.
+files. ``tools/check_conformance.py`` is the command line around ``run_conformance``; ``bf16_vs_fp32`` runs the same
+calls on a device in BF16 and FP32, ``bf16_vs_fp32_rollout`` a Teacher's AR rollout (benchmarks/gpu_acceptance.py's
+numerics).
 
 Model cases are teacher-forced: the context prefill and the chunk steps receive the stored reference text cache
 (and the chunk with a context the stored context cache), so a failure points at the call that is wrong. Model tensors
@@ -14,6 +16,7 @@ tolerances (float32, CPU)").
 
 from __future__ import annotations
 
+import gc
 import json
 import lzma
 import math
@@ -28,6 +31,8 @@ from safetensors.torch import load as load_safetensors_bytes
 from predictor_training.conformance import TIERS
 from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import sha256_bytes
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.runtime.precision import autocast
 from predictor_training.teacher import (
     ContextKV,
     LayerContextKV,
@@ -35,6 +40,7 @@ from predictor_training.teacher import (
     WorldPlayTransformer,
     load_state_dict_strict,
 )
+from predictor_training.teacher.source import random_teacher
 
 WEIGHTS_FILE = "weights.safetensors.xz"
 DECOMPRESSED_WEIGHTS_ENTRY = "weights.safetensors (after xz -d)"
@@ -462,3 +468,91 @@ def run_conformance(
         if selection[category]:
             results.extend(runner())
     return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reduced precision on a device: the same calls in BF16 against FP32 (benchmarks/gpu_acceptance.py)
+# ---------------------------------------------------------------------------------------------------------------
+def max_difference(got: torch.Tensor, reference: torch.Tensor) -> dict:
+    """{"max_abs", "max_rel" (max |got - reference| / max |reference|), "finite" (of got)}, in float64 on the CPU."""
+    got, reference = got.detach().double().cpu(), reference.detach().double().cpu()
+    error = (got - reference).abs().max().item() if got.numel() else 0.0
+    scale = reference.abs().max().item() if reference.numel() else 0.0
+    return {"max_abs": error, "max_rel": error / scale if scale > 0 else (0.0 if error == 0 else math.inf),
+            "finite": bool(torch.isfinite(got).all())}
+
+
+def precision_outputs(model, cset: ConformanceSet, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The set's context prefill and every stored chunk step (teacher-forced on the stored caches, as the model cases
+    run them) on `device`: the latents and the K/V caches in `dtype`, timesteps and cameras in their stored dtype,
+    under `dtype` autocast (as the AR loop runs a BF16 Teacher): {output name: tensor}."""
+    def move(tensor):
+        tensor = tensor.to(device)
+        return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != torch.float64 else tensor
+
+    def keep(name):
+        return cset.tensor(name).to(device)
+
+    text_kv = reference_text_kv(cset)
+    text_kv = TextKV([move(k) for k in text_kv.k], [move(v) for v in text_kv.v], text_kv.mask)
+    outputs = {}
+    with torch.no_grad(), autocast(device, dtype):
+        context_kv, _ = model.context_prefill(move(cset.tensor("ctx.hidden_states")), keep("ctx.timestep"),
+                                              keep("ctx.action"), keep("ctx.viewmats"), keep("ctx.Ks"), text_kv)
+        for index in range(context_kv.num_layers):
+            k, v = context_kv.layer(index).stacked()
+            outputs[f"ctx.layer{index}.k_vision"], outputs[f"ctx.layer{index}.v_vision"] = k, v
+        stored_context = reference_context_kv(cset)
+        for group, params in cset.info["chunk_steps"].items():
+            hidden_states = cset.tensor(f"{group}.hidden_states")
+            context = None
+            if int(params["rope_temporal_size"]) - hidden_states.shape[2] > 0:  # context frames
+                context = ContextKV([LayerContextKV.from_stacked(*[move(t) for t in layer.stacked()])
+                                     for layer in stored_context.layers], num_frames=stored_context.num_frames)
+            output = model.chunk_step(
+                move(hidden_states), keep(f"{group}.timestep"), keep(f"{group}.action"), keep(f"{group}.viewmats"),
+                keep(f"{group}.Ks"), text_kv, context_kv=context, rope_start=int(params["start_rope_start_idx"]),
+                return_final_hidden=True)
+            outputs[f"{group}.velocity"], outputs[f"{group}.final_hidden"] = output.velocity, output.final_hidden
+    return outputs
+
+
+def bf16_vs_fp32(root: str | Path, device: torch.device) -> dict:
+    """The set's model in BF16 against FP32 on `device` (`precision_outputs`: every output's `max_difference` and
+    the worst relative one), and FP32 on `device` against the golden vectors (worst absolute difference)."""
+    cset = load_conformance_set(root)
+    reference = precision_outputs(build_model(cset).to(device), cset, device, torch.float32)
+    lower = precision_outputs(build_model(cset).to(device=device, dtype=torch.bfloat16), cset, device, torch.bfloat16)
+    per_output = {name: max_difference(lower[name], reference[name]) for name in reference}
+    golden = {name: max_difference(reference[name], cset.tensor(name)) for name in reference if name in cset.vectors}
+    return {"bf16_vs_fp32": per_output,
+            "bf16_vs_fp32_worst_rel": max(record["max_rel"] for record in per_output.values()),
+            "fp32_device_vs_golden_worst_abs": max((record["max_abs"] for record in golden.values()), default=None),
+            "fp32_device_vs_golden": golden}
+
+
+def bf16_vs_fp32_rollout(teacher, preset: str, text_kv: TextKV, row: dict, image_cond: torch.Tensor,
+                         device: torch.device, chunk_frames: int = 4) -> dict:
+    """An F-F-F-F rollout (`rollout/ar_rollout.py ARRollout`) of the sample-table `row` (seed, cameras, actions)
+    by the BF16 `teacher` of config `preset` (BF16 state and autocast, as the eval runs it) against the same weights
+    in FP32 (FP32 state, no autocast): `max_difference` of each chunk's final latents and of the whole."""
+    results = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        model, kv = teacher, text_kv
+        if dtype != teacher.dtype:  # the same weights in FP32
+            model = random_teacher(preset, device, dtype, randomize=False)
+            model.load_state_dict(teacher.state_dict())
+            kv = TextKV([k.to(dtype) for k in text_kv.k], [v.to(dtype) for v in text_kv.v], text_kv.mask)
+        config = RolloutConfig(state_dtype=dtype, autocast_dtype=None if dtype == torch.float32 else dtype)
+        inputs = RolloutInputs.from_seed(row["seed"], image_cond, row["viewmats"], row["Ks"], row["action"],
+                                         state_dtype=dtype)
+        with torch.no_grad():
+            results[name] = ARRollout(model, kv, inputs, config, device=device).run().float().cpu()
+        del model, kv
+        gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    chunks = {f"chunk{chunk}": max_difference(results["bf16"][:, :, chunk * chunk_frames:(chunk + 1) * chunk_frames],
+                                              results["fp32"][:, :, chunk * chunk_frames:(chunk + 1) * chunk_frames])
+              for chunk in range(results["bf16"].shape[2] // chunk_frames)}
+    return {"chunks": chunks, "whole": max_difference(results["bf16"], results["fp32"])}

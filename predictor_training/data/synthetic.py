@@ -14,6 +14,7 @@ real size on fake tensors; benchmarks/gpu_acceptance.py on the GPU; the tests at
 - ``turning_camera_row`` / ``trajectory_row``: a sample-table row whose camera turns and steps back (so the memory
   selection has work to do), and its image condition;
 - ``case_text_kv``: a case file's stored text K/V;
+- ``teacher_call_inputs``: the inputs of one Teacher call (model input, timestep, action, cameras);
 - ``clip_item``: one clip of the generic methods' datasets (latents or KD's ODE states, cameras, text).
 """
 
@@ -278,12 +279,30 @@ def trajectory_row(chunks: int, grid: tuple[int, int], channels: int,
     return row, torch.randn(1, channels, 1, height, width, generator=generator)
 
 
-def case_text_kv(config, *, text_tokens: int, host="meta") -> dict:
+def case_text_kv(config, *, text_tokens: int, host="meta", generator: torch.Generator | None = None) -> dict:
     """A case file's stored text K/V ("text_k", "text_v" [depth, heads, text_tokens, head_dim], BF16) for the
-    Teacher `config`, zeros in `host` memory (meta: the loader's, not counted by a rehearsal)."""
+    Teacher `config` in `host` memory (meta: the loader's, not counted by a rehearsal): zeros, or standard normal
+    draws from `generator` (on `host`)."""
     shape = (config.mm_double_blocks_depth, config.heads_num, text_tokens, config.hidden_size // config.heads_num)
     with torch.device(host):
-        return {name: torch.zeros(shape, dtype=torch.bfloat16) for name in ("text_k", "text_v")}
+        if generator is None:
+            return {name: torch.zeros(shape, dtype=torch.bfloat16) for name in ("text_k", "text_v")}
+        return {name: torch.randn(shape, generator=generator).to(torch.bfloat16) for name in ("text_k", "text_v")}
+
+
+def teacher_call_inputs(config, frames: int, grid: tuple[int, int], *, device, dtype: torch.dtype,
+                        generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """The inputs of one Teacher call over `frames` frames, as the AR loop passes them: model input
+    [1, 2C+1, frames, H, W] in `dtype` (standard normal draws from `generator`, on `device`), timestep [frames] (500),
+    action [1, frames] (0), viewmats [1, frames, 4, 4] (stepping back) and Ks [1, frames, 3, 3]."""
+    height, width = grid
+    hidden_states = torch.randn(1, 2 * config.in_channels + 1, frames, height, width, generator=generator,
+                                device=device, dtype=torch.float32).to(dtype)
+    viewmats = torch.eye(4, device=device).repeat(1, frames, 1, 1)
+    viewmats[0, :, 2, 3] = -0.1 * torch.arange(frames, device=device)
+    Ks = torch.tensor([[0.5, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1.0]], device=device).repeat(1, frames, 1, 1)
+    action = torch.zeros(1, frames, dtype=torch.long, device=device)
+    return hidden_states, torch.full((frames,), 500.0, device=device), action, viewmats, Ks
 
 
 BYT5_TOKENS, VISION_TOKENS = 256, 729  # ByT5 glyph positions; SigLIP 27 x 27 patches of the first frame

@@ -1,5 +1,6 @@
 """Timing of an evaluation rollout: named wall-clock durations (CUDA synchronised) and the rollout that times its
-context work."""
+context work; and one AR chunk's model calls on synthetic inputs with their FLOP counts (`chunk_calls`,
+`chunk_call_flops`: benchmarks/gpu_acceptance.py's per-call timings)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from predictor_training.data.synthetic import teacher_call_inputs
 from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext
-from predictor_training.runtime.precision import synchronize
+from predictor_training.runtime.precision import autocast, synchronize
+from predictor_training.teacher.flops import (
+    TeacherShape,
+    context_prefill_flops,
+    frame_kv_pass_flops,
+    predictor_step_flops,
+    teacher_chunk_step_flops,
+)
+
+CHUNK_FRAMES = 4
+CONTEXT_TIMESTEP = 14.0  # the timestep of the context frames' K/V (the dataset's context_timestep)
 
 
 class Stopwatch:
@@ -86,3 +98,42 @@ def method_timings(stopwatch: Stopwatch, text_prefill_s: float | None) -> dict:
         "end_to_end_s": text_s + rollout_s + decode_s,
         "calls": summary,
     }
+
+
+def chunk_calls(teacher, predictor, text_kv, context_frames: int, grid: tuple[int, int], device: torch.device
+                ) -> dict:
+    """{name: call} of one AR chunk's model calls on synthetic inputs made once (`data/synthetic.py`), to run under
+    the Teacher's autocast: "full_step" (a Full step with `context_frames` frames of context), "context_prefill" (the
+    exact prefill of those frames), "cache_pass" (the incremental mode's K/V pass over a finished chunk) and
+    "predictor_step" (a Predictor step with that context). Each call returns its output."""
+    n, dtype, config = context_frames, teacher.dtype, teacher.config
+    context = teacher_call_inputs(config, n, grid, device=device, dtype=dtype,
+                                  generator=torch.Generator(device=device).manual_seed(5))
+    chunk = teacher_call_inputs(config, CHUNK_FRAMES, grid, device=device, dtype=dtype,
+                                generator=torch.Generator(device=device).manual_seed(6))
+    context_timestep = torch.full((n,), CONTEXT_TIMESTEP, device=device)
+    blocks = predictor.source_blocks
+    with torch.no_grad(), autocast(device, torch.bfloat16):
+        context_kv, _ = teacher.context_prefill(context[0], context_timestep, *context[2:], text_kv)
+        anchor = torch.randn(1, CHUNK_FRAMES * grid[0] * grid[1], config.hidden_size, device=device,
+                             dtype=torch.float32).to(dtype)
+        previous_hidden = torch.randn_like(anchor)
+    return {
+        "full_step": lambda: teacher.chunk_step(*chunk, text_kv, context_kv=context_kv),
+        "context_prefill": lambda: teacher.context_prefill(context[0], context_timestep, *context[2:], text_kv)[0],
+        "cache_pass": lambda: teacher.frame_kv_pass(chunk[0], torch.full((CHUNK_FRAMES,), CONTEXT_TIMESTEP,
+                                                    device=device), *chunk[2:], text_kv, context_kv=context_kv),
+        "predictor_step": lambda: predictor(chunk[0], anchor, chunk[1][None], chunk[2], chunk[3], chunk[4],
+                                            text_kv.select(blocks), context=context_kv.select(blocks),
+                                            prev_chunk_hidden=previous_hidden),
+    }
+
+
+def chunk_call_flops(shape: TeacherShape, predictor_config: dict, tokens_per_frame: int, text_tokens: int,
+                     context_frames: int) -> dict[str, int]:
+    """The FLOPs of `chunk_calls`' calls (teacher/flops.py)."""
+    sizes = (tokens_per_frame, text_tokens, context_frames)
+    return {"full_step": teacher_chunk_step_flops(shape, *sizes, CHUNK_FRAMES),
+            "context_prefill": context_prefill_flops(shape, *sizes),
+            "cache_pass": frame_kv_pass_flops(shape, *sizes, CHUNK_FRAMES),
+            "predictor_step": predictor_step_flops(shape, predictor_config, *sizes, CHUNK_FRAMES)}

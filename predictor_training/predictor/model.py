@@ -536,6 +536,16 @@ def build_predictor(
     return predictor
 
 
+@torch.no_grad()
+def as_trained_(predictor: Predictor, std: float = 0.02) -> Predictor:
+    """The zero-initialised fusion output and head output filled with N(0, std^2) draws, as after (offline) training
+    (a fresh Predictor returns its anchor unchanged)."""
+    for module in (predictor.fusion.proj, predictor.residual_head.fc2):
+        for param in module.parameters():
+            param.normal_(0.0, std)
+    return predictor
+
+
 def build_predictor_from_config(
     teacher: WorldPlayTransformer, config: dict, gradient_checkpointing: bool = False
 ) -> Predictor:

@@ -23,7 +23,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.flags import parse_recipe_args
-from predictor_training.runtime.loop import _grad_norm_and_clip
+from predictor_training.runtime.loop import grad_norm_and_clip
 from predictor_training.runtime.memory_rehearsal import (
     DDPBuckets,
     MemoryReport,
@@ -136,7 +136,7 @@ def optimizer_phase(rehearsal: Rehearsal, roles, buckets: DDPBuckets | None, ste
             rehearsal.tracker.label([param.grad for param in role.parameters], "gradients")
     with rehearsal.phase("optimizer"):
         for role in roles:
-            _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
+            grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
         for role in roles:
             role.step()
             rehearsal.label_optimizer(role.optimizer)

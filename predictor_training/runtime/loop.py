@@ -115,7 +115,7 @@ def _mean_metrics(per_micro: list[dict[str, float]], env: DistEnv, step: int) ->
     return {key: float(value) for key, value in zip(keys, values.tolist())}
 
 
-def _grad_norm_and_clip(params: list[nn.Parameter], grad_clip: float, step: int, role: str) -> float:
+def grad_norm_and_clip(params: list[nn.Parameter], grad_clip: float, step: int, role: str) -> float:
     grads = [param.grad for param in params if param.grad is not None]
     if not grads:
         raise RuntimeError(f"step {step}: role {role!r} is due but no parameter has a gradient; did step_fn call "
@@ -259,7 +259,7 @@ def train_loop(
                     role.all_reduce_grads()
             metrics = _mean_metrics(per_micro, env, step)
             # 3. Clip, then refuse anything non-finite before touching the weights.
-            grad_norms = {role.name: _grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
+            grad_norms = {role.name: grad_norm_and_clip(role.parameters, role.grad_clip, step, role.name)
                           for role in due}
             bad_terms = [key for key, value in metrics.items() if not math.isfinite(value)]
             bad_terms += ["grad_norm" if single else f"grad_norm/{name}" for name, norm in grad_norms.items()

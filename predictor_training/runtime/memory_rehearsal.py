@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import warnings
 import weakref
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -739,3 +741,53 @@ def largest_batches(run, cards_gb=(80, 141)) -> dict[float, tuple[int, MemoryRep
             batch, report = batch + 1, bigger
         found[card] = (batch, report)
     return found
+
+
+def read_estimates(path: Path | None, recipes: Sequence[str], flag: str = "--memory_estimates") -> dict:
+    """{recipe: {"gib", "name", "batch_size"}} from `tools/estimate_memory.py --json` output (`MemoryReport.to_json`
+    objects): JSON lines, a list or one object of them (`name` starting with one of `recipes`; `peak_rounded_gib`,
+    else `peak_gib`; the batch read from the name's "batch N"), or a plain {recipe: GiB} object. The first report of a
+    recipe counts; {} without a path. A bad file is a ValueError naming `flag` and the path."""
+    if path is None:
+        return {}
+    text = path.read_text(encoding="utf-8").strip()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{flag} {path}: neither JSON nor JSON lines ({error})") from None
+    if isinstance(data, dict) and all(key in recipes for key in data):
+        reports = [{"name": recipe, "peak_gib": value} if isinstance(value, (int, float)) else {"name": recipe, **value}
+                   for recipe, value in data.items()]
+    else:
+        reports = data if isinstance(data, list) else [data]
+    estimates = {}
+    for report in reports:
+        if not isinstance(report, dict) or "name" not in report:
+            raise ValueError(f"{flag} {path}: expected report objects with a 'name', got {report!r:.200}")
+        recipe = next((name for name in recipes if str(report["name"]).startswith(name)), None)
+        gib = report.get("peak_rounded_gib", report.get("peak_gib"))
+        if recipe is None or gib is None:
+            raise ValueError(f"{flag} {path}: report {report['name']!r} names no recipe of {tuple(recipes)} or has no "
+                             "peak_rounded_gib / peak_gib")
+        batch = None
+        if "batch" in str(report["name"]):
+            after = str(report["name"]).split("batch", 1)[1].strip().split(",")[0]
+            batch = int(after) if after.isdigit() else None
+        estimates.setdefault(recipe, {"gib": float(gib), "name": report["name"], "batch_size": batch})
+    return estimates
+
+
+def estimate_columns(estimate: dict | None, measured_gib: float | None, batch_size: int | None = None) -> dict:
+    """A measured peak next to its `read_estimates` entry (or None): estimate_gib, estimate_name,
+    estimate_batch_matches (None unless both batches are known) and estimate_error, (estimate - measured) / measured
+    (None unless both figures are known)."""
+    if estimate is None or measured_gib is None:
+        gib, name = (None, None) if estimate is None else (estimate["gib"], estimate["name"])
+        return {"estimate_gib": gib, "estimate_name": name, "estimate_batch_matches": None, "estimate_error": None}
+    batches = (batch_size, estimate.get("batch_size"))
+    return {"estimate_gib": estimate["gib"], "estimate_name": estimate["name"],
+            "estimate_batch_matches": None if None in batches else batches[0] == batches[1],
+            "estimate_error": (estimate["gib"] - measured_gib) / measured_gib}

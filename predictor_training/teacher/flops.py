@@ -307,6 +307,23 @@ def rollout_flops(
     return parts
 
 
+def memory_context_frames(chunks: int, chunk_frames: int = 4, memory_frames: int = 20) -> list[int]:
+    """Context frames of chunks 0..chunks-1 under the memory rule: every earlier frame, up to the memory window
+    (0, 4, 8, 12, 16, 20, 20, ...; what a rollout's selection gives when it keeps the cap)."""
+    return [min(chunk_frames * chunk, memory_frames) for chunk in range(chunks)]
+
+
+def replacement_rollout_flops(shape: TeacherShape, tokens_per_frame: int, text_tokens: int,
+                              context_frames_per_chunk: Sequence[int], replace_steps: Sequence[int], *,
+                              predictor_config: Mapping | None = None, **options) -> dict[str, int]:
+    """`rollout_flops` of a replacement schedule: chunk 0 all Full steps, every later chunk the Predictor at
+    `replace_steps` and Full steps elsewhere (F-P-P-P: (1, 2, 3); F-F-F-F: ()). options: rollout_flops' num_steps,
+    chunk_frames, text_prefill, context_mode."""
+    return rollout_flops(shape, tokens_per_frame, text_tokens, context_frames_per_chunk,
+                         lambda chunk, step: "predictor" if chunk > 0 and step in replace_steps else "full",
+                         predictor_config=predictor_config, **options)
+
+
 def flop_speedup_bound(reference_flops: int, schedule_flops: int) -> float:
     """Upper bound on the speedup of a schedule: reference FLOPs / schedule FLOPs."""
     if schedule_flops <= 0:
@@ -348,7 +365,7 @@ def recipe_micro_batch_flops(shape: TeacherShape, recipe: str, *, tokens_per_fra
             shape, frames, frames * tokens_per_frame, frames * tokens_per_frame, kv_only=True))
             + predictor_training_step_flops(shape, config, tokens_per_frame, text_tokens, frames) for frames in mix]
         return int(batch_size * sum(per_item) / len(per_item))
-    context = [0] + [min(4 * chunk, 20) for chunk in range(1, chunks)]
+    context = memory_context_frames(chunks)
     teacher = rollout_flops(shape, tokens_per_frame, text_tokens, context, lambda chunk, step: "full",
                             context_mode=context_mode)["total"]
     return int(teacher + sum(len(replace_steps) * predictor_training_step_flops(

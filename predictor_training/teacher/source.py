@@ -16,6 +16,7 @@ import torch
 from predictor_training.runtime.errors import MissingFileError, UserInputError
 from predictor_training.runtime.io import read_json_file, sha256_json
 from predictor_training.runtime.memory_rehearsal import default_dtype
+from predictor_training.teacher.loading import randomize_zero_initialised_
 from predictor_training.teacher.model import WorldPlayTransformer
 
 
@@ -83,6 +84,20 @@ def preset_teacher_loader(preset: str, on_load=None):
             on_load(teacher)
         return teacher
     return load
+
+
+def random_teacher(preset: str, device: torch.device | str, dtype: torch.dtype, *, randomize: bool = True
+                   ) -> WorldPlayTransformer:
+    """The Teacher of config `preset` made directly on `device` in `dtype` with random weights (torch seed 0; with
+    `randomize` the upstream zero-initialised layers randomised too, so every path affects the output), eval, frozen:
+    a real-size Teacher on a GPU with no weights to read (benchmarks/gpu_acceptance.py)."""
+    torch.manual_seed(0)
+    with default_dtype(dtype), torch.device(device):
+        teacher = WorldPlayTransformer.from_preset(preset)
+    if randomize:
+        with torch.no_grad():
+            randomize_zero_initialised_(teacher, torch.Generator(device=device).manual_seed(1))
+    return teacher.eval().requires_grad_(False)
 
 
 def describe_teacher(source: TeacherSource, teacher: WorldPlayTransformer) -> str:

@@ -22,6 +22,7 @@ import torch
 from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
+from predictor_training.recipes.rollout import DuplicateTrajectoryError, RolloutStep
 from tests.helpers.rollout_setup import (
     SOURCE_BLOCKS,
     make_inputs,
@@ -202,12 +203,12 @@ def ddp_checks(root: Path) -> None:
     report["dataset_keys"] = [list(key) for key in dataset.keys()]
     report["sampler_epoch_keys"] = {str(rank): keys for rank, keys in enumerate(all_gather_objects(epoch_keys))}
     shared_item = dataset[0]  # the same trajectory on both ranks
-    step = trainer.RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None,
+    step = RolloutStep(model=None, teacher=None, dataset=dataset, rollout_config=None, settings=None,
                               env=env)
     try:
         step(shared_item, sync=True, due=frozenset({"predictor"}))
         refused = False
-    except trainer.DuplicateTrajectoryError:
+    except DuplicateTrajectoryError:
         refused = True
     report["duplicate_keys_error"] = {str(rank): flag for rank, flag in enumerate(all_gather_objects(refused))}
 

@@ -158,3 +158,24 @@ def test_real_size_calls_run_on_fake_tensors_with_the_expected_shapes():
     assert result["context_frames"] == [0, 4, 8, 12, 16, 20, 20, 20]
     assert result["flop_bounds"]["F-P-P-P incremental"] == pytest.approx(3.39, abs=0.01)  # benchmarks/results/2026-12-01-context-modes-and-speed.md
     assert sum(result["plan_s"].values()) < 480  # the default budget holds the plan at 400 TFLOP/s
+
+
+@pytest.mark.parametrize("script", ["train_predictor_v4", "train_predictor_disca", "train_predictor_v4_rollout"])
+def test_the_memory_steps_take_the_values_the_recipes_parse_at_real_size(script):
+    """The acceptance run builds each recipe from named values (benchmarks/ imports no entry script): they must be
+    what the script parses at --preset real_size, or its memory table measures another configuration."""
+    import importlib
+
+    from predictor_training.recipes.rehearsal import recipe_flags
+
+    flags = vars(recipe_flags(importlib.import_module(script), ["--dataset_root", "unused"]))
+    stated = {**gpu_acceptance.REAL_SIZE_VALUES, "precision": gpu_acceptance.REAL_SIZE_PRECISION,
+              "source_blocks": gpu_acceptance.REAL.source_blocks}
+    if script == "train_predictor_v4_rollout":
+        stated.update(replace_steps=gpu_acceptance.REAL_SIZE_REPLACE_STEPS, reuse_steps=(),
+                      context_mode=gpu_acceptance.REAL_SIZE_CONTEXT_MODE)
+    else:
+        stated.update(batch_size=gpu_acceptance.REAL.offline_batch)
+    for name in ("dataset_root", "val_split", "val_videos", "val_vae", "val_ground_truth"):  # no validation runs
+        stated.pop(name)
+    assert {name: flags[name] for name in stated} == stated

@@ -1,0 +1,165 @@
+"""The rollout recipe's build (`train_predictor_v4_rollout.py` holds its flags, presets, cross-flag checks, data
+and `main()`; docs/rollout.md): the Teacher kept whole (it makes the labels online), the v4 Predictor, AdamW with the
+two-group schedule, the DDP-wrapped role and `RolloutStep`, the loop's step function of one trajectory per
+micro-batch. benchmarks/gpu_acceptance.py builds it here too, with its own Teacher and named real-size values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
+from predictor_training.eval.validation import predictor_validation
+from predictor_training.predictor.model import build_predictor
+from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.runtime.checkpoint import load_model_weights
+from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0, wrap_ddp
+from predictor_training.runtime.optim import build_optimizer_and_schedule
+from predictor_training.runtime.precision import PrecisionPolicy
+from predictor_training.runtime.recipe import RecipeParts
+from predictor_training.runtime.roles import Role
+from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
+
+VARIANT = "v4"
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What `build_rollout` builds from, named as the rollout script's flags (`flags.settings_from_flags`): the
+    Predictor (source_blocks, gradient_checkpointing; its weights from init_from unless resuming), the schedule it
+    trains (replace_steps, reuse_steps), AdamW over its two groups (fusion_lr, blocks_lr, adam_beta1/2,
+    weight_decay; grad_clip) with the warmup + cosine (scheduler_warmup_steps, max_steps, block_warmup_steps), the
+    loss's weights (velocity_weight, hidden_weight) and its validation (val_every, val_split, val_videos, val_vae,
+    val_ground_truth on dataset_root)."""
+
+    source_blocks: tuple[int, int]
+    gradient_checkpointing: bool
+    init_from: Path | None
+    replace_steps: tuple[int, ...]
+    reuse_steps: tuple[int, ...]
+    fusion_lr: float
+    blocks_lr: float
+    adam_beta1: float
+    adam_beta2: float
+    weight_decay: float
+    scheduler_warmup_steps: int
+    max_steps: int
+    block_warmup_steps: int
+    grad_clip: float
+    velocity_weight: float
+    hidden_weight: float
+    dataset_root: Path
+    val_every: int
+    val_split: str | None
+    val_videos: int
+    val_vae: Path | None
+    val_ground_truth: Path | None
+
+
+class DuplicateTrajectoryError(RuntimeError):
+    """Two ranks (or two micro-batches of one step) got the same (case_id, action_id)."""
+
+
+def latent_grad_check(replace_steps) -> Callable[[int, dict], None] | None:
+    """`check_latent_grads` when the schedule has two consecutive Predictor steps (whose latent path can be checked),
+    else None (F-P-F-P: every Predictor step starts from a Teacher-made latent, no latent path to check)."""
+    consecutive = any(step + 1 in replace_steps for step in replace_steps)
+    return check_latent_grads if consecutive else None
+
+
+def check_latent_grads(step: int, metrics: dict[str, float]) -> None:
+    """The Predictor-made latents (x2, x3 under F-P-P-P) must receive a gradient (the BPTT path through them is
+    alive)."""
+    value = metrics["latent_grad_l1_min"]
+    if not value > 0:
+        raise RuntimeError(
+            f"step {step}: latent_grad_l1_min={value}: some x2/x3 got no gradient, so the latent BPTT path is cut "
+            "(an untrained Predictor, with zero-initialised output layers, ignores its input latent: start from an "
+            "offline v4 checkpoint with --init_from)"
+        )
+
+
+class RolloutStep:
+    """`step_fn` of the loop: one trajectory per call (micro-batch), forward + per-chunk backward inside.
+
+    Before the rollout it gathers every rank's (case_id, action_id) and refuses duplicates within the optimizer
+    step; after it, `latent_grad_l1_min` is replaced by its minimum over ranks, so the loop's rank mean is that
+    minimum and `check_latent_grads` decides identically on every rank.
+    """
+
+    def __init__(self, *, model, teacher, dataset: TrajectoryTableDataset, rollout_config: RolloutConfig,
+                 settings: SelfRolloutSettings, env: DistEnv):
+        self.model = model
+        self.teacher = teacher
+        self.dataset = dataset
+        self.rollout_config = rollout_config
+        self.settings = settings
+        self.env = env
+        self.step_keys: list = []
+
+    def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
+        if due != {"predictor"}:
+            raise ValueError(f"RolloutStep trains the role 'predictor' every step; the loop says {sorted(due)}")
+        # 1. Distinct trajectories across ranks (and micro-batches) of this optimizer step.
+        self.step_keys.extend(map(tuple, all_gather_objects(list(item["key"]))))
+        if len(set(self.step_keys)) != len(self.step_keys):
+            raise DuplicateTrajectoryError(f"trajectory keys used twice in one optimizer step: {self.step_keys}")
+        distinct = float(len(self.step_keys))
+        if sync:
+            self.step_keys = []
+        # 2. The trajectory's static inputs: the exact text K/V of every layer, the image condition, and what the
+        #    row's seed gives (noise, memory points).
+        trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
+                                        predictor=self.model, config=self.rollout_config, settings=self.settings,
+                                        device=self.env.device)
+        # 3. Roll out and train.
+        metrics = train_trajectory(trajectory, sync=sync)
+        if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
+            gathered = all_gather_objects(metrics["latent_grad_l1_min"])
+            metrics["latent_grad_l1_min"] = min(gathered) if all(math.isfinite(v) for v in gathered) else math.nan
+        metrics["trajectory/distinct_keys"] = distinct
+        return metrics
+
+
+def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPolicy, *, teacher_source: TeacherSource,
+                  dataset: TrajectoryTableDataset, rollout_config: RolloutConfig, run_dir=None,
+                  resuming: bool = False, load_teacher=load_teacher) -> RecipeParts:
+    """Steps 3-5: the Teacher (kept whole: it makes the labels online), the Predictor from --init_from (unless a
+    training state is resumed: `resuming`), AdamW with the two-group schedule, the DDP-wrapped role, the trajectory
+    step and the validation. Seams: `load_teacher`."""
+    # 3. Teacher and Predictor.
+    teacher = load_teacher(teacher_source, env.device, policy.frozen_dtype)
+    log0(describe_teacher(teacher_source, teacher))
+    predictor = build_predictor(teacher, VARIANT, settings.source_blocks, settings.gradient_checkpointing)
+    init_meta = None
+    if not resuming:
+        init_meta = load_model_weights(settings.init_from, predictor,
+                                       expect={"variant": VARIANT, "source_blocks": list(settings.source_blocks)})
+    # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
+    optimizer, lr_schedule = build_optimizer_and_schedule(
+        predictor, fusion_lr=settings.fusion_lr, blocks_lr=settings.blocks_lr, betas=(settings.adam_beta1, settings.adam_beta2),
+        weight_decay=settings.weight_decay, warmup_steps=settings.scheduler_warmup_steps, max_steps=settings.max_steps,
+        block_warmup_steps=settings.block_warmup_steps)
+    # 5. The one trained role (the DDP-wrapped Predictor), the trajectory step and the validation.
+    model = wrap_ddp(predictor, env)
+    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=settings.grad_clip)
+    step_settings = SelfRolloutSettings(
+        velocity_weight=settings.velocity_weight, hidden_weight=settings.hidden_weight,
+        predictor_autocast_dtype=policy.autocast_dtype, replace_steps=tuple(settings.replace_steps),
+        reuse_steps=tuple(settings.reuse_steps))
+    step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
+                          settings=step_settings, env=env)
+    validation = predictor_validation(
+        every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
+        ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher, predictor=predictor,
+        teacher_folder=teacher_source.folder, replace_steps=settings.replace_steps, reuse_steps=settings.reuse_steps,
+        rollout_config=rollout_config, env=env, run_dir=run_dir)
+    return RecipeParts(
+        roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
+        derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),
+                 "teacher_double_blocks": teacher.num_layers},
+        loop_options={"extra_step_check": latent_grad_check(settings.replace_steps)})
