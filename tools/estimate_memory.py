@@ -27,7 +27,6 @@ import torch
 
 from predictor_training.data.synthetic import case_text_kv, clip_item, offline_batch, trajectory_row
 from predictor_training.eval.rehearsal import rehearse_eval_rollout
-from predictor_training.methods.dmd2_models import resolve_real_score_flags
 from predictor_training.methods.rewards import FixedRewards, parse_reward_weights
 from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
 from predictor_training.recipes.rehearsal import Plan, last_chunks, recipe_flags, rehearse_recipe
@@ -193,21 +192,19 @@ def nft_plan(args, flags, config, host, n_ctx) -> Plan:
 
 def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
     df_sft = recipe_flags(importlib.import_module("fvtools.train_df_sft"), [])  # what a df_sft LoRA file holds
-    flags.real_score_kind, flags.real_score_path = (args.real_score, Path("unused")) if args.real_score != "teacher" \
-        else resolve_real_score_flags(flags.real_score, allow_raw_teacher_score=True, **{  # a file is read there
-            key: getattr(flags, key) for key in ("score_sigma_min", "fake_score_train")})
-    generator = (f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" if args.generator ==
-                 "predictor" else f"{'full' if args.train == 'full' else f'LoRA rank {flags.lora_rank}'} student, "
-                 f"{flags.student_steps} steps")
+    flags.real_score_kind, flags.real_score_path = args.real_score, {"teacher": None}.get(args.real_score, Path("unused"))
+    trained = "full" if args.train == "full" else f"LoRA rank {flags.lora_rank}"
+    generator = f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" \
+        if args.generator == "predictor" else f"{trained} student, {flags.student_steps} steps"
     real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher"}.get(
         args.real_score, "a second BF16 model")
     load_lora = lambda teacher, path, name=None, *, trainable=False: add_lora(  # noqa: E731 (df_sft's shape)
         teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
-    return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout "
-                f"{flags.rollout}, both roles due, monitor step", {"rollout_config": fp32_states(flags), "resuming":
-                True, "load_lora": load_lora, "draw_chunks": last_chunks}, method_clip(args, config, host),
-                ddp=args.generator == "predictor", segments=True, prepare=lambda parts: setattr(  # the monitor step
-                    parts.run_state, "global_step", flags.monitor_every - 1))
+    monitor_step = lambda parts: setattr(parts.run_state, "global_step", flags.monitor_every - 1)  # noqa: E731
+    return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout {flags.rollout}, "
+                f"both roles due, monitor step", {"rollout_config": fp32_states(flags), "resuming": True,
+                "load_lora": load_lora, "draw_chunks": last_chunks}, method_clip(args, config, host),
+                ddp=args.generator == "predictor", segments=True, prepare=monitor_step)
 
 
 DATA = ["--dataset_root", "unused"]

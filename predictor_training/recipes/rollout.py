@@ -141,8 +141,9 @@ def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPoli
                                        expect={"variant": VARIANT, "source_blocks": list(settings.source_blocks)})
     # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
     optimizer, lr_schedule = build_optimizer_and_schedule(
-        predictor, fusion_lr=settings.fusion_lr, blocks_lr=settings.blocks_lr, betas=(settings.adam_beta1, settings.adam_beta2),
-        weight_decay=settings.weight_decay, warmup_steps=settings.scheduler_warmup_steps, max_steps=settings.max_steps,
+        predictor, fusion_lr=settings.fusion_lr, blocks_lr=settings.blocks_lr,
+        betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay,
+        warmup_steps=settings.scheduler_warmup_steps, max_steps=settings.max_steps,
         block_warmup_steps=settings.block_warmup_steps)
     # 5. The one trained role (the DDP-wrapped Predictor), the trajectory step and the validation.
     model = wrap_ddp(predictor, env)
@@ -155,8 +156,8 @@ def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPoli
                           settings=step_settings, env=env)
     validation = predictor_validation(
         every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
-        ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher, predictor=predictor,
-        teacher_folder=teacher_source.folder, replace_steps=settings.replace_steps, reuse_steps=settings.reuse_steps,
+        ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
+        predictor=predictor, teacher_folder=teacher_source.folder, replace_steps=settings.replace_steps, reuse_steps=settings.reuse_steps,
         rollout_config=rollout_config, env=env, run_dir=run_dir)
     return RecipeParts(
         roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
