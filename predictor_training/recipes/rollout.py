@@ -157,8 +157,8 @@ def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPoli
     validation = predictor_validation(
         every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
         ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
-        predictor=predictor, teacher_folder=teacher_source.folder, replace_steps=settings.replace_steps, reuse_steps=settings.reuse_steps,
-        rollout_config=rollout_config, env=env, run_dir=run_dir)
+        predictor=predictor, teacher_folder=teacher_source.folder, replace_steps=settings.replace_steps,
+        reuse_steps=settings.reuse_steps, rollout_config=rollout_config, env=env, run_dir=run_dir)
     return RecipeParts(
         roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
         derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),
