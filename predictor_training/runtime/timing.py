@@ -16,18 +16,19 @@ from predictor_training.runtime.precision import synchronize
 
 
 def interleaved(calls: dict[str, Callable[[], object]], repeats: int, *, warmup: int = 1,
-                device: torch.device | str = "cpu") -> dict[str, dict]:
+                device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter) -> dict[str, dict]:
     """`warmup` untimed rounds of every call, then `repeats` timed rounds, the calls interleaved in each round (CUDA
-    synchronised around each call on a GPU `device`): {name: {"times_s", "min_s", "median_s"}}."""
+    synchronised around each call on a GPU `device`; seconds read from `clock`): {name: {"times_s", "min_s",
+    "median_s"}}."""
     times = {name: [] for name in calls}
     for round_index in range(warmup + repeats):
         for name, call in calls.items():
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             call()
             synchronize(device)
             if round_index >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     return {name: {"times_s": values, "min_s": min(values), "median_s": statistics.median(values)}
             for name, values in times.items()}
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import predictor_training.data.pair_dataset as pair_dataset_module
 from predictor_training.data.pair_dataset import PairDataset, UncheckedTensorsWarning, collate_pairs
 from predictor_training.data.samplers import BucketBatchSampler
 from predictor_training.data.shards import ShardVerificationError, TensorChecksumError
@@ -137,14 +136,12 @@ def test_split_selects_its_trajectories(dataset_dir):
         PairDataset(root, "nope", source_layers=SOURCE_LAYERS)
 
 
-def test_n_ctx_reads_no_tensor(dataset_dir, monkeypatch):
-    root, written = dataset_dir
-
-    def refuse(path, *args, **kwargs):
-        raise AssertionError(f"a tensor file was opened: {path}")
-
-    monkeypatch.setattr(pair_dataset_module, "open_safetensors", refuse)
-    dataset = PairDataset(root, "train", source_layers=SOURCE_LAYERS)
+def test_n_ctx_reads_no_tensor(tmp_path):
+    """The context sizes come from the index alone: with every trajectory's tensor file emptied they still read."""
+    written = write_synthetic_dataset(tmp_path, SPEC)
+    dataset = PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)
+    for tensor_file in (tmp_path / "trajectories").glob("*.safetensors"):
+        tensor_file.write_bytes(b"")
     expected = []
     for ref in dataset.refs:
         trajectory = dataset.trajectories[ref.trajectory]
@@ -152,6 +149,8 @@ def test_n_ctx_reads_no_tensor(dataset_dir, monkeypatch):
         expected.append(stored[f"chunk{ref.chunk}.ctx_indices"].numel())
     assert dataset.n_ctx_list() == expected
     assert len(set(expected)) > 1  # the fixture has more than one bucket
+    with pytest.raises(ValueError, match="damaged or not a .safetensors file"):  # a tensor read now fails
+        dataset[0]
 
 
 def test_collate_pads_text_and_builds_mask(dataset_dir):
