@@ -14,16 +14,10 @@ import fvtools.train_dmd2 as dmd2
 from predictor_training.data import video_latent_build as vb
 from predictor_training.data.ode_cache import CacheJob, CacheSettings, build_cache
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.methods.dmd2_models import (PredictorGeneratorSettings, ScoreSettings, build_predictor_role,
-                                                   build_scores, build_student)
-from predictor_training.methods.method_model import MethodSettings
-from predictor_training.runtime.flags import settings_from_flags
-from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.adapters import add_lora, save_lora
-from predictor_training.teacher.source import TeacherSource, load_teacher
 from predictor_training.world import video_latent_demo as vd
 
 
@@ -104,24 +98,13 @@ def dmd2_argv(world, out: Path, *extra) -> list[str]:
 
 
 def build_dmd2_step(world, tmp_path, *extra):
-    """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own functions."""
+    """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own `build`."""
     argv = dmd2_argv(world, tmp_path / "run", *extra)
     if "student" in extra:
         argv.remove("--init_from")
         argv.remove(str(world["init"]))
     args = dmd2.parse_args(argv)
-    policy = precision_policy("fp32", CPU)
-    teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), CPU, torch.float32)
-    student = None
-    if args.generator == "predictor":
-        _, generator_role, _ = build_predictor_role(settings_from_flags(PredictorGeneratorSettings, args), teacher,
-                                                    ENV, resuming=False)
-    else:
-        student, generator_role, _ = build_student(
-            settings_from_flags(MethodSettings, args), teacher, ENV, policy, teacher_folder=args.teacher,
-            generator_every=args.generator_every, ema_decay=args.ema_decay, ema_start_step=args.ema_start_step)
-    real, fake, fake_role = build_scores(settings_from_flags(ScoreSettings, args), teacher, ENV, policy)
-    step = dmd2.DistributionMatchingStep(
-        args=args, env=ENV, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
-        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
-    return args, step, generator_role, fake_role, teacher, real
+    parts = dmd2.build(args, ENV, precision_policy("fp32", CPU),
+                       rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32))
+    step = parts.step_fn
+    return args, step, *parts.roles, step.teacher, step.real

@@ -113,41 +113,26 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
     wrong adapter would go unseen) and the Teacher's x0 anchor gives it a gradient."""
     import fvtools.train_dmd2 as dmd2
     from predictor_training.data.video_latents import VideoLatentDataset
-    from predictor_training.methods.dmd2_models import (FAKE, PredictorGeneratorSettings, ScoreSettings,
-                                                       build_predictor_role, build_scores, build_student)
-    from predictor_training.methods.method_model import MethodSettings
-    from predictor_training.runtime.flags import settings_from_flags
-    from predictor_training.runtime.checkpoint import RunState
+    from predictor_training.methods.dmd2_models import FAKE
     from predictor_training.runtime.distributed import DistEnv
     from predictor_training.runtime.precision import precision_policy
-    from predictor_training.teacher.source import TeacherSource, load_teacher
     cpu = torch.device("cpu")
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=cpu, backend=None, is_main=True)
     argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--source_blocks", "1,2", "--output_dir", str(out),
-            "--gradient_checkpointing", "--generator", generator]
+            "--gradient_checkpointing", "--generator", generator, "--val_every", "0"]
     argv += (["--init_from", str(world["init"]), "--replace_steps", replace_steps] if generator == "predictor" else
              ["--anchor_weight", "1", "--exit_step", "last"])
-    args = dmd2.parse_args(argv)
-    teacher = load_teacher(TeacherSource(args.teacher, None, "--teacher", None), cpu, torch.float32)
-    policy = precision_policy("fp32", cpu)
-    student = None
-    if generator == "predictor":
-        _, generator_role, _ = build_predictor_role(settings_from_flags(PredictorGeneratorSettings, args), teacher,
-                                                    env, resuming=False)
-    else:
-        student, generator_role, _ = build_student(
-            settings_from_flags(MethodSettings, args), teacher, env, policy, teacher_folder=args.teacher,
-            generator_every=args.generator_every, ema_decay=args.ema_decay, ema_start_step=args.ema_start_step)
+    parts = dmd2.build(dmd2.parse_args(argv), env, precision_policy("fp32", cpu),
+                       rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32))
+    generator_role, fake_role = parts.roles
+    if generator != "predictor":
         values = torch.Generator().manual_seed(3)
         with torch.no_grad():
             for param in generator_role.parameters:
                 param.copy_(0.05 * torch.randn(param.shape, generator=values))
-    real, fake, fake_role = build_scores(settings_from_flags(ScoreSettings, args), teacher, env, policy)
-    step = dmd2.DistributionMatchingStep(
-        args=args, env=env, run_state=RunState(), rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32),
-        teacher=teacher, real=real, fake=fake, generator_role=generator_role, student=student)
-    step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({generator_role.name, FAKE}))
+    parts.step_fn(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({generator_role.name,
+                                                                                              FAKE}))
     return {role.name: [None if param.grad is None else param.grad.clone() for param in role.parameters]
             for role in (generator_role, fake_role)}
 
