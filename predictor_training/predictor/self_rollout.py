@@ -32,16 +32,18 @@ Across chunks nothing flows: each chunk's graph is freed by its own backward.
 DDP: ``train_trajectory`` runs each trained chunk's three Predictor forwards AND its backward inside
 ``no_sync()``, except the last chunk, whose backward all-reduces the gradients accumulated over all chunks once.
 
-Pieces are public so tests can check each claim: ``SelfRolloutTrajectory`` (``run_chunk_zero``,
-``run_trained_chunk`` -> ``ChunkGraph``, ``commit``) and ``train_trajectory`` (the training composition).
+What runs at each step and where the graph stops is the rollout layer's ``TrainingPolicy``
+(predictor_training/rollout/ar_rollout.py); this module gives it the Predictor step. ``train_trajectory`` (the
+training composition) runs the whole trajectory as ONE ``ARRollout.run_chunks`` call, its per-chunk hook doing the
+backward and the bookkeeping between chunks. Pieces are public so tests (and the DMD2 generator, which hands each
+chunk to a critic before committing it) can check each claim: ``SelfRolloutTrajectory`` (``run_chunk_zero``,
+``run_trained_chunk`` -> ``ChunkGraph``, ``commit``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -54,14 +56,12 @@ from predictor_training.rollout.ar_rollout import (
     RolloutInputs,
     StepCall,
     StepOutput,
+    TrainingPolicy,
 )
 from predictor_training.runtime.distributed import maybe_no_sync, unwrap_model
 from predictor_training.predictor.loss import predictor_loss
 from predictor_training.runtime.precision import autocast
-from predictor_training.teacher import ContextKV, TextKV
-
-FULL_STEP = 0  # F-P-P-P: the Teacher runs step 0, the Predictor every later step
-
+from predictor_training.teacher import TextKV
 
 # ---- settings and inputs ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -112,21 +112,32 @@ class PredictorStep:
 class ChunkGraph:
     """A trained chunk before its backward.
 
-    context: the chunk's context (indices, prefill input, exact K/V); full_hidden / full_velocity: Teacher step 0
-    (h0, v0); steps: the Predictor steps; final_latent [1, C, 4, H, W]: x_n with graph; loss: chunk loss
-    (mean of the step losses) with graph; tracked_latents: {k: x_k} whose ``.grad`` is retained (a Predictor step's
-    input made by the Predictor step before it); full_outputs: the Full Teacher steps of the chunk (step 0 first).
+    run: the rollout's `ChunkRun` of the chunk (context: indices, prefill input, exact K/V; the step outputs;
+    final_latent [1, C, 4, H, W]: x_n with graph); full_hidden / full_velocity: Teacher step 0 (h0, v0); steps: the
+    Predictor steps; loss: chunk loss (mean of the step losses) with graph; tracked_latents: {k: x_k} whose ``.grad``
+    is retained (a Predictor step's input made by the Predictor step before it); full_outputs: the Full Teacher
+    steps of the chunk (step 0 first).
     """
 
-    chunk_index: int
-    context: ChunkContext
+    run: ChunkRun
     full_hidden: Tensor
     full_velocity: Tensor
     steps: list[PredictorStep]
-    final_latent: Tensor
     loss: Tensor
     tracked_latents: dict[int, Tensor] = field(default_factory=dict)
     full_outputs: list[StepOutput] = field(default_factory=list)  # the chunk's Full Teacher steps, in order
+
+    @property
+    def chunk_index(self) -> int:
+        return self.run.chunk_index
+
+    @property
+    def context(self) -> ChunkContext:
+        return self.run.context
+
+    @property
+    def final_latent(self) -> Tensor:
+        return self.run.final_latent
 
     def pred_hidden_by_step(self) -> dict[int, Tensor]:
         return {step.step_index: step.pred_hidden for step in self.steps}
@@ -137,7 +148,7 @@ class ChunkGraph:
         which its graph holds.
         At 20 context frames that is 52 of 54 layers' K/V, ~25 GiB at the real config, no longer alive during the
         chunk's backward. The indices stay (num_frames)."""
-        self.context = ChunkContext(indices=list(self.context.indices))
+        self.run.context = ChunkContext(indices=list(self.run.context.indices))
 
 
 # ---- one trajectory --------------------------------------------------------------------------------------------
@@ -149,8 +160,8 @@ class SelfRolloutTrajectory:
     ``ARRollout``, whose running latents are the self-generated history (chunk c's slot holds its noise until the
     chunk is committed, then its detached final latent).
 
-    Order of calls: ``run_chunk_zero()``, then for c = 1..num_chunks-1: ``graph = run_trained_chunk(c)``, backward,
-    ``commit(graph)``.
+    Driven by `train_trajectory` (one `ARRollout.run_chunks` call with `policy`), or piece by piece:
+    ``run_chunk_zero()``, then for c = 1..num_chunks-1: ``graph = run_trained_chunk(c)``, backward, ``commit(graph)``.
     """
 
     def __init__(
@@ -190,6 +201,11 @@ class SelfRolloutTrajectory:
         self.predictor_text_kv = self.rollout.text_kv.select(self.source_blocks)
         self.prev_chunk_hidden: dict[int, Tensor] | None = None
         self.next_chunk = 0
+        # x_k made by the Predictor step before it keeps its .grad (the latent path of BPTT must be alive)
+        self.tracked_steps = {k + 1 for k in steps if k + 1 in steps}
+        # the Predictor steps (and tracked latents) of the chunk being run, taken by `chunk_graph`
+        self.pending_steps: list[PredictorStep] = []
+        self.pending_tracked: dict[int, Tensor] = {}
 
     # ---- sizes ------------------------------------------------------------------------------------------------
     @property
@@ -208,40 +224,38 @@ class SelfRolloutTrajectory:
     def predictor_steps(self) -> list[int]:
         return list(self.settings.replace_steps)
 
+    def policy(self, *, trained_scope: Callable[[int], ContextManager] | None = None,
+               on_chunk_end: Callable[[ChunkRun], None] | None = None) -> TrainingPolicy:
+        """The rollout's `TrainingPolicy` of this schedule (chunk 0 F-F-F-F without gradients; Predictor steps
+        `replace_steps`, velocity reuse `reuse_steps`, Full elsewhere) with the Predictor step as its student;
+        trained_scope / on_chunk_end: as `TrainingPolicy`."""
+        return TrainingPolicy(self.predictor_steps, self.predictor_step, reuse_steps=self.settings.reuse_steps,
+                              trained_scope=trained_scope, on_chunk_end=on_chunk_end)
+
     # ---- chunk 0 -----------------------------------------------------------------------------------------------
     def run_chunk_zero(self) -> list[StepOutput]:
         """F-F-F-F of chunk 0 under no_grad (the ARRollout loop): writes its final latent into the history and keeps
         the Full hidden of steps 1..n-1 as chunk 1's previous-chunk hidden. Returns the Teacher's step outputs."""
         if self.next_chunk != 0:
             raise RuntimeError(f"run_chunk_zero must come first; the trajectory is at chunk {self.next_chunk}")
-        with torch.no_grad():
-            outputs = self.rollout.run_chunk(0)
-        self.prev_chunk_hidden = {k: outputs[k].final_hidden for k in self.predictor_steps}
-        self.next_chunk = 1
+        outputs = self.rollout.run_chunk(0)
+        self.seed_history(outputs)
         return outputs
 
+    def seed_history(self, outputs: Sequence[StepOutput]) -> None:
+        """Chunk 0's Teacher outputs give chunk 1 its previous-chunk hidden of every Predictor step."""
+        self.prev_chunk_hidden = {k: outputs[k].final_hidden for k in self.predictor_steps}
+        self.next_chunk = 1
+
     # ---- chunks 1.. --------------------------------------------------------------------------------------------
-    def _step(self, call: StepCall, steps: list[PredictorStep], tracked: dict[int, Tensor | None]) -> StepOutput:
-        """What runs at step k of a trained chunk, and where the graph stops (the module docstring): velocity reuse
-        at `reuse_steps`; everywhere else the Teacher on the detached student latent (a label, no graph), which is
-        the step's output at step 0 and at Full steps (there the graph stops) and the Predictor's target at its
-        steps (with graph)."""
+    def predictor_step(self, call: StepCall, teacher_input: Tensor, target: StepOutput) -> StepOutput:
+        """The Predictor's step k of a trained chunk (the policy's student): anchored on the previous step's hidden
+        and this step k's previous-chunk hidden, trained against the Teacher's label `target` on `teacher_input`
+        (the detached student latent | cond [1, 2C+1, 4, H, W]); its output keeps the graph."""
         k = call.step_index
-        if k in self.settings.reuse_steps:  # the eval's velocity reuse: the anchor is handed on unchanged
-            return StepOutput(velocity=call.previous.velocity, final_hidden=call.previous.final_hidden)
-        # The label is computed on the state the student actually visits, cut from its graph.
-        teacher_input = call.model_input.detach()
-        with torch.no_grad():
-            target = call.run_teacher(teacher_input)
-        if k == FULL_STEP:
-            if call.context.kv is None:
-                raise RuntimeError(f"chunk {call.chunk_index} got no context frames; a trained chunk needs history")
-            return target
-        if k not in self.predictor_steps:
-            return dataclasses.replace(target, graph_stops=True)
-        if k in tracked and call.latent.requires_grad:
+        if k in self.tracked_steps and call.latent.requires_grad:
             call.latent.retain_grad()  # for the latent_grad_l1_min check: the BPTT path through x_k must be alive
-            tracked[k] = call.latent
+            self.pending_tracked[k] = call.latent
         anchor, prev_hidden = call.previous.final_hidden, self.prev_chunk_hidden[k]
         with autocast(self.device, self.settings.predictor_autocast_dtype):
             pred_hidden, pred_velocity = self.predictor(
@@ -252,45 +266,48 @@ class SelfRolloutTrajectory:
         loss, metrics = predictor_loss(pred_hidden, pred_velocity, target.final_hidden, target.velocity,
                                        hidden_weight=self.settings.hidden_weight,
                                        velocity_weight=self.settings.velocity_weight)
-        steps.append(PredictorStep(
+        self.pending_steps.append(PredictorStep(
             step_index=k, timestep=call.timestep, latent=call.latent, teacher_input=teacher_input, anchor=anchor,
             prev_chunk_hidden=prev_hidden, target_hidden=target.final_hidden, target_velocity=target.velocity,
             pred_hidden=pred_hidden, pred_velocity=pred_velocity, loss=loss, metrics=metrics,
         ))
         return StepOutput(velocity=pred_velocity, final_hidden=pred_hidden)
 
-    def run_trained_chunk(self, chunk_index: int) -> ChunkGraph:
-        """Forward of trained chunk ``chunk_index`` (module docstring) through the rollout's one chunk loop
-        (`ARRollout.denoise_chunk`: the context from the detached self-generated history, exact K/V of every layer
-        without a graph, then the steps); the caller runs the backward and commits."""
-        if chunk_index != self.next_chunk or chunk_index == 0:
-            raise RuntimeError(f"run_trained_chunk({chunk_index}) called, but the next chunk to run is "
-                               f"{self.next_chunk}")
-        steps: list[PredictorStep] = []
-        # x_k made by the Predictor step before it keeps its .grad (the latent path of BPTT must be alive)
-        tracked: dict[int, Tensor | None] = {k + 1: None for k in self.predictor_steps if k + 1 in self.predictor_steps}
-        run = self.rollout.denoise_chunk(chunk_index, lambda call: self._step(call, steps, tracked))
+    def chunk_graph(self, run: ChunkRun) -> ChunkGraph:
+        """The `ChunkGraph` of a trained chunk the policy just ran (takes the Predictor steps it recorded)."""
+        steps, tracked = self.pending_steps, self.pending_tracked
+        self.pending_steps, self.pending_tracked = [], {}
         full = run.outputs[0]
         return ChunkGraph(
-            chunk_index=chunk_index, context=run.context, full_hidden=full.final_hidden, full_velocity=full.velocity,
-            steps=steps, final_latent=run.final_latent, loss=torch.stack([step.loss for step in steps]).mean(),
-            tracked_latents={k: latent for k, latent in tracked.items() if latent is not None},
+            run=run, full_hidden=full.final_hidden, full_velocity=full.velocity, steps=steps,
+            loss=torch.stack([step.loss for step in steps]).mean(), tracked_latents=tracked,
             full_outputs=[full] + [output for output in run.outputs if output.graph_stops],
         )
 
-    def commit(self, graph: ChunkGraph) -> None:
-        """Move a finished chunk into the trajectory state, cut from its graph.
+    def run_trained_chunk(self, chunk_index: int) -> ChunkGraph:
+        """Forward of trained chunk ``chunk_index`` (module docstring) through the rollout's one chunk loop
+        (`ARRollout.denoise_chunk` with the policy's step: the context from the detached self-generated history,
+        exact K/V of every layer without a graph, then the steps); the caller runs the backward and commits."""
+        if chunk_index != self.next_chunk or chunk_index == 0:
+            raise RuntimeError(f"run_trained_chunk({chunk_index}) called, but the next chunk to run is "
+                               f"{self.next_chunk}")
+        return self.chunk_graph(self.rollout.denoise_chunk(chunk_index, self.policy().trained_step))
 
-        Both the final latent (next chunks' history, hence their context) and the predicted hiddens (next chunk's
-        previous-chunk hidden) are detached: gradients of a later chunk must not reach this chunk, whose graph is
-        freed by its own backward (and whose loss already accounted for these values). Cached context modes store
-        this chunk's per-frame K/V now (`ARRollout.commit_chunk`).
-        """
+    def hand_on(self, graph: ChunkGraph) -> None:
+        """The predicted hiddens of a finished chunk, detached, become the next chunk's previous-chunk hidden:
+        gradients of a later chunk must not reach this chunk, whose graph is freed by its own backward (and whose
+        loss already accounted for these values)."""
         if graph.chunk_index != self.next_chunk:
             raise RuntimeError(f"commit of chunk {graph.chunk_index}, but the trajectory is at chunk {self.next_chunk}")
-        self.rollout.commit_chunk(ChunkRun(graph.chunk_index, graph.context, graph.full_outputs, graph.final_latent))
         self.prev_chunk_hidden = {k: hidden.detach() for k, hidden in graph.pred_hidden_by_step().items()}
         self.next_chunk += 1
+
+    def commit(self, graph: ChunkGraph) -> None:
+        """Move a finished chunk into the trajectory state, cut from its graph: the final latent (next chunks'
+        history, hence their context) is detached into the rollout (`ARRollout.commit_chunk`; cached context modes
+        store this chunk's per-frame K/V now) and the predicted hiddens are handed on (`hand_on`)."""
+        self.hand_on(graph)
+        self.rollout.commit_chunk(graph.run)
 
 
 def trajectory_for_row(item: dict, case: dict, *, teacher: nn.Module, predictor: nn.Module, config: RolloutConfig,
@@ -313,7 +330,8 @@ def latent_grad_l1(graph: ChunkGraph) -> dict[int, float]:
 
 def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
                      chunk_hook: Callable[[ChunkGraph], Tensor | None] | None = None) -> dict[str, float]:
-    """Chunk 0 (no grad), then each trained chunk: forward, ``(chunk_loss / n_trained).backward()``, commit.
+    """The whole trajectory as one `ARRollout.run_chunks` call with the trajectory's `policy`: chunk 0 (no grad),
+    then each trained chunk: forward, ``(chunk_loss / n_trained).backward()`` in the policy's per-chunk hook, commit.
 
     sync: whether this trajectory's backward may all-reduce (the loop's flag; False while accumulating several
     trajectories). The three Predictor forwards and the backward of every chunk but the last run under
@@ -327,8 +345,8 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
     (means over the trained chunks), chunk{c}/loss, latent_grad_l1_min (min over chunks and k of sum |grad x_k|;
     only when the schedule has two consecutive Predictor steps) and context_frames_mean.
     """
-    # 1. Chunk 0: the history seed, no parameter is touched.
-    trajectory.run_chunk_zero()
+    if trajectory.next_chunk != 0:
+        raise RuntimeError(f"train_trajectory needs a fresh trajectory; it is at chunk {trajectory.next_chunk}")
     trained = trajectory.trained_chunks
     # Each chunk's backward adds its share, so the gradients equal those of the trajectory-mean loss.
     divisor = len(trained)
@@ -336,27 +354,36 @@ def train_trajectory(trajectory: SelfRolloutTrajectory, *, sync: bool = True,
     chunk_losses: dict[int, float] = {}
     grad_l1: list[float] = []
     context_frames: list[int] = []
-    # 2. Trained chunks, each freed by its own backward. With the exact context the commit needs no K/V, so the
-    #    context K/V of the Teacher's other layers are released before the backward (the cached context modes
-    #    store this chunk's K/V at the commit, attending to the whole context: they keep it).
-    release_context = trajectory.rollout.frame_cache is None
-    for chunk_index in trained:
-        all_reduce_now = sync and chunk_index == trained[-1]
-        with maybe_no_sync(trajectory.predictor, enabled=not all_reduce_now):
-            graph = trajectory.run_trained_chunk(chunk_index)
-            extra = None if chunk_hook is None else chunk_hook(graph)
-            context_frames.append(graph.context.num_frames)
-            if release_context:
-                graph.release_context()
-            ((graph.loss if extra is None else graph.loss + extra) / divisor).backward()
-            del extra
-        chunk_losses[chunk_index] = float(graph.loss.detach())
+    # With the exact context the commit needs no K/V, so the context K/V of the Teacher's other layers are released
+    # before the backward (the cached context modes store this chunk's K/V at the commit, attending to the whole
+    # context: they keep it).
+    release_context = trajectory.rollout.config.context_mode == "exact"
+
+    def trained_scope(chunk_index: int):
+        # the Predictor forwards AND the backward of every chunk but the last accumulate without all-reducing
+        return maybe_no_sync(trajectory.predictor, enabled=not (sync and chunk_index == trained[-1]))
+
+    def end_chunk(run: ChunkRun) -> None:
+        """Between a chunk's last step and its commit: chunk 0 seeds the history (no parameter is touched); a
+        trained chunk is freed by its own backward."""
+        if run.chunk_index == 0:
+            trajectory.seed_history(run.outputs)
+            return
+        graph = trajectory.chunk_graph(run)
+        extra = None if chunk_hook is None else chunk_hook(graph)
+        context_frames.append(len(graph.context.indices))
+        if release_context:
+            graph.release_context()
+        ((graph.loss if extra is None else graph.loss + extra) / divisor).backward()
+        del extra
+        chunk_losses[run.chunk_index] = float(graph.loss.detach())
         for step in graph.steps:
             for name, value in step.metrics.items():
                 per_step[step.step_index].setdefault(name, []).append(float(value))
         grad_l1.extend(latent_grad_l1(graph).values())
-        trajectory.commit(graph)
-        del graph
+        trajectory.hand_on(graph)
+
+    trajectory.rollout.run_chunks(trajectory.policy(trained_scope=trained_scope, on_chunk_end=end_chunk))
     # 3. Metrics.
     metrics: dict[str, float] = {"loss": sum(chunk_losses.values()) / divisor}
     for name in ("hidden_mse", "velocity_mse"):

@@ -22,14 +22,22 @@ call; timesteps stay float32. ``autocast_dtype`` runs every Teacher call under a
 
 Replacing steps. ``ARRollout.run(step_fn=...)`` calls ``step_fn(call: StepCall) -> StepOutput`` instead of the Full
 step; ``call.run_teacher()`` runs the Full step, so a schedule such as F-P-P-F is written as a hook that either calls
-the Teacher or a Predictor. The rollout itself always runs without gradients (the running buffer is updated in
-place); the self-rollout trainer uses it for chunk 0 only.
+the Teacher or a Predictor. The running buffer is updated in place and never carries a graph.
+
+One loop. ``ARRollout.run_chunks(policy)`` is the one loop over a rollout's chunks: per chunk it enters the policy's
+scope, denoises the chunk (``denoise_chunk``, the one loop over its steps) with the policy's step hook, calls the
+policy's ``end_chunk`` and commits. ``ChunkPolicy`` runs a step hook without gradients (``run``, ``run_chunk``);
+``TrainingPolicy`` is a trainer's schedule: which step of a trained chunk runs Full, the student or velocity reuse,
+which calls carry a graph and where the graph is cut, with the trainer's per-chunk scope (DDP ``no_sync``) and hook
+(its backward, between a chunk's last step and its commit).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 from torch import Tensor
@@ -294,6 +302,84 @@ class ChunkRun:
     final_latent: Tensor
 
 
+class ChunkPolicy:
+    """The caller's side of `ARRollout.run_chunks`, the one loop over a rollout's chunks: the scope each chunk runs
+    in, its step hook and what happens between its last step and its commit. This one runs `step_fn` (default: the
+    Full Teacher step) at every step of every chunk without gradients; `on_chunk_end(run)` (optional) sees each
+    chunk's `ChunkRun` before its commit."""
+
+    def __init__(self, step_fn: StepFn | None = None, on_chunk_end: Callable[[ChunkRun], None] | None = None):
+        self.step_fn = step_fn
+        self.on_chunk_end = on_chunk_end
+
+    def chunk_scope(self, chunk_index: int) -> ContextManager:
+        """Entered around the chunk's steps and `end_chunk` (grad mode; a trainer's DDP `no_sync`)."""
+        return torch.no_grad()
+
+    def chunk_step_fn(self, chunk_index: int) -> StepFn | None:
+        """The chunk's step hook (None: the Full Teacher step)."""
+        return self.step_fn
+
+    def end_chunk(self, run: ChunkRun) -> None:
+        """After the chunk's last step, inside its scope, before its commit."""
+        if self.on_chunk_end is not None:
+            self.on_chunk_end(run)
+
+
+StudentFn = Callable[[StepCall, Tensor, StepOutput], StepOutput]
+
+
+class TrainingPolicy(ChunkPolicy):
+    """A trainer's schedule over a rollout's chunks: which step runs Full, the student or velocity reuse, which
+    calls carry a graph and where it is cut (docs/rollout.md).
+
+    Chunks before `first_trained_chunk` are the Teacher's F-F-F-F without gradients (the history seed). In a trained
+    chunk (grad mode: the caller's) step k is
+    * in `reuse_steps`: the previous step's output again (velocity and hidden; no model call, no label);
+    * otherwise the Teacher's step on the detached latent, without a graph: a label on the state the student
+      visits. At step 0 it is the step's output. At any other Full step too, and the next latent is advanced from
+      the detached latent (`StepOutput.graph_stops`): gradients stop there. At a step of `student_steps` it goes
+      to `student(call, label_input, label)` (label_input [1, 2C+1, 4, H, W]: the detached input the label was
+      computed on), whose output, with its graph, advances the latent.
+    trained_scope(chunk_index): the context a trained chunk's steps and `end_chunk` run in (default none: e.g. a
+    trainer's DDP `no_sync`); on_chunk_end(run): every chunk's `ChunkRun` before its commit (a trainer's backward).
+    """
+
+    def __init__(self, student_steps: Sequence[int], student: StudentFn, *, reuse_steps: Sequence[int] = (),
+                 first_trained_chunk: int = 1, trained_scope: Callable[[int], ContextManager] | None = None,
+                 on_chunk_end: Callable[[ChunkRun], None] | None = None):
+        super().__init__(None, on_chunk_end)
+        self.student_steps = tuple(student_steps)
+        self.student = student
+        self.reuse_steps = tuple(reuse_steps)
+        self.first_trained_chunk = first_trained_chunk
+        self.trained_scope = trained_scope
+
+    def chunk_scope(self, chunk_index: int) -> ContextManager:
+        if chunk_index < self.first_trained_chunk:
+            return torch.no_grad()
+        return contextlib.nullcontext() if self.trained_scope is None else self.trained_scope(chunk_index)
+
+    def chunk_step_fn(self, chunk_index: int) -> StepFn | None:
+        return None if chunk_index < self.first_trained_chunk else self.trained_step
+
+    def trained_step(self, call: StepCall) -> StepOutput:
+        """Step ``call.step_index`` of a trained chunk (the class docstring)."""
+        k = call.step_index
+        if k in self.reuse_steps:  # the eval's velocity reuse: the anchor is handed on unchanged
+            return StepOutput(velocity=call.previous.velocity, final_hidden=call.previous.final_hidden)
+        label_input = call.model_input.detach()
+        with torch.no_grad():
+            label = call.run_teacher(label_input)
+        if k == 0:
+            if call.context.kv is None:
+                raise RuntimeError(f"chunk {call.chunk_index} got no context frames; a trained chunk needs history")
+            return label
+        if k not in self.student_steps:
+            return dataclasses.replace(label, graph_stops=True)
+        return self.student(call, label_input, label)
+
+
 @dataclass
 class StepRecord:
     """latent_in / velocity / latent_out [1, C, 4, H, W]; timestep [4]; final_hidden [1, 4*H*W, hidden] or None."""
@@ -365,8 +451,10 @@ class TrajectoryRecorder:
 class ARRollout:
     """State of one autoregressive rollout: the running latents ``[1, C, T, H, W]`` and the fixed inputs.
 
-    Usage: ``ARRollout(teacher, text_kv, inputs, config, recorder).run()`` -> final latents. Pieces
-    (``select_context``, ``prefill_context``, ``run_chunk``) are public for callers that drive chunks themselves.
+    Usage: ``ARRollout(teacher, text_kv, inputs, config, recorder).run()`` -> final latents; a trainer passes its
+    ``TrainingPolicy`` to ``run_chunks``. Pieces (``select_context``, ``prefill_context``, ``denoise_chunk``,
+    ``commit_chunk``) are public for the rollout layer's other drivers (teacher forcing) and for generators that
+    hand each chunk to a critic before committing it (``methods/chunk_generators.py``).
     """
 
     def __init__(
@@ -406,14 +494,11 @@ class ARRollout:
         self.scheduler = FlowMatchEulerScheduler(shift=config.shift)
         self.scheduler.set_timesteps(config.num_steps)
         self.previous_chunk_outputs: list[StepOutput] | None = None
+        self.num_chunks = inputs.num_latents // config.chunk_latents
         height, width = inputs.noise.shape[3:]
         self.frame_cache = None if config.context_mode == "exact" else FrameKVCache(depth, height * width)
 
     # ---- helpers ----------------------------------------------------------------------------------------------
-    @property
-    def num_chunks(self) -> int:
-        return self.inputs.num_latents // self.config.chunk_latents
-
     @property
     def sigmas(self) -> Tensor:
         """[num_steps + 1] float32 (CPU)."""
@@ -583,7 +668,7 @@ class ARRollout:
                       latent: Tensor | None = None, first_step: int = 0) -> ChunkRun:
         """The one loop over a chunk's denoising steps: what runs at each step is `step_fn`'s (default: the Full
         Teacher step), where the graph stops is its outputs' `graph_stops`; the latent stays local, so a graph can
-        live through it (nothing is written to the running latents: `run_chunk` commits).
+        live through it (nothing is written to the running latents: `run_chunks` commits).
 
         context: default, the chunk's context prefilled now (no grad). latent [1, C, 4, H, W]: the latent entering
         `first_step` (default: the chunk's slot of the running latents, i.e. its noise). Each step's input is cast to
@@ -634,29 +719,38 @@ class ARRollout:
             latent = stepped.to(self.config.state_dtype)
         return ChunkRun(chunk_index, context, outputs, latent)
 
-    def commit_chunk(self, run: ChunkRun, outputs: Sequence[StepOutput] | None = None) -> None:
+    def commit_chunk(self, run: ChunkRun) -> None:
         """A finished chunk becomes history: its final latent (detached) is written into the running latents, the
-        cached context modes store its K/V, and `outputs` (default: the run's) become the next chunk's
-        `previous_chunk`."""
+        cached context modes store its K/V, and its step outputs become the next chunk's `previous_chunk`."""
         self.write_chunk(run.chunk_index, run.final_latent.detach())
         if self.recorder is not None:
             self.recorder.on_chunk_end(run.chunk_index, self.latents[:, :, self.chunk_frames(run.chunk_index)])
         self.cache_chunk(run.chunk_index, run.context, run.outputs)
-        self.previous_chunk_outputs = list(run.outputs if outputs is None else outputs)
+        self.previous_chunk_outputs = list(run.outputs)
 
-    @torch.no_grad()
+    def run_chunks(self, policy: ChunkPolicy, chunks: Sequence[int] | None = None) -> Tensor:
+        """The one loop over the chunks (default: all, in order): each chunk is denoised inside
+        ``policy.chunk_scope`` with ``policy.chunk_step_fn``, handed to ``policy.end_chunk`` (still in the scope),
+        then committed. Returns the running latents [1, C, T, H, W]."""
+        for chunk_index in range(self.num_chunks) if chunks is None else chunks:
+            with policy.chunk_scope(chunk_index):
+                run = self.denoise_chunk(chunk_index, policy.chunk_step_fn(chunk_index))
+                policy.end_chunk(run)
+            self.commit_chunk(run)
+            del run  # nothing of a finished chunk outlives its commit here
+        return self.latents
+
     def run_chunk(self, chunk_index: int, step_fn: StepFn | None = None) -> list[StepOutput]:
-        """Context prefill + ``num_steps`` Euler steps of chunk ``chunk_index``, committed; returns the step
-        outputs."""
-        run = self.denoise_chunk(chunk_index, step_fn)
-        self.commit_chunk(run)
-        return run.outputs
+        """Chunk ``chunk_index`` through `run_chunks` (no grad, context prefill + ``num_steps`` Euler steps,
+        committed); returns the step outputs."""
+        outputs: list[StepOutput] = []
+        self.run_chunks(ChunkPolicy(step_fn, on_chunk_end=lambda run: outputs.extend(run.outputs)), [chunk_index])
+        return outputs
 
     def run(self, step_fn: StepFn | None = None, chunks: Sequence[int] | None = None) -> Tensor:
-        """Run ``chunks`` (default: all, in order) and return the running latents [1, C, T, H, W]."""
-        for chunk_index in range(self.num_chunks) if chunks is None else chunks:
-            self.run_chunk(chunk_index, step_fn)
-        return self.latents
+        """Run ``chunks`` (default: all, in order) with ``step_fn`` without gradients and return the running
+        latents [1, C, T, H, W]."""
+        return self.run_chunks(ChunkPolicy(step_fn), chunks)
 
 
 def record_rollout(

@@ -390,11 +390,8 @@ def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent
     settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,), reuse_steps=(1, 2))
     predictor = RecordingPredictor(make_predictor(teacher))
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
-    teacher_calls = []
-    full_step = trajectory.rollout.full_step
-    monkeypatch.setattr(trajectory.rollout, "full_step", lambda *a, **k: teacher_calls.append(1) or full_step(*a, **k))
     trajectory.run_chunk_zero()
-    teacher_calls.clear()
+    teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
     graph = trajectory.run_trained_chunk(1)
     assert [step.step_index for step in graph.steps] == [3] and len(predictor.calls) == 1
     assert len(teacher_calls) == 2  # step 0 and step 3's label: the reused steps call nothing

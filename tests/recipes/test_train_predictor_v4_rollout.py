@@ -226,21 +226,16 @@ def ddp_checks(root: Path) -> None:
 
     model.register_comm_hook(counter, counting_allreduce)
     inputs = make_inputs(seed=5 + env.rank)
-    per_chunk = []
 
-    def run(sync: bool) -> None:
+    def run(sync: bool) -> list[int]:
+        """The comm-hook count before each trained chunk's backward (the chunk hook) and at the end."""
         trajectory = SelfRolloutTrajectory(teacher, model, text_kv, inputs, settings=SETTINGS)
-        commit = trajectory.commit
+        marks = []
+        train_trajectory(trajectory, sync=sync, chunk_hook=lambda graph: marks.append(counter["calls"]))
+        return marks + [counter["calls"]]
 
-        def commit_and_count(graph):
-            per_chunk.append(counter["calls"])
-            commit(graph)
-
-        trajectory.commit = commit_and_count
-        train_trajectory(trajectory, sync=sync)
-
-    run(sync=True)
-    increments = [after - before for before, after in zip([0] + per_chunk[:-1], per_chunk)]
+    marks = run(sync=True)
+    increments = [after - before for before, after in zip(marks, marks[1:])]  # during chunks 1, 2, 3
     report["allreduce_per_chunk"] = {str(k): v for k, v in enumerate(all_gather_objects(increments))}
     report["allreduce_total"] = {str(k): v for k, v in enumerate(all_gather_objects(counter["calls"]))}
     synced = {name: param.grad.clone() for name, param in predictor.named_parameters() if param.requires_grad}
