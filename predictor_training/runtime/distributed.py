@@ -97,11 +97,12 @@ def exit_with_launcher() -> None:
         os._exit(1)
 
 
-def init_distributed(backend: str = "auto") -> DistEnv:
+def init_distributed(backend: str = "auto", *, die_with_launcher: bool = True) -> DistEnv:
     """Create the process group under torchrun, or describe a single process otherwise.
 
     Under torchrun (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set) this calls
-    `dist.init_process_group`; as plain python it creates nothing and returns world size 1.
+    `dist.init_process_group`, the worker first made to die with its launcher (`exit_with_launcher`; off for a process
+    that sets those variables itself, e.g. a test); as plain python it creates nothing and returns world size 1.
     """
     resolved = resolve_backend(backend)
     use_cuda = resolved == "nccl"
@@ -111,7 +112,8 @@ def init_distributed(backend: str = "auto") -> DistEnv:
             torch.cuda.set_device(device)
         return DistEnv(rank=0, local_rank=0, world_size=1, device=device, backend=None, is_main=True)
 
-    exit_with_launcher()
+    if die_with_launcher:
+        exit_with_launcher()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +15,7 @@ import train_predictor_disca
 import train_predictor_v4
 import train_predictor_v4_rollout
 from predictor_training.runtime.run_directory import run_name, subset_tag
+from tests.helpers.offline_dataset import write_tiny_dataset
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,19 +98,16 @@ def test_bad_flag_on_the_command_line_has_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr and "--max_steps=0: expected >= 1" in result.stderr, result.stderr
 
 
-def test_print_run_dir_names_the_run_without_training(dataset_root, tmp_path, capsys, monkeypatch):
+def test_print_run_dir_names_the_run_without_training(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
-    # The dataset here is only its (empty) config: leave out the dry run's checks of the dataset and its Teacher.
-    monkeypatch.setattr(train_predictor_v4, "check_data", lambda args: None)
-    monkeypatch.setattr(train_predictor_v4, "check_source_blocks", lambda blocks, source: None)
-    monkeypatch.setattr(train_predictor_v4, "resolve_teacher_source",
-                        lambda *args: SimpleNamespace(origin="--teacher", folder=tmp_path / "teacher"))
-    flags = ["--dataset_root", str(dataset_root), "--output_root", str(tmp_path / "runs"), "--fusion_lr", "5e-4",
-             "--max_steps", "12", "--scheduler_warmup_steps", "2", "--block_warmup_steps", "2", "--backend", "gloo"]
+    dataset = write_tiny_dataset(tmp_path / "dataset")  # the dry run checks the dataset and its Teacher
+    flags = ["--dataset_root", str(dataset), "--output_root", str(tmp_path / "runs"), "--fusion_lr", "5e-4",
+             "--source_blocks", "0,1", "--max_steps", "12", "--scheduler_warmup_steps", "2",
+             "--block_warmup_steps", "2", "--backend", "gloo"]
     assert train_predictor_v4.main([*flags, "--print_run_dir"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == str(tmp_path / "runs" / (
-        "predictor_v4_prefeature_blocks1-52_fp32master_8cpu_flr5e-4_blr1e-5_schedsteps12_swarmup2_bwarmup2_swanlab"))
+        "predictor_v4_prefeature_blocks0-1_fp32master_8cpu_flr5e-4_blr1e-5_schedsteps12_swarmup2_bwarmup2_swanlab"))
     assert "new run in" in err
     assert not (tmp_path / "runs").exists()
 

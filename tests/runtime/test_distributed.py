@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-import predictor_training.runtime.distributed as distributed
 from predictor_training.runtime.distributed import (
     DistEnv,
     all_gather_objects,
@@ -95,9 +94,7 @@ def test_one_rank_gloo_group_wraps_in_ddp_and_skips_the_all_reduce_under_no_sync
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", str(port))):
         monkeypatch.setenv(name, value)
-    # torchrun's workers die with their agent; this test process is no torchrun worker
-    monkeypatch.setattr(distributed, "exit_with_launcher", lambda: None)
-    env = init_distributed("gloo")
+    env = init_distributed("gloo", die_with_launcher=False)  # this test process is no torchrun worker
     try:
         assert env == DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo",
                               is_main=True)
