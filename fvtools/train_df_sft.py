@@ -46,7 +46,7 @@ from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.teacher_samples import TeacherSampleDataset
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.eval.validation import ClipRolloutValidation, own_rollout, resolve_video_val_args
+from predictor_training.eval.validation import ClipRolloutValidation, own_rollout, resolve_video_val_inputs
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
@@ -172,7 +172,9 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error(f"--val_every={args.val_every} with --data teacher_samples: held-out validation scores the "
                      "model's own 4-step rollout against real videos, which only a video-latent dataset holds; "
                      "pass --val_every 0")
-    resolve_video_val_args(parser, args, METHOD)
+    args.val_vae, args.val_split = resolve_video_val_inputs(
+        parser, METHOD, val_every=args.val_every, val_vae=args.val_vae, val_split=args.val_split,
+        val_ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, split=args.split)
 
 
 def build_validation(args, env: DistEnv, method_model: MethodModel, rollout_config: RolloutConfig,

@@ -62,7 +62,7 @@ import torch
 from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.eval.validation import generator_validation, resolve_video_val_args
+from predictor_training.eval.validation import generator_validation, resolve_video_val_inputs
 from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
 from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
 from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, REAL, PredictorGeneratorSettings,
@@ -249,7 +249,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"{' and '.join(missing)} missing (or pass --dry_run CONFIG)")
     check_args(parser, args, dataset_config_name=VIDEO_CONFIG_NAME)
     check_dmd2_args(parser, args)
-    resolve_video_val_args(parser, args, METHOD)
+    args.val_vae, args.val_split = resolve_video_val_inputs(
+        parser, METHOD, val_every=args.val_every, val_vae=args.val_vae, val_split=args.val_split,
+        val_ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, split=args.split)
     return args
 
 
@@ -289,20 +291,22 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--init_from is for --generator predictor; a student starts from the Teacher (--train)")
 
 
-def run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
-    """The run directory's name from the flags: generator (and what trains), rollout, cadence, fake score, LRs."""
-    if args.generator == "predictor":
-        letters = Schedule(args.replace_steps).letters().lower()
-        model = f"predictor-{letters}-blocks{'-'.join(str(block) for block in args.source_blocks)}"
-        lrs = [f"flr{format_lr(args.fusion_lr)}", f"blr{format_lr(args.blocks_lr)}"]
+def run_name(flags: dict, *, world_size: int, device_type: str, subset: str = "") -> str:
+    """The run directory's name from the flags (`plain_flags`): generator (and what trains), rollout, cadence, fake
+    score, LRs."""
+    if flags["generator"] == "predictor":
+        letters = Schedule(flags["replace_steps"]).letters().lower()
+        model = f"predictor-{letters}-blocks{'-'.join(str(block) for block in flags['source_blocks'])}"
+        lrs = [f"flr{format_lr(flags['fusion_lr'])}", f"blr{format_lr(flags['blocks_lr'])}"]
     else:
-        trained = f"lora{args.lora_rank}" if args.train == "lora" else f"full-{args.init_weights}"
-        model = f"student{args.student_steps}-{trained}"
-        lrs = [f"lr{format_lr(args.lr)}"]
-    tracker = "notracker" if args.tracker == "none" else args.tracker
-    parts = [args.experiment, model, f"rollout-{args.rollout}", f"every{args.generator_every}",
-             f"fake-{args.fake_score_train}", args.precision, device_tag(world_size, device_type), *lrs,
-             f"fslr{format_lr(args.fake_score_lr)}", f"steps{args.max_steps}", f"warmup{args.warmup_steps}", tracker]
+        trained = f"lora{flags['lora_rank']}" if flags["train"] == "lora" else f"full-{flags['init_weights']}"
+        model = f"student{flags['student_steps']}-{trained}"
+        lrs = [f"lr{format_lr(flags['lr'])}"]
+    tracker = "notracker" if flags["tracker"] == "none" else flags["tracker"]
+    parts = [flags["experiment"], model, f"rollout-{flags['rollout']}", f"every{flags['generator_every']}",
+             f"fake-{flags['fake_score_train']}", flags["precision"], device_tag(world_size, device_type), *lrs,
+             f"fslr{format_lr(flags['fake_score_lr'])}", f"steps{flags['max_steps']}",
+             f"warmup{flags['warmup_steps']}", tracker]
     return "_".join(parts)
 
 

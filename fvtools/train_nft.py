@@ -206,7 +206,8 @@ def check_nft_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.reference_video == "ground_truth" and (args.ground_truth is None or not args.ground_truth.is_dir()):
         parser.error(f"--reference_video ground_truth: --ground_truth={args.ground_truth}: expected a folder of "
                      "ground-truth videos")
-    check_train_sigmas(parser, args)
+    check_train_sigmas(parser, settings_from_flags(TrainSigmas, args), train=args.train,
+                       init_weights=args.init_weights, allow_sigma_below_teacher=args.allow_sigma_below_teacher)
     world_size, _ = launch_world(args.backend)
     if args.train == "full" and world_size > 1:
         parser.error(f"--train full on {world_size} ranks: the old policy and the reference are unsharded copies "

@@ -362,6 +362,8 @@ def naming_of(script: str):
 
 
 def compute_run_name(script: str, argv: list[str], world: int, device: str, tmp: Path) -> str:
+    from predictor_training.runtime.run_directory import plain_flags
+
     folder, file = stub_inputs(tmp)
     module = load_script(script)
     argv = stubbed(script, with_inputs(script, argv), folder, file)
@@ -373,7 +375,7 @@ def compute_run_name(script: str, argv: list[str], world: int, device: str, tmp:
         except SystemExit:
             raise AssertionError(f"{script} {' '.join(argv)}: refused: {stderr.getvalue().strip()}") from None
     naming, tags = naming_of(script)
-    return naming(args, world_size=world, device_type=device, subset=tags(args))
+    return naming(plain_flags(args), world_size=world, device_type=device, subset=tags(args))
 
 
 def recipe_of_name(name: str) -> tuple[str, list[str], int, str]:

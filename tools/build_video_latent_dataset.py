@@ -39,11 +39,12 @@ from predictor_training.data.encoders import VISION_CROPS
 from predictor_training.data.video_latent_build import (
     ENCODER_DTYPES,
     STORAGE_DTYPES,
+    VideoBuildOptions,
     run,
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import add_threads_arg, settings_from_flags
 from predictor_training.world.video_latent_demo import (
     DEMO_ENCODERS_DIR,
     DEMO_HEIGHT,
@@ -139,7 +140,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     set_cpu_threads(args.threads, tool="build_video_latent_dataset", load_aware=False)
-    return run(args, prepare_demo=prepare_demo_inputs)
+    return run(settings_from_flags(VideoBuildOptions, args), prepare_demo=prepare_demo_inputs)
 
 
 if __name__ == "__main__":

@@ -241,8 +241,10 @@ def rehearse(args, recipe: str | None = None, *, fake: bool = True, host: str | 
     notes = plan.notes
     plan.notes = lambda parts: {"shapes": f"text {args.text_tokens} tokens, latents 4x{args.latent_grid[0]}x"
                                           f"{args.latent_grid[1]} per chunk", **notes(parts)}
-    return rehearse_recipe(module, flags, plan, preset=args.config, world_size=args.world_size,
-                           optimizer_steps=args.optimizer_steps, cuda_autocast=not args.no_cuda_autocast, fake=fake)
+    return rehearse_recipe(partial(module.build, flags), plan, precision=flags.precision,
+                           gradient_checkpointing=getattr(flags, "gradient_checkpointing", True), preset=args.config,
+                           world_size=args.world_size, optimizer_steps=args.optimizer_steps,
+                           cuda_autocast=not args.no_cuda_autocast, fake=fake)
 
 
 def flop_notes(args, recipe: str, context_frames: int | None, user: bool = True) -> dict:

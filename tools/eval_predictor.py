@@ -38,11 +38,12 @@ from pathlib import Path
 from predictor_training.eval import (
     DTYPES,
     parse_context_modes,
+    resolve_eval_settings,
     run_evaluation,
-    settings_from_args,
 )
-from predictor_training.eval.inputs import add_input_args, resolve_inputs
+from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
+from predictor_training.eval.run import EVAL_FLAGS
 from predictor_training.rollout.schedule import (
     DEFAULT_REPLACE_STEPS,
     Schedule,
@@ -114,7 +115,8 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     """Flags plus the cross-flag rules that need no file beyond the sample table."""
     add_threads_arg(parser)
     args = parser.parse_args(argv)
-    resolve_inputs(parser, args)
+    inputs = resolve_inputs(parser, **{flag: getattr(args, flag) for flag in INPUT_FLAGS})
+    vars(args).update(inputs._asdict())  # the inputs --demo stands for, and the split's sample table
     if args.lpips_alexnet is not None and args.lpips_random_backbone:
         parser.error("--lpips_alexnet and --lpips_random_backbone exclude each other")
     for flag, minimum in (("num_side_by_side", 0), ("side_by_side_scale", 0), ("warmup_chunks", 0)):
@@ -138,7 +140,8 @@ def main(argv=None) -> int:
     env = init_distributed(args.backend)
     try:
         try:
-            settings = settings_from_args(args, argv, env.device)
+            settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
+                                             device=env.device)
         except (ValueError, FileNotFoundError) as error:  # --ckpt, --teacher, --dtype, --chunk0 problems
             parser.error(str(error))
         report = run_evaluation(settings, env)

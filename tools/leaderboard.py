@@ -39,9 +39,9 @@ import json
 import sys
 from pathlib import Path
 
-from predictor_training.eval import DTYPES, settings_from_args
+from predictor_training.eval import DTYPES, resolve_eval_settings
 from predictor_training.eval.front import Estimate
-from predictor_training.eval.inputs import add_input_args, resolve_inputs, sample_table_path
+from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
 from predictor_training.eval.leaderboard import (
     CACHES,
     DEFAULT_BASELINE,
@@ -57,6 +57,7 @@ from predictor_training.eval.leaderboard import (
 )
 from predictor_training.eval.methods import parse_context_modes
 from predictor_training.eval.run import (
+    EVAL_FLAGS,
     build_runtime,
     label_checkpoints,
     open_dataset,
@@ -142,7 +143,8 @@ def comma_list(text: str) -> list[str]:
 
 def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
-    resolve_inputs(parser, args)
+    inputs = resolve_inputs(parser, **{flag: getattr(args, flag) for flag in INPUT_FLAGS})
+    vars(args).update(inputs._asdict())  # the inputs --demo stands for, and the split's sample table
     if args.lpips_alexnet is not None and args.lpips_random_backbone:
         parser.error("--lpips_alexnet and --lpips_random_backbone exclude each other")
     for flag, minimum in (("seeds", 1), ("resamples", 100), ("calibration_videos", 1), ("num_side_by_side", 0),
@@ -241,9 +243,9 @@ def main(argv=None) -> int:
                                caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
                                predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)
             args.baseline = choose_baseline(specs, args.baseline)
-            eval_args = argparse.Namespace(**{**vars(args), "context_modes": "exact", "run_name": None,
-                                              "num_side_by_side": 0, "chunk0": "full"})
-            settings = settings_from_args(eval_args, argv, env.device)
+            eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
+                          "run_name": None, "num_side_by_side": 0}
+            settings = resolve_eval_settings(**eval_flags, argv=argv, device=env.device)
         except (ValueError, FileNotFoundError, KeyError) as error:
             parser.error(str(error))
         run_name = args.run_name or f"leaderboard_{args.split}_" + sha256_json(

@@ -182,10 +182,10 @@ class PeriodicEval:
              f"{record['first_frame_psnr']:.2f} dB, colour error {record['colour_error']:.4f})")
 
 
-def vae_run_name(args, *, world_size: int, device_type: str, subset: str = "") -> str:
-    blocks = "-".join(str(channels) for channels in args.block_out_channels)
-    return (f"{args.experiment}_c{args.latent_channels}_b{blocks}_lr{format_lr(args.lr)}_steps{args.max_steps}_"
-            f"{world_size}{'gpu' if device_type == 'cuda' else 'cpu'}")
+def vae_run_name(flags: dict, *, world_size: int, device_type: str, subset: str = "") -> str:
+    blocks = "-".join(str(channels) for channels in flags["block_out_channels"])
+    return (f"{flags['experiment']}_c{flags['latent_channels']}_b{blocks}_lr{format_lr(flags['lr'])}_"
+            f"steps{flags['max_steps']}_{world_size}{'gpu' if device_type == 'cuda' else 'cpu'}")
 
 
 def read_clip_table(path: Path) -> list[ClipVideo]:

@@ -278,7 +278,7 @@ def check_inputs(plan: ClipPlan, rank: int = 0, world_size: int = 1) -> list[str
 # =============================================================================================================
 # 3. Encoding one clip
 # =============================================================================================================
-def load_video_encoder(options, device) -> CaseEncoder:
+def load_video_encoder(options: VideoBuildOptions, device) -> CaseEncoder:
     """The encoder stage's ``CaseEncoder`` (all seven pipeline components) with ``options``' dtypes and tiling."""
     encoder = CaseEncoder.from_pretrained(
         options.encoders, device, ENCODER_DTYPES[options.dtype], byt5_dtype=ENCODER_DTYPES[options.byt5_dtype],
@@ -326,7 +326,7 @@ def _store(tensor: torch.Tensor, storage_dtype: str) -> torch.Tensor:
     return tensor.contiguous().clone()
 
 
-def encode_clip(encoder: CaseEncoder, job: ClipJob, options) -> dict[str, torch.Tensor]:
+def encode_clip(encoder: CaseEncoder, job: ClipJob, options: VideoBuildOptions) -> dict[str, torch.Tensor]:
     """Every stored tensor of one clip (names, shapes: ``video_latents``' module docstring); nothing is written here.
 
     Raises VideoDatasetInputError (file, field, expected value) for a wrong frame count or an unreadable video,
@@ -358,7 +358,7 @@ def vae_config_sha256(vae) -> str:
     return sha256_json({key: value for key, value in dict(vae.config).items() if not key.startswith("_")})
 
 
-def video_dataset_config(options, plan: ClipPlan, encoder: CaseEncoder) -> dict:
+def video_dataset_config(options: VideoBuildOptions, plan: ClipPlan, encoder: CaseEncoder) -> dict:
     """Everything that determines the stored tensors (no timestamps, no device): video_dataset_config.json."""
     vae = encoder.pipeline.vae
     grid = encoder.latent_grid(options.height, options.width)
@@ -472,11 +472,11 @@ def merge_clip_manifest(root: Path, plan: ClipPlan) -> list[dict]:
 # =============================================================================================================
 # 5. The build
 # =============================================================================================================
-def run(options, prepare_demo=None) -> int:
+def run(options: VideoBuildOptions, prepare_demo=None) -> int:
     """Build (or resume) the video-latent dataset in ``options.out``; ``torchrun``-aware. Returns the exit status.
 
-    ``options``: a ``VideoBuildOptions`` or the command line's namespace with the same fields. ``prepare_demo``:
-    with ``options.demo`` set, the function that writes the demo inputs first (rank 0), called as
+    ``options``: the build's named values (tools/build_video_latent_dataset.py makes them from its flags).
+    ``prepare_demo``: with ``options.demo`` set, the function that writes the demo inputs first (rank 0), called as
     ``prepare_demo(demo, clips, holdout, seed)`` (``world.video_latent_demo.prepare_demo_inputs``).
     """
     env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
@@ -507,7 +507,7 @@ def _check_only(plan: ClipPlan, env) -> int:
     return 0
 
 
-def build(options, plan: ClipPlan, env) -> int:
+def build(options: VideoBuildOptions, plan: ClipPlan, env) -> int:
     """Encode this rank's clips (clip i on rank i % world size) into ``options.out``, then merge the manifest."""
     root = Path(options.out)
     part_file = root / PARTS_DIR / f"rank{env.rank}.jsonl"

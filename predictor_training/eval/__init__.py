@@ -84,11 +84,11 @@ from predictor_training.eval.run import (
     load_predictor,
     read_predictor_checkpoint,
     resolve_dtype,
+    resolve_eval_settings,
     resolve_teacher,
     rollout_config_for,
     run_evaluation,
     settings_fingerprint,
-    settings_from_args,
 )
 from predictor_training.eval.methods import PredictorCheckpoint
 from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION, EvalRuntime
@@ -105,7 +105,7 @@ __all__ = [
     "context_mode_name", "context_modes_tag", "default_run_name",
     "format_markdown_table", "label_checkpoints", "load_predictor", "make_step_fn",
     "parse_context_modes", "parse_replace_steps", "plot_drift", "read_predictor_checkpoint",
-    "read_video_result", "resolve_dtype",
-    "resolve_teacher", "rollout_config_for", "run_evaluation", "settings_fingerprint", "settings_from_args",
+    "read_video_result", "resolve_dtype", "resolve_eval_settings",
+    "resolve_teacher", "rollout_config_for", "run_evaluation", "settings_fingerprint",
     "video_key", "with_context_mode", "write_reports", "write_side_by_side",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from predictor_training.data.sample_table import SPLIT_NAMES
 
@@ -60,29 +61,50 @@ def sample_table_path(parser: argparse.ArgumentParser, samples_dir: Path, split:
     return table
 
 
-def resolve_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Expand --demo D into the separate inputs, check the combination, set args.sample_table (parser.error on a
-    problem)."""
+# The flags `add_input_args` adds, which `resolve_inputs` takes by name.
+INPUT_FLAGS = ("demo", "teacher", "action_ckpt", "vae", "samples_dir", "encoded", "dataset_root", "split",
+               "max_videos", "num_latents", "ground_truth")
+
+
+class ResolvedInputs(NamedTuple):
+    """The input flags --demo D stands for (teacher, vae, samples_dir, encoded; ground_truth from its config when
+    not given), else the given ones, and the sample table of the split."""
+
+    teacher: Path | None
+    vae: Path
+    samples_dir: Path
+    encoded: Path | None
+    ground_truth: Path | None
+    sample_table: Path
+
+
+def resolve_inputs(parser: argparse.ArgumentParser, *, demo: Path | None, teacher: Path | None,
+                   action_ckpt: Path | None, vae: Path | None, samples_dir: Path | None, encoded: Path | None,
+                   dataset_root: Path | None, split: str, max_videos: int | None, num_latents: int,
+                   ground_truth: Path | None) -> ResolvedInputs:
+    """Expand --demo D into the separate inputs, check the combination and find the split's sample table
+    (parser.error on a problem)."""
     ground_truth_origin = "--ground_truth"
-    if args.demo is not None:
-        given = [flag for flag in ("teacher", "action_ckpt", "vae", "samples_dir", "encoded", "dataset_root")
-                 if getattr(args, flag) is not None]
+    if demo is not None:
+        separate = {"teacher": teacher, "action_ckpt": action_ckpt, "vae": vae, "samples_dir": samples_dir,
+                    "encoded": encoded, "dataset_root": dataset_root}
+        given = [flag for flag, value in separate.items() if value is not None]
         if given:
             parser.error(f"--demo replaces --{', --'.join(given)}")
-        args.teacher, args.vae = args.demo / "teacher", args.demo / "encoders" / "vae"
-        args.samples_dir, args.encoded = args.demo / "samples", args.demo / "encoded"
-        if args.ground_truth is None:
-            args.ground_truth = demo_ground_truth(parser, args.demo)
-            ground_truth_origin = f"the 'ground_truth' entry of {args.demo / DEMO_CONFIG_NAME}"
-    missing = [flag for flag in ("vae", "samples_dir") if getattr(args, flag) is None]
+        teacher, vae = demo / "teacher", demo / "encoders" / "vae"
+        samples_dir, encoded = demo / "samples", demo / "encoded"
+        if ground_truth is None:
+            ground_truth = demo_ground_truth(parser, demo)
+            ground_truth_origin = f"the 'ground_truth' entry of {demo / DEMO_CONFIG_NAME}"
+    missing = [flag for flag, value in (("vae", vae), ("samples_dir", samples_dir)) if value is None]
     if missing:
         parser.error(f"missing --{', --'.join(missing)} (or use --demo D)")
-    if (args.encoded is None) == (args.dataset_root is None):
+    if (encoded is None) == (dataset_root is None):
         parser.error("give exactly one case source: --encoded DIR or --dataset_root DS")
-    if args.ground_truth is not None and not args.ground_truth.is_dir():
-        parser.error(f"ground truth {args.ground_truth} (from {ground_truth_origin}): no such folder")
-    for flag, minimum in (("max_videos", 1), ("num_latents", 4)):
-        value = getattr(args, flag)
+    if ground_truth is not None and not ground_truth.is_dir():
+        parser.error(f"ground truth {ground_truth} (from {ground_truth_origin}): no such folder")
+    for flag, value, minimum in (("max_videos", max_videos, 1), ("num_latents", num_latents, 4)):
         if value is not None and value < minimum:
             parser.error(f"--{flag} must be >= {minimum}, got {value}")
-    args.sample_table = sample_table_path(parser, args.samples_dir, args.split)
+    return ResolvedInputs(teacher, vae, samples_dir, encoded, ground_truth,
+                          sample_table_path(parser, samples_dir, split))

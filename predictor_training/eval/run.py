@@ -11,7 +11,6 @@ With `--context_modes` other than exact, the reference and every Predictor also 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections import defaultdict
@@ -242,47 +241,61 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: torch.device) -> EvalSettings:
-    """`EvalSettings` from the flags of tools/eval_predictor.py, after its own checks (--demo expanded into teacher,
-    vae, samples_dir and encoded; `sample_table` and `schedule` set). Reads the checkpoints' metadata (Teacher,
-    dtype, labels) and logs the chosen dtypes first. A ValueError or FileNotFoundError here is a problem with the
-    flags (the tool reports it as a usage error)."""
-    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt])
-    for ckpt in checkpoints:
-        check_weights_file(ckpt.path)  # readable, finite, its checksum: refused before the eval directory exists
-    check_schedule_fits(checkpoints, args.schedule)
-    dtype, dtype_reason = resolve_dtype(args.dtype, [ckpt.meta for ckpt in checkpoints], device)
-    if args.vae_dtype == "auto":
-        vae_dtype, vae_reason = dtype, "--vae_dtype auto = --dtype"
+# The flags of tools/eval_predictor.py (and tools/leaderboard.py) that `resolve_eval_settings` takes by name.
+EVAL_FLAGS = ("ckpt", "schedule", "dtype", "vae_dtype", "demo", "teacher", "action_ckpt", "vae", "sample_table",
+              "split", "encoded", "dataset_root", "num_latents", "context_modes", "output_root", "run_name",
+              "max_videos", "num_side_by_side", "side_by_side_scale", "fps", "ground_truth", "lpips_alexnet",
+              "lpips_random_backbone", "warmup_chunks", "vae_tiling", "no_progress")
+
+
+def resolve_eval_settings(*, ckpt: Sequence[Path], schedule: Schedule, dtype: str, vae_dtype: str, demo: Path | None,
+                          teacher: Path | None, action_ckpt: Path | None, vae: Path, sample_table: Path, split: str,
+                          encoded: Path | None, dataset_root: Path | None, num_latents: int,
+                          context_modes: str | Sequence[str], output_root: Path, run_name: str | None,
+                          max_videos: int | None, num_side_by_side: int, side_by_side_scale: int, fps: float,
+                          ground_truth: Path | None, lpips_alexnet: Path | None, lpips_random_backbone: bool,
+                          warmup_chunks: int, vae_tiling: bool, no_progress: bool, argv: Sequence[str],
+                          device: torch.device) -> EvalSettings:
+    """`EvalSettings` from the flags of tools/eval_predictor.py (`EVAL_FLAGS`, by name), after its own checks
+    (--demo expanded into teacher, vae, samples_dir and encoded; `sample_table` and `schedule` set). Reads the
+    checkpoints' metadata (Teacher, dtype, labels) and logs the chosen dtypes first. A ValueError or
+    FileNotFoundError here is a problem with the flags (the tool reports it as a usage error)."""
+    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in ckpt])
+    for checkpoint in checkpoints:  # readable, finite, its checksum: refused before the eval directory exists
+        check_weights_file(checkpoint.path)
+    check_schedule_fits(checkpoints, schedule)
+    eval_dtype, dtype_reason = resolve_dtype(dtype, [ckpt.meta for ckpt in checkpoints], device)
+    if vae_dtype == "auto":
+        eval_vae_dtype, vae_reason = eval_dtype, "--vae_dtype auto = --dtype"
     else:
-        vae_dtype, vae_reason = DTYPES[args.vae_dtype], f"--vae_dtype {args.vae_dtype}"
-    log0(f"eval dtype {_dtype_name(dtype)} ({dtype_reason}); VAE dtype {_dtype_name(vae_dtype)} ({vae_reason})")
+        eval_vae_dtype, vae_reason = DTYPES[vae_dtype], f"--vae_dtype {vae_dtype}"
+    log0(f"eval dtype {_dtype_name(eval_dtype)} ({dtype_reason}); VAE dtype {_dtype_name(eval_vae_dtype)} "
+         f"({vae_reason})")
     return EvalSettings(
-        teacher_source=resolve_teacher(args.teacher, args.action_ckpt, "--demo" if args.demo else "--teacher",
-                                       checkpoints),
-        vae=args.vae,
-        sample_table=args.sample_table,
-        split=args.split,
-        case_source="encoded" if args.encoded is not None else "dataset",
-        case_root=args.encoded if args.encoded is not None else args.dataset_root,
-        num_latents=args.num_latents,
-        checkpoints=list(args.ckpt),
-        schedule=args.schedule,
-        context_modes=parse_context_modes(args.context_modes),
-        dtype=dtype,
-        vae_dtype=vae_dtype,
-        output_root=args.output_root,
-        run_name=args.run_name,
-        max_videos=args.max_videos,
-        num_side_by_side=args.num_side_by_side,
-        side_by_side_scale=args.side_by_side_scale,
-        fps=args.fps,
-        ground_truth=args.ground_truth,
-        lpips_alexnet=args.lpips_alexnet,
-        lpips_random_backbone=args.lpips_random_backbone,
-        warmup_chunks=args.warmup_chunks,
-        vae_tiling=args.vae_tiling,
-        progress=not args.no_progress,
+        teacher_source=resolve_teacher(teacher, action_ckpt, "--demo" if demo else "--teacher", checkpoints),
+        vae=vae,
+        sample_table=sample_table,
+        split=split,
+        case_source="encoded" if encoded is not None else "dataset",
+        case_root=encoded if encoded is not None else dataset_root,
+        num_latents=num_latents,
+        checkpoints=list(ckpt),
+        schedule=schedule,
+        context_modes=parse_context_modes(context_modes),
+        dtype=eval_dtype,
+        vae_dtype=eval_vae_dtype,
+        output_root=output_root,
+        run_name=run_name,
+        max_videos=max_videos,
+        num_side_by_side=num_side_by_side,
+        side_by_side_scale=side_by_side_scale,
+        fps=fps,
+        ground_truth=ground_truth,
+        lpips_alexnet=lpips_alexnet,
+        lpips_random_backbone=lpips_random_backbone,
+        warmup_chunks=warmup_chunks,
+        vae_tiling=vae_tiling,
+        progress=not no_progress,
         extra={"argv": list(argv)},
     )
 
@@ -292,7 +305,7 @@ def settings_from_args(args: argparse.Namespace, argv: Sequence[str], device: to
 # =============================================================================================================
 @dataclass
 class EvalSettings:
-    """Resolved inputs of one evaluation (`settings_from_args` builds it from the flags of tools/eval_predictor.py)."""
+    """Resolved inputs of one evaluation (`resolve_eval_settings` builds it from tools/eval_predictor.py's flags)."""
 
     teacher_source: TeacherSource
     vae: Path

@@ -268,18 +268,23 @@ def default_video_val_split(dataset_root: Path, train_split: str = "train") -> s
     return splits[0]
 
 
-def resolve_video_val_args(parser, args, method: str) -> None:
-    """--val_split defaults to the video-latent dataset's held-out split, --val_vae to the VAE its config records
-    (`parser.error` naming the flags when neither can be found). Nothing to do with --val_every 0."""
-    if args.val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
-        return
-    if args.val_ground_truth is not None:
+def resolve_video_val_inputs(parser, method: str, *, val_every: int, val_vae: Path | None, val_split: str | None,
+                             val_ground_truth: Path | None, dataset_root: Path, split: str
+                             ) -> tuple[Path | None, str | None]:
+    """(--val_vae, --val_split) of a video-latent run: the given ones, else the VAE the dataset's config records
+    and its held-out split (`parser.error` naming the flags when neither can be found); unchanged with
+    --val_every 0. `method` names the recipe refusing --val_ground_truth (it validates against the clips' own
+    latents)."""
+    if val_every == 0:  # check_args has checked --val_every >= 0, --val_videos >= 1, --val_vae
+        return val_vae, val_split
+    if val_ground_truth is not None:
         parser.error(f"--val_ground_truth: {method} validates against the clips' own decoded latents; drop the flag")
     try:
-        args.val_vae = args.val_vae or default_vae_folder(args.dataset_root)
-        args.val_split = args.val_split or default_video_val_split(args.dataset_root, args.split)
+        val_vae = val_vae or default_vae_folder(dataset_root)
+        val_split = val_split or default_video_val_split(dataset_root, split)
     except (OSError, KeyError, ValueError) as error:
-        parser.error(f"--val_every={args.val_every}: {error}; pass --val_vae DIR / --val_split NAME")
+        parser.error(f"--val_every={val_every}: {error}; pass --val_vae DIR / --val_split NAME")
+    return val_vae, val_split
 
 
 def generator_validation(*, every: int, dataset_root: Path, split: str, videos: int, vae: Path, seed: int, teacher,

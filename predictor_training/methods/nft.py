@@ -126,23 +126,25 @@ def describe_train_sigmas(settings: TrainSigmas, grid: Tensor) -> str:
     return f"{settings.sigma_sampler} in [{settings.sigma_min:g}, {settings.sigma_max:g}]"
 
 
-def check_train_sigmas(parser, args) -> None:
+def check_train_sigmas(parser, settings: TrainSigmas, *, train: str, init_weights: str,
+                       allow_sigma_below_teacher: bool) -> None:
     """--train_sigmas: the --sigma_* flags apply with `range` only; a range reaching below the distilled Teacher's
-    lowest trained sigma is refused for a policy that starts from the Teacher (old policy and reference are the
-    Teacher too), unless --allow_sigma_below_teacher."""
-    if args.train_sigmas == "sampler_grid":
-        changed = [f"--{name}={getattr(args, name)}" for name in RANGE_FLAGS
-                   if getattr(args, name) != parser.get_default(name)]
+    lowest trained sigma is refused for a policy that starts from the Teacher (`train` "lora", or `init_weights`
+    "teacher": old policy and reference are the Teacher too), unless `allow_sigma_below_teacher`."""
+    if settings.train_sigmas == "sampler_grid":
+        changed = [f"--{name}={getattr(settings, name)}" for name in RANGE_FLAGS
+                   if getattr(settings, name) != parser.get_default(name)]
         if changed:
             parser.error(f"{' '.join(changed)} with --train_sigmas sampler_grid: the --sigma_* flags apply with "
                          "--train_sigmas range only")
         return
-    if not 0 <= args.sigma_min < args.sigma_max <= 1:
-        parser.error(f"--sigma_min={args.sigma_min} --sigma_max={args.sigma_max}: expected 0 <= min < max <= 1")
-    distilled = args.train == "lora" or args.init_weights == "teacher"
-    if distilled and args.sigma_min < DISTILLED_SIGMA_FLOOR and not args.allow_sigma_below_teacher:
-        parser.error(f"--sigma_min={args.sigma_min} with --train_sigmas range: the policy starts from the distilled "
-                     f"Teacher (--train {args.train}, --init_weights {args.init_weights}), trained only at sigma >= "
+    if not 0 <= settings.sigma_min < settings.sigma_max <= 1:
+        parser.error(f"--sigma_min={settings.sigma_min} --sigma_max={settings.sigma_max}: expected 0 <= min < max "
+                     "<= 1")
+    distilled = train == "lora" or init_weights == "teacher"
+    if distilled and settings.sigma_min < DISTILLED_SIGMA_FLOOR and not allow_sigma_below_teacher:
+        parser.error(f"--sigma_min={settings.sigma_min} with --train_sigmas range: the policy starts from the "
+                     f"distilled Teacher (--train {train}, --init_weights {init_weights}), trained only at sigma >= "
                      f"{DISTILLED_SIGMA_FLOOR:g}; expected --sigma_min >= {DISTILLED_SIGMA_FLOOR:g}, or add "
                      "--allow_sigma_below_teacher")
 

@@ -74,10 +74,13 @@ def last_chunks(num_chunks: int, count: int, rank_generator, shared_generator) -
     return list(range(max(0, num_chunks - count), num_chunks))
 
 
-def rehearse_recipe(module: ModuleType, flags: argparse.Namespace, plan: Plan, *, preset: str, world_size: int,
-                    optimizer_steps: int = 1, cuda_autocast: bool = True, fake: bool = True) -> MemoryReport:
-    """`optimizer_steps` loop steps of the recipe `module` built from `flags` with the Teacher of config `preset`.
-    fake=False runs the same on real CPU tensors (tiny presets only: it allocates)."""
+def rehearse_recipe(build: Callable[..., RecipeParts], plan: Plan, *, precision: str, gradient_checkpointing: bool,
+                    preset: str, world_size: int, optimizer_steps: int = 1, cuda_autocast: bool = True,
+                    fake: bool = True) -> MemoryReport:
+    """`optimizer_steps` loop steps of a recipe built by `build` (its entry script's `build` with the flags given:
+    `partial(module.build, recipe_flags(module, argv))`; `precision` and `gradient_checkpointing`: those
+    flags' values) with the Teacher of config `preset`. fake=False runs the same on real CPU tensors (tiny presets
+    only: it allocates)."""
     sharded = plan.sharded and fake and world_size > 1
     with contextlib.ExitStack() as stack:
         if sharded:
@@ -93,8 +96,8 @@ def rehearse_recipe(module: ModuleType, flags: argparse.Namespace, plan: Plan, *
                       backend="fake" if sharded else None, is_main=True)
         segments = PeakSegments(rehearsal.tracker)
         load_teacher = preset_teacher_loader(preset, on_load=lambda teacher: rehearsal.label_parameters([teacher]))
-        parts = module.build(flags, env, precision_policy(flags.precision, env.device), load_teacher=load_teacher,
-                             **plan.build, **({"mark": segments.mark} if plan.segments else {}))
+        parts = build(env, precision_policy(precision, env.device), load_teacher=load_teacher, **plan.build,
+                      **({"mark": segments.mark} if plan.segments else {}))
         rehearsal.label_parameters(parts.models)
         for role in parts.roles:
             rehearsal.tracker.label(role.parameters, "parameters")  # adapters, FSDP2's shards
@@ -115,8 +118,8 @@ def rehearse_recipe(module: ModuleType, flags: argparse.Namespace, plan: Plan, *
             segments.mark("after the step")
             parts.run_state.global_step, parts.run_state.micro_step = step, parts.run_state.micro_step + 1
         rehearsal.notes["configuration"] = "; ".join([
-            f"config {preset}", f"precision {flags.precision}", "gradient checkpointing "
-            f"{'on' if getattr(flags, 'gradient_checkpointing', True) else 'off'}",
+            f"config {preset}", f"precision {precision}", "gradient checkpointing "
+            f"{'on' if gradient_checkpointing else 'off'}",
             f"autocast rules {'CUDA (emulated)' if cuda_autocast else 'CPU'}",
             f"FSDP2 over {world_size} ranks (fake process group), per-rank figures" if sharded else
             f"DDP buckets {'counted' if buckets is not None else 'none'}"])

@@ -73,34 +73,33 @@ def device_tag(world_size: int, device_type: str) -> str:
     return f"{world_size}{'gpu' if device_type == 'cuda' else 'cpu'}"
 
 
-def run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
-    """The run directory's name from the effective flags (`subset`: the recipe's `subset_tag`, or "")."""
-    blocks = "-".join(str(block) for block in args.source_blocks)
-    bwarmup = "none" if args.block_warmup_steps == -1 else str(args.block_warmup_steps)
-    tracker = "notracker" if args.tracker == "none" else args.tracker
+def run_name(flags: dict, *, world_size: int, device_type: str, subset: str = "") -> str:
+    """The run directory's name from the run's flags (`plain_flags`: as train_config.json records them; `subset`:
+    the recipe's `subset_tag`, or "")."""
+    blocks = "-".join(str(block) for block in flags["source_blocks"])
+    bwarmup = "none" if flags["block_warmup_steps"] == -1 else str(flags["block_warmup_steps"])
+    tracker = "notracker" if flags["tracker"] == "none" else flags["tracker"]
     parts = [
-        args.experiment, f"blocks{blocks}", *([subset] if subset else []), args.precision,
-        device_tag(world_size, device_type), f"flr{format_lr(args.fusion_lr)}", f"blr{format_lr(args.blocks_lr)}",
-        f"schedsteps{args.max_steps}", f"swarmup{args.scheduler_warmup_steps}", f"bwarmup{bwarmup}", tracker,
+        flags["experiment"], f"blocks{blocks}", *([subset] if subset else []), flags["precision"],
+        device_tag(world_size, device_type), f"flr{format_lr(flags['fusion_lr'])}",
+        f"blr{format_lr(flags['blocks_lr'])}", f"schedsteps{flags['max_steps']}",
+        f"swarmup{flags['scheduler_warmup_steps']}", f"bwarmup{bwarmup}", tracker,
     ]
     return "_".join(parts)
 
 
-def method_run_name(args: argparse.Namespace, *, world_size: int, device_type: str, subset: str = "") -> str:
-    """The run directory's name of a generic method (fvtools/) from its effective flags: what trains (a LoRA of
-    rank r, or all parameters from the Teacher or from scratch), precision, world, LR, schedule length and warmup."""
-    model = f"lora{args.lora_rank}" if args.train == "lora" else f"full-{args.init_weights}"
-    tracker = "notracker" if args.tracker == "none" else args.tracker
+def method_run_name(flags: dict, *, world_size: int, device_type: str, subset: str = "") -> str:
+    """The run directory's name of a generic method (fvtools/) from its flags (`plain_flags`): what trains (a LoRA
+    of rank r, or all parameters from the Teacher or from scratch), precision, world, LR, schedule length and
+    warmup."""
+    model = f"lora{flags['lora_rank']}" if flags["train"] == "lora" else f"full-{flags['init_weights']}"
+    tracker = "notracker" if flags["tracker"] == "none" else flags["tracker"]
     parts = [
-        args.experiment, model, *([subset] if subset else []), args.precision, device_tag(world_size, device_type),
-        f"lr{format_lr(args.lr)}", f"steps{args.max_steps}", f"warmup{args.warmup_steps}", tracker,
+        flags["experiment"], model, *([subset] if subset else []), flags["precision"],
+        device_tag(world_size, device_type), f"lr{format_lr(flags['lr'])}", f"steps{flags['max_steps']}",
+        f"warmup{flags['warmup_steps']}", tracker,
     ]
     return "_".join(parts)
-
-
-def run_dir_for(args: argparse.Namespace, name: str) -> Path:
-    """--output_dir when given, else <--output_root>/<name>."""
-    return Path(args.output_dir) if args.output_dir is not None else Path(args.output_root) / name
 
 
 def launch_world(backend: str) -> tuple[int, str]:
@@ -187,14 +186,14 @@ def check_resume_belongs(resume: Path, saved: dict, run_dir: Path) -> None:
                                "to branch from it")
 
 
-def check_output_folder(run_dir: Path, args: argparse.Namespace, inputs: Sequence[tuple[str, Path]] = ()) -> None:
-    """The run directory can be written and is no input folder (nor inside one: the flags' `INPUT_FOLDER_FLAGS`
-    and `inputs`, (what, folder) pairs such as a Teacher found in the dataset's config): refused before anything
-    exists."""
+def check_output_folder(run_dir: Path, flags: dict, inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """The run directory can be written and is no input folder (nor inside one: the `INPUT_FOLDER_FLAGS` among
+    `flags` (`plain_flags`) and `inputs`, (what, folder) pairs such as a Teacher found in the dataset's config):
+    refused before anything exists."""
     run_dir = Path(run_dir)
-    flag = "--output_dir" if args.output_dir is not None else "--output_root"
+    flag = "--output_dir" if flags["output_dir"] is not None else "--output_root"
     resolved = run_dir.resolve()
-    folders = [(f"--{name}", getattr(args, name, None)) for name in INPUT_FOLDER_FLAGS] + list(inputs)
+    folders = [(f"--{name}", flags.get(name)) for name in INPUT_FOLDER_FLAGS] + list(inputs)
     for what, folder in folders:
         if folder is not None and Path(folder).is_dir() and resolved.is_relative_to(Path(folder).resolve()):
             raise UserInputError(f"{flag} {run_dir}: inside {what} {folder}; expected an output folder outside "
@@ -209,27 +208,37 @@ def check_output_folder(run_dir: Path, args: argparse.Namespace, inputs: Sequenc
                              "folder")
 
 
-def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dict | None = None,
-                   inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
-    """Decide what this launch does in `run_dir` (reads only the saved state's small fields, memory-mapped, and
-    checks its weights are finite). `meta`: what this run's checkpoints must record (`checkpoint_meta`); a
-    checkpoint saved with other values is refused here, before anything is created.
+def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=run_name,
+             inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
+    """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
+    Predictor recipes' `run_name` or the methods' `method_run_name`, called with the flags as `plain_flags` and the
+    world it will train in), find its directory (--output_dir, else <--output_root>/<name>), and decide fresh /
+    resume / continue / finished (reads only the saved state's small fields, memory-mapped, and checks its weights
+    are finite). `meta`: what the run's checkpoints record (a checkpoint to resume or continue, saved with other
+    values, is refused here, before anything is created); `inputs`: (what, folder) of input folders the flags do
+    not name (e.g. the Teacher a dataset records), which the run directory may not lie in.
 
-    Raises RunConflictError when `run_dir` holds a run saved with other settings, naming each differing flag, or
-    when --resume names another run's checkpoint."""
-    run_dir = Path(run_dir)
-    check_output_folder(run_dir, args, inputs)
-    stop_step = args.max_steps if args.stop_at_step == -1 else args.stop_at_step
-    if args.resume is not None:
-        saved = read_training_summary(args.resume, expect=meta)
-        check_resume_belongs(args.resume, saved, run_dir)
-        return RunStart(run_dir, name, "resume", Path(args.resume), saved["step"], stop_step)
+    A directory holding a run with other settings (`RunConflictError`, naming each differing flag), another run's
+    checkpoint given to --resume, a damaged or mismatched one, or an output folder that cannot be used raise
+    `UserInputError` (one line, exit code 2 through `errors.command`), in the launcher's --print_run_dir dry run
+    too."""
+    flags = plain_flags(args)
+    world_size, device_type = launch_world(flags["backend"])
+    name = naming(flags, world_size=world_size, device_type=device_type, subset=subset)
+    run_dir = Path(flags["output_dir"]) if flags["output_dir"] is not None else Path(flags["output_root"]) / name
+    check_output_folder(run_dir, flags, inputs)
+    stop_step = flags["max_steps"] if flags["stop_at_step"] == -1 else flags["stop_at_step"]
+    if flags["resume"] is not None:
+        resume = Path(flags["resume"])
+        saved = read_training_summary(resume, expect=meta)
+        check_resume_belongs(resume, saved, run_dir)
+        return RunStart(run_dir, name, "resume", resume, saved["step"], stop_step)
     saved_path = run_dir / TRAINING_STATE_NAME
     if not saved_path.is_file():
         return RunStart(run_dir, name, "fresh", None, 0, stop_step)
     saved = read_training_summary(saved_path, expect=meta)
     saved_flags = comparable_flags(saved["config"]["flags"])
-    current_flags = comparable_flags(plain_flags(args))
+    current_flags = comparable_flags(flags)
     differing = sorted(name for name in saved_flags.keys() | current_flags.keys()
                        if saved_flags.get(name) != current_flags.get(name))
     if differing:
@@ -239,20 +248,6 @@ def plan_run_start(args: argparse.Namespace, run_dir: Path, name: str, meta: dic
                                f"--output_dir, or pass --resume {saved_path} to continue it with these flags")
     kind = "finished" if saved["step"] >= stop_step else "continue"
     return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step)
-
-
-def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=run_name,
-             inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
-    """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
-    Predictor recipes' `run_name` or the methods' `method_run_name`, with the world it will train in), find its
-    directory, and decide fresh / resume / continue / finished. `meta`: what the run's checkpoints record (a
-    checkpoint to resume or continue must match it); `inputs`: (what, folder) of input folders the flags do not
-    name (e.g. the Teacher a dataset records), which the run directory may not lie in. A directory holding a run with other settings, another run's
-    checkpoint, a damaged or mismatched one, or an output folder that cannot be used raise `UserInputError` (one
-    line, exit code 2 through `errors.command`), in the launcher's --print_run_dir dry run too."""
-    world_size, device_type = launch_world(args.backend)
-    name = naming(args, world_size=world_size, device_type=device_type, subset=subset)
-    return plan_run_start(args, run_dir_for(args, name), name, meta, inputs)
 
 
 def recorded_init_meta(start: RunStart, loaded: dict | None) -> dict | None:

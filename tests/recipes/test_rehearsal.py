@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -40,7 +41,8 @@ def toy_recipe(calls: list):
 def rehearse_toy(calls, **plan_options):
     flags = argparse.Namespace(precision="fp32")
     plan = Plan("toy", {"scale": 2.0}, lambda: {"x": torch.zeros(BATCH, WIDTH)}, **plan_options)
-    return rehearse_recipe(toy_recipe(calls), flags, plan, preset="tiny", world_size=1)
+    return rehearse_recipe(partial(toy_recipe(calls).build, flags), plan, precision="fp32",
+                           gradient_checkpointing=True, preset="tiny", world_size=1)
 
 
 def test_the_loop_step_counts_parameters_gradients_and_adamw_state():
@@ -63,7 +65,8 @@ def test_ddp_buckets_and_the_peak_part():
     calls = []
     flags = argparse.Namespace(precision="fp32")
     plan = Plan("toy", {"scale": 1.0}, lambda: {"x": torch.zeros(BATCH, WIDTH)}, segments=True)
-    report = rehearse_recipe(toy_recipe(calls), flags, plan, preset="tiny", world_size=8)
+    report = rehearse_recipe(partial(toy_recipe(calls).build, flags), plan, precision="fp32",
+                             gradient_checkpointing=True, preset="tiny", world_size=8)
     assert report.notes["live_after_step"]["ddp_buckets"] == WIDTH * WIDTH * 4
     assert report.notes["peak_in"] in ("toy forward", "optimizer")
     assert "DDP buckets counted" in report.notes["configuration"]

@@ -14,7 +14,7 @@ import pytest
 import train_predictor_disca
 import train_predictor_v4
 import train_predictor_v4_rollout
-from predictor_training.runtime.run_directory import run_name, subset_tag
+from predictor_training.runtime.run_directory import plain_flags, run_name, subset_tag
 from tests.helpers.offline_dataset import write_tiny_dataset
 
 
@@ -32,11 +32,11 @@ def dataset_root(tmp_path) -> Path:
 
 def test_run_name_of_the_recipe_defaults(dataset_root):
     args = train_predictor_v4.parse_args(["--dataset_root", str(dataset_root)])
-    assert run_name(args, world_size=8, device_type="cuda") == (
+    assert run_name(plain_flags(args), world_size=8, device_type="cuda") == (
         "predictor_v4_prefeature_blocks1-52_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmup100_swanlab")
     args = train_predictor_disca.parse_args(["--dataset_root", str(dataset_root), "--source_blocks", "0,53",
                                              "--block_warmup_steps", "-1", "--tracker", "none"])
-    assert run_name(args, world_size=16, device_type="cuda") == (
+    assert run_name(plain_flags(args), world_size=16, device_type="cuda") == (
         "predictor_disca_blocks0-53_fp32master_16gpu_flr1e-4_blr1e-5_schedsteps2000_swarmup100_bwarmupnone_notracker")
 
 
@@ -46,10 +46,11 @@ def test_presets_replace_defaults_and_explicit_flags_still_win(dataset_root, tmp
     common = ["--dataset_root", str(dataset_root), "--init_from", str(init)]
     demo = train_predictor_v4_rollout.parse_args([*common, "--preset", "demo", "--max_steps", "6"])
     assert (demo.source_blocks, demo.precision, demo.max_steps, demo.tracker) == ((1, 10), "fp32", 6, "none")
-    assert run_name(demo, world_size=2, device_type="cpu", subset=subset_tag(demo.subset_cases, demo.subset_seed)) == (
+    assert run_name(plain_flags(demo), world_size=2, device_type="cpu",
+                    subset=subset_tag(demo.subset_cases, demo.subset_seed)) == (
         "predictor_v4_rollout_fppp_demo_blocks1-10_fp32_2cpu_flr5e-4_blr5e-5_schedsteps6_swarmup2_bwarmup2_notracker")
     overfit = train_predictor_v4_rollout.parse_args([*common, "--preset", "overfit8"])
-    assert run_name(overfit, world_size=8, device_type="cuda",
+    assert run_name(plain_flags(overfit), world_size=8, device_type="cuda",
                     subset=subset_tag(overfit.subset_cases, overfit.subset_seed)) == (
         "predictor_v4_rollout_fppp_blocks1-52_overfit8_seed20260721_fp32master_8gpu_flr1e-4_blr1e-5_schedsteps2000"
         "_swarmup8_bwarmup8_swanlab")
@@ -64,7 +65,8 @@ def test_rollout_run_names_record_the_schedule_and_context_mode(dataset_root, tm
 
     def name(*flags):
         args = train_predictor_v4_rollout.parse_args([*common, *flags])
-        return run_name(args, world_size=8, device_type="cuda", subset=train_predictor_v4_rollout.run_tags(args))
+        return run_name(plain_flags(args), world_size=8, device_type="cuda",
+                        subset=train_predictor_v4_rollout.run_tags(args))
 
     assert name().startswith("predictor_v4_rollout_fppp_blocks1-52_fp32master_8gpu_")
     assert name("--replace_steps", "1,2").startswith("predictor_v4_rollout_fppf_blocks1-52_fp32master_")
