@@ -26,25 +26,30 @@ Stages and outputs (all under --out):
                and the last round's model ships                                  (--teacher_from df_sft_continue)
     ode_cache  ode_cache/         tools/build_ode_cache.py: the many-step rollouts of the model named by --distil_from
                (default the df_sft model; --distil_clips caches a subset of the clips)   (--teacher_from kd)
-    kd         kd/model/          fvtools/train_kd.py: a 4-step student of them at shift 5          (--teacher_from kd)
+    kd         kd/model/          fvtools/train_kd.py: a 4-step student of them at shift 5; with several rounds
+               (--kd_steps 1500,1500 --kd_lr 3e-4,1e-4) round k trains round k-1's student on, on the same
+               cache, into kd_<k>/, and the last round's student ships                 (--teacher_from kd)
     ship       predictor_training/world/weights/{vae,teacher}/, plus world_config.json and build_report.json:
                what the package ships (commit it; git keeps every version, so rarely)
 
-Which model is shipped as the Teacher (`--teacher_from`): the df_sft model, run with the real 4-step schedule at
-shift 5, is the default, because it measured closer to the ground-truth renders than the kd student of its own
-16-step rollouts (benchmarks/results/2026-12-02-demo-world-build.md: 17.5 against 15.5 dB on held-out scenes; the
-student drifts on its own history in late chunks). `--teacher_from kd` adds the two distillation stages and ships their student;
+Which model is shipped as the Teacher (`--teacher_from`): by default the df_sft model, run with the real 4-step
+schedule at shift 5. `--teacher_from kd` adds the two distillation stages and ships their student. The Teacher the
+package ships is such a student, 4-step distilled as the real model is: kd in two rounds from the 4-step rollouts of
+a df_sft_continue model (docs/demo_world.md has both builds' commands; a kd student of 16-step rollouts drifted on
+its own history, benchmarks/results/2026-12-02-demo-world-build.md);
 `--teacher_from df_sft_continue` trains the df_sft model on (a second cosine schedule: a finished run's schedule
 cannot be lengthened in place) and ships that.
 
 Distilling a world that was already built (`--reuse_weights DIR`, e.g. the shipped predictor_training/world/weights):
 the vae stage copies DIR/vae/ and DIR/vae_eval.json into vae_run/ instead of training (after checking that the
 render stage made the world of DIR/world_config.json), the df_sft stages are left out, and the distillation stages
-distil DIR/teacher/ (`--distil_from weights`, the default with --reuse_weights). The 4-step student of the shipped
-Teacher, from 400 train clips' 16-step rollouts, without touching the shipped weights (no ship stage):
+distil DIR/teacher/ (`--distil_from weights`, the default with --reuse_weights); the shipped report is then DIR's
+with this build's distillation stages added. A 4-step student of a weights folder FM (e.g. the flow-matching Teacher
+of build 1), from 400 train clips' 4-step rollouts, without touching the shipped weights (no ship stage):
 
-    python tools/build_demo_world.py --out /work/world_build --reuse_weights predictor_training/world/weights \
-        --teacher_from kd --stages render,vae,encoders,encode,ode_cache,kd --distil_clips 400,8 \
+    python tools/build_demo_world.py --out /work/world_kd --reuse_weights FM --teacher_from kd \
+        --stages render,vae,encoders,encode,ode_cache,kd --distil_clips 400,8 --teacher_steps 4 \
+        --kd_steps 1500,1500 --kd_lr 3e-4,1e-4 \
         --num_scenes 400 --holdout_scenes 12 --paths_per_scene 4 --holdout_paths 1 --revisit_paths 2
 """
 
@@ -119,7 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="df_sft_continue: lowest noise level of each round's uniform draw, comma-separated, or "
                              "one for every round; 0.6 trains only the levels the 4-step schedule at shift 5 visits "
                              "(1, 0.94, 0.83, 0.625) (default %(default)s)")
-    parser.add_argument("--kd_steps", type=int, default=1500, help="kd optimizer steps (default %(default)s)")
+    parser.add_argument("--kd_steps", type=str, default="1500",
+                        help="kd: optimizer steps of each round, comma-separated; round k >= 2 trains round k-1's "
+                             "student on, on the same ODE cache, with a new schedule (default %(default)s: one round)")
+    parser.add_argument("--kd_lr", type=str, default="3e-4",
+                        help="kd: peak learning rate of each round, comma-separated, or one for every round "
+                             "(default %(default)s)")
     parser.add_argument("--kd_warmup_steps", type=int, default=50, help="kd warmup steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the distilled model's rollouts that kd distils (default %(default)s)")
@@ -166,18 +176,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = sorted(set(args.stages) - set(STAGES))
     if unknown:
         parser.error(f"--stages: unknown stage(s) {unknown}; expected among {list(STAGES)}")
-    try:
-        args.df_sft_continue_steps = [int(steps) for steps in args.df_sft_continue_steps.split(",")]
-        per_round = {name: [float(value) for value in getattr(args, name).split(",")]
-                     for name in ("df_sft_continue_lr", "df_sft_continue_sigma_min")}
-    except ValueError as error:
-        parser.error(f"--df_sft_continue_*: comma-separated numbers expected ({error})")
-    rounds = len(args.df_sft_continue_steps)
-    for name, values in per_round.items():
-        if len(values) not in (1, rounds):
-            parser.error(f"--{name}: {len(values)} values for {rounds} rounds of --df_sft_continue_steps; "
-                         "expected one or one per round")
-        setattr(args, name, values * rounds if len(values) == 1 else values)
+    for steps_flag, per_round_flags in (("df_sft_continue_steps", ("df_sft_continue_lr", "df_sft_continue_sigma_min")),
+                                        ("kd_steps", ("kd_lr",))):
+        try:
+            setattr(args, steps_flag, [int(steps) for steps in getattr(args, steps_flag).split(",")])
+            per_round = {name: [float(value) for value in getattr(args, name).split(",")] for name in per_round_flags}
+        except ValueError as error:
+            parser.error(f"--{steps_flag} / {', '.join('--' + name for name in per_round_flags)}: comma-separated "
+                         f"numbers expected ({error})")
+        rounds = len(getattr(args, steps_flag))
+        for name, values in per_round.items():
+            if len(values) not in (1, rounds):
+                parser.error(f"--{name}: {len(values)} values for {rounds} rounds of --{steps_flag}; "
+                             "expected one or one per round")
+            setattr(args, name, values * rounds if len(values) == 1 else values)
     return args
 
 
@@ -194,10 +206,24 @@ def continue_rounds(args, out: Path) -> list[dict]:
     return rounds
 
 
+def kd_rounds(args, out: Path) -> list[dict]:
+    """The kd stage's rounds: round 1 distils the --distil_from model's ODE cache into kd/ (student initialised from
+    that model), round k >= 2 trains round k-1's student on, on the same cache, into kd_<k>/, each with its own
+    schedule and the build's seed."""
+    rounds, init = [], distilled_model(args, out)
+    for index, (steps, lr) in enumerate(zip(args.kd_steps, args.kd_lr), start=1):
+        name = "kd" if index == 1 else f"kd_{index}"
+        rounds.append({"name": name, "init": init, "run_dir": out / name, "steps": steps, "lr": lr})
+        init = out / name / "model"
+    return rounds
+
+
 def shipped_teacher(args, out: Path) -> Path:
     """The model folder the ship stage ships as the world Teacher."""
     if args.teacher_from == "df_sft_continue":
         return continue_rounds(args, out)[-1]["run_dir"] / "model"
+    if args.teacher_from == "kd":
+        return kd_rounds(args, out)[-1]["run_dir"] / "model"
     return out / args.teacher_from / "model"
 
 
@@ -335,24 +361,39 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  *(["--max_clips", args.distil_clips] if args.distil_clips else []),
                  "--out", str(out / "ode_cache")]]
     if stage == "kd":
-        return [[python, "fvtools/train_kd.py", "--teacher", str(distilled_model(args, out)), "--cache_root",
+        return [[python, "fvtools/train_kd.py", "--teacher", str(run["init"]), "--cache_root",
                  str(out / "ode_cache"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
-                 "--lr", "3e-4", "--max_steps", str(args.kd_steps), "--warmup_steps", str(args.kd_warmup_steps),
+                 "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]), "--warmup_steps", str(args.kd_warmup_steps),
                  "--chunks_per_clip", "2",
                  "--no-gradient_checkpointing", "--ckpt_every", "500", "--keep_last", "2", "--log_every", "10",
-                 "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed), "--experiment", "world_kd",
-                 "--output_dir", str(out / "kd"), "--no_progress"]]
+                 "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed), "--experiment",
+                 f"world_{run['name']}", "--output_dir", str(run["run_dir"]), "--no_progress"]
+                for run in kd_rounds(args, out)]
     if stage == "ship":
         code = ("import shutil,sys; from pathlib import Path; from predictor_training.world.assets import WORLD_WEIGHTS; "
                 "out=Path(sys.argv[1]); staging=WORLD_WEIGHTS.parent/'.weights.writing'; "
                 "shutil.rmtree(staging, ignore_errors=True); staging.mkdir(); "
                 "shutil.copytree(out/'vae_run'/'vae', staging/'vae'); shutil.copytree(sys.argv[2], staging/'teacher'); "
-                "shutil.copy(out/'render'/'world_config.json', staging); shutil.copy(out/'build_report.json', staging); "
+                "shutil.copy(out/'render'/'world_config.json', staging); shutil.copy(out/'shipped_report.json', staging/'build_report.json'); "
                 "shutil.copy(out/'vae_run'/'vae_eval.json', staging); "
                 "(WORLD_WEIGHTS/'README.md').is_file() and shutil.copy(WORLD_WEIGHTS/'README.md', staging); "
+                "[shutil.copytree(kept, staging/kept.name) or print(f'[ship] kept {kept.name}/: a Predictor of the "
+                "Teacher shipped before; retrain it on this one or replace it') for kept in WORLD_WEIGHTS.glob('predictor_*')]; "
                 "shutil.rmtree(WORLD_WEIGHTS, ignore_errors=True); staging.rename(WORLD_WEIGHTS)")
         return [[python, "-c", code, str(out), str(shipped_teacher(args, out))]]
     raise ValueError(stage)
+
+
+def shipped_report(args, report: dict) -> dict:
+    """The build_report.json the ship stage ships: this build's report, or with --reuse_weights the reused weights'
+    report (the build that trained the distilled Teacher) with this build's distillation stages added and the
+    wall time of its own render / vae copy / encoders / encode under "distillation_build"."""
+    if args.reuse_weights is None:
+        return report
+    shipped = json.loads((args.reuse_weights / "build_report.json").read_text())
+    distilled = {stage: report[stage] for stage in ("ode_cache", "kd") if stage in report}
+    setup = {stage: report[stage]["seconds"] for stage in ("render", "vae", "encoders", "encode") if stage in report}
+    return {**shipped, **distilled, "distillation_build": {"seconds": setup}}
 
 
 def headline(stage: str, args, out: Path) -> dict:
@@ -372,11 +413,12 @@ def headline(stage: str, args, out: Path) -> dict:
         return json.loads((out / "vae_run" / "vae_eval.json").read_text())
     if stage == "df_sft_continue":
         return {run["name"]: last_losses(run["run_dir"]) for run in continue_rounds(args, out)}
-    if stage in ("df_sft", "kd"):
-        figures = last_losses(out / stage)
-        if stage == "kd":
-            figures["student_vs_teacher"] = json.loads((out / "kd" / "kd_eval.json").read_text())
-        return figures
+    if stage == "kd":
+        return {run["name"]: {**last_losses(run["run_dir"]),
+                              "student_vs_teacher": json.loads((run["run_dir"] / "kd_eval.json").read_text())}
+                for run in kd_rounds(args, out)}
+    if stage == "df_sft":
+        return last_losses(out / stage)
     return {}
 
 
@@ -391,6 +433,8 @@ def main(argv=None) -> int:
         if stage not in args.stages:
             continue
         started = time.time()
+        if stage == "ship":
+            write_json_atomic(out / "shipped_report.json", shipped_report(args, report))
         for stage_command in stage_commands(stage, args, out):
             run(stage_command, out / f"{stage}.log")
         seconds = time.time() - started

@@ -54,6 +54,55 @@ def test_rebuild_stages_follow_the_shipped_teacher():
         build_demo_world.parse_args(["--out", "x", "--stages", "render,paint"])
 
 
+def test_kd_rounds_train_each_round_on_from_the_last_and_ship_the_last(tmp_path):
+    """--kd_steps 1500,1500 --kd_lr 3e-4,1e-4 (the shipped distilled Teacher): round 1 distils the --distil_from model
+    into kd/, round 2 trains round 1's student on (same cache, its own learning rate) into kd_2/, and the ship stage
+    ships kd_2/model; one --kd_lr serves every round, a count that fits neither is refused."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import build_demo_world
+
+    out = tmp_path / "W"
+    args = build_demo_world.parse_args(["--out", str(out), "--teacher_from", "kd", "--kd_steps", "1500,700",
+                                        "--kd_lr", "3e-4,1e-4"])
+    first, second = build_demo_world.stage_commands("kd", args, out)
+    flag = lambda command, name: command[command.index(name) + 1]
+    assert flag(first, "--teacher") == str(out / "df_sft" / "model")
+    assert flag(second, "--teacher") == str(out / "kd" / "model")
+    assert [flag(c, "--max_steps") for c in (first, second)] == ["1500", "700"]
+    assert [flag(c, "--lr") for c in (first, second)] == ["0.0003", "0.0001"]
+    assert [flag(c, "--output_dir") for c in (first, second)] == [str(out / "kd"), str(out / "kd_2")]
+    assert flag(first, "--cache_root") == flag(second, "--cache_root") == str(out / "ode_cache")
+    assert build_demo_world.shipped_teacher(args, out) == out / "kd_2" / "model"
+    one_lr = build_demo_world.parse_args(["--out", "x", "--teacher_from", "kd", "--kd_steps", "5,6", "--kd_lr", "2e-4"])
+    assert one_lr.kd_lr == [2e-4, 2e-4]
+    assert len(build_demo_world.stage_commands("kd", build_demo_world.parse_args(
+        ["--out", "x", "--teacher_from", "kd"]), Path("x"))) == 1
+    with pytest.raises(SystemExit):
+        build_demo_world.parse_args(["--out", "x", "--kd_steps", "5,6,7", "--kd_lr", "1e-4,2e-4"])
+
+
+def test_the_shipped_report_of_a_distillation_keeps_the_reused_weights_build(tmp_path):
+    """With --reuse_weights the shipped build_report.json is the reused weights' report (the build that trained the
+    distilled Teacher) plus this build's ode_cache and kd entries, and its setup stages' wall time apart; without,
+    this build's report as it is."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import build_demo_world
+
+    weights = tmp_path / "weights"
+    for name in build_demo_world.REUSED_FILES:
+        (weights / name).parent.mkdir(parents=True, exist_ok=True)
+        (weights / name).write_text("{}")
+    (weights / "build_report.json").write_text(json.dumps({"df_sft": {"seconds": 9.0}, "vae": {"seconds": 5.0}}))
+    report = {"render": {"seconds": 1.0}, "vae": {"seconds": 0.5}, "ode_cache": {"seconds": 2.0},
+              "kd": {"seconds": 3.0, "kd": {"last_loss_mean": 0.1}}}
+    args = build_demo_world.parse_args(["--out", "x", "--reuse_weights", str(weights), "--teacher_from", "kd"])
+    assert build_demo_world.shipped_report(args, report) == {
+        "df_sft": {"seconds": 9.0}, "vae": {"seconds": 5.0}, "ode_cache": {"seconds": 2.0},
+        "kd": {"seconds": 3.0, "kd": {"last_loss_mean": 0.1}},
+        "distillation_build": {"seconds": {"render": 1.0, "vae": 0.5}}}
+    assert build_demo_world.shipped_report(build_demo_world.parse_args(["--out", "x"]), report) == report
+
+
 def test_rebuild_can_distil_reused_weights(tmp_path):
     """--reuse_weights DIR: the vae stage copies DIR's VAE (after checking the rendered world is DIR's), the df_sft
     stages are left out, the ode_cache and kd stages distil DIR/teacher (--distil_from), --distil_clips reaches the
