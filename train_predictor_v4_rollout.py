@@ -98,9 +98,9 @@ PRESETS = {
     "overfit8_fppf_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, *_OVERFIT8, *_FPPF,
                            "--max_steps", "16", "--ckpt_every", "8"],
     # F-R-R-P: velocity reuse at the two small steps, the Predictor trained for the last one (σ 0.625 -> 0, which
-    # carries almost all of F-R-R-R's error on the demo world). frrp_demo is the best demo Predictor found, 1920 steps
-    # (benchmarks/results/2026-12-06-leaderboard.md); whether the real distilled Teacher shares that step structure is
-    # unknown: run tools/leaderboard.py on it first (docs/leaderboard.md).
+    # carries almost all of F-R-R-R's error on the demo world). frrp_demo: the demo recipe of the shipped Predictor,
+    # 1920 steps (benchmarks/results/2026-12-06-leaderboard.md); whether the real distilled Teacher shares that step
+    # structure is unknown: run tools/leaderboard.py on it first (docs/leaderboard.md).
     "frrp": ["--reuse_steps", "1,2", "--replace_steps", "3"],
     "frrp_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, "--reuse_steps", "1,2",
                   "--replace_steps", "3", "--max_steps", "1920", "--ckpt_every", "192", "--val_every", "192"],
