@@ -63,7 +63,7 @@ from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.eval.validation import generator_validation, resolve_video_val_inputs
-from predictor_training.methods.chunk_generators import CompositeRollout, StudentRollout, teacher_chunks
+from predictor_training.methods.chunk_generators import ChunkSample, CompositeRollout, StudentRollout, teacher_chunks
 from predictor_training.methods.dmd2 import critic_loss, dmd_generator_loss, dmd_gradient
 from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, REAL, PredictorGeneratorSettings,
                                                    ScoreSettings, build_predictor_role, build_scores, build_student,
@@ -168,10 +168,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="--generator student: the step whose x0 estimate is the chunk's sample, drawn per chunk "
                           "alike on every rank: uniform over the steps, or the last (default %(default)s)")
     gen.add_argument("--recompute_context", action=argparse.BooleanOptionalAction, default=True,
-                     help="--generator student without --context_grad: release the chunk's context K/V once its "
-                          "forward is done and prefill them again when its backward needs them (the same values; "
-                          "one more context prefill per generator chunk; at the real config 25.7 GiB of a 20-frame "
-                          "context not held through the critic) (default %(default)s)")
+                     help="release the generator chunk's no-grad context K/V once its sample is made and prefill "
+                          "them again where its backward needs them (the same values; at the real config ~25 GiB of "
+                          "a 20-frame context not held through the critic): the student without --context_grad "
+                          "(one more context prefill per generator chunk); the predictor the layers it does not read "
+                          "(an F-P-P-F trailing Full step's context prefilled again) (default %(default)s)")
     gen.add_argument("--ema_decay", default=0.99,
                      type=checked(float, "in [0, 1), or -1", lambda value: value == -1 or 0 <= value < 1),
                      help="EMA of the generator's trained weights (Self-Forcing's generator EMA): ema <- decay ema + "
@@ -315,8 +316,9 @@ class DistributionMatchingStep:
     the generator, one critic backward and one generator backward.
 
     Draws: noise and sigmas from (seed, micro-step, rank); exit steps and whether chunk 0 is trained from
-    (seed, micro-step, ALL_RANKS). `trace`: set to a list to record, per chunk, the sample and the critic's input
-    (tests check that the critic trains on the generator's own sample)."""
+    (seed, micro-step, ALL_RANKS). `trace`: set to a list to record, per chunk, the generator's sample as it handed
+    it over (`generator_sample`, its `.grad` retained: what the generator's loss sent into it), the sample the scores
+    saw and the critic's input (tests check that the critic trains on the generator's own sample)."""
 
     def __init__(self, *, args, env: DistEnv, run_state: RunState, rollout_config: RolloutConfig, teacher,
                  real: ScoreModel, fake: ScoreModel, generator_role: Role, student: ScoreModel | None,
@@ -337,7 +339,8 @@ class DistributionMatchingStep:
         args = self.args
         if args.generator == "predictor":
             return CompositeRollout(self.teacher, self.generator_role.module, item, noise, memory_seed, self.config,
-                                    self.settings, self.env.device, data if args.rollout == "data" else None)
+                                    self.settings, self.env.device, data if args.rollout == "data" else None,
+                                    recompute_context=args.recompute_context)
         num_chunks = noise.shape[2] // self.config.chunk_latents
         chunks = (list(range(num_chunks)) if args.rollout == "self" else
                   self.draw_chunks(num_chunks, args.chunks_per_clip, generator, shared))
@@ -379,60 +382,61 @@ class DistributionMatchingStep:
         history = data if args.rollout == "data" else noise.clone()
         real_clip = self.real.clip(history, item, self.config, env.device, memory_seed=memory_seed)
         fake_clip = self.fake.clip(history, item, self.config, env.device, memory_seed=memory_seed)
-        # 2. Chunk by chunk: one sample, the critic's backward, the generator's backward when due.
+        # 2. Chunk by chunk (the generator's loop): one sample, the critic's backward, the generator's backward when
+        #    due, then the commit.
         chunks = rollout.chunks
         totals: dict[str, list[float]] = {}
         samples = []
-        for position, chunk_index in enumerate(chunks):
-            last = position == len(chunks) - 1
-            with rollout.sync_context(sync and last):
-                self.mark(f"generator forward, chunk {chunk_index}")
-                with torch.set_grad_enabled(generator_due):
-                    chunk = rollout.produce(chunk_index)
-                detached = chunk.sample.detach().float()
-                if args.rollout == "self":  # the scores' context is the generator's own history
-                    real_clip.copy_history(rollout.history, chunk_index)
-                    fake_clip.copy_history(rollout.history, chunk_index)
-                # Critic: flow matching of the fake score on this very sample.
-                self.mark("critic: fake score forward + backward")
-                critic_sigma, critic_noise, critic_input = self.draw_score_inputs(detached, generator)
-                score_sigma, score_noise, score_input = self.draw_score_inputs(detached, generator)
-                with torch.enable_grad():
-                    velocity = fake_clip.velocity(chunk_index, critic_input, critic_sigma)
-                    loss_critic = critic_loss(velocity, critic_noise, detached)
-                    (loss_critic / len(chunks)).backward()
-                metrics = {"critic_loss": float(loss_critic.detach()), "critic/sigma": float(critic_sigma[0]),
-                           **chunk.metrics}
-                if chunk.anchor is not None:
-                    metrics["anchor_loss"] = float(chunk.anchor.detach())
-                # Generator: the DMD gradient of the same sample, plus the anchor.
-                if generator_due:
-                    with torch.no_grad():
-                        self.mark(f"{self.real.label} x0 (no grad)")
-                        x0_real = real_clip.x0(chunk_index, score_input, score_sigma)
-                        self.mark(f"{self.fake.label} x0 (no grad)")
-                        x0_fake = fake_clip.x0(chunk_index, score_input, score_sigma)
-                    gradient = dmd_gradient(x0_fake, x0_real, detached)
-                    self.mark("generator loss")
-                    loss_dmd = dmd_generator_loss(chunk.sample, gradient)
-                    self.mark("generator backward")
-                    total = loss_dmd
-                    if chunk.anchor is not None and args.anchor_weight > 0:
-                        total = total + args.anchor_weight * chunk.anchor
-                    (total / len(chunks)).backward()
-                    metrics.update({"generator_loss": float(total.detach()), "dmd_loss": float(loss_dmd.detach()),
-                                    "dmd/grad_rms": float(gradient.pow(2).mean().sqrt()),
-                                    "dmd/sigma": float(score_sigma[0])})
-                if self.trace is not None:
-                    self.trace.append({"chunk": chunk_index, "sample": detached.clone(),
-                                       "critic_input": critic_input.detach().clone(),
-                                       "critic_sigma": critic_sigma.clone(), "critic_noise": critic_noise.clone()})
-            self.mark("commit")
-            rollout.commit(chunk)
+
+        def score_chunk(chunk: ChunkSample) -> None:
+            """Between a chunk's sample and its commit: the critic on the sample, the generator's loss when due."""
+            chunk_index = chunk.chunk_index
+            if self.trace is not None and chunk.sample.requires_grad:
+                chunk.sample.retain_grad()  # what the generator's loss sends into its sample
+            detached = chunk.sample.detach().float()
+            if args.rollout == "self":  # the scores' context is the generator's own history
+                real_clip.copy_history(rollout.history, chunk_index)
+                fake_clip.copy_history(rollout.history, chunk_index)
+            # Critic: flow matching of the fake score on this very sample.
+            self.mark("critic: fake score forward + backward")
+            critic_sigma, critic_noise, critic_input = self.draw_score_inputs(detached, generator)
+            score_sigma, score_noise, score_input = self.draw_score_inputs(detached, generator)
+            with torch.enable_grad():
+                velocity = fake_clip.velocity(chunk_index, critic_input, critic_sigma)
+                loss_critic = critic_loss(velocity, critic_noise, detached)
+                (loss_critic / len(chunks)).backward()
+            metrics = {"critic_loss": float(loss_critic.detach()), "critic/sigma": float(critic_sigma[0]),
+                       **chunk.metrics}
+            if chunk.anchor is not None:
+                metrics["anchor_loss"] = float(chunk.anchor.detach())
+            # Generator: the DMD gradient of the same sample, plus the anchor.
+            if generator_due:
+                with torch.no_grad():
+                    self.mark(f"{self.real.label} x0 (no grad)")
+                    x0_real = real_clip.x0(chunk_index, score_input, score_sigma)
+                    self.mark(f"{self.fake.label} x0 (no grad)")
+                    x0_fake = fake_clip.x0(chunk_index, score_input, score_sigma)
+                gradient = dmd_gradient(x0_fake, x0_real, detached)
+                self.mark("generator loss")
+                loss_dmd = dmd_generator_loss(chunk.sample, gradient)
+                self.mark("generator backward")
+                total = loss_dmd
+                if chunk.anchor is not None and args.anchor_weight > 0:
+                    total = total + args.anchor_weight * chunk.anchor
+                (total / len(chunks)).backward()
+                metrics.update({"generator_loss": float(total.detach()), "dmd_loss": float(loss_dmd.detach()),
+                                "dmd/grad_rms": float(gradient.pow(2).mean().sqrt()),
+                                "dmd/sigma": float(score_sigma[0])})
+            if self.trace is not None:
+                self.trace.append({"chunk": chunk_index, "generator_sample": chunk.sample, "sample": detached.clone(),
+                                   "critic_input": critic_input.detach().clone(),
+                                   "critic_sigma": critic_sigma.clone(), "critic_noise": critic_noise.clone()})
             samples.append(detached)
             for key, value in metrics.items():
                 totals.setdefault(key, []).append(value)
-            del chunk
+
+        with torch.set_grad_enabled(generator_due):
+            rollout.run(score_chunk, sync=sync, mark=self.mark)
         # 3. Chunk means; on monitor steps the collapse monitors against the Teacher's F-F-F-F of the same noise.
         result = {key: sum(values) / len(values) for key, values in totals.items()}
         result["loss"] = result["critic_loss"] + result.get("generator_loss", 0.0)
@@ -460,13 +464,15 @@ def generator_meta(args: argparse.Namespace) -> dict:
 
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, rollout_config: RolloutConfig,
           resuming: bool = False, run_dir: Path | None = None, load_teacher=load_teacher, load_lora=load_lora,
-          draw_chunks=draw_training_chunks, mark=None) -> RecipeParts:
+          draw_chunks=draw_training_chunks, mark=None, wrap_score=None) -> RecipeParts:
     """Step 3: the frozen Teacher; the generator, built on the Teacher before any adapter is added to it (the
     Predictor from --init_from unless a training state is resumed: `resuming`; or the student); the real and fake
     scores; the DMD step on clips under `rollout_config` and the validation. Seams: `load_teacher` (the loader of a
     Teacher-shaped model folder: the Teacher, a model-folder real score, a full student or fake score),
     `load_lora` (the real score's adapter file), `draw_chunks` (which chunks of a clip a data-rollout student
-    trains), `mark` (called with the name of each part of the step as it starts: where a rehearsal's peak is)."""
+    trains), `mark` (called with the name of each part of the step as it starts: where a rehearsal's peak is),
+    `wrap_score` (ScoreModel -> what the step calls as that score, with its `label` and `clip`: a test's recorder
+    of the score calls; default the score itself)."""
     source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
     teacher = load_teacher(source, env.device, policy.frozen_dtype)
     log0(describe_teacher(source, teacher))
@@ -485,9 +491,11 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, ro
     real, fake, fake_role = build_scores(settings_from_flags(ScoreSettings, args), teacher, env, policy,
                                          load_teacher=load_teacher, load_lora=load_lora)
     run_state = RunState()
+    as_called = wrap_score or (lambda score: score)
     step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
-                                       teacher=teacher, real=real, fake=fake, generator_role=generator_role,
-                                       student=student, draw_chunks=draw_chunks, mark=mark)
+                                       teacher=teacher, real=as_called(real), fake=as_called(fake),
+                                       generator_role=generator_role, student=student, draw_chunks=draw_chunks,
+                                       mark=mark)
     validation = generator_validation(
         every=args.val_every, dataset_root=args.dataset_root, split=args.val_split, videos=args.val_videos,
         vae=args.val_vae, seed=args.seed, teacher=teacher, generator_role=generator_role, student=student,

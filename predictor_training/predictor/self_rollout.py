@@ -35,9 +35,9 @@ DDP: ``train_trajectory`` runs each trained chunk's three Predictor forwards AND
 What runs at each step and where the graph stops is the rollout layer's ``TrainingPolicy``
 (predictor_training/rollout/ar_rollout.py); this module gives it the Predictor step. ``train_trajectory`` (the
 training composition) runs the whole trajectory as ONE ``ARRollout.run_chunks`` call, its per-chunk hook doing the
-backward and the bookkeeping between chunks. Pieces are public so tests (and the DMD2 generator, which hands each
-chunk to a critic before committing it) can check each claim: ``SelfRolloutTrajectory`` (``run_chunk_zero``,
-``run_trained_chunk`` -> ``ChunkGraph``, ``commit``).
+backward and the bookkeeping between chunks; the DMD2 generator (``methods/chunk_generators.CompositeRollout``)
+runs the same policy with the critic in that hook. Pieces are public so tests can check each claim:
+``SelfRolloutTrajectory`` (``run_chunk_zero``, ``run_trained_chunk`` -> ``ChunkGraph``, ``commit``).
 """
 
 from __future__ import annotations
@@ -225,12 +225,13 @@ class SelfRolloutTrajectory:
         return list(self.settings.replace_steps)
 
     def policy(self, *, trained_scope: Callable[[int], ContextManager] | None = None,
-               on_chunk_end: Callable[[ChunkRun], None] | None = None) -> TrainingPolicy:
+               on_chunk_end: Callable[[ChunkRun], None] | None = None,
+               on_commit: Callable[[ChunkRun], None] | None = None) -> TrainingPolicy:
         """The rollout's `TrainingPolicy` of this schedule (chunk 0 F-F-F-F without gradients; Predictor steps
         `replace_steps`, velocity reuse `reuse_steps`, Full elsewhere) with the Predictor step as its student;
-        trained_scope / on_chunk_end: as `TrainingPolicy`."""
+        trained_scope / on_chunk_end / on_commit: as `TrainingPolicy`."""
         return TrainingPolicy(self.predictor_steps, self.predictor_step, reuse_steps=self.settings.reuse_steps,
-                              trained_scope=trained_scope, on_chunk_end=on_chunk_end)
+                              trained_scope=trained_scope, on_chunk_end=on_chunk_end, on_commit=on_commit)
 
     # ---- chunk 0 -----------------------------------------------------------------------------------------------
     def run_chunk_zero(self) -> list[StepOutput]:

@@ -26,10 +26,12 @@ the Teacher or a Predictor. The running buffer is updated in place and never car
 
 One loop. ``ARRollout.run_chunks(policy)`` is the one loop over a rollout's chunks: per chunk it enters the policy's
 scope, denoises the chunk (``denoise_chunk``, the one loop over its steps) with the policy's step hook, calls the
-policy's ``end_chunk`` and commits. ``ChunkPolicy`` runs a step hook without gradients (``run``, ``run_chunk``);
-``TrainingPolicy`` is a trainer's schedule: which step of a trained chunk runs Full, the student or velocity reuse,
-which calls carry a graph and where the graph is cut, with the trainer's per-chunk scope (DDP ``no_sync``) and hook
-(its backward, between a chunk's last step and its commit).
+policy's ``end_chunk``, commits and calls the policy's ``after_commit``. ``ChunkPolicy`` runs a step hook without
+gradients (``run``, ``run_chunk``); ``TrainingPolicy`` is a trainer's schedule: which step of a trained chunk runs
+Full, the student or velocity reuse, which calls carry a graph and where the graph is cut, with the trainer's
+per-chunk scope (DDP ``no_sync``) and hook (its backward, or a DMD generator's critic and backward: between a chunk's
+last step and its commit). ``after_commit`` sees the history with the chunk in it (teacher forcing replaces it by the
+data there).
 """
 
 from __future__ import annotations
@@ -304,13 +306,15 @@ class ChunkRun:
 
 class ChunkPolicy:
     """The caller's side of `ARRollout.run_chunks`, the one loop over a rollout's chunks: the scope each chunk runs
-    in, its step hook and what happens between its last step and its commit. This one runs `step_fn` (default: the
-    Full Teacher step) at every step of every chunk without gradients; `on_chunk_end(run)` (optional) sees each
-    chunk's `ChunkRun` before its commit."""
+    in, its step hook, what happens between its last step and its commit, and after its commit. This one runs
+    `step_fn` (default: the Full Teacher step) at every step of every chunk without gradients; `on_chunk_end(run)`
+    (optional) sees each chunk's `ChunkRun` before its commit, `on_commit(run)` (optional) right after it."""
 
-    def __init__(self, step_fn: StepFn | None = None, on_chunk_end: Callable[[ChunkRun], None] | None = None):
+    def __init__(self, step_fn: StepFn | None = None, on_chunk_end: Callable[[ChunkRun], None] | None = None,
+                 on_commit: Callable[[ChunkRun], None] | None = None):
         self.step_fn = step_fn
         self.on_chunk_end = on_chunk_end
+        self.on_commit = on_commit
 
     def chunk_scope(self, chunk_index: int) -> ContextManager:
         """Entered around the chunk's steps and `end_chunk` (grad mode; a trainer's DDP `no_sync`)."""
@@ -324,6 +328,12 @@ class ChunkPolicy:
         """After the chunk's last step, inside its scope, before its commit."""
         if self.on_chunk_end is not None:
             self.on_chunk_end(run)
+
+    def after_commit(self, run: ChunkRun) -> None:
+        """After the chunk's commit (outside its scope): the running latents hold its final latent, and a caller
+        may read or replace it there (teacher forcing writes the data)."""
+        if self.on_commit is not None:
+            self.on_commit(run)
 
 
 StudentFn = Callable[[StepCall, Tensor, StepOutput], StepOutput]
@@ -342,13 +352,15 @@ class TrainingPolicy(ChunkPolicy):
       to `student(call, label_input, label)` (label_input [1, 2C+1, 4, H, W]: the detached input the label was
       computed on), whose output, with its graph, advances the latent.
     trained_scope(chunk_index): the context a trained chunk's steps and `end_chunk` run in (default none: e.g. a
-    trainer's DDP `no_sync`); on_chunk_end(run): every chunk's `ChunkRun` before its commit (a trainer's backward).
+    trainer's DDP `no_sync`); on_chunk_end(run): every chunk's `ChunkRun` before its commit (a trainer's backward);
+    on_commit(run): every chunk's right after its commit.
     """
 
     def __init__(self, student_steps: Sequence[int], student: StudentFn, *, reuse_steps: Sequence[int] = (),
                  first_trained_chunk: int = 1, trained_scope: Callable[[int], ContextManager] | None = None,
-                 on_chunk_end: Callable[[ChunkRun], None] | None = None):
-        super().__init__(None, on_chunk_end)
+                 on_chunk_end: Callable[[ChunkRun], None] | None = None,
+                 on_commit: Callable[[ChunkRun], None] | None = None):
+        super().__init__(None, on_chunk_end, on_commit)
         self.student_steps = tuple(student_steps)
         self.student = student
         self.reuse_steps = tuple(reuse_steps)
@@ -452,9 +464,10 @@ class ARRollout:
     """State of one autoregressive rollout: the running latents ``[1, C, T, H, W]`` and the fixed inputs.
 
     Usage: ``ARRollout(teacher, text_kv, inputs, config, recorder).run()`` -> final latents; a trainer passes its
-    ``TrainingPolicy`` to ``run_chunks``. Pieces (``select_context``, ``prefill_context``, ``denoise_chunk``,
-    ``commit_chunk``) are public for the rollout layer's other drivers (teacher forcing) and for generators that
-    hand each chunk to a critic before committing it (``methods/chunk_generators.py``).
+    ``TrainingPolicy`` to ``run_chunks`` (so do the DMD generators, whose per-chunk hook runs the critic before the
+    commit: ``methods/chunk_generators.py``). Pieces (``select_context``, ``prefill_context``, ``denoise_chunk``,
+    ``commit_chunk``) are public for the rollout layer's other drivers (teacher forcing) and for re-running part of
+    a chunk (the F-P-P-F generator's trailing Full step with a graph).
     """
 
     def __init__(
@@ -731,12 +744,13 @@ class ARRollout:
     def run_chunks(self, policy: ChunkPolicy, chunks: Sequence[int] | None = None) -> Tensor:
         """The one loop over the chunks (default: all, in order): each chunk is denoised inside
         ``policy.chunk_scope`` with ``policy.chunk_step_fn``, handed to ``policy.end_chunk`` (still in the scope),
-        then committed. Returns the running latents [1, C, T, H, W]."""
+        committed, then handed to ``policy.after_commit``. Returns the running latents [1, C, T, H, W]."""
         for chunk_index in range(self.num_chunks) if chunks is None else chunks:
             with policy.chunk_scope(chunk_index):
                 run = self.denoise_chunk(chunk_index, policy.chunk_step_fn(chunk_index))
                 policy.end_chunk(run)
             self.commit_chunk(run)
+            policy.after_commit(run)
             del run  # nothing of a finished chunk outlives its commit here
         return self.latents
 

@@ -97,14 +97,15 @@ def dmd2_argv(world, out: Path, *extra) -> list[str]:
             "--ckpt_every", "-1", "--no_progress", "--val_every", "0", *map(str, extra)]
 
 
-def build_dmd2_step(world, tmp_path, *extra):
-    """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own `build`."""
+def build_dmd2_step(world, tmp_path, *extra, wrap_score=None):
+    """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own `build` (with its
+    `wrap_score` seam: the scores as the step calls them)."""
     argv = dmd2_argv(world, tmp_path / "run", *extra)
     if "student" in extra:
         argv.remove("--init_from")
         argv.remove(str(world["init"]))
     args = dmd2.parse_args(argv)
     parts = dmd2.build(args, ENV, precision_policy("fp32", CPU),
-                       rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32))
+                       rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32), wrap_score=wrap_score)
     step = parts.step_fn
     return args, step, *parts.roles, step.teacher, step.real

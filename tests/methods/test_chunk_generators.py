@@ -1,6 +1,6 @@
 """The DMD generators' chunks (predictor_training/methods/chunk_generators.py) on the
-tiny dmd2 world: the composite's sample is its trajectory's final latent, with the Predictor's graph also when the
-chunk ends on a Full step (F-P-P-F)."""
+tiny dmd2 world: the composite's sample is the chunk's final latent, with the Predictor's graph also when the chunk
+ends on a Full step (F-P-P-F); the Teacher's reference chunks on its own history and on data."""
 
 from __future__ import annotations
 
@@ -23,22 +23,67 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return write_dmd2_world(tmp_path_factory.mktemp("dmd2"))
 
 
+def _teacher_calls(teacher) -> tuple[list, object]:
+    """(calls, hook handle): one entry per Teacher pass (its first block's image-stream K projection)."""
+    calls = []
+    return calls, teacher.double_blocks[0].img_attn_k.register_forward_hook(lambda *_: calls.append(1))
+
+
 @pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
 def test_the_composite_sample_is_its_final_latent_with_the_predictor_graph(world, tmp_path, replace_steps):
-    """The sample the scores see is the trajectory's final latent, bit for bit: F-P-P-P hands on that very tensor
-    (as before the F-P-P-F fix); F-P-P-F recomputes it with a graph, to the same values."""
+    """The sample `score_chunk` gets is the chunk's final latent as committed into the history, bit for bit, with a
+    graph that reaches the Predictor; F-P-P-F re-runs its trailing Full step for it (one more Teacher pass) only
+    where grad is enabled. Without grad (a generator step that is not due) the same values, no graph."""
     _, step, generator_role, _, teacher, _ = build_dmd2_step(world, tmp_path, "--replace_steps", replace_steps)
     item = VideoLatentDataset(world["videos"], "train")[0]
     data = item["latents"][None].float()
     noise = torch.randn(data.shape, generator=torch.Generator().manual_seed(3))
-    rollout = dmd2.CompositeRollout(teacher, generator_role.module, item, noise, 5, step.config, step.settings, CPU,
-                                    None)
-    chunk = rollout.produce(1)
-    final = rollout.graph.final_latent
-    if replace_steps == "1,2,3":
-        assert rollout.trailing_full_steps() == [] and chunk.sample is final
-    else:
-        assert rollout.trailing_full_steps() == [3] and not final.requires_grad
-        assert chunk.sample.requires_grad and torch.equal(chunk.sample, final)
-    with torch.no_grad():  # a generator step that is not due: no graph, no recomputation
-        assert rollout.differentiable_sample(rollout.graph) is final
+    teacher_passes, samples = {}, {}
+    for grad in (False, True):
+        rollout = dmd2.CompositeRollout(teacher, generator_role.module, item, noise, 5, step.config, step.settings,
+                                        CPU, None)
+        chunks = []
+
+        def score_chunk(chunk):
+            chunks.append(chunk)
+            if grad:
+                chunk.sample.sum().backward()
+
+        calls, hook = _teacher_calls(teacher)
+        with torch.set_grad_enabled(grad):
+            rollout.run(score_chunk)
+        hook.remove()
+        (chunk,) = chunks
+        assert chunk.chunk_index == 1 and chunk.sample.requires_grad == grad
+        assert torch.equal(chunk.sample, rollout.history[:, :, 4:8])
+        teacher_passes[grad], samples[grad] = len(calls), chunk.sample.detach()
+    assert rollout.trailing_full_steps() == ([] if replace_steps == "1,2,3" else [3])
+    assert teacher_passes[True] - teacher_passes[False] == len(rollout.trailing_full_steps())
+    assert torch.equal(samples[True], samples[False])
+    assert generator_role.parameters_with_grad() != []
+
+
+@pytest.mark.parametrize("on_data", [False, True], ids=["own-history", "data"])
+def test_teacher_chunks_are_the_teachers_rollout_of_the_noise(world, tmp_path, on_data):
+    """`teacher_chunks` gives the Teacher's F-F-F-F of the asked chunks: on its own history the plain rollout's
+    latents; on data, each chunk made on the data of the chunks before it (chunk 0 as on its own history)."""
+    from predictor_training.rollout.ar_rollout import ARRollout, RolloutInputs
+    from predictor_training.rollout.teacher_forcing import clip_text_kv
+    _, step, _, _, teacher, _ = build_dmd2_step(world, tmp_path)
+    item = VideoLatentDataset(world["videos"], "train")[0]
+    data = item["latents"][None].float()
+    noise = torch.randn(data.shape, generator=torch.Generator().manual_seed(3))
+    chunks = dmd2.teacher_chunks(teacher, item, noise, 5, [0, 1], step.config, CPU, data if on_data else None)
+    text_kv = clip_text_kv(teacher, item, CPU, None, grad=False)
+    with torch.no_grad():
+        plain = ARRollout(teacher, text_kv, RolloutInputs.from_clip(item, noise, 5), step.config, device=CPU).run()
+        assert torch.equal(chunks[:, :, :4], plain[:, :, :4])
+        if not on_data:
+            assert torch.equal(chunks, plain)
+            return
+        history = noise.clone()
+        history[:, :, :4] = data[:, :, :4]  # chunk 1 reads the data of chunk 0 as its context
+        on_history = ARRollout(teacher, text_kv, RolloutInputs.from_clip(item, history, 5), step.config, device=CPU)
+        on_history.run(chunks=[1])
+    assert torch.equal(chunks[:, :, 4:], on_history.latents[:, :, 4:8])
+    assert not torch.equal(chunks[:, :, 4:], plain[:, :, 4:])

@@ -90,27 +90,19 @@ def test_a_step_without_the_generator_trains_only_the_critic(world, tmp_path):
     assert "generator_loss" not in metrics and metrics["loss"] == metrics["critic_loss"]
 
 
-def test_critic_and_generator_use_the_one_rollout(world, tmp_path, monkeypatch):
+def test_critic_and_generator_use_the_one_rollout(world, tmp_path):
     """Per step the composite is rolled out once (3 Predictor calls per chunk after chunk 0), and the critic's noisy
-    input is exactly that rollout's chunk, noised."""
+    input is exactly that rollout's chunk, as the generator handed it over, noised."""
     _, step, generator_role, _, _, _ = build_dmd2_step(world, tmp_path)
-    produced = []
-    produce = dmd2.CompositeRollout.produce
-
-    def spy(self, chunk_index):
-        chunk = produce(self, chunk_index)
-        produced.append(chunk.sample.detach().clone())
-        return chunk
-
-    monkeypatch.setattr(dmd2.CompositeRollout, "produce", spy)
     calls = []
     hook = generator_role.raw_module.register_forward_hook(lambda *_: calls.append(1))
     step.trace = []
     step(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({"predictor", FAKE}))
     hook.remove()
-    assert len(produced) == len(step.trace) == 1  # 8 latents: chunk 0 (Teacher) + 1 generated chunk
+    assert len(step.trace) == 1  # 8 latents: chunk 0 (Teacher) + 1 generated chunk
     assert len(calls) == 3  # F-P-P-P: one rollout, not a second one for the critic
-    for sample, trace in zip(produced, step.trace):
+    for trace in step.trace:
+        sample = trace["generator_sample"].detach()
         assert torch.equal(trace["sample"], sample)
         expected = add_noise(sample, trace["critic_noise"], trace["critic_sigma"][None])
         assert torch.equal(trace["critic_input"], expected)
@@ -231,21 +223,23 @@ def _generator_grads(step, roles, item) -> tuple[dict, list[torch.Tensor]]:
                      for param in generator_role.parameters]
 
 
-def test_dmd_reaches_the_predictor_when_the_chunk_ends_on_a_full_step(world, tmp_path, monkeypatch):
+def test_dmd_reaches_the_predictor_when_the_chunk_ends_on_a_full_step(world, tmp_path):
     """F-P-P-F (--replace_steps 1,2): the trajectory detaches the latent at the Full step 3, so the composite's final
     latent has no graph; the sample is recomputed through the (frozen) Teacher's step 3. The Predictor's gradient
-    with DMD differs from the one without (DMD's g zeroed), DMD alone (--anchor_weight 0) back-propagates, and the
-    Teacher gets no gradient."""
+    with DMD differs from the one without (the fake score still equal to the real one: g = 0), DMD alone
+    (--anchor_weight 0) back-propagates, and the Teacher gets no gradient."""
     args, step, generator_role, fake_role, teacher, real = build_dmd2_step(world, tmp_path, "--replace_steps", "1,2")
     dataset = VideoLatentDataset(world["videos"], "train")
-    _critic_update(step, fake_role, dataset[1])
     roles = (generator_role, fake_role)
+    step.run_state.micro_step = 1  # the draws of the steps with DMD below
+    metrics, without_dmd = _generator_grads(step, roles, dataset[0])
+    assert metrics["dmd/grad_rms"] == 0 and metrics["anchor_loss"] > 0
+    step.run_state.micro_step = 0
+    fake_role.zero_grad()
+    _critic_update(step, fake_role, dataset[1])
     metrics, with_dmd = _generator_grads(step, roles, dataset[0])
     assert metrics["dmd/grad_rms"] > 0 and metrics["anchor_loss"] > 0
     assert _frozen_grads(teacher, generator_role.parameters + fake_role.parameters) == []
-    monkeypatch.setattr(dmd2, "dmd_gradient", lambda x0_fake, x0_real, sample: torch.zeros_like(sample.float()))
-    _, without_dmd = _generator_grads(step, roles, dataset[0])
-    monkeypatch.undo()
     difference = sum(float((a - b).abs().sum()) for a, b in zip(with_dmd, without_dmd))
     assert difference > 1e-6 * sum(float(grad.abs().sum()) for grad in without_dmd), difference
     step.args.anchor_weight = 0.0  # DMD alone: a graph to back-propagate (it crashed: "does not require grad")
@@ -257,83 +251,82 @@ def test_dmd_reaches_the_predictor_when_the_chunk_ends_on_a_full_step(world, tmp
     assert all(torch.isfinite(grad).all() for grad in dmd_only)
 
 
-def _spy_scores(monkeypatch) -> list[tuple[str, str, torch.Tensor, torch.Tensor]]:
-    """Record every score call (method, score label, input, output) of the step."""
+class RecordedScore:
+    """A score as the step calls it (`build(wrap_score=...)`): its clips append every velocity / x0 call to
+    `calls` as (method, score label, noisy input, output)."""
+
+    def __init__(self, score, calls: list):
+        self.score, self.calls, self.label = score, calls, score.label
+
+    def clip(self, *args, **kwargs) -> "RecordedClip":
+        return RecordedClip(self.score.clip(*args, **kwargs), self.label, self.calls)
+
+
+class RecordedClip:
+    def __init__(self, clip: ScoreClip, label: str, calls: list):
+        self.clip, self.label, self.calls = clip, label, calls
+
+    def copy_history(self, history, chunk_index):
+        self.clip.copy_history(history, chunk_index)
+
+    def velocity(self, chunk_index, noisy, sigma):
+        return self._record("velocity", noisy, self.clip.velocity(chunk_index, noisy, sigma))
+
+    def x0(self, chunk_index, noisy, sigma):
+        return self._record("x0", noisy, self.clip.x0(chunk_index, noisy, sigma))
+
+    def _record(self, method, noisy, out):
+        self.calls.append((method, self.label, noisy.detach().clone(), out.detach().clone()))
+        return out
+
+
+def _recorded_step(world, tmp_path, *extra):
+    """(score calls, step, generator role, fake role): a dmd2 step whose score calls are recorded."""
     calls = []
-    velocity, x0 = ScoreClip.velocity, ScoreClip.x0
-
-    def velocity_spy(self, chunk_index, noisy, sigma):
-        out = velocity(self, chunk_index, noisy, sigma)
-        calls.append(("velocity", self.score.label, noisy.detach().clone(), out.detach().clone()))
-        return out
-
-    def x0_spy(self, chunk_index, noisy, sigma):
-        out = x0(self, chunk_index, noisy, sigma)
-        calls.append(("x0", self.score.label, noisy.detach().clone(), out.detach().clone()))
-        return out
-
-    monkeypatch.setattr(ScoreClip, "velocity", velocity_spy)
-    monkeypatch.setattr(ScoreClip, "x0", x0_spy)
-    return calls
+    _, step, generator_role, fake_role, _, _ = build_dmd2_step(
+        world, tmp_path, *extra, wrap_score=lambda score: RecordedScore(score, calls))
+    return calls, step, generator_role, fake_role
 
 
 @pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
-def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tmp_path, monkeypatch, replace_steps):
+def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tmp_path, replace_steps):
     """The gradient the generator's sample receives is exactly (x0_fake - x0_real) / mean|x̂ - x0_real| / numel per
     chunk (DMD2's sign and normaliser), with x0_fake from the fake score and x0_real from the real score at the same
     noisy input: swapping the scores, flipping a sign or letting the critic's loss reach the sample breaks it."""
-    _, step, generator_role, fake_role, _, _ = build_dmd2_step(world, tmp_path, "--replace_steps", replace_steps)
+    calls, step, generator_role, fake_role = _recorded_step(world, tmp_path, "--replace_steps", replace_steps)
     dataset = VideoLatentDataset(world["videos"], "train")
     _critic_update(step, fake_role, dataset[1])
-    calls = _spy_scores(monkeypatch)
-    samples = []
-    loss = dmd2.dmd_generator_loss
-
-    def loss_spy(sample, gradient):
-        sample.retain_grad()
-        samples.append(sample)
-        return loss(sample, gradient)
-
-    monkeypatch.setattr(dmd2, "dmd_generator_loss", loss_spy)
+    calls.clear()
     step.trace = []
     step(dataset[0], sync=True, due=frozenset({generator_role.name, FAKE}))
     x0_calls = {label: (noisy, out) for method, label, noisy, out in calls if method == "x0"}
     assert len([call for call in calls if call[0] == "x0"]) == 2 and sorted(x0_calls) == ["fake_score", "real_score"]
     (real_input, x0_real), (fake_input, x0_fake) = x0_calls["real_score"], x0_calls["fake_score"]
     assert torch.equal(real_input, fake_input)  # one noisy input for both scores
-    assert len(samples) == len(step.trace) == 1
-    sample = step.trace[0]["sample"]
-    assert torch.equal(samples[0].detach(), sample)
+    (trace,) = step.trace
+    sample, generator_sample = trace["sample"], trace["generator_sample"]
+    assert torch.equal(generator_sample.detach(), sample)
     assert not torch.equal(x0_fake, x0_real)
     expected = (x0_fake - x0_real) / (sample - x0_real).abs().mean() / sample.numel()
-    torch.testing.assert_close(samples[0].grad, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+    torch.testing.assert_close(generator_sample.grad, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
 
 
-def test_the_critic_regresses_the_fake_score_onto_noise_minus_sample(world, tmp_path, monkeypatch):
+def test_the_critic_regresses_the_fake_score_onto_noise_minus_sample(world, tmp_path):
     """The critic's loss is flow matching of the FAKE score's velocity at the noised sample onto noise - x̂
     (`critic_loss(velocity, noise, sample)`), on every step, due generator or not."""
-    _, step, generator_role, _, _, _ = build_dmd2_step(world, tmp_path)
-    calls = _spy_scores(monkeypatch)
-    critic_args = []
-    critic_loss = dmd2.critic_loss
-
-    def critic_spy(velocity, noise, sample):
-        critic_args.append((velocity.detach().clone(), noise.clone(), sample.clone()))
-        return critic_loss(velocity, noise, sample)
-
-    monkeypatch.setattr(dmd2, "critic_loss", critic_spy)
+    calls, step, generator_role, _ = _recorded_step(world, tmp_path)
     item = VideoLatentDataset(world["videos"], "train")[0]
     for due in (frozenset({FAKE}), frozenset({generator_role.name, FAKE})):
-        calls.clear(), critic_args.clear()
+        calls.clear()
         step.trace = []
         metrics = step(item, sync=True, due=due)
-        (trace,), ((velocity, noise, sample),) = step.trace, critic_args
+        (trace,) = step.trace
         velocity_calls = [call for call in calls if call[0] == "velocity" and torch.equal(call[2],
                                                                                           trace["critic_input"])]
         assert [label for _, label, _, _ in velocity_calls] == ["fake_score"]
-        assert torch.equal(velocity, velocity_calls[0][3])
-        assert torch.equal(noise, trace["critic_noise"]) and torch.equal(sample, trace["sample"])
+        assert torch.equal(trace["sample"], trace["generator_sample"].detach())
         target = trace["critic_noise"] - trace["sample"]
+        velocity = velocity_calls[0][3]
         assert metrics["critic_loss"] == pytest.approx(float(((velocity - target) ** 2).mean()), rel=1e-6)
 
 
@@ -357,19 +350,23 @@ def test_roles_real_frozen_fake_every_step_generator_at_its_cadence(world, tmp_p
         assert fake_role.ema is None
 
 
-def test_the_generator_loss_is_applied_only_when_due(world, tmp_path, monkeypatch):
-    """Not due: its rollout runs without a graph and the DMD loss is never formed; due: once per chunk."""
-    _, step, generator_role, fake_role, _, _ = build_dmd2_step(world, tmp_path)
-    losses, produced = [], []
-    loss, produce = dmd2.dmd_generator_loss, dmd2.CompositeRollout.produce
-    monkeypatch.setattr(dmd2, "dmd_generator_loss", lambda *a: losses.append(1) or loss(*a))
-    monkeypatch.setattr(dmd2.CompositeRollout, "produce",
-                        lambda self, c: produced.append(produce(self, c)) or produced[-1])
+def test_the_generator_loss_is_applied_only_when_due(world, tmp_path):
+    """Not due: its rollout runs without a graph and the DMD loss is never formed (no score's x0 asked for); due:
+    once per chunk."""
+    calls, step, generator_role, _ = _recorded_step(world, tmp_path)
     item = VideoLatentDataset(world["videos"], "train")[0]
-    step(item, sync=True, due=frozenset({FAKE}))
-    assert losses == [] and not produced[0].sample.requires_grad and generator_role.parameters_with_grad() == []
-    step(item, sync=True, due=frozenset({generator_role.name, FAKE}))
-    assert losses == [1] and produced[1].sample.requires_grad and generator_role.parameters_with_grad() != []
+    step.trace = []
+    metrics = step(item, sync=True, due=frozenset({FAKE}))
+    (trace,) = step.trace
+    assert [call for call in calls if call[0] == "x0"] == [] and "generator_loss" not in metrics
+    assert not trace["generator_sample"].requires_grad and generator_role.parameters_with_grad() == []
+    calls.clear()
+    step.trace = []
+    metrics = step(item, sync=True, due=frozenset({generator_role.name, FAKE}))
+    (trace,) = step.trace
+    assert sorted(label for method, label, _, _ in calls if method == "x0") == ["fake_score", "real_score"]
+    assert "generator_loss" in metrics and trace["generator_sample"].requires_grad
+    assert generator_role.parameters_with_grad() != []
 
 
 def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):

@@ -11,6 +11,7 @@ import torch
 
 from predictor_training.rollout.ar_rollout import (
     ARRollout,
+    ChunkPolicy,
     RolloutConfig,
     TrajectoryRecorder,
     build_cond_latents,
@@ -70,6 +71,31 @@ def test_hook_that_runs_the_teacher_reproduces_the_plain_rollout(tiny_teacher):
             assert torch.equal(chunk.ctx_input, expected)
             assert sorted(chunk.prefeatures) == [0, 1]
             assert chunk.prefeatures[0].shape == (1, len(index) * 6, tiny_teacher.config.hidden_size)
+
+
+def test_after_commit_sees_the_committed_chunk_and_its_writes_are_the_next_contexts(tiny_teacher):
+    """`ChunkPolicy.after_commit`: the running latents hold the chunk's final latent by then, and what it writes
+    there (teacher forcing's data) is what later chunks read as context."""
+    text_kv, inputs = tiny_text_kv(tiny_teacher), tiny_rollout_inputs(tiny_teacher)
+    data = torch.randn(inputs.noise.shape, generator=torch.Generator().manual_seed(5))
+    rollout = ARRollout(tiny_teacher, text_kv, inputs, RolloutConfig())
+    committed, contexts = [], {}
+
+    def after_commit(run):
+        frames = rollout.chunk_frames(run.chunk_index)
+        committed.append(torch.equal(rollout.latents[:, :, frames], run.final_latent))
+        rollout.write_chunk(run.chunk_index, data[:, :, frames])
+
+    def full_step(call):
+        if call.step_index == 0 and call.context.indices:
+            contexts[call.chunk_index] = (call.context.indices, call.context.model_input[:, :data.shape[1]])
+        return call.run_teacher()
+
+    latents = rollout.run_chunks(ChunkPolicy(full_step, on_commit=after_commit))
+    assert committed == [True] * 3 and torch.equal(latents, data)
+    assert sorted(contexts) == [1, 2]
+    for indices, context_latents in contexts.values():
+        assert torch.equal(context_latents, data[:, :, indices])
 
 
 def test_reuse_hook_replaces_steps_and_euler_uses_its_velocity(tiny_teacher):

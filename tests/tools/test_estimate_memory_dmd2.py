@@ -52,19 +52,6 @@ DEMO = ["--config", "demo", "--text_tokens", "8", "--latent_grid", "8x12", "--so
         "--world_size", "1"]
 
 
-def _undo_the_generator_context_cut(monkeypatch) -> None:
-    """The Predictor chunk's graph keeps the context K/V of every layer through the critic, as before the cut."""
-    from predictor_training.predictor.self_rollout import ChunkGraph
-    monkeypatch.setattr(ChunkGraph, "release_context", lambda self: None)
-
-
-def _undo_the_context_recompute(monkeypatch) -> None:
-    """A no-grad context read under grad (the student's chunk step, the F-P-P-F trailing Full step) stays held by
-    the block checkpoints from the forward to the generator's backward."""
-    from predictor_training.teacher import RecomputedContextKV
-    monkeypatch.setattr(RecomputedContextKV, "release", lambda self: None)
-
-
 def _context_kv_at_the_peak(report: dict, argv: list[str]) -> int:
     """How many context K/V tensors (`[2, heads, 4 H W, head_dim]` BF16, one k or v of one layer's 4-frame context of
     chunk 1, made by the prefill's cat) are alive at the step's peak, from the report's peak groups."""
@@ -74,21 +61,20 @@ def _context_kv_at_the_peak(report: dict, argv: list[str]) -> int:
     return sum(int(match.group(1)) for group in report["peak_groups"] if (match := pattern.match(group)))
 
 
-def test_the_generator_context_cut_lowers_the_peak(monkeypatch, capsys):
+def test_the_generator_context_cut_lowers_the_peak(capsys):
     """The tool's --recipe dmd2 with the Predictor generator and a model-folder real score (a second BF16
     Teacher-sized model among the parameters): the Predictor chunk's context K/V of the layers it does not read are
-    released once the sample is made (`CompositeRollout.produce`), so the critic's backward, the step's peak, runs
-    without them: undoing the cut raises the peak there."""
+    released once the sample is made (`CompositeRollout.chunk_sample`), so the critic's backward, the step's peak,
+    runs without them: undoing the cut (`--undo_cuts rollout_context`) raises the peak there."""
     argv = ["--recipe", "dmd2", *DEMO, "--generator", "predictor", "--real_score", "model"]
     assert estimate_memory.main([*argv, "--json"]) == 0
-    (cut,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert estimate_memory.main([*argv, "--undo_cuts", "rollout_context", "--json"]) == 0
+    cut, undone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert cut["name"].startswith("dmd2 Predictor") and cut["live_after_step"]["optimizer_state"] > 0
     teacher = sum(param.numel() for param in WorldPlayTransformer.from_preset("demo").parameters()) * 2  # BF16
     assert cut["live_after_step"]["parameters"] >= 2 * teacher
-    _undo_the_generator_context_cut(monkeypatch)
-    undone = estimate_memory.rehearse(estimate_memory.parse_args(argv))
-    assert cut["peak_in"] == undone.notes["peak_in"] == "critic: fake score forward + backward"
-    assert undone.peak > cut["peak_gib"] * 2**30, (cut["peak_gib"], undone.peak)
+    assert cut["peak_in"] == undone["peak_in"] == "critic: fake score forward + backward"
+    assert undone["peak_gib"] > cut["peak_gib"], (cut["peak_gib"], undone["peak_gib"])
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +90,15 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return {"teacher": root / "teacher", "videos": root / "videos", "init": init}
 
 
-def _step_gradients(world, out: Path, generator: str = "predictor", replace_steps: str = "1,2,3"
-                    ) -> dict[str, list]:
-    """Both roles' gradients after one DistributionMatchingStep with both due (the demo recipe, gradient
-    checkpointing on). Predictor generator: the fake score starts equal to the real one, so the DMD gradient is 0 at
-    the first step and the anchor gives the Predictor's. Student generator (LoRA, --context_grad off): its adapter
-    is set to random values first (a zero-initialised LoRA B runs as the base Teacher, so a recompute under the
-    wrong adapter would go unseen) and the Teacher's x0 anchor gives it a gradient."""
+def _step_gradients(world, out: Path, generator: str = "predictor", replace_steps: str = "1,2,3", *extra
+                    ) -> tuple[dict[str, list], int]:
+    """(both roles' gradients, Teacher passes) of one DistributionMatchingStep with both due (the demo recipe,
+    gradient checkpointing on, `extra` flags). Predictor generator: the fake score starts equal to the real one, so
+    the DMD gradient is 0 at the first step and the anchor gives the Predictor's. Student generator (LoRA,
+    --context_grad off): its adapter is set to random values first (a zero-initialised LoRA B runs as the base
+    Teacher, so a recompute under the wrong adapter would go unseen) and the Teacher's x0 anchor gives it a
+    gradient. Teacher passes: calls of the Teacher's first block's image-stream K projection (a context prefilled
+    again in a backward is one more)."""
     import fvtools.train_dmd2 as dmd2
     from predictor_training.data.video_latents import VideoLatentDataset
     from predictor_training.methods.dmd2_models import FAKE
@@ -120,7 +108,7 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=cpu, backend=None, is_main=True)
     argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]),
             "--real_score", str(world["teacher"]), "--source_blocks", "1,2", "--output_dir", str(out),
-            "--gradient_checkpointing", "--generator", generator, "--val_every", "0"]
+            "--gradient_checkpointing", "--generator", generator, "--val_every", "0", *extra]
     argv += (["--init_from", str(world["init"]), "--replace_steps", replace_steps] if generator == "predictor" else
              ["--anchor_weight", "1", "--exit_step", "last"])
     parts = dmd2.build(dmd2.parse_args(argv), env, precision_policy("fp32", cpu),
@@ -131,10 +119,22 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
         with torch.no_grad():
             for param in generator_role.parameters:
                 param.copy_(0.05 * torch.randn(param.shape, generator=values))
+    passes = []
+    hook = parts.step_fn.teacher.double_blocks[0].img_attn_k.register_forward_hook(lambda *_: passes.append(1))
     parts.step_fn(VideoLatentDataset(world["videos"], "train")[0], sync=True, due=frozenset({generator_role.name,
                                                                                               FAKE}))
-    return {role.name: [None if param.grad is None else param.grad.clone() for param in role.parameters]
-            for role in (generator_role, fake_role)}
+    hook.remove()
+    grads = {role.name: [None if param.grad is None else param.grad.clone() for param in role.parameters]
+             for role in (generator_role, fake_role)}
+    return grads, len(passes)
+
+
+def _assert_same_gradients(cut: dict[str, list], undone: dict[str, list]) -> None:
+    assert set(cut) == set(undone) and len(cut) == 2
+    for name, grads in cut.items():
+        assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name
+        for grad, other in zip(grads, undone[name], strict=True):
+            assert (grad is None and other is None) or torch.equal(grad, other), name
 
 
 def test_tool_runs_an_fppf_generator_on_ddp_with_the_raw_teacher_score(capsys):
@@ -153,24 +153,15 @@ def test_tool_runs_an_fppf_generator_on_ddp_with_the_raw_teacher_score(capsys):
 
 
 @pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
-def test_the_generator_context_cut_changes_no_value(world, tmp_path, monkeypatch, replace_steps):
+def test_the_generator_context_cut_changes_no_value(world, tmp_path, replace_steps):
     """One step of the recipe on the tiny world with the cuts (the unread layers' context released once the sample
-    is made; F-P-P-F: the trailing Full step's context recomputed in the backward, once for chunk 1) and with them
-    undone: every gradient of both roles bit for bit the same."""
-    from predictor_training.rollout.ar_rollout import ARRollout
-    calls = []
-    prefill_again = ARRollout.prefill_again
-    monkeypatch.setattr(ARRollout, "prefill_again", lambda self, *a, **k: calls.append(1) or prefill_again(self, *a, **k))
-    cut = _step_gradients(world, tmp_path / "cut", replace_steps=replace_steps)
-    assert len(calls) == (1 if replace_steps == "1,2" else 0)
-    _undo_the_generator_context_cut(monkeypatch)
-    _undo_the_context_recompute(monkeypatch)
-    undone = _step_gradients(world, tmp_path / "undone", replace_steps=replace_steps)
-    assert set(cut) == set(undone) and len(cut) == 2
-    for name, grads in cut.items():
-        assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name
-        for grad, other in zip(grads, undone[name], strict=True):
-            assert (grad is None and other is None) or torch.equal(grad, other), name
+    is made; F-P-P-F: the trailing Full step's context prefilled again in the backward, once for chunk 1) and
+    without them (--no-recompute_context): every gradient of both roles bit for bit the same."""
+    cut, passes = _step_gradients(world, tmp_path / "cut", "predictor", replace_steps)
+    undone, passes_undone = _step_gradients(world, tmp_path / "undone", "predictor", replace_steps,
+                                            "--no-recompute_context")
+    assert passes - passes_undone == (1 if replace_steps == "1,2" else 0)
+    _assert_same_gradients(cut, undone)
 
 
 # ---- the student's context recomputed in its backward (docs/memory.md) ---------------------------------------
@@ -190,23 +181,14 @@ def test_the_student_context_recompute_lowers_the_peak(capsys):
     assert _context_kv_at_the_peak(report, argv) == 2 * 4, report["peak_groups"]
 
 
-def test_the_student_context_recompute_changes_no_value(world, tmp_path, monkeypatch):
+def test_the_student_context_recompute_changes_no_value(world, tmp_path):
     """One step of the student generator with its context released and prefilled again in the backward (once per
-    chunk with context), and with the K/V kept: both roles' gradients bit for bit the same."""
-    from predictor_training.rollout.ar_rollout import ARRollout
-    calls = []
-    prefill_again = ARRollout.prefill_again
-    monkeypatch.setattr(ARRollout, "prefill_again", lambda self, *a, **k: calls.append(1) or prefill_again(self, *a, **k))
-    cut = _step_gradients(world, tmp_path / "cut", generator="student")
-    assert len(calls) == 1  # chunk 1 (chunk 0 has no context)
-    _undo_the_context_recompute(monkeypatch)
-    undone = _step_gradients(world, tmp_path / "undone", generator="student")
-    assert len(calls) == 1
-    assert set(cut) == set(undone) and len(cut) == 2
-    for name, grads in cut.items():
-        assert any(grad is not None and grad.abs().sum() > 0 for grad in grads), name
-        for grad, other in zip(grads, undone[name], strict=True):
-            assert (grad is None and other is None) or torch.equal(grad, other), name
+    chunk with context: chunk 1), and with the K/V kept (--no-recompute_context): both roles' gradients bit for bit
+    the same."""
+    cut, passes = _step_gradients(world, tmp_path / "cut", "student")
+    undone, passes_undone = _step_gradients(world, tmp_path / "undone", "student", "1,2,3", "--no-recompute_context")
+    assert passes - passes_undone == 1  # chunk 1 (chunk 0 has no context)
+    _assert_same_gradients(cut, undone)
 
 
 def test_dmd2_flags_are_checked():
