@@ -219,16 +219,17 @@ class NftStep:
 
     Draws: the samples' noise and memory points from (seed, micro-step, rank, stream, sample); the training chunks'
     noise and sigmas from (seed, micro-step, rank, TRAIN_STREAM); whether chunk 0 is trained from (seed,
-    micro-step, ALL_RANKS)."""
+    micro-step, ALL_RANKS). `objective`: each trained chunk's loss, `nft_objective`'s signature and result."""
 
     def __init__(self, models: PolicyModels, rewards: VideoRewards, args, env: DistEnv, run_state: RunState,
-                 autocast_dtype, *, draw_chunks=draw_training_chunks):
+                 autocast_dtype, *, draw_chunks=draw_training_chunks, objective=nft_objective):
         self.models = models
         self.rewards = rewards
         self.args = args
         self.env = env
         self.run_state = run_state
         self.draw_chunks = draw_chunks
+        self.objective = objective
         self.sample_config = RolloutConfig(num_steps=args.sample_steps, shift=args.sample_shift,
                                            state_dtype=torch.float32, autocast_dtype=autocast_dtype)
         self.clip_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=autocast_dtype)
@@ -324,10 +325,10 @@ class NftStep:
                         v_reference = clips["reference"].predict_velocity(chunk_index, noisy, sigma_frames)
                 with self.models.running("policy"):
                     v_policy = clips["policy"].predict_velocity(chunk_index, noisy, sigma_frames)
-                    loss, nft, kl = nft_objective(v_policy, v_old, v_reference, noisy, x0,
-                                                  torch.tensor([sigma], device=device),
-                                                  advantages[index:index + 1].to(device), beta=args.beta,
-                                                  clip=args.adv_clip, kl_weight=args.kl_weight)
+                    loss, nft, kl = self.objective(v_policy, v_old, v_reference, noisy, x0,
+                                                   torch.tensor([sigma], device=device),
+                                                   advantages[index:index + 1].to(device), beta=args.beta,
+                                                   clip=args.adv_clip, kl_weight=args.kl_weight)
                     (loss / (samples.shape[0] * len(chunks))).backward()
                 nft_terms.append(nft.item())
                 kl_terms.append(kl.item())
@@ -347,12 +348,12 @@ def video_rewards(args: argparse.Namespace, vae_folder: Path, device: torch.devi
 
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, vae_folder: Path,
           run_dir: Path | None = None, load_teacher=load_teacher, draw_chunks=draw_training_chunks,
-          make_rewards=video_rewards) -> RecipeParts:
+          make_rewards=video_rewards, objective=nft_objective) -> RecipeParts:
     """Steps 3-4: the policy (a LoRA on the Teacher, or every parameter; `build_method_model`) with its AdamW and
     schedule, its old policy (the role's EMA slot) and the reference (`PolicyModels`); the rewards of samples
     decoded by the VAE in `vae_folder` (main's step 2); the NFT step and the validation. Seams: `load_teacher` (the
     Teacher folder's loader), `draw_chunks` (which chunks of a sample train), `make_rewards` (`(args, vae_folder,
-    device) -> rewards`: the decoder and the reward functions)."""
+    device) -> rewards`: the decoder and the reward functions), `objective` (each trained chunk's loss)."""
     # 3. The policy, its old policy and the reference.
     source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
     method_model = build_method_model(source, settings_from_flags(MethodSettings, args), env, policy, role_name=ROLE,
@@ -363,7 +364,8 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, va
     # 4. Rewards: the decoder, the scorer, the reference videos; the step and the validation.
     rewards = make_rewards(args, vae_folder, env.device)
     run_state = RunState()
-    step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype, draw_chunks=draw_chunks)
+    step_fn = NftStep(models, rewards, args, env, run_state, policy.autocast_dtype, draw_chunks=draw_chunks,
+                      objective=objective)
     validation = reward_validation(every=args.val_every, dataset_root=args.dataset_root, split=args.eval_split,
                                    videos=args.val_videos, seed=args.seed, step_fn=step_fn, vae=vae_folder, env=env,
                                    run_dir=run_dir)

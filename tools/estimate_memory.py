@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from predictor_training.data.synthetic import case_text_kv, clip_item, offline_batch, trajectory_row
+from predictor_training.data.synthetic import case_text_kv, clip_item, lora_file_stand_in, offline_batch, trajectory_row
 from predictor_training.eval.rehearsal import rehearse_eval_rollout
 from predictor_training.methods.rewards import FixedRewards, parse_reward_weights
 from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
@@ -37,7 +37,6 @@ from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.memory_rehearsal import MemoryReport, card_gib, largest_batches, needed_gib
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import flops
-from predictor_training.teacher.adapters import add_lora
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.source import TeacherSource
 
@@ -110,6 +109,7 @@ class Row(NamedTuple):
 
 def blocks(args): return ["--source_blocks", ",".join(map(str, args.source_blocks))]  # noqa: E704
 def steps(args): return ["--replace_steps", ",".join(map(str, args.replace_steps))]  # noqa: E704
+def pairs(args): return [*DATA, *blocks(args), "--batch_size", str(args.batch_size)]  # noqa: E704 (offline data)
 def letters(replace_steps): return "-".join(Schedule(tuple(replace_steps)).letters())  # noqa: E704
 
 
@@ -161,7 +161,7 @@ def teacher_forced_plan(recipe: str):
         what = f"LoRA rank {flags.lora_rank}" if args.train == "lora" else "full parameters"
         shards = f", FSDP2 over {args.world_size} ranks (per rank)" * (args.train == "full" and args.world_size > 1)
         return Plan(f"{recipe} {what}, {args.chunks} chunks{shards}", {**inputs, "draw_chunks": last_chunks}, item,
-                    ddp=False, sharded=args.train == "full")
+                    sharded=args.train == "full")
     return plan
 
 
@@ -177,8 +177,7 @@ def adversarial_plan(args, flags, config, host, n_ctx) -> Plan:
                 f"lazy R1 {r1}", **flop_notes(args, "rollout" if rollout else "v4", n_ctx, user=False)}
     return Plan(f"adversarial {data}, blocks {list(args.source_blocks)}, discriminator width "
                 f"{flags.discriminator_width}, both roles due", {**inputs.build, "resuming": True}, inputs.item,
-                notes=notes, prepare=lambda parts: [  # the heaviest step: r1_every updates in (generator term, R1)
-                    role.lr_schedule.step() for role in parts.roles for _ in range(flags.r1_every)])
+                notes=notes, updates=flags.r1_every)  # the heaviest step: the generator term built, R1 due
 
 
 def nft_plan(args, flags, config, host, n_ctx) -> Plan:
@@ -186,8 +185,7 @@ def nft_plan(args, flags, config, host, n_ctx) -> Plan:
     return Plan(f"nft LoRA rank {flags.lora_rank}, {flags.samples_per_group} samples of {args.chunks} chunks, "
                 f"{flags.chunks_per_sample} chunks trained per sample",
                 {"vae_folder": Path("unused"), "draw_chunks": last_chunks,
-                 "make_rewards": lambda flags, vae_folder, device: rewards}, method_clip(args, config, host),
-                ddp=False)
+                 "make_rewards": lambda flags, vae_folder, device: rewards}, method_clip(args, config, host))
 
 
 def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
@@ -198,33 +196,27 @@ def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
         if args.generator == "predictor" else f"{trained} student, {flags.student_steps} steps"
     real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher"}.get(
         args.real_score, "a second BF16 model")
-    load_lora = lambda teacher, path, name=None, *, trainable=False: add_lora(  # noqa: E731 (df_sft's shape)
-        teacher, name, df_sft.lora_rank, df_sft.lora_alpha, trainable=trainable)
-    monitor_step = lambda parts: setattr(parts.run_state, "global_step", flags.monitor_every - 1)  # noqa: E731
     return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout {flags.rollout}, "
-                f"both roles due, monitor step", {"rollout_config": fp32_states(flags), "resuming": True,
-                "load_lora": load_lora, "draw_chunks": last_chunks}, method_clip(args, config, host),
-                ddp=args.generator == "predictor", segments=True, prepare=monitor_step)
+                "both roles due, monitor step", {"rollout_config": fp32_states(flags), "resuming": True,
+                "draw_chunks": last_chunks, "load_lora": lora_file_stand_in(df_sft.lora_rank, df_sft.lora_alpha)},
+                method_clip(args, config, host), segments=True, step=flags.monitor_every)
 
 
 DATA = ["--dataset_root", "unused"]
 RECIPES = {
-    "v4": Row("train_predictor_v4", lambda a: [*DATA, *blocks(a), "--batch_size", str(a.batch_size)],
-              offline_plan("v4")),
-    "disca": Row("train_predictor_disca", lambda a: [*DATA, *blocks(a), "--batch_size", str(a.batch_size)],
-                 offline_plan("disca")),
+    "v4": Row("train_predictor_v4", pairs, offline_plan("v4")),
+    "disca": Row("train_predictor_disca", pairs, offline_plan("disca")),
     "rollout": Row("train_predictor_v4_rollout",
                    lambda a: [*DATA, *blocks(a), *steps(a), "--context_mode", a.context_mode], rollout_plan),
     "df_sft": Row("fvtools.train_df_sft", lambda a: ["--train", a.train], teacher_forced_plan("df_sft")),
     "kd": Row("fvtools.train_kd", lambda a: ["--train", a.train], teacher_forced_plan("kd")),
-    "adversarial": Row("fvtools.train_adversarial", lambda a: [*DATA, *blocks(a), *steps(a), "--data", a.data,
-                                                               "--batch_size", str(a.batch_size)], adversarial_plan),
+    "adversarial": Row("fvtools.train_adversarial", lambda a: [*pairs(a), *steps(a), "--data", a.data],
+                       adversarial_plan),
     "nft": Row("fvtools.train_nft", lambda a: ["--train", "lora", *[f"--{k}={v}" for k in ("samples_per_group",
                "chunks_per_sample") if (v := getattr(a, k)) is not None]], nft_plan),
-    "dmd2": Row("fvtools.train_dmd2", lambda a: [
-        "--generator", a.generator, "--real_score", a.real_score, "--train", a.train, *blocks(a), *steps(a),
-        *(["--allow_raw_teacher_score", "--score_sigma_min", str(DISTILLED_SIGMA_FLOOR)] if a.real_score ==
-          "teacher" else [])], dmd2_plan),
+    "dmd2": Row("fvtools.train_dmd2", lambda a: [*blocks(a), *steps(a), *(f"--{k}={getattr(a, k)}" for k in (
+        "generator", "real_score", "train")), *(["--allow_raw_teacher_score", "--score_sigma_min",
+        str(DISTILLED_SIGMA_FLOOR)] if a.real_score == "teacher" else [])], dmd2_plan),
 }
 
 

@@ -15,7 +15,8 @@ real size on fake tensors; benchmarks/gpu_acceptance.py on the GPU; the tests at
   selection has work to do), and its image condition;
 - ``case_text_kv``: a case file's stored text K/V;
 - ``teacher_call_inputs``: the inputs of one Teacher call (model input, timestep, action, cameras);
-- ``clip_item``: one clip of the generic methods' datasets (latents or KD's ODE states, cameras, text).
+- ``clip_item``: one clip of the generic methods' datasets (latents or KD's ODE states, cameras, text);
+- ``lora_file_stand_in``: a LoRA file's loader that reads no file (a fresh adapter of the file's shape).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from predictor_training.data.shards import (
     write_jsonl_atomic,
     write_safetensors_atomic,
 )
+from predictor_training.teacher.adapters import add_lora
 
 FRAMES_PER_CHUNK = 4
 
@@ -337,3 +339,12 @@ def clip_item(config, *, chunks: int, grid: tuple[int, int], text_tokens: int, d
         item["prompt_mask"] = torch.ones(1, text_tokens, dtype=torch.long)
         item["byt5_text_mask"] = torch.ones(1, BYT5_TOKENS, dtype=torch.long)
     return item
+
+
+def lora_file_stand_in(rank: int, alpha: float):
+    """A `teacher.adapters.load_lora` that reads no file: it adds a fresh adapter of the file's shape (`rank`,
+    `alpha`, e.g. a df_sft LoRA's) under the given name, frozen unless `trainable`."""
+
+    def load(teacher, path, name=None, *, trainable=False):
+        return add_lora(teacher, name, rank, alpha, trainable=trainable)
+    return load

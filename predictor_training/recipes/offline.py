@@ -8,26 +8,23 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
-from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.pair_step import pair_step
+from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
-from predictor_training.runtime.distributed import DistEnv, log0, seed_everything, wrap_ddp
+from predictor_training.runtime.distributed import DistEnv, log0, seed_everything
 from predictor_training.runtime.flags import (
     check_args,
     format_pairs,
     parse_recipe_args,
 )
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
-from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import RunStart, environment_summary, run_config, write_train_config
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
@@ -40,33 +37,12 @@ def finish_offline_args(parser: argparse.ArgumentParser, argv, presets: dict) ->
 
 
 @dataclass(frozen=True)
-class OfflineSettings:
+class OfflineSettings(PredictorSettings):
     """What `build_offline` builds from, named as the offline scripts' flags (`flags.settings_from_flags`): the
-    Predictor (source_blocks, gradient_checkpointing; its fusion/head initialised from `seed`), its validation
-    (val_every, val_split, val_videos, val_vae, val_ground_truth on dataset_root), AdamW over its two groups
-    (fusion_lr, blocks_lr, adam_beta1/2, weight_decay; grad_clip) with the warmup + cosine (scheduler_warmup_steps,
-    max_steps, block_warmup_steps) and the pair loss's weights (velocity_weight, hidden_weight)."""
+    Predictor recipes' values (`PredictorSettings`; the loss's weights are the pair loss's) and the `seed` its
+    fusion/head is initialised from."""
 
     seed: int
-    source_blocks: tuple[int, int]
-    gradient_checkpointing: bool
-    dataset_root: Path
-    val_every: int
-    val_split: str | None
-    val_videos: int
-    val_vae: Path | None
-    val_ground_truth: Path | None
-    fusion_lr: float
-    blocks_lr: float
-    adam_beta1: float
-    adam_beta2: float
-    weight_decay: float
-    scheduler_warmup_steps: int
-    max_steps: int
-    block_warmup_steps: int
-    grad_clip: float
-    velocity_weight: float
-    hidden_weight: float
 
 
 def build_offline(settings: OfflineSettings, env: DistEnv, policy: PrecisionPolicy, *, variant: str,
@@ -83,24 +59,18 @@ def build_offline(settings: OfflineSettings, env: DistEnv, policy: PrecisionPoli
     teacher_layers = teacher.num_layers
     # Held-out F-P-P-P videos every --val_every steps keep the whole Teacher (it rolls out the reference), in the
     # dataset's AR loop.
-    validation = predictor_validation(
-        every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
-        ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
-        predictor=predictor, teacher_folder=teacher_source.folder, replace_steps=DEFAULT_REPLACE_STEPS,
-        rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=run_dir)
+    validation = held_out_validation(settings, teacher=teacher, predictor=predictor,
+                                     teacher_folder=teacher_source.folder, env=env, run_dir=run_dir,
+                                     replace_steps=DEFAULT_REPLACE_STEPS, rollout_config=None,
+                                     autocast_dtype=policy.autocast_dtype)
     del teacher
     seed_everything(settings.seed, rank=env.rank)
-    # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule.
-    optimizer, lr_schedule = build_optimizer_and_schedule(
-        predictor, fusion_lr=settings.fusion_lr, blocks_lr=settings.blocks_lr,
-        betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay,
-        warmup_steps=settings.scheduler_warmup_steps, max_steps=settings.max_steps,
-        block_warmup_steps=settings.block_warmup_steps)
-    # 5. The one trained role: the DDP-wrapped Predictor with its optimizer and schedule; the pair step.
-    model = wrap_ddp(predictor, env)
-    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=settings.grad_clip)
-    step_fn = partial(pair_step, model=model, predictor=predictor, policy=policy, context_timestep=context_timestep,
-                      velocity_weight=settings.velocity_weight, hidden_weight=settings.hidden_weight)
+    # 4-5. The one trained role (AdamW over two groups with the warmup + cosine schedule; the DDP-wrapped Predictor)
+    #      and the pair step.
+    role = predictor_role(predictor, settings, env)
+    step_fn = partial(pair_step, model=role.module, predictor=predictor, policy=policy,
+                      context_timestep=context_timestep, velocity_weight=settings.velocity_weight,
+                      hidden_weight=settings.hidden_weight)
     return RecipeParts(roles=[role], step_fn=step_fn, models=[predictor], validation=validation,
                        derived={"predictor": predictor.predictor_config(), "teacher_double_blocks": teacher_layers})
 

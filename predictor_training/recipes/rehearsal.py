@@ -44,19 +44,20 @@ from predictor_training.teacher.source import preset_teacher_loader
 @dataclass
 class Plan:
     """What a rehearsal gives a recipe: the report's name, `build`'s keywords (beyond args, env, policy and
-    load_teacher), the loader's micro-batch, and the loop step's options. ddp: the first role is DDP-wrapped on a
-    real job (its gradient buckets counted when world_size > 1). sharded: FSDP2 over world_size ranks in a fake
-    process group (per-rank figures). segments: `build` takes `mark` (the report names the part of the step where
-    the peak is, notes["peak_in"]). prepare(parts): before the step (e.g. advance a cadence). notes(parts): extra
-    report notes."""
+    load_teacher), the loader's micro-batch, and the loop step's options (the first role's DDP gradient buckets are
+    counted when world_size > 1 and the role is DDP-synchronised: `Role.grad_sync`). sharded: FSDP2 over world_size
+    ranks in a fake process group (per-rank figures). segments: `build` takes `mark` (the report names the part of the step where
+    the peak is, notes["peak_in"]). Which loop step is rehearsed (e.g. the heaviest of a cadence): step, the loop
+    step it is (the run state starts at step - 1: e.g. a monitor step), and updates, the updates every role has taken
+    before it (their LR schedules advanced so far). notes(parts): extra report notes."""
 
     name: str
     build: dict
     item: Callable[[], dict]
-    ddp: bool = True
     sharded: bool = False
     segments: bool = False
-    prepare: Callable[[RecipeParts], None] = lambda parts: None  # noqa: E731
+    step: int = 1
+    updates: int = 0
     notes: Callable[[RecipeParts], dict] = lambda parts: {}  # noqa: E731
 
 
@@ -106,8 +107,11 @@ def rehearse_recipe(build: Callable[..., RecipeParts], plan: Plan, *, precision:
             if role.ema is not None and hasattr(role.ema, "shadow"):  # an FP32 EMA shadow: training state
                 rehearsal.tracker.label(role.ema.shadow.values(), "optimizer_state")
         buckets = (DDPBuckets(parts.roles[0].parameters, rehearsal.tracker)
-                   if plan.ddp and world_size > 1 and not plan.sharded else None)
-        plan.prepare(parts)
+                   if parts.roles[0].grad_sync == "ddp" and world_size > 1 and not plan.sharded else None)
+        parts.run_state.global_step = plan.step - 1
+        for role in parts.roles:
+            for _ in range(plan.updates):
+                role.lr_schedule.step()
         for step in range(1, optimizer_steps + 1):
             for role in parts.roles:
                 role.zero_grad()

@@ -12,52 +12,28 @@ from pathlib import Path
 from typing import Callable
 
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.eval.validation import predictor_validation
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
+from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.checkpoint import load_model_weights
-from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0, wrap_ddp
-from predictor_training.runtime.optim import build_optimizer_and_schedule
+from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.runtime.roles import Role
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
 
 VARIANT = "v4"
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
+class RolloutSettings(PredictorSettings):
     """What `build_rollout` builds from, named as the rollout script's flags (`flags.settings_from_flags`): the
-    Predictor (source_blocks, gradient_checkpointing; its weights from init_from unless resuming), the schedule it
-    trains (replace_steps, reuse_steps), AdamW over its two groups (fusion_lr, blocks_lr, adam_beta1/2,
-    weight_decay; grad_clip) with the warmup + cosine (scheduler_warmup_steps, max_steps, block_warmup_steps), the
-    loss's weights (velocity_weight, hidden_weight) and its validation (val_every, val_split, val_videos, val_vae,
-    val_ground_truth on dataset_root)."""
+    Predictor recipes' values (`PredictorSettings`), the Predictor's weights (init_from, unless resuming) and the
+    schedule it trains (replace_steps, reuse_steps)."""
 
-    source_blocks: tuple[int, int]
-    gradient_checkpointing: bool
     init_from: Path | None
     replace_steps: tuple[int, ...]
     reuse_steps: tuple[int, ...]
-    fusion_lr: float
-    blocks_lr: float
-    adam_beta1: float
-    adam_beta2: float
-    weight_decay: float
-    scheduler_warmup_steps: int
-    max_steps: int
-    block_warmup_steps: int
-    grad_clip: float
-    velocity_weight: float
-    hidden_weight: float
-    dataset_root: Path
-    val_every: int
-    val_split: str | None
-    val_videos: int
-    val_vae: Path | None
-    val_ground_truth: Path | None
 
 
 class DuplicateTrajectoryError(RuntimeError):
@@ -139,26 +115,19 @@ def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPoli
     if not resuming:
         init_meta = load_model_weights(settings.init_from, predictor,
                                        expect={"variant": VARIANT, "source_blocks": list(settings.source_blocks)})
-    # 4. AdamW over two groups (fusion + head, blocks) and the warmup + cosine schedule; fresh for a new run.
-    optimizer, lr_schedule = build_optimizer_and_schedule(
-        predictor, fusion_lr=settings.fusion_lr, blocks_lr=settings.blocks_lr,
-        betas=(settings.adam_beta1, settings.adam_beta2), weight_decay=settings.weight_decay,
-        warmup_steps=settings.scheduler_warmup_steps, max_steps=settings.max_steps,
-        block_warmup_steps=settings.block_warmup_steps)
-    # 5. The one trained role (the DDP-wrapped Predictor), the trajectory step and the validation.
-    model = wrap_ddp(predictor, env)
-    role = Role("predictor", predictor, optimizer, lr_schedule, module=model, grad_clip=settings.grad_clip)
+    # 4-5. The one trained role (AdamW over two groups with the warmup + cosine schedule, fresh for a new run; the
+    #      DDP-wrapped Predictor), the trajectory step and the validation.
+    role = predictor_role(predictor, settings, env)
     step_settings = SelfRolloutSettings(
         velocity_weight=settings.velocity_weight, hidden_weight=settings.hidden_weight,
         predictor_autocast_dtype=policy.autocast_dtype, replace_steps=tuple(settings.replace_steps),
         reuse_steps=tuple(settings.reuse_steps))
-    step_fn = RolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
+    step_fn = RolloutStep(model=role.module, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                           settings=step_settings, env=env)
-    validation = predictor_validation(
-        every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
-        ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
-        predictor=predictor, teacher_folder=teacher_source.folder, replace_steps=settings.replace_steps,
-        reuse_steps=settings.reuse_steps, rollout_config=rollout_config, env=env, run_dir=run_dir)
+    validation = held_out_validation(settings, teacher=teacher, predictor=predictor,
+                                     teacher_folder=teacher_source.folder, env=env, run_dir=run_dir,
+                                     replace_steps=settings.replace_steps, reuse_steps=settings.reuse_steps,
+                                     rollout_config=rollout_config)
     return RecipeParts(
         roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
         derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),

@@ -23,23 +23,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 # ---- set A --------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def set_a_run():
-    """One run of the check on set A as the tool runs it (check_trajectory + print_report): (exit status the tool
-    returns, printed lines, our tensors under the golden names)."""
-    captured = {}
-    original = trajectory_check.our_trajectory
-
-    def spy(golden, config=None):
-        captured["ours"] = original(golden, config)
-        return captured["ours"]
-
-    trajectory_check.our_trajectory = spy
+    """One run of the check on set A as the tool runs it (check_trajectory: our rollout compared with the golden
+    tensors, then print_report): (exit status the tool returns, printed lines, our tensors under the golden names)."""
+    golden = trajectory_check.GoldenTrajectory.load(SET_A)
+    ours = trajectory_check.our_trajectory(golden)
+    report = trajectory_check.compare_with_golden(golden, ours, "strict")
     stream = io.StringIO()
-    try:
-        report = trajectory_check.check_trajectory(SET_A, "strict")
-        trajectory_check.print_report(report, stream)
-    finally:
-        trajectory_check.our_trajectory = original
-    return 0 if report.passed else 1, stream.getvalue().splitlines(), captured["ours"]
+    trajectory_check.print_report(report, stream)
+    return 0 if report.passed else 1, stream.getvalue().splitlines(), ours
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The synthetic dataset and step inputs (predictor_training/data/synthetic.py) that the reader tests, the memory
 rehearsal and the benchmarks read: what is written is what is returned, byte for byte the same for a seed, in the
 builder's layout with per-tensor checksums; the damage and old-manifest helpers; the turning camera; the context
-indices."""
+indices; the LoRA file's stand-in."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from predictor_training.data.synthetic import (
     SyntheticSpec,
     context_indices,
     damage_tensor,
+    lora_file_stand_in,
     strip_tensor_checksums,
     tensor_byte_range,
     trajectory_row,
@@ -100,3 +101,17 @@ def test_the_turning_camera_turns_and_steps_back():
     assert not condition.any()
     _, drawn = trajectory_row(2, (2, 3), 4, generator=torch.Generator().manual_seed(0))
     assert torch.equal(drawn, torch.randn(1, 4, 1, 2, 3, generator=torch.Generator().manual_seed(0)))
+
+
+def test_the_lora_file_stand_in_adds_a_fresh_adapter_of_the_files_shape():
+    """`load_lora`'s signature, no file read: the adapter has the given rank and alpha, frozen unless trainable."""
+    from predictor_training.teacher import WorldPlayTransformer
+    from predictor_training.teacher.adapters import adapter_spec, lora_parameters
+
+    teacher = WorldPlayTransformer.from_preset("tiny")
+    load = lora_file_stand_in(2, 4.0)
+    load(teacher, "no/such/file.safetensors", "real")
+    load(teacher, "no/such/file.safetensors", "fake", trainable=True)
+    assert (adapter_spec(teacher, "real").rank, adapter_spec(teacher, "real").alpha) == (2, 4.0)
+    assert not any(param.requires_grad for param in lora_parameters(teacher, "real"))
+    assert all(param.requires_grad for param in lora_parameters(teacher, "fake"))

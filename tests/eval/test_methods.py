@@ -21,11 +21,12 @@ from predictor_training.eval import (
     read_predictor_checkpoint,
     rollout_config_for,
 )
-from predictor_training.eval.timing import Stopwatch, TimedRollout
+from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.video.vae_decoder import VaeDecoder
 from tests.helpers.eval_world import LONG_LATENTS, SOURCE_BLOCKS, write_eval_world
+from tests.helpers.recording_models import RecordingPredictor, RecordingTeacher
 
 
 @pytest.fixture(scope="module")
@@ -70,34 +71,19 @@ def test_untrained_predictor_rollout_equals_hidden_reuse_bitwise(world):
     assert calls["context_prefill"]["count"] == 2
 
 
-def test_predictor_inputs_come_from_this_rollout(world, monkeypatch):
+def test_predictor_inputs_come_from_this_rollout(world):
     """Anchor: h0 of the Teacher at step 1, then the Predictor's own pred_h; previous-chunk hidden: chunk 0's Teacher
     hidden for chunk 1, the Predictor's own pred_h of chunk 1 for chunk 2; context: the Teacher prefill's exact K/V
     objects of the source layers of the same chunk."""
     root = world["root"]
     teacher = WorldPlayTransformer.from_pretrained(str(root / "teacher")).eval().requires_grad_(False)
     ckpt = label_checkpoints([read_predictor_checkpoint(world["ckpt"])])[0]
-    predictor = load_predictor(teacher, ckpt)
-    calls, contexts = [], []
-    forward = predictor.forward
-
-    def spy(noisy_input, anchor, *args, context=None, prev_chunk_hidden=None, **kwargs):
-        out = forward(noisy_input, anchor, *args, context=context, prev_chunk_hidden=prev_chunk_hidden, **kwargs)
-        calls.append({"anchor": anchor, "prev": prev_chunk_hidden, "context": context, "hidden": out[0]})
-        return out
-
-    predictor.forward = spy
-    prefill = TimedRollout.prefill_context
-
-    def recording_prefill(self, chunk_index, with_vec=False):
-        contexts.append(prefill(self, chunk_index, with_vec))
-        return contexts[-1]
-
-    monkeypatch.setattr(TimedRollout, "prefill_context", recording_prefill)
+    predictor = RecordingPredictor(load_predictor(teacher, ckpt))
+    recording = RecordingTeacher(teacher, "context_prefill")
     dataset = TrajectoryTableDataset(root / "samples" / "holdout50.jsonl", encoded_dir=root / "encoded",
                                      num_latents=LONG_LATENTS)
     runtime = EvalRuntime(
-        teacher=teacher, methods=[PredictorMethod(predictor, ckpt)], schedule=Schedule((1, 2, 3)),
+        teacher=recording, methods=[PredictorMethod(predictor, ckpt)], schedule=Schedule((1, 2, 3)),
         rollout_config=rollout_config_for(torch.float32),
         decoder=VaeDecoder.from_folder(root / "vae", torch.device("cpu"), torch.float32, tiling=False),
         scorer=None, dataset=dataset, case_source="encoded", device=torch.device("cpu"), state_dtype=torch.float32,
@@ -105,7 +91,10 @@ def test_predictor_inputs_come_from_this_rollout(world, monkeypatch):
     item = dataset[0]
     case = dataset.load_case(item["case_id"])
     runtime.rollout(runtime.methods[0], runtime.text_kv(case)[0], item, case, Stopwatch(torch.device("cpu")))
-    assert len(calls) == 6 and len(contexts) == 3  # chunks 1, 2 x steps 1, 2, 3
+    calls = [{"anchor": call["args"][1], "prev": call["kwargs"]["prev_chunk_hidden"],
+              "context": call["kwargs"]["context"], "hidden": call["outputs"][0]} for call in predictor.calls]
+    prefills = [call["output"][0] for call in recording.calls["context_prefill"]]  # (K/V, pre-features)
+    assert len(calls) == 6 and len(prefills) == 2  # chunks 1, 2 x steps 1, 2, 3
     own = [call["hidden"] for call in calls]
     for chunk in (0, 1):
         first = 3 * chunk
@@ -113,6 +102,6 @@ def test_predictor_inputs_come_from_this_rollout(world, monkeypatch):
         assert calls[first + 1]["anchor"] is own[first] and calls[first + 2]["anchor"] is own[first + 1]
         for index in range(first, first + 3):
             layers = calls[index]["context"].layers
-            assert all(layers[j] is contexts[chunk + 1].kv.layers[block] for j, block in enumerate(SOURCE_BLOCKS))
+            assert all(layers[j] is prefills[chunk].layers[block] for j, block in enumerate(SOURCE_BLOCKS))
     assert not any(calls[k]["prev"] is hidden for k in range(3) for hidden in own)  # chunk 0's Teacher hiddens
     assert all(calls[3 + k]["prev"] is own[k] for k in range(3))

@@ -15,8 +15,8 @@ import torch
 from predictor_training.eval import (
     REUSE_HIDDEN,
     REUSE_VELOCITY,
-    EvalRuntime,
     EvalSettings,
+    ReferenceMethod,
     default_run_name,
     label_checkpoints,
     parse_context_modes,
@@ -25,6 +25,7 @@ from predictor_training.eval import (
     resolve_teacher,
     run_evaluation,
 )
+from predictor_training.eval.run import MethodRows
 from predictor_training.rollout.schedule import Schedule, parse_replace_steps
 from predictor_training.runtime.distributed import init_distributed
 from predictor_training.teacher import WorldPlayTransformer
@@ -80,17 +81,38 @@ def test_missing_ground_truth_fails_before_anything_runs(world, tmp_path):
     assert not (tmp_path / "out").exists()  # refused before the run directory, so before any rollout
 
 
-def test_ground_truth_of_another_length_is_an_error_naming_the_file(world, tmp_path, monkeypatch):
+class CountedReference(ReferenceMethod):
+    """The reference, keeping the (chunk, step) of every step it runs."""
+
+    def __init__(self, steps: list):
+        self.steps = steps
+
+    def run_step(self, call, *args, **kwargs):
+        self.steps.append((call.chunk_index, call.step_index))
+        return super().run_step(call, *args, **kwargs)
+
+
+class ReferenceOnly(MethodRows):
+    """Method rows of the counted reference alone."""
+
+    def __init__(self):
+        self.steps = []
+
+    def record(self) -> list:
+        return ["counted reference"]
+
+    def build(self, teacher, predictors) -> list:
+        return [CountedReference(self.steps)]
+
+
+def test_ground_truth_of_another_length_is_an_error_naming_the_file(world, tmp_path):
     truth = write_ground_truth(tmp_path / "truth", ("c000__a0",), num_frames=CLI_FRAMES - 1)
-
-    def no_rollout(*args, **kwargs):
-        raise AssertionError("a rollout ran before the ground truth's shape was checked")
-
-    monkeypatch.setattr(EvalRuntime, "rollout", no_rollout)
+    rows = ReferenceOnly()
     expected = f"{truth / 'c000__a0'}: ground-truth frame count is {CLI_FRAMES - 1}, expected {CLI_FRAMES}"
     with pytest.raises(ValueError, match=re.escape(expected)):
         run_evaluation(eval_settings(world, tmp_path / "out", ground_truth=truth, max_videos=1),
-                       init_distributed("gloo"))
+                       init_distributed("gloo"), rows)
+    assert rows.steps == [], "a rollout ran before the ground truth's shape was checked"
 
 
 def test_run_names_follow_the_convention(world):

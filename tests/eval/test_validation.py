@@ -1,8 +1,9 @@
 """Held-out validation while training (predictor_training/eval/validation.py, the loop's --val_every).
 
 The rollout recipe on the tiny rollout setup of tests/helpers/rollout_setup.py, with a held-out table and a tiny VAE
-beside the Teacher: validation reports the same figures whether the run was interrupted or not, and a run that
-validates every step trains bit-identically to one that never does."""
+beside the Teacher: validation reports the same figures whether the run was interrupted or not, a run that
+validates every step trains bit-identically to one that never does, and a validation moves no global random
+state."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.random_states import keeps_random_states
+from predictor_training.data.dataset_config import resolve_teacher_source
+from predictor_training.data.trajectory_dataset import trajectory_batches
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.precision import precision_policy
+from tests.helpers.random_states import validated_keeping_random_states
 from tests.helpers.rollout_setup import trainer_args, write_rollout_setup
 
 
@@ -41,13 +46,17 @@ def setup(tmp_path_factory) -> dict:
     return paths
 
 
-def run(paths: dict, run_dir: Path, *extra: str) -> list[dict]:
-    import train_predictor_v4_rollout as trainer
-
+def argv(paths: dict, run_dir: Path, *extra: str) -> list[str]:
     common = ["--init_from", str(paths["init"]), "--max_steps", "3", "--scheduler_warmup_steps", "1",
               "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "1",
               "--val_videos", "3"]
-    assert trainer.main(trainer_args(paths, run_dir, *common, *extra)) == 0
+    return trainer_args(paths, run_dir, *common, *extra)
+
+
+def run(paths: dict, run_dir: Path, *extra: str) -> list[dict]:
+    import train_predictor_v4_rollout as trainer
+
+    assert trainer.main(argv(paths, run_dir, *extra)) == 0
     return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
 
 
@@ -60,13 +69,9 @@ def val_rows(log: list[dict]) -> dict[int, dict]:
             for row in log if "val/psnr_vs_reference" in row}
 
 
-def test_validation_leaves_training_unchanged_and_resumes_exactly(setup, tmp_path, monkeypatch):
-    from predictor_training.eval.validation import PredictorValidation
-
+def test_validation_leaves_training_unchanged_and_resumes_exactly(setup, tmp_path):
     plain = run(setup, tmp_path / "plain")
-    validated_steps = keeps_random_states(monkeypatch, PredictorValidation)
     validated = run(setup, tmp_path / "validated", "--val_every", "1")
-    assert validated_steps == [1, 2, 3]
     assert losses(validated) == losses(plain)
     weights = "predictor_step_00003.safetensors"
     a, b = load_file(tmp_path / "plain" / weights), load_file(tmp_path / "validated" / weights)
@@ -86,6 +91,23 @@ def test_validation_leaves_training_unchanged_and_resumes_exactly(setup, tmp_pat
     run(setup, tmp_path / "cut", "--val_every", "1", "--stop_at_step", "2")
     resumed = run(setup, tmp_path / "cut", "--val_every", "1")
     assert val_rows(resumed) == figures
+
+
+def test_validation_leaves_every_random_state_as_it_found_it(setup, tmp_path):
+    """The recipe's validation as its own `build` makes it (PredictorValidation), called at two steps: the first
+    call rolls out and caches the references, the second reuses them; neither moves a global random state."""
+    import train_predictor_v4_rollout as trainer
+
+    args = trainer.parse_args(argv(setup, tmp_path / "run", "--val_every", "1", "--val_videos", "1"))
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None, is_main=True)
+    policy = precision_policy(args.precision, env.device)
+    data = trajectory_batches(args.dataset_root, args.split, env, sample_table=None, seed=args.seed, num_workers=0,
+                              verify=False, state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
+    parts = trainer.build(args, env, policy, dataset=data.dataset, rollout_config=data.rollout_config,
+                          teacher_source=resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root),
+                          run_dir=tmp_path / "run")
+    figures = validated_keeping_random_states(parts.validation, [1, 2])
+    assert all(row["val/videos"] == 1.0 for row in figures.values())
 
 
 def test_validation_without_a_vae_is_refused(setup, tmp_path, capsys):

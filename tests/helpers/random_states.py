@@ -1,6 +1,6 @@
-"""Checks that a validation pass leaves every random stream of the training as it found
-it: `keeps_random_states(monkeypatch, validation_class)` wraps the class's `__call__`, compares the Python, NumPy and
-torch random states before and after each call, and returns the steps it validated."""
+"""Checks that a validation pass leaves every random stream of the training as it found it:
+`validated_keeping_random_states(validation, steps)` calls a recipe's validation (as its `build` made it) at each
+step and compares the Python, NumPy and torch random states before and after each call."""
 
 from __future__ import annotations
 
@@ -21,18 +21,13 @@ def same_random_states(a: tuple, b: tuple) -> bool:
             and np.array_equal(numpy_a[1], numpy_b[1]) and numpy_a[2:] == numpy_b[2:])
 
 
-def keeps_random_states(monkeypatch, validation_class) -> list[int]:
-    """Wrap `validation_class.__call__` so that each validation must leave every global random state as it found it
-    (a recipe whose training draws from them would otherwise train differently when it validates); returns the list
-    of validated steps, filled as the run goes."""
-    steps, original = [], validation_class.__call__
-
-    def checked(self, step: int):
+def validated_keeping_random_states(validation, steps) -> dict[int, dict]:
+    """`validation(step)` at each of `steps`; each call must leave every global random state as it found it (a
+    recipe whose training draws from them would otherwise train differently when it validates). Returns each step's
+    figures."""
+    figures = {}
+    for step in steps:
         before = global_random_states()
-        figures = original(self, step)
+        figures[step] = validation(step)
         assert same_random_states(before, global_random_states()), f"validation at step {step} moved a random state"
-        steps.append(step)
-        return figures
-
-    monkeypatch.setattr(validation_class, "__call__", checked)
-    return steps
+    return figures

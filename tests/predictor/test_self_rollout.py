@@ -29,6 +29,7 @@ from tests.helpers.rollout_setup import (
     make_text_kv,
     write_sample_table,
 )
+from tests.helpers.recording_models import RecordingPredictor, RecordingTeacher
 
 
 SETTINGS = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1)  # the recipe's loss weights
@@ -45,41 +46,6 @@ def text_kv(teacher):
     return make_text_kv(teacher)
 
 
-class RecordingPredictor(torch.nn.Module):
-    """Calls the real Predictor and keeps every call's arguments and outputs (the objects themselves)."""
-
-    def __init__(self, predictor):
-        super().__init__()
-        self.inner = predictor
-        self.calls: list[dict] = []
-
-    @property
-    def variant(self):
-        return self.inner.variant
-
-    @property
-    def source_blocks(self):
-        return self.inner.source_blocks
-
-    def forward(self, *args, **kwargs):
-        outputs = self.inner(*args, **kwargs)
-        self.calls.append({"args": args, "kwargs": kwargs, "outputs": outputs})
-        return outputs
-
-
-def record_teacher_calls(monkeypatch, teacher, name: str) -> list[dict]:
-    """Wrap `teacher.<name>` (chunk_step / context_prefill) to record its inputs and outputs."""
-    calls, original = [], getattr(teacher, name)
-
-    def wrapper(*args, **kwargs):
-        output = original(*args, **kwargs)
-        calls.append({"args": args, "kwargs": kwargs, "output": output, "grad_enabled": torch.is_grad_enabled()})
-        return output
-
-    monkeypatch.setattr(teacher, name, wrapper)
-    return calls
-
-
 def trainable_grads(predictor) -> dict[str, torch.Tensor | None]:
     return {name: param.grad for name, param in predictor.named_parameters() if param.requires_grad}
 
@@ -87,14 +53,15 @@ def trainable_grads(predictor) -> dict[str, torch.Tensor | None]:
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Chunk 0: Full Teacher only, no parameter gradient, previous-chunk hidden of steps 1, 2, 3
 # ---------------------------------------------------------------------------------------------------------------
-def test_02_chunk0_is_full_teacher_without_gradients_and_keeps_prev_hidden(teacher, text_kv, monkeypatch):
+def test_02_chunk0_is_full_teacher_without_gradients_and_keeps_prev_hidden(teacher, text_kv):
     predictor = RecordingPredictor(make_predictor(teacher))
     inputs = make_inputs()
     reference = ARRollout(teacher, text_kv, inputs)
     with torch.no_grad():
         reference_outputs = reference.run_chunk(0)
-    teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, settings=SETTINGS)
+    recording = RecordingTeacher(teacher, "chunk_step")
+    teacher_calls = recording.calls["chunk_step"]
+    trajectory = SelfRolloutTrajectory(recording, predictor, text_kv, inputs, settings=SETTINGS)
     outputs = trajectory.run_chunk_zero()
 
     assert len(teacher_calls) == 4 and not any(call["grad_enabled"] for call in teacher_calls)
@@ -113,11 +80,13 @@ def test_02_chunk0_is_full_teacher_without_gradients_and_keeps_prev_hidden(teach
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Anchors: step 1 <- h0, step 2 <- pred_h1, step 3 <- pred_h2 (same objects, same values)
 # ---------------------------------------------------------------------------------------------------------------
-def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, text_kv, monkeypatch):
+def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, text_kv):
     predictor = RecordingPredictor(make_predictor(teacher))
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SETTINGS)
+    recording = RecordingTeacher(teacher, "chunk_step")
+    trajectory = SelfRolloutTrajectory(recording, predictor, text_kv, make_inputs(), settings=SETTINGS)
     trajectory.run_chunk_zero()
-    teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
+    teacher_calls = recording.calls["chunk_step"]
+    teacher_calls.clear()  # chunk 1's calls only
     graph = trajectory.run_trained_chunk(1)
 
     anchors = [call["args"][1] for call in predictor.calls]
@@ -138,7 +107,7 @@ def test_03_anchor_of_each_predictor_step_is_the_previous_step_hidden(teacher, t
 # ---------------------------------------------------------------------------------------------------------------
 # 4. The Teacher label is computed on the detached student latent (no stored F-F-F-F state is read)
 # ---------------------------------------------------------------------------------------------------------------
-def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv, monkeypatch, tmp_path):
+def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv, tmp_path):
     from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
     from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 
@@ -157,9 +126,11 @@ def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv
     case_text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], "cpu", torch.float32)
 
     predictor = RecordingPredictor(make_predictor(teacher))
-    trajectory = SelfRolloutTrajectory(teacher, predictor, case_text_kv, inputs, settings=SETTINGS)
+    recording = RecordingTeacher(teacher, "chunk_step")
+    trajectory = SelfRolloutTrajectory(recording, predictor, case_text_kv, inputs, settings=SETTINGS)
     trajectory.run_chunk_zero()
-    teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
+    teacher_calls = recording.calls["chunk_step"]
+    teacher_calls.clear()  # chunk 1's calls only
     graph = trajectory.run_trained_chunk(1)
     assert len(teacher_calls) == 4  # step 0 (Full) + one label per Predictor step
 
@@ -186,10 +157,11 @@ def test_04_teacher_target_input_is_the_detached_student_latent(teacher, text_kv
 # ---------------------------------------------------------------------------------------------------------------
 # 5. Context: self-generated history at the indices of the inference selection function (32 latents)
 # ---------------------------------------------------------------------------------------------------------------
-def test_05_context_comes_from_self_history_with_the_selection_function_indices(teacher, text_kv, monkeypatch):
+def test_05_context_comes_from_self_history_with_the_selection_function_indices(teacher, text_kv):
     inputs = make_inputs(num_latents=32)
-    trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, inputs, settings=SETTINGS)
-    prefill_calls = record_teacher_calls(monkeypatch, teacher, "context_prefill")
+    recording = RecordingTeacher(teacher, "context_prefill")
+    trajectory = SelfRolloutTrajectory(recording, make_predictor(teacher), text_kv, inputs, settings=SETTINGS)
+    prefill_calls = recording.calls["context_prefill"]
     final_latents = {}
     with torch.no_grad():  # forward only: this check is about what the context reads
         trajectory.run_chunk_zero()
@@ -379,7 +351,7 @@ def test_fpfp_anchors_step_3_on_the_teachers_step_2(teacher, text_kv):
                                                            replace_steps=(0, 1)))
 
 
-def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent(teacher, text_kv, monkeypatch):
+def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent(teacher, text_kv):
     """F-R-R-P (--reuse_steps 1,2 --replace_steps 3): steps 1, 2 repeat the Teacher's v0 (no model call, no label),
     the Predictor runs step 3 on x3 = x0 + v0 (sigma_3 - sigma_0) anchored on h0, and that latent is exactly the one
     the leaderboard's F-R-R-P plan (velocity reuse, eval/methods.py) hands its step 3."""
@@ -389,9 +361,11 @@ def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent
 
     settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,), reuse_steps=(1, 2))
     predictor = RecordingPredictor(make_predictor(teacher))
-    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
+    recording = RecordingTeacher(teacher, "chunk_step")
+    trajectory = SelfRolloutTrajectory(recording, predictor, text_kv, make_inputs(), settings=settings)
     trajectory.run_chunk_zero()
-    teacher_calls = record_teacher_calls(monkeypatch, teacher, "chunk_step")
+    teacher_calls = recording.calls["chunk_step"]
+    teacher_calls.clear()  # chunk 1's calls only
     graph = trajectory.run_trained_chunk(1)
     assert [step.step_index for step in graph.steps] == [3] and len(predictor.calls) == 1
     assert len(teacher_calls) == 2  # step 0 and step 3's label: the reused steps call nothing

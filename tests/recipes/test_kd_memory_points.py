@@ -13,6 +13,7 @@ student's noise levels against the cache's states (`student_state_indices`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -26,9 +27,9 @@ import fvtools.train_df_sft as df_sft
 import fvtools.train_kd as kd
 from predictor_training.data import builder
 from predictor_training.data.ode_cache import CacheJob, CacheSettings, OdeCacheDataset, build_cache
-from predictor_training.methods.method_model import MethodSettings, build_method_model
+from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model
 from predictor_training.runtime.flags import settings_from_flags
-from predictor_training.rollout.ar_rollout import ARRollout, RolloutInputs, record_rollout
+from predictor_training.rollout.ar_rollout import RolloutInputs, record_rollout
 from predictor_training.rollout.camera import _rotation_y, make_retrieval_points, select_aligned_memory_frames
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.rollout.teacher_forcing import clip_text_kv
@@ -38,6 +39,7 @@ from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.random_streams import stream_seed
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource
+from tests.helpers.recording_models import RecordingTeacher, frame_indices
 
 
 CPU = torch.device("cpu")
@@ -101,46 +103,40 @@ def test_the_clip_is_one_where_the_memory_points_decide_the_context(clip):
     assert set(range(8, 12)) <= set(ours[6]) and set(range(4, 8)) <= set(old[6])
 
 
-class _ContextSpy:
-    """Records the context indices of every `ARRollout.prefill_context` call, by chunk."""
+def _contexts(recording: RecordingTeacher, history: torch.Tensor) -> dict[int, list[int]]:
+    """The context frames of chunks 1..7 of a 32-latent clip whose every chunk ran once, in order: the frames of
+    `history` [1, C, 32, H, W] in the input of each of the model's context prefills."""
+    prefills = recording.calls["context_prefill"]
+    assert len(prefills) == NUM_LATENTS // 4 - 1
+    return {chunk: frame_indices(call["args"][0], history) for chunk, call in enumerate(prefills, start=1)}
 
-    def __init__(self, monkeypatch):
-        self.calls: list[tuple[int, list[int]]] = []
-        original = ARRollout.prefill_context
 
-        def spy(rollout, chunk_index, *args, **kwargs):
-            context = original(rollout, chunk_index, *args, **kwargs)
-            self.calls.append((chunk_index, list(context.indices)))
-            return context
-
-        monkeypatch.setattr(ARRollout, "prefill_context", spy)
-
-    def by_chunk(self) -> dict[int, list[int]]:
-        return {chunk: indices for chunk, indices in self.calls if chunk > 0}
+def _recording(method_model: MethodModel) -> tuple[MethodModel, RecordingTeacher]:
+    """`method_model` calling its model through a `RecordingTeacher` of its context prefills and chunk steps."""
+    recording = RecordingTeacher(method_model.model, "context_prefill", "chunk_step")
+    return dataclasses.replace(method_model, model=recording), recording
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # KD: the student's teacher-forced clip uses the cache sample's own memory points
 # ---------------------------------------------------------------------------------------------------------------
-def _one_step_cache(clip, out: Path, monkeypatch) -> tuple[Path, dict[int, list[int]]]:
+def _one_step_cache(clip, out: Path) -> tuple[Path, dict[int, list[int]]]:
     """An ODE cache of one 1-step sample (store_grid 1): its only state is the seed's noise at sigma 1 and its final
     latents are one Euler step, `x - v`. Returns the folder and the contexts its Teacher rollout selected."""
     teacher = WorldPlayTransformer.from_pretrained(str(clip["teacher"])).eval().requires_grad_(False)
     job = CacheJob(0, "train0", "train", ROLLOUT_SEED, ("train", 0))
     settings = CacheSettings(steps=1, shift=5.0, store_grid=1, compute_dtype="float32", storage_dtype="float32")
-    spy = _ContextSpy(monkeypatch)
-    build_cache(teacher, [job], lambda job: clip["condition"], settings, out, env=ENV, inputs={"test": True})
-    monkeypatch.undo()
-    return out, spy.by_chunk()
+    recording = RecordingTeacher(teacher, "context_prefill")
+    build_cache(recording, [job], lambda job: clip["condition"], settings, out, env=ENV, inputs={"test": True})
+    return out, _contexts(recording, OdeCacheDataset(out, "train")[0]["final"][None])
 
 
-def test_kd_student_context_is_the_cache_rollouts_and_the_teacher_is_its_own_fixed_point(clip, tmp_path,
-                                                                                         monkeypatch):
+def test_kd_student_context_is_the_cache_rollouts_and_the_teacher_is_its_own_fixed_point(clip, tmp_path):
     """With the Teacher itself as the student, the KD loss at the cached state is exactly 0: same context frames,
     same K/V, same velocity, and `x - 1 * v` is the Teacher's own 1-step result. Before the fix the student drew
     its memory points from (seed, micro-step, rank, 1), selected group 4-7 where the cache's rollout had 8-11 in
     chunks 6 and 7, and the loss was not 0."""
-    cache, recorded = _one_step_cache(clip, tmp_path / "cache", monkeypatch)
+    cache, recorded = _one_step_cache(clip, tmp_path / "cache")
     assert recorded == _selection(clip["condition"]["viewmats"], ROLLOUT_SEED)  # the cache used the seed's points
     args = kd.parse_args(["--preset", "demo", "--val_every", "0",
                           "--teacher", str(clip["teacher"]), "--cache_root", str(cache),
@@ -153,12 +149,12 @@ def test_kd_student_context_is_the_cache_rollouts_and_the_teacher_is_its_own_fix
                                       settings_from_flags(MethodSettings, args), ENV, precision_policy("fp32", CPU),
                                       role_name="student")
     state_indices = kd.student_state_indices(1, 5.0, dataset.stored_sigmas)
+    method_model, recording = _recording(method_model)
     step = kd.CausalKDStep(method_model, kd.RolloutConfig(state_dtype=torch.float32), state_indices, args, ENV,
                            RunState())
-    spy = _ContextSpy(monkeypatch)
     metrics = step(item, sync=True, due=STUDENT)
     assert metrics["chunks"] == 8
-    assert spy.by_chunk() == recorded
+    assert _contexts(recording, item["final"][None]) == recorded
     assert metrics["loss"] < 1e-12, metrics
 
 
@@ -193,7 +189,9 @@ def teacher_sample(clip) -> dict:
     return {"item": item, "contexts": contexts, "config": dataset_config}
 
 
-def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: str):
+def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: str
+                 ) -> tuple[df_sft.DiffusionForcingStep, RecordingTeacher]:
+    """df_sft's step on one clip of `data`, its model calls recorded."""
     root = tmp_path / "dataset"
     root.mkdir(parents=True, exist_ok=True)
     (root / df_sft.DATA_KINDS[data]).write_text(json.dumps(dataset_config))
@@ -203,20 +201,19 @@ def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: 
                               "--chunks_per_clip", "8", "--output_dir", str(tmp_path / "run"), "--no_progress",
                               *extra])
     policy = precision_policy("fp32", CPU)
-    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None),
-                                      settings_from_flags(MethodSettings, args), ENV, policy, role_name="student")
+    method_model, recording = _recording(build_method_model(
+        TeacherSource(args.teacher, None, "--teacher", None), settings_from_flags(MethodSettings, args), ENV, policy,
+        role_name="student"))
     rollout_config = df_sft.build_rollout_config(args, SimpleNamespace(config=dataset_config), policy)
-    return df_sft.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState()), method_model
+    return df_sft.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState()), recording
 
 
-def test_df_sft_on_teacher_samples_conditions_on_the_samples_own_context(clip, teacher_sample, tmp_path,
-                                                                        monkeypatch):
+def test_df_sft_on_teacher_samples_conditions_on_the_samples_own_context(clip, teacher_sample, tmp_path):
     """Every chunk's context is the one the Teacher's rollout selected for that sample (its recorded ctx_indices);
     before the fix, chunks 6 and 7 drew other points per micro-step and selected group 4-7 instead of 8-11."""
-    step, _ = _df_sft_step(clip, tmp_path, "teacher_samples", teacher_sample["config"])
-    spy = _ContextSpy(monkeypatch)
+    step, recording = _df_sft_step(clip, tmp_path, "teacher_samples", teacher_sample["config"])
     step(teacher_sample["item"], sync=True, due=STUDENT)
-    assert spy.by_chunk() == teacher_sample["contexts"]
+    assert _contexts(recording, teacher_sample["item"]["latents"][None]) == teacher_sample["contexts"]
 
 
 def test_df_sft_teacher_samples_take_the_datasets_memory_settings(clip, teacher_sample, tmp_path):
@@ -229,61 +226,45 @@ def test_df_sft_teacher_samples_take_the_datasets_memory_settings(clip, teacher_
         _df_sft_step(clip, tmp_path, "teacher_samples", config)
 
 
-def test_df_sft_on_video_clips_keeps_the_per_step_points(clip, teacher_sample, tmp_path, monkeypatch):
+def test_df_sft_on_video_clips_keeps_the_per_step_points(clip, teacher_sample, tmp_path):
     """A video clip has no rollout behind it: its points come from (seed, micro-step, rank, 1), as before."""
-    step, _ = _df_sft_step(clip, tmp_path, "video_latents", {})
+    step, recording = _df_sft_step(clip, tmp_path, "video_latents", {})
     item = dict(teacher_sample["item"])
     item.pop("seed")  # video-latent items carry no seed
-    spy = _ContextSpy(monkeypatch)
     step(item, sync=True, due=STUDENT)
-    assert spy.by_chunk() == _selection(item["viewmats"], OLD_STREAM_SEED)
+    assert _contexts(recording, item["latents"][None]) == _selection(item["viewmats"], OLD_STREAM_SEED)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # df_sft --context_noise: clean (teacher forcing, the AR loop's context) or independent (diffusion forcing)
 # ---------------------------------------------------------------------------------------------------------------
-class _PrefillSpy:
-    """Records (hidden_states, timestep) of every context prefill and (noisy chunk, timestep) of every chunk step."""
-
-    def __init__(self, model, monkeypatch):
-        self.prefills, self.steps = [], []
-        prefill, chunk_step = model.context_prefill, model.chunk_step
-
-        def spy_prefill(hidden_states, timestep, *args, **kwargs):
-            self.prefills.append((hidden_states.detach().clone(), timestep.detach().clone()))
-            return prefill(hidden_states, timestep, *args, **kwargs)
-
-        def spy_step(hidden_states, timestep, *args, **kwargs):
-            self.steps.append((hidden_states.detach().clone(), timestep.detach().clone()))
-            return chunk_step(hidden_states, timestep, *args, **kwargs)
-
-        monkeypatch.setattr(model, "context_prefill", spy_prefill)
-        monkeypatch.setattr(model, "chunk_step", spy_step)
+def _inputs(recording: RecordingTeacher, name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden_states, timestep) of every recorded call of `name`: the context prefills' selected frames, or the
+    chunk steps' noisy chunks."""
+    return [(call["args"][0].detach(), call["args"][1].detach()) for call in recording.calls[name]]
 
 
-def test_clean_context_is_the_history_at_the_context_timestep(clip, teacher_sample, tmp_path, monkeypatch):
-    step, method_model = _df_sft_step(clip, tmp_path, "teacher_samples", teacher_sample["config"])
+def test_clean_context_is_the_history_at_the_context_timestep(clip, teacher_sample, tmp_path):
+    step, recording = _df_sft_step(clip, tmp_path, "teacher_samples", teacher_sample["config"])
     assert step.args.context_noise == "clean"
-    spy = _PrefillSpy(method_model.model, monkeypatch)
     item = teacher_sample["item"]
     step(item, sync=True, due=STUDENT)
-    assert len(spy.prefills) == 7
-    for (hidden, timestep), (chunk, indices) in zip(spy.prefills, sorted(teacher_sample["contexts"].items())):
+    prefills = _inputs(recording, "context_prefill")
+    assert len(prefills) == 7
+    for (hidden, timestep), (chunk, indices) in zip(prefills, sorted(teacher_sample["contexts"].items())):
         assert torch.equal(timestep, torch.full((len(indices),), 14.0))
         assert torch.equal(hidden[0, :4], item["latents"][:, indices])
 
 
-def test_independent_context_noise_is_diffusion_forcing(clip, teacher_sample, tmp_path, monkeypatch):
+def test_independent_context_noise_is_diffusion_forcing(clip, teacher_sample, tmp_path):
     """Each chunk of the history at its own level; the prefill sees each context frame noisy, at its chunk's
     timestep 1000 sigma; the trained chunks' own inputs are those of the clean run (only the context changed)."""
     item = teacher_sample["item"]
-    clean, clean_model = _df_sft_step(clip, tmp_path / "clean", "teacher_samples", teacher_sample["config"],
+    clean, clean_recording = _df_sft_step(clip, tmp_path / "clean", "teacher_samples", teacher_sample["config"],
                                       "--sigma_min", "0.1")
-    clean_spy = _PrefillSpy(clean_model.model, monkeypatch)
     clean_loss = clean(item, sync=True, due=STUDENT)["loss"]
-    noisy, noisy_model = _df_sft_step(clip, tmp_path / "noisy", "teacher_samples", teacher_sample["config"],
+    noisy, noisy_recording = _df_sft_step(clip, tmp_path / "noisy", "teacher_samples", teacher_sample["config"],
                                       "--context_noise", "independent", "--sigma_min", "0.1")
-    noisy_spy = _PrefillSpy(noisy_model.model, monkeypatch)
     noisy_loss = noisy(item, sync=True, due=STUDENT)["loss"]
 
     # 1. the context: one level per chunk, inside the bounds, all different; the latents (1 - s) x0 + s n
@@ -298,14 +279,16 @@ def test_independent_context_noise_is_diffusion_forcing(clip, teacher_sample, tm
     torch.testing.assert_close(context.latents, (1 - sigma) * item["latents"][None] + sigma * noise,
                                rtol=0, atol=1e-6)
     # 2. what the prefill saw: the selected frames of those latents, at their own timesteps
-    assert len(noisy_spy.prefills) == 7
-    for (hidden, timestep), (chunk, indices) in zip(noisy_spy.prefills, sorted(teacher_sample["contexts"].items())):
+    noisy_prefills = _inputs(noisy_recording, "context_prefill")
+    assert len(noisy_prefills) == 7
+    for (hidden, timestep), (chunk, indices) in zip(noisy_prefills, sorted(teacher_sample["contexts"].items())):
         torch.testing.assert_close(timestep, 1000.0 * context.sigma[indices], rtol=0, atol=1e-4)
         assert torch.equal(hidden[0, :4], context.latents[0, :, indices])
         assert len(set(timestep.tolist())) == len(set(index // 4 for index in indices))
     # 3. the trained chunks: same noisy inputs and levels as the clean run; the loss differs through the context
-    assert len(noisy_spy.steps) == len(clean_spy.steps) == 8
-    for (noisy_input, noisy_t), (clean_input, clean_t) in zip(noisy_spy.steps, clean_spy.steps):
+    noisy_steps, clean_steps = _inputs(noisy_recording, "chunk_step"), _inputs(clean_recording, "chunk_step")
+    assert len(noisy_steps) == len(clean_steps) == 8
+    for (noisy_input, noisy_t), (clean_input, clean_t) in zip(noisy_steps, clean_steps):
         assert torch.equal(noisy_input, clean_input) and torch.equal(noisy_t, clean_t)
     assert noisy_loss != clean_loss
 
@@ -337,7 +320,7 @@ def test_student_state_indices_table():
         kd.student_state_indices(3, 5.0, eight)
 
 
-def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_path, monkeypatch):
+def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_path):
     """Every chunk step of a KD step sees a cached state and the timestep of that state's sigma, and that sigma is
     one of the student's levels (4 steps at shift 5) - on a cache of 8 stored states, an index off by one feeds a
     state between the student's levels."""
@@ -359,14 +342,14 @@ def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_pat
     student_sigmas = flow_match_sigmas(4, 5.0)[:-1]
     seen = set()
     for micro_step in range(6):
-        step = kd.CausalKDStep(method_model, kd.RolloutConfig(state_dtype=torch.float32),
+        recorded_model, recording = _recording(method_model)
+        step = kd.CausalKDStep(recorded_model, kd.RolloutConfig(state_dtype=torch.float32),
                                kd.student_state_indices(4, 5.0, dataset.stored_sigmas), args, ENV,
                                RunState(micro_step=micro_step))
-        spy = _PrefillSpy(method_model.model, monkeypatch)
         step(item, sync=True, due=STUDENT)
-        monkeypatch.undo()
-        assert len(spy.steps) == 2
-        for hidden, timestep in spy.steps:
+        steps = _inputs(recording, "chunk_step")
+        assert len(steps) == 2
+        for hidden, timestep in steps:
             sigma = float(timestep[0]) / 1000.0
             assert torch.equal(timestep, timestep[:1].expand(4))
             assert torch.isclose(student_sigmas, torch.tensor(sigma), atol=1e-6).any(), (sigma, student_sigmas)

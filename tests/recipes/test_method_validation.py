@@ -14,10 +14,12 @@ from safetensors.torch import load_file
 import fvtools.train_df_sft as df_sft
 import fvtools.train_dmd2 as dmd2
 import fvtools.train_kd as kd
+from predictor_training.data.ode_cache import OdeCacheDataset
 from predictor_training.eval.validation import ClipRolloutValidation
 from predictor_training.methods.rewards import default_vae_folder
-from tests.helpers.method_world import dmd2_argv, write_dmd2_world, write_method_world, write_ode_cache
-from tests.helpers.random_states import keeps_random_states
+from predictor_training.runtime.precision import precision_policy
+from tests.helpers.method_world import ENV, dmd2_argv, write_dmd2_world, write_method_world, write_ode_cache
+from tests.helpers.random_states import validated_keeping_random_states
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,26 +104,36 @@ def test_df_sft_refuses_validation_on_teacher_samples(world, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # kd
 # ---------------------------------------------------------------------------------------------------------------
-def _kd(world, cache: Path, out: Path, *extra: str) -> list[dict]:
-    argv = ["--preset", "demo", "--teacher", str(world["teacher"]), "--cache_root", str(cache), "--output_dir",
+def _kd_argv(world, cache: Path, out: Path, *extra: str) -> list[str]:
+    return ["--preset", "demo", "--teacher", str(world["teacher"]), "--cache_root", str(cache), "--output_dir",
             str(out), "--no_progress", "--max_steps", "3", "--warmup_steps", "1", "--ckpt_every", "-1",
             "--eval_samples", "1", "--val_every", "0", *extra]
-    assert kd.main(argv) == 0
+
+
+def _kd(world, cache: Path, out: Path, *extra: str) -> list[dict]:
+    assert kd.main(_kd_argv(world, cache, out, *extra)) == 0
     return _log(out)
 
 
-def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys, monkeypatch):
+def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys):
     cache = write_ode_cache(world, tmp_path / "cache", steps=8)
     plain = _kd(world, cache, tmp_path / "plain")
     vae = default_vae_folder(world["videos"]) / "vae"  # --val_vae names the VAE folder itself
-    validated_steps = keeps_random_states(monkeypatch, ClipRolloutValidation)
     validated = _kd(world, cache, tmp_path / "validated", "--val_every", "1", "--val_vae", str(vae))
-    assert validated_steps == [1, 2, 3]
     assert _training(validated) == _training(plain)
     _same_weights(tmp_path / "plain" / "model" / "diffusion_pytorch_model.safetensors",
                   tmp_path / "validated" / "model" / "diffusion_pytorch_model.safetensors")
     figures = _check_validated(tmp_path / "validated", validated, "val/psnr_vs_teacher", [1, 2, 3])
     assert all(row["val/videos"] == 1.0 for row in figures.values())
+    # The validation as kd's own build makes it (ClipRolloutValidation) moves no global random state, on its first
+    # call (which draws and caches its inputs) or later.
+    args = kd.parse_args(_kd_argv(world, cache, tmp_path / "checked", "--val_every", "1", "--val_vae", str(vae)))
+    state_indices = kd.student_state_indices(args.student_steps, args.student_shift,
+                                             OdeCacheDataset(cache, "train").stored_sigmas)
+    parts = kd.build(args, ENV, precision_policy(args.precision, ENV.device), state_indices=state_indices,
+                     run_dir=tmp_path / "checked")
+    assert isinstance(parts.validation, ClipRolloutValidation)
+    validated_keeping_random_states(parts.validation, [1, 2])
     # The cache of this test records no source dataset: without --val_vae validation is refused by name.
     with pytest.raises(SystemExit):
         kd.parse_args(["--teacher", str(world["teacher"]), "--cache_root", str(cache), "--val_every", "5"])

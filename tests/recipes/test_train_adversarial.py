@@ -18,10 +18,12 @@ import pytest
 import torch
 
 import fvtools.train_adversarial as adversarial
-import predictor_training.methods.adversarial as adversarial_methods
-import predictor_training.runtime.launch as launch
 import train_predictor_v4
+from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.runtime.checkpoint import read_training_state
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.recipe import RecipeParts
 from tests.helpers.offline_dataset import read_log, train_args, write_tiny_dataset
 from tests.helpers.two_ranks import assert_finished, run_two_ranks
 
@@ -44,17 +46,16 @@ def roles_state(run_dir: Path) -> dict:
     return read_training_state(run_dir / "training_latest.pt")["roles"]
 
 
-def captured_wiring(monkeypatch, argv: list[str]) -> dict:
-    """Run main() up to the loop and return what it hands to train_loop (roles, batches, step_fn, ...)."""
-    captured = {}
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        return kwargs["run_state"]
-
-    monkeypatch.setattr(launch, "train_loop", capture)  # main() reaches the loop through run_training
-    assert adversarial.main(argv) == 0
-    return captured
+def built(argv: list[str]) -> tuple[RecipeParts, dict]:
+    """The recipe's parts from its own `build` on these flags (one CPU process, as main() builds them) and the first
+    micro-batch of its data."""
+    args = adversarial.parse_args(argv)
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None, is_main=True)
+    policy = precision_policy(args.precision, env.device)
+    data = adversarial.build_data(args, env, policy)
+    parts = adversarial.build(args, env, policy, context_timestep=data.context_timestep,
+                              teacher_source=resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root))
+    return parts, next(data.batches)
 
 
 def grads(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
@@ -88,12 +89,12 @@ def test_adv_weight_zero_equals_the_offline_v4_recipe_bit_for_bit(tiny_dataset, 
     assert records[-1]["discriminator/loss"] != records[0]["discriminator/loss"]
 
 
-def test_one_step_gives_gradients_only_where_each_loss_may_reach(tiny_dataset, tmp_path, monkeypatch):
-    wiring = captured_wiring(monkeypatch, adversarial_args(tiny_dataset, tmp_path / "run", "--adv_weight", "0.5",
-                                                           "--adv_warmup_steps", "0", "--r1_every", "1"))
-    predictor_role, discriminator_role = wiring["roles"]
+def test_one_step_gives_gradients_only_where_each_loss_may_reach(tiny_dataset, tmp_path):
+    recipe, batch = built(adversarial_args(tiny_dataset, tmp_path / "run", "--adv_weight", "0.5",
+                                           "--adv_warmup_steps", "0", "--r1_every", "1"))
+    predictor_role, discriminator_role = recipe.roles
     predictor, discriminator = predictor_role.raw_module, discriminator_role.raw_module
-    step_fn, batch = wiring["step_fn"], next(wiring["batches"])
+    step_fn = recipe.step_fn
     both, predictor_only = frozenset({"predictor", "discriminator"}), frozenset({"predictor"})
     trained = {name for name, param in predictor.named_parameters() if param.requires_grad}
     assert trained == set(grads(predictor))
@@ -103,7 +104,7 @@ def test_one_step_gives_gradients_only_where_each_loss_may_reach(tiny_dataset, t
     assert frozen and not any(param.requires_grad for param in frozen)
 
     def run(due):
-        for role in wiring["roles"]:
+        for role in recipe.roles:
             role.zero_grad()
         metrics = step_fn(batch, sync=True, due=due)
         return metrics, grads(predictor), grads(discriminator)
@@ -135,14 +136,14 @@ def test_one_step_gives_gradients_only_where_each_loss_may_reach(tiny_dataset, t
     assert any(not torch.equal(with_d_predictor[name], regression_predictor[name]) for name in trained)
 
 
-def test_discriminator_sees_the_fake_on_the_reals_grid(tiny_dataset, tmp_path, monkeypatch):
+def test_discriminator_sees_the_fake_on_the_reals_grid(tiny_dataset, tmp_path):
     """The stored real hiddens are BF16, the Predictor's are FP32: every hidden the discriminator is shown (real,
     fake in its own loss, fake in the generator term) is on the BF16 grid, while the generator term still reaches
     the Predictor (test_one_step_gives_gradients_only_where_each_loss_may_reach)."""
-    wiring = captured_wiring(monkeypatch, adversarial_args(tiny_dataset, tmp_path / "run", "--adv_weight", "0.5",
-                                                           "--adv_warmup_steps", "0", "--r1_every", "1"))
-    predictor, discriminator = (role.raw_module for role in wiring["roles"])
-    step_fn, batch = wiring["step_fn"], next(wiring["batches"])
+    recipe, batch = built(adversarial_args(tiny_dataset, tmp_path / "run", "--adv_weight", "0.5",
+                                           "--adv_warmup_steps", "0", "--r1_every", "1"))
+    predictor, discriminator = (role.raw_module for role in recipe.roles)
+    step_fn = recipe.step_fn
     assert batch["target_hidden"].dtype == torch.bfloat16
     with torch.no_grad():  # a trained-looking head: pred_hidden = anchor + head(x) leaves the BF16 grid
         head = predictor.residual_head.fc2
@@ -150,7 +151,7 @@ def test_discriminator_sees_the_fake_on_the_reals_grid(tiny_dataset, tmp_path, m
     pred_hiddens, shown = [], []
     predictor.register_forward_hook(lambda module, inputs, output: pred_hiddens.append(output[0].detach().clone()))
     discriminator.register_forward_pre_hook(lambda module, inputs: shown.append(inputs[0].detach().clone()))
-    for role in wiring["roles"]:
+    for role in recipe.roles:
         role.zero_grad()
     step_fn(batch, sync=True, due=frozenset({"predictor", "discriminator"}))
     (pred_hidden,) = pred_hiddens
@@ -162,26 +163,38 @@ def test_discriminator_sees_the_fake_on_the_reals_grid(tiny_dataset, tmp_path, m
     assert all(param.grad is not None for param in head.parameters())  # the term still reaches the Predictor
 
 
-def test_lazy_r1_only_on_its_cadence(tiny_dataset, tmp_path, monkeypatch):
-    """D every 2 steps, R1 on every 2nd D update (its 1st, 3rd, ...): steps 2 and 6 of 6, and nowhere else."""
-    calls = []
-    penalty = adversarial_methods.r1_penalty
-
-    def counting_r1(*args, **kwargs):
-        calls.append(True)
-        return penalty(*args, **kwargs)
-
-    monkeypatch.setattr(adversarial_methods, "r1_penalty", counting_r1)  # Adversary calls it
+def test_lazy_r1_only_on_its_cadence(tiny_dataset, tmp_path):
+    """D every 2 steps, R1 on every 2nd D update (its 1st, 3rd, ...): steps 2 and 6 of 6, and nowhere else (each
+    step's record says whether R1 ran and, where it did, the penalty it computed)."""
     run_dir = tmp_path / "r1"
     adversarial.main(adversarial_args(tiny_dataset, run_dir, "--discriminator_every", "2", "--r1_every", "2",
                                       "--r1_weight", "10", steps=6))
     records = read_log(run_dir)
     assert [record["discriminator/r1_applied"] for record in records] == [0, 1, 0, 0, 0, 1]
     assert [("discriminator/r1" in record) for record in records] == [False, True, False, False, False, True]
-    assert len(calls) == 2
     assert all(record["discriminator/r1"] > 0 for record in records if "discriminator/r1" in record)
     assert [record["updates/discriminator"] for record in records] == [0, 1, 1, 2, 2, 3]
     assert [("grad_norm/discriminator" in record) for record in records] == [False, True] * 3
+
+
+def test_no_r1_pass_off_its_cadence(tiny_dataset, tmp_path):
+    """R1 every 2nd D update: the update on the cadence shows D four inputs (generator term, D(real), D(fake), R1 on
+    real), the next one three - no R1 pass is computed where none is applied."""
+    recipe, batch = built(adversarial_args(tiny_dataset, tmp_path / "run", "--adv_weight", "0.5",
+                                           "--adv_warmup_steps", "0", "--r1_every", "2"))
+    shown = []
+    recipe.roles[1].raw_module.register_forward_pre_hook(lambda module, inputs: shown.append(inputs[0]))
+    applied, passes = [], []
+    for _ in range(2):
+        shown.clear()
+        for role in recipe.roles:
+            role.zero_grad()
+        metrics = recipe.step_fn(batch, sync=True, due=frozenset({"predictor", "discriminator"}))
+        applied.append(metrics["discriminator/r1_applied"])
+        passes.append(len(shown))
+        for role in recipe.roles:
+            role.step()
+    assert applied == [1.0, 0.0] and passes == [4, 3]
 
 
 def test_interrupted_two_role_run_continues_to_the_uninterrupted_result(tiny_dataset, tmp_path):

@@ -7,6 +7,7 @@ the dry run on the meta device."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.adapters import load_lora, read_lora_header
 from predictor_training.teacher.source import TeacherSource
 from tests.helpers.method_world import write_method_world
+from tests.helpers.recording_models import RecordingTeacher
 
 
 CPU = torch.device("cpu")
@@ -73,18 +75,13 @@ def test_df_sft_draws_one_noise_level_per_chunk(world, tmp_path):
     source = TeacherSource(args.teacher, None, "--teacher", None)
     method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV, policy,
                                       role_name="student")
-    seen = []
-    chunk_step = method_model.model.chunk_step
-
-    def spy(*inputs, **kwargs):
-        seen.append(inputs[1].clone())  # the per-frame timestep [4]
-        return chunk_step(*inputs, **kwargs)
-
-    method_model.model.chunk_step = spy
+    recording = RecordingTeacher(method_model.model, "chunk_step")
     dataset = VideoLatentDataset(world["videos"], "train")
     rollout_config = df_sft.RolloutConfig(state_dtype=torch.float32)
-    step = df_sft.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState())
+    step = df_sft.DiffusionForcingStep(dataclasses.replace(method_model, model=recording), rollout_config, args, ENV,
+                                       RunState())
     metrics = step(dataset[0], sync=True, due=frozenset({"student"}))
+    seen = [call["args"][1] for call in recording.calls["chunk_step"]]  # the per-frame timestep [4]
     assert len(seen) == 2
     for timestep in seen:
         assert torch.all(timestep == timestep[0])  # one level for the 4 frames of a chunk

@@ -15,15 +15,12 @@ import torch
 
 import fvtools.train_nft as nft
 from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.methods.method_model import MethodSettings, build_method_model
+from predictor_training.methods.nft import nft_objective, sampler_sigma_grid
+from predictor_training.methods.rewards import default_vae_folder
+from predictor_training.runtime.checkpoint import read_training_state
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.flags import settings_from_flags
-from predictor_training.methods.nft import OldPolicy, PolicyModels, sampler_sigma_grid
-from predictor_training.methods.rewards import RewardScorer, VideoRewards, default_vae_folder, parse_reward_weights
-from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.runtime.precision import precision_policy
-from predictor_training.teacher.source import TeacherSource
-from predictor_training.video.vae_decoder import VaeDecoder
 from tests.helpers.method_world import write_method_world
 from tests.helpers.two_ranks import assert_finished, run_two_ranks
 
@@ -91,17 +88,13 @@ def test_sigma_and_advantage_flags(world, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # one real step
 # ---------------------------------------------------------------------------------------------------------------
-def _step(world, tmp_path, *extra: str):
+def _step(world, tmp_path, *extra: str, **seams):
+    """(the NFT step, the policy's method model, the policy models) from the recipe's own `build`; `seams`: its
+    keywords."""
     args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
-    source = TeacherSource(args.teacher, None, "--teacher", None)
-    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV,
-                                      precision_policy("fp32", CPU), role_name=nft.ROLE)
-    models = PolicyModels(method_model)
-    method_model.role.ema = OldPolicy(models.old_module, args.old_decay_schedule, args.old_decay)
-    decoder = VaeDecoder.from_folder(default_vae_folder(args.dataset_root), CPU, torch.float32, tiling=False)
-    rewards = VideoRewards(RewardScorer(parse_reward_weights(args.rewards)), decoder, args.reference_video, None)
-    step = nft.NftStep(models, rewards, args, ENV, RunState(), None)
-    return step, method_model, models
+    parts = nft.build(args, ENV, precision_policy("fp32", CPU), vae_folder=default_vae_folder(args.dataset_root),
+                      **seams)
+    return parts.step_fn, parts.objects["method_model"], parts.step_fn.models
 
 
 @pytest.mark.parametrize("train", ["lora", "full"])
@@ -134,22 +127,20 @@ def test_one_step_trains_only_the_policy(world, tmp_path, train):
                                    atol=1e-7)
 
 
-def test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid(world, tmp_path, monkeypatch):
+def test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid(world, tmp_path):
     """The rewards [0, 1] of a group of two: the objective sees sample 0 with A = -0.5/(0.5 + 1e-4) and sample 1 with
     +0.5/(0.5 + 1e-4) (not negated, not swapped), each chunk at one of the sampler's sigmas."""
-    step, _, _ = _step(world, tmp_path)
     seen = []
-    objective = nft.nft_objective
 
-    def spy(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs):
+    def recorded_objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs):
         seen.append((float(t), float(advantage), x0.detach().clone()))
-        return objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs)
+        return nft_objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs)
 
     def ranked_rewards(videos, item):  # sample k scores k
         return {"total": torch.arange(videos.shape[0], dtype=torch.float32)}
 
-    monkeypatch.setattr(nft, "nft_objective", spy)
-    step.rewards = ranked_rewards
+    step, _, _ = _step(world, tmp_path, objective=recorded_objective,
+                       make_rewards=lambda args, vae_folder, device: ranked_rewards)
     item = VideoLatentDataset(world["videos"], "train")[0]
     samples = step.sample(item, "old", range(2))
     step(item, sync=True, due=frozenset({nft.ROLE}))

@@ -10,6 +10,7 @@ import torch
 
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, StepOutput
 from predictor_training.teacher.layers import apply_rope
+from tests.helpers.recording_models import RecordingTeacher
 from tests.helpers.tiny_teacher import make_tiny_teacher, tiny_rollout_inputs, tiny_text_kv
 
 
@@ -88,20 +89,10 @@ def test_cached_kv_are_replaced_at_their_compacted_position_and_own_camera(teach
 
 
 def test_last_step_caches_without_an_extra_pass_and_needs_a_full_step(teacher, text_kv):
-    run = rollout(teacher, text_kv, "last_step", 12)
-    calls = {"frame_kv_pass": 0}
-    original = teacher.frame_kv_pass
-
-    def counting(*args, **kwargs):
-        calls["frame_kv_pass"] += 1
-        return original(*args, **kwargs)
-
-    teacher.frame_kv_pass = counting
-    try:
-        run.run()
-    finally:
-        del teacher.frame_kv_pass
-    assert calls["frame_kv_pass"] == 0 and run.frame_cache.frames == list(range(8))
+    recording = RecordingTeacher(teacher, "frame_kv_pass")
+    run = rollout(recording, text_kv, "last_step", 12)
+    run.run()
+    assert recording.calls["frame_kv_pass"] == [] and run.frame_cache.frames == list(range(8))
     assert torch.isfinite(run.latents).all()
 
     replaced = rollout(teacher, text_kv, "last_step", 12)
