@@ -102,7 +102,9 @@ def init_distributed(backend: str = "auto", *, die_with_launcher: bool = True) -
 
     Under torchrun (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set) this calls
     `dist.init_process_group`, the worker first made to die with its launcher (`exit_with_launcher`; off for a process
-    that sets those variables itself, e.g. a test); as plain python it creates nothing and returns world size 1.
+    that sets those variables itself, e.g. a test); a group that already exists (a caller that made it, e.g. a test
+    running several recipe mains in one group) is joined as it is. As plain python it creates nothing and returns
+    world size 1.
     """
     resolved = resolve_backend(backend)
     use_cuda = resolved == "nccl"
@@ -111,6 +113,11 @@ def init_distributed(backend: str = "auto", *, die_with_launcher: bool = True) -
         if use_cuda:
             torch.cuda.set_device(device)
         return DistEnv(rank=0, local_rank=0, world_size=1, device=device, backend=None, is_main=True)
+    if _process_group_active():
+        rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+        return DistEnv(rank=rank, local_rank=local_rank, world_size=dist.get_world_size(), device=device,
+                       backend=dist.get_backend(), is_main=rank == 0)
 
     if die_with_launcher:
         exit_with_launcher()

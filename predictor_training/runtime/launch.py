@@ -20,6 +20,8 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 
+import torch.distributed as dist
+
 from predictor_training.runtime.checkpoint import RunState, load_training_state
 from predictor_training.runtime.distributed import (
     DistEnv,
@@ -51,7 +53,9 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
     """Join the process group (--backend), make the run directory and take its lock (rank 0: one writer per run
     directory; a run alive elsewhere ends every rank with one line and exit code 2 before anything is written), log
     what this launch does and seed python / numpy / torch with `--seed` + rank. The lock and the process group are
-    released however the block ends (and by the kernel when the process dies)."""
+    released however the block ends (and by the kernel when the process dies); a process group that existed before
+    is joined and left as it was."""
+    joined = dist.is_available() and dist.is_initialized()
     env = init_distributed(args.backend)
     lock = RunLock(start.run_dir)
     try:
@@ -79,7 +83,8 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
         yield env
     finally:
         lock.release()
-        cleanup_distributed()
+        if not joined:
+            cleanup_distributed()
 
 
 def resume_roles(start: RunStart, roles: Sequence[Role], batches: BatchStream | None, meta: dict,

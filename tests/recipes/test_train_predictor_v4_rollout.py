@@ -185,7 +185,6 @@ def ddp_checks(root: Path) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import train_predictor_v4_rollout as trainer
-    from predictor_training.runtime import launch
     from predictor_training.runtime.checkpoint import load_model_weights
     from predictor_training.runtime.distributed import all_gather_objects, init_distributed, wrap_ddp
     from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
@@ -253,9 +252,7 @@ def ddp_checks(root: Path) -> None:
     del model
 
     # 3. The trainer itself: a 1-step smoke run, a 2-step run, and a 1-step run resumed to step 2, all under this
-    #    process group (the run start's init/cleanup are bypassed so that the group is made once).
-    launch.init_distributed = lambda backend: env
-    launch.cleanup_distributed = lambda: None
+    #    process group (each run start joins it and leaves it open: the group is made once).
     common = ["--init_from", str(paths["init"]), "--max_steps", "2", "--scheduler_warmup_steps", "1",
               "--block_warmup_steps", "1", "--fusion_lr", "1e-3", "--blocks_lr", "1e-4", "--ckpt_every", "1"]
     trainer.main(trainer_args(paths, root / "smoke_1step", *common, "--stop_at_step", "1"))
