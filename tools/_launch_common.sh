@@ -126,16 +126,22 @@ check_positional() {
 # rendered scenes with ground truth; docs/demo_world.md). Completion markers are what the tools write last:
 # make_demo_assets.py moves its finished folder (with demo_config.json) into place in one rename; the dataset
 # builders write manifest.jsonl after every rank finished and then remove manifest_parts/. A half-built dataset is
-# resumed by rerunning the builder. Demo folders made by an older version (a random Teacher) are refused, not
-# replaced: move ${DEMO_ROOT} away or set DEMO_ROOT.
+# resumed by rerunning the builder. Demo folders made by an older version (a random Teacher, or a world Teacher
+# other than the shipped one, e.g. the flow-matching Teacher shipped before 2026-12-06) are refused, not replaced:
+# move ${DEMO_ROOT} away or set DEMO_ROOT.
 ensure_demo_assets() {
   local config="${DEMO_ROOT}/assets/demo_config.json"
+  local shipped="${REPO_ROOT}/predictor_training/world/weights/teacher/diffusion_pytorch_model.safetensors"
   if [[ ! -f "${config}" ]]; then
     echo "[launch] making the demo-world assets in ${DEMO_ROOT}/assets"
     "${PYTHON}" "${REPO_ROOT}/tools/make_demo_assets.py" --out "${DEMO_ROOT}/assets"
   elif ! grep -q '"kind": "world"' "${config}"; then
     echo "[launch] ${DEMO_ROOT}/assets holds the old random-Teacher demo (its demo_config.json has no \"kind\": \"world\")." >&2
     echo "[launch] The demo now runs on the demo world: move ${DEMO_ROOT} away (or set DEMO_ROOT=another/folder) and rerun." >&2
+    exit 2
+  elif ! grep -q '"teacher_source"' "${config}" \
+      && ! cmp -s "${DEMO_ROOT}/assets/teacher/diffusion_pytorch_model.safetensors" "${shipped}"; then
+    echo "[launch] ${DEMO_ROOT}/assets/teacher is not the shipped world Teacher (${shipped}); the demo assets (and the dataset and runs made from them) are of an older Teacher: move ${DEMO_ROOT} away (or set DEMO_ROOT=another/folder) and rerun" >&2
     exit 2
   fi
 }

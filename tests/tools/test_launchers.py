@@ -117,3 +117,19 @@ def test_the_users_positional_forms_still_fill_their_slots(tmp_path, slots, args
     lines = result.stdout.splitlines()
     assert [line[2:] for line in lines if line.startswith("P:")] == positional
     assert [line[2:] for line in lines if line.startswith("E:") and line != "E:"] == extra
+
+
+def test_demo_assets_of_another_world_teacher_are_refused_in_one_line(tmp_path):
+    """Demo assets whose Teacher is not the shipped one (e.g. made before the shipped Teacher changed) are refused
+    before anything runs, with one line naming the folder; assets made with --teacher DIR (teacher_source) are the
+    user's choice and pass this check."""
+    assets = tmp_path / "demo" / "assets"
+    (assets / "teacher").mkdir(parents=True)
+    (assets / "teacher" / "diffusion_pytorch_model.safetensors").write_bytes(b"another teacher")
+    (assets / "demo_config.json").write_text('{"kind": "world", "teacher": "teacher"}')
+    result = run_launcher(tmp_path, "launch_predictor_v4_training.sh")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{assets}/teacher is not the shipped world Teacher" in result.stderr
+    assert not (tmp_path / "demo" / "dataset").exists()
+    (assets / "demo_config.json").write_text('{"kind": "world", "teacher": "teacher", "teacher_source": "/x"}')
+    assert "is not the shipped world Teacher" not in run_launcher(tmp_path, "launch_predictor_v4_training.sh").stderr
