@@ -193,29 +193,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def continue_rounds(args, out: Path) -> list[dict]:
-    """The df_sft_continue stage's rounds: round 1 trains df_sft/model on into df_sft_continue/, round k >= 2 trains
-    round k-1's model on into df_sft_continue_<k>/, each with its own cosine schedule and seed."""
-    rounds, teacher = [], out / "df_sft" / "model"
-    settings = zip(args.df_sft_continue_steps, args.df_sft_continue_lr, args.df_sft_continue_sigma_min)
-    for index, (steps, lr, sigma_min) in enumerate(settings, start=1):
-        name = "df_sft_continue" if index == 1 else f"df_sft_continue_{index}"
-        rounds.append({"name": name, "teacher": teacher, "run_dir": out / name, "steps": steps, "lr": lr,
-                       "sigma_min": sigma_min, "seed": args.seed + index})
-        teacher = out / name / "model"
+def chained_rounds(stage: str, start: Path, out: Path, **per_round: list) -> list[dict]:
+    """Rounds of a stage trained one after another: round 1 from the model folder `start` into <out>/<stage>/, round
+    k >= 2 from round k-1's model into <out>/<stage>_<k>/. per_round: one list per setting (steps, lr, ...), a value
+    per round; each round's dict holds them with its name, index, init (the model it starts from) and run_dir."""
+    rounds, init = [], start
+    for index, values in enumerate(zip(*per_round.values()), start=1):
+        name = stage if index == 1 else f"{stage}_{index}"
+        rounds.append({"name": name, "index": index, "init": init, "run_dir": out / name,
+                       **dict(zip(per_round, values))})
+        init = out / name / "model"
     return rounds
+
+
+def continue_rounds(args, out: Path) -> list[dict]:
+    """The df_sft_continue stage's rounds (`chained_rounds` from df_sft/model), each with its own cosine schedule
+    and seed + k."""
+    seeds = [args.seed + index for index in range(1, len(args.df_sft_continue_steps) + 1)]
+    return chained_rounds("df_sft_continue", out / "df_sft" / "model", out, steps=args.df_sft_continue_steps,
+                          lr=args.df_sft_continue_lr, sigma_min=args.df_sft_continue_sigma_min, seed=seeds)
 
 
 def kd_rounds(args, out: Path) -> list[dict]:
-    """The kd stage's rounds: round 1 distils the --distil_from model's ODE cache into kd/ (student initialised from
-    that model), round k >= 2 trains round k-1's student on, on the same cache, into kd_<k>/, each with its own
-    schedule and the build's seed."""
-    rounds, init = [], distilled_model(args, out)
-    for index, (steps, lr) in enumerate(zip(args.kd_steps, args.kd_lr), start=1):
-        name = "kd" if index == 1 else f"kd_{index}"
-        rounds.append({"name": name, "init": init, "run_dir": out / name, "steps": steps, "lr": lr})
-        init = out / name / "model"
-    return rounds
+    """The kd stage's rounds (`chained_rounds`): round 1 distils the --distil_from model's ODE cache into kd/
+    (student initialised from that model), round k >= 2 trains round k-1's student on, on the same cache, each with
+    its own schedule and the build's seed."""
+    return chained_rounds("kd", distilled_model(args, out), out, steps=args.kd_steps, lr=args.kd_lr)
 
 
 def shipped_teacher(args, out: Path) -> Path:
@@ -339,11 +342,11 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
     if stage in ("df_sft", "df_sft_continue"):
         # df_sft trains the world Teacher from scratch; each df_sft_continue round trains the previous model on.
         if stage == "df_sft":
-            runs = [{"name": "df_sft", "teacher": out / "teacher_config", "run_dir": out / "df_sft",
+            runs = [{"name": "df_sft", "init": out / "teacher_config", "run_dir": out / "df_sft",
                      "steps": args.df_sft_steps, "lr": 1e-3, "sigma_min": 0.0, "seed": args.seed}]
         else:
             runs = continue_rounds(args, out)
-        return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["teacher"]), "--dataset_root",
+        return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["init"]), "--dataset_root",
                  str(out / "video_latents"), "--train", "full",
                  "--init_weights", "scratch" if stage == "df_sft" else "teacher", "--precision", "fp32",
                  "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]),
