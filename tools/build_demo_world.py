@@ -380,8 +380,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                 "shutil.copy(out/'render'/'world_config.json', staging); shutil.copy(out/'shipped_report.json', staging/'build_report.json'); "
                 "shutil.copy(out/'vae_run'/'vae_eval.json', staging); "
                 "(WORLD_WEIGHTS/'README.md').is_file() and shutil.copy(WORLD_WEIGHTS/'README.md', staging); "
-                "[shutil.copytree(kept, staging/kept.name) or print(f'[ship] kept {kept.name}/: a Predictor of the "
-                "Teacher shipped before; retrain it on this one or replace it') for kept in WORLD_WEIGHTS.glob('predictor_*')]; "
+                "[(shutil.copytree(kept, staging/kept.name), print(f'[ship] kept {kept.name}/: a Predictor of the "
+                "Teacher shipped before; retrain it on this one or replace it')) for kept in WORLD_WEIGHTS.glob('predictor_*')]; "
                 "shutil.rmtree(WORLD_WEIGHTS, ignore_errors=True); staging.rename(WORLD_WEIGHTS)")
         return [[python, "-c", code, str(out), str(shipped_teacher(args, out))]]
     raise ValueError(stage)
