@@ -113,7 +113,7 @@ def init_distributed(backend: str = "auto", *, die_with_launcher: bool = True) -
         if use_cuda:
             torch.cuda.set_device(device)
         return DistEnv(rank=0, local_rank=0, world_size=1, device=device, backend=None, is_main=True)
-    if _process_group_active():
+    if process_group_active():
         rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
         device = torch.device("cuda", local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
         return DistEnv(rank=rank, local_rank=local_rank, world_size=dist.get_world_size(), device=device,
@@ -146,13 +146,14 @@ def cleanup_distributed() -> None:
         dist.destroy_process_group()
 
 
-def _process_group_active() -> bool:
+def process_group_active() -> bool:
+    """Whether this process is in a torch.distributed process group now."""
     return dist.is_available() and dist.is_initialized()
 
 
 def current_rank() -> int:
     """Rank of this process in the default group; before a group exists, torchrun's RANK (0 without torchrun)."""
-    return dist.get_rank() if _process_group_active() else int(os.environ.get("RANK", "0"))
+    return dist.get_rank() if process_group_active() else int(os.environ.get("RANK", "0"))
 
 
 def print0(*args, **kwargs) -> None:
@@ -169,13 +170,13 @@ def log0(message: str) -> None:
 
 def barrier() -> None:
     """`dist.barrier()` when a process group exists; nothing otherwise."""
-    if _process_group_active():
+    if process_group_active():
         dist.barrier()
 
 
 def all_gather_objects(obj) -> list:
     """Every rank's `obj`, in rank order (`[obj]` without a process group)."""
-    if not _process_group_active():
+    if not process_group_active():
         return [obj]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)

@@ -20,8 +20,6 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 
-import torch.distributed as dist
-
 from predictor_training.runtime.checkpoint import RunState, load_training_state
 from predictor_training.runtime.distributed import (
     DistEnv,
@@ -29,6 +27,7 @@ from predictor_training.runtime.distributed import (
     cleanup_distributed,
     init_distributed,
     log0,
+    process_group_active,
     seed_everything,
 )
 from predictor_training.runtime.errors import USER_ERROR_EXIT, UserInputError, describe_os_error
@@ -55,7 +54,7 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
     what this launch does and seed python / numpy / torch with `--seed` + rank. The lock and the process group are
     released however the block ends (and by the kernel when the process dies); a process group that existed before
     is joined and left as it was."""
-    joined = dist.is_available() and dist.is_initialized()
+    joined = process_group_active()
     env = init_distributed(args.backend)
     lock = RunLock(start.run_dir)
     try:

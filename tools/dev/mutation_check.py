@@ -348,6 +348,11 @@ MUTATIONS = [
              'choices=TRAIN_SIGMAS, default="range"',
              ('tests/recipes/test_train_nft.py::test_sigma_and_advantage_flags', 'tests/recipes/test_train_nft.py::test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid'),
              'nft train sigmas default range'),
+    Mutation("run_start_destroys_a_joined_group", "predictor_training/runtime/launch.py",
+             "        if not joined:\n            cleanup_distributed()", "        if True:\n            cleanup_distributed()",
+             ("tests/recipes/test_train_predictor_v4_rollout.py",),
+             "a recipe's run start destroys the process group its caller made (the next main in it fails; slow: the "
+             "other rank waits out its timeout)"),
     Mutation('nft_sigma_floor_not_enforced', 'predictor_training/methods/nft.py',
              'if distilled and settings.sigma_min < DISTILLED_SIGMA_FLOOR and not allow_sigma_below_teacher:',
              'if distilled and settings.sigma_min < 0 and not allow_sigma_below_teacher:',
