@@ -65,7 +65,8 @@ def load_tool(name: str):
 
 
 TOOLS = {name: load_tool(name) for name in ("eval_predictor", "leaderboard", "compute_video_metrics", "estimate_memory",
-                                             "convert_sharded_checkpoint", "make_demo_assets", "make_sample_table")}
+                                             "convert_sharded_checkpoint", "make_demo_assets", "make_sample_table",
+                                             "build_demo_world")}
 MAINS = {
     "v4": train_predictor_v4.main, "disca": train_predictor_disca.main, "rollout": train_predictor_v4_rollout.main,
     "df_sft": train_df_sft.main, "kd": train_kd.main, "dmd2": train_dmd2.main, "nft": train_nft.main,
@@ -573,6 +574,11 @@ TOOL_CASES = {
                                           lambda w: "vae/config.json"),
     "demo_assets_out_exists": ("make_demo_assets", lambda w: ["--out", w["a"], "--kind", "random"],
                                lambda w: "--overwrite"),
+    "world_build_kd_lr_per_round": ("build_demo_world", lambda w: ["--out", w["out"] / "world", "--teacher_from", "kd",
+                                                                   "--kd_steps", "5,6,7", "--kd_lr", "1e-4,2e-4"],
+                                    lambda w: "--kd_lr: 2 values for 3 rounds of --kd_steps; expected one or one per round"),
+    "world_build_kd_steps_not_numbers": ("build_demo_world", lambda w: ["--out", w["out"] / "world", "--kd_steps", "5,x"],
+                                         lambda w: "--kd_steps / --kd_lr: comma-separated numbers expected"),
     "sample_table_tool_non_utf8_cases": ("make_sample_table",
                                          lambda w: ["--cases", w["tables"]["non_utf8_caption"], "--out",
                                                     w["out"] / "tables"], lambda w: "non_utf8_caption.jsonl line 1"),
