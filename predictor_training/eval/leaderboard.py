@@ -577,6 +577,26 @@ def csv_text(analysis: dict) -> str:
     return buffer.getvalue()
 
 
+def label_points(ax, points: list[tuple[str, float, float]]) -> None:
+    """Name each (label, x, y) point beside it: labels of the right half point left, so the plot's edge does not
+    cut them, and a label whose point sits within 3 % of the y range of an already-labelled point at nearly the same
+    x moves one line down, so two rows at one cost do not print over each other."""
+    if not points:
+        return
+    xs = [x for _, x, _ in points]
+    ys = [y for _, _, y in points]
+    x_mid = (min(xs) + max(xs)) / 2
+    x_near = 0.02 * max(max(xs) - min(xs), 1e-9)
+    y_near = 0.03 * max(max(ys) - min(ys), 1e-9)
+    placed: list[tuple[float, float]] = []
+    for label, x, y in sorted(points, key=lambda point: -point[2]):
+        crowd = sum(abs(x - px) < x_near and abs(y - py) < y_near for px, py in placed)
+        placed.append((x, y))
+        right = x > x_mid
+        ax.annotate(label, (x, y), fontsize=6, xytext=(-4 if right else 3, 2 - 8 * crowd),
+                    textcoords="offset points", ha="right" if right else "left")
+
+
 def plot_pareto(path: Path, analysis: dict, axis: str, title: str) -> None:
     """Quality vs speedup on one cost axis: every row with its interval bar, the baselines' front (mixtures in MSE)
     as a line, the Predictors highlighted."""
@@ -606,8 +626,7 @@ def plot_pareto(path: Path, analysis: dict, axis: str, title: str) -> None:
                [row.quality.high - row.quality.value for row in members]]
         ax.errorbar(x, y, yerr=err, fmt="o" if family != PREDICTOR_FAMILY else "*", ms=5 if family !=
                     PREDICTOR_FAMILY else 11, color=colour, capsize=2, lw=0.8, label=family)
-        for row, xi, yi in zip(members, x, y):
-            ax.annotate(row.spec.panel, (xi, yi), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    label_points(ax, [(row.spec.panel, row.speedup(axis), row.quality.value) for row in rows])
     ax.set_xlabel(f"speedup over F-F-F-F ({COST_AXES[axis]})")
     ax.set_ylabel("PSNR vs F-F-F-F (dB), 95 % interval")
     ax.set_title(title, fontsize=9)

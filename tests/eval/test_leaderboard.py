@@ -179,3 +179,22 @@ def test_a_finished_run_is_told_its_leaderboard_command(tmp_path):
     line = leaderboard_command(tmp_path / "run", dataset_root=tmp_path / "real_ds", world_size=8)
     assert line.startswith(f"torchrun --nproc_per_node 8 tools/leaderboard.py --samples_dir {real / 'samples'} "
                            f"--dataset_root {tmp_path / 'real_ds'} --vae $VAE")
+
+
+def test_plot_labels_stay_inside_and_apart():
+    """Labels of the right half point left (the plot's right edge cut them), and two rows at one cost, close in
+    PSNR, get labels one line apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from predictor_training.eval.leaderboard import label_points
+
+    fig, ax = plt.subplots()
+    label_points(ax, [("3-step", 1.15, 56.0), ("1-step", 1.64, 30.6), ("cache", 1.641, 30.2), ("2-step", 1.35, 44.5)])
+    placed = {text.get_text(): text for text in ax.texts}
+    plt.close(fig)
+    assert placed["3-step"].get_ha() == "left" and placed["1-step"].get_ha() == "right"
+    assert placed["1-step"].xyann[1] - placed["cache"].xyann[1] == 8
+    assert placed["2-step"].xyann == (3, 2)
