@@ -232,7 +232,8 @@ def recipe_step(recipe: str, teacher, size: Size, batch_size: int, device: torch
         case = {**case_text_kv(teacher.config, text_tokens=size.text_tokens, host=device), "image_cond": image_cond}
         config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                context_mode=REAL_SIZE_CONTEXT_MODE)
-        settings = RolloutSettings(**values, init_from=None, replace_steps=REAL_SIZE_REPLACE_STEPS, reuse_steps=())
+        settings = RolloutSettings(**values, init_from=None, replace_steps=REAL_SIZE_REPLACE_STEPS, reuse_steps=(),
+                                   revisit_weight=0.0)
         parts = build_rollout(settings, env, policy, dataset=SimpleNamespace(load_case=lambda case_id: case),
                               rollout_config=config, resuming=True, **seams)  # resuming: no --init_from to read
         return parts, {**row, "case_id": "acceptance", "key": ("acceptance", 0)}

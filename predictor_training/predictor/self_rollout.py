@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from predictor_training.rollout.ar_rollout import (
@@ -73,7 +74,8 @@ class SelfRolloutSettings:
     real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``. replace_steps: the
     steps the Predictor runs in every trained chunk (ascending, within 1..num_steps-1); reuse_steps: steps that reuse
     the previous step's velocity, as the eval's velocity reuse (the fewer-step sampler's skipped steps), disjoint
-    from replace_steps.
+    from replace_steps. revisit_weight: adds revisit_weight * mse(v_pred, v_return) at the latents whose camera the
+    trajectory saw before (`SelfRolloutTrajectory.revisit_target`; the recipe's --revisit_weight).
     """
 
     velocity_weight: float
@@ -81,6 +83,7 @@ class SelfRolloutSettings:
     predictor_autocast_dtype: torch.dtype | None = None
     replace_steps: tuple[int, ...] = (1, 2, 3)
     reuse_steps: tuple[int, ...] = ()  # steps filled by velocity reuse (no model call, no label): F-R-R-P = (1, 2)
+    revisit_weight: float = 0.0  # the return term's weight (`revisit_target`); 0 = off
 
 
 # ---- what one trained chunk produces ---------------------------------------------------------------------------
@@ -174,6 +177,7 @@ class SelfRolloutTrajectory:
         *,
         settings: SelfRolloutSettings,
         device: torch.device | str | None = None,
+        revisit_pairs: dict[int, int] | None = None,
     ):
         raw_predictor = unwrap_model(predictor)
         if raw_predictor.variant != "v4":
@@ -206,6 +210,8 @@ class SelfRolloutTrajectory:
         # the Predictor steps (and tracked latents) of the chunk being run, taken by `chunk_graph`
         self.pending_steps: list[PredictorStep] = []
         self.pending_tracked: dict[int, Tensor] = {}
+        # {latent: the earliest latent with its camera} (`world.revisits`), read by the return term
+        self.revisit_pairs = dict(revisit_pairs or {})
 
     # ---- sizes ------------------------------------------------------------------------------------------------
     @property
@@ -267,12 +273,36 @@ class SelfRolloutTrajectory:
         loss, metrics = predictor_loss(pred_hidden, pred_velocity, target.final_hidden, target.velocity,
                                        hidden_weight=self.settings.hidden_weight,
                                        velocity_weight=self.settings.velocity_weight)
+        if self.settings.revisit_weight > 0:
+            slots, return_velocity = self.revisit_target(call)
+            revisit_mse = (F.mse_loss(pred_velocity.float()[:, :, slots], return_velocity) if slots
+                           else pred_velocity.new_zeros((), dtype=torch.float32))
+            loss = loss + self.settings.revisit_weight * revisit_mse
+            metrics = {**metrics, "loss": loss.detach(), "revisit_mse": revisit_mse.detach()}
         self.pending_steps.append(PredictorStep(
             step_index=k, timestep=call.timestep, latent=call.latent, teacher_input=teacher_input, anchor=anchor,
             prev_chunk_hidden=prev_hidden, target_hidden=target.final_hidden, target_velocity=target.velocity,
             pred_hidden=pred_hidden, pred_velocity=pred_velocity, loss=loss, metrics=metrics,
         ))
         return StepOutput(velocity=pred_velocity, final_hidden=pred_hidden)
+
+    def revisit_target(self, call: StepCall) -> tuple[list[int], Tensor | None]:
+        """The return term's target at Predictor step ``call``: (the chunk's slots j whose latent revisits a camera
+        first seen in an already committed chunk, the velocity [1, C, len(slots), H, W] float32 that would take
+        x_k there onto that first visit's committed latent: (x_k - x_first) / sigma_k, since the step's x0 estimate
+        is x_k - sigma_k v). Both x_k and x_first are detached: a label, as the Teacher's. ([], None) when the chunk
+        has no such latent. The rollout's velocity loss compares a chunk with the Teacher's chunk on the same path
+        only; this term compares it with the trajectory's own earlier visit."""
+        frames = self.rollout.chunk_frames(call.chunk_index)
+        pairs = [(latent - frames.start, first) for latent, first in sorted(self.revisit_pairs.items())
+                 if frames.start <= latent < frames.stop and first < frames.start]
+        if not pairs:
+            return [], None
+        slots = [slot for slot, _ in pairs]
+        sigma = call.timestep[slots].float().view(1, 1, -1, 1, 1) / 1000.0
+        latent = call.latent.detach().float()[:, :, slots]
+        first = self.rollout.latents[:, :, [first for _, first in pairs]].detach().float()
+        return slots, (latent - first) / sigma
 
     def chunk_graph(self, run: ChunkRun) -> ChunkGraph:
         """The `ChunkGraph` of a trained chunk the policy just ran (takes the Predictor steps it recorded)."""
@@ -312,14 +342,17 @@ class SelfRolloutTrajectory:
 
 
 def trajectory_for_row(item: dict, case: dict, *, teacher: nn.Module, predictor: nn.Module, config: RolloutConfig,
-                       settings: SelfRolloutSettings, device: torch.device) -> SelfRolloutTrajectory:
+                       settings: SelfRolloutSettings, device: torch.device,
+                       revisit_pairs: dict[int, int] | None = None) -> SelfRolloutTrajectory:
     """The self-rollout of one sample-table row (`TrajectoryTableDataset` item: seed, viewmats, Ks, action) of
     `case` (its stored text K/V of every layer and image condition): the row's seed gives the noise and memory
-    points, exactly as the dataset builder and the eval run it."""
+    points, exactly as the dataset builder and the eval run it. revisit_pairs: {latent: first latent with its
+    camera} of the row's pose, for the return term (`SelfRolloutSettings.revisit_weight`)."""
     text_kv = TextKV.from_layer_stack(case["text_k"], case["text_v"], device, teacher.dtype)
     inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"].to(torch.float32), item["viewmats"],
                                      item["Ks"], item["action"], state_dtype=config.state_dtype)
-    return SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, config, settings=settings, device=device)
+    return SelfRolloutTrajectory(teacher, predictor, text_kv, inputs, config, settings=settings, device=device,
+                                 revisit_pairs=revisit_pairs)
 
 
 # ---- the training composition ----------------------------------------------------------------------------------

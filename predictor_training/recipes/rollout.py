@@ -21,6 +21,7 @@ from predictor_training.runtime.distributed import DistEnv, all_gather_objects, 
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
+from predictor_training.world.revisits import revisits
 
 VARIANT = "v4"
 
@@ -29,11 +30,12 @@ VARIANT = "v4"
 class RolloutSettings(PredictorSettings):
     """What `build_rollout` builds from, named as the rollout script's flags (`flags.settings_from_flags`): the
     Predictor recipes' values (`PredictorSettings`), the Predictor's weights (init_from, unless resuming) and the
-    schedule it trains (replace_steps, reuse_steps)."""
+    schedule it trains (replace_steps, reuse_steps) and the return term's weight (revisit_weight)."""
 
     init_from: Path | None
     replace_steps: tuple[int, ...]
     reuse_steps: tuple[int, ...]
+    revisit_weight: float
 
 
 class DuplicateTrajectoryError(RuntimeError):
@@ -57,6 +59,14 @@ def check_latent_grads(step: int, metrics: dict[str, float]) -> None:
             "(an untrained Predictor, with zero-initialised output layers, ignores its input latent: start from an "
             "offline v4 checkpoint with --init_from)"
         )
+
+
+def row_revisit_pairs(item: dict, revisit_weight: float) -> dict[int, int] | None:
+    """{latent: the earliest latent with its camera} of a sample-table row's pose file (`world.revisits`), which the
+    return term reads; None when the term is off (revisit_weight 0)."""
+    if revisit_weight <= 0:
+        return None
+    return {seen.latent: seen.first_latent for seen in revisits(item["pose"])}
 
 
 class RolloutStep:
@@ -91,7 +101,8 @@ class RolloutStep:
         #    row's seed gives (noise, memory points).
         trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
                                         predictor=self.model, config=self.rollout_config, settings=self.settings,
-                                        device=self.env.device)
+                                        device=self.env.device,
+                                        revisit_pairs=row_revisit_pairs(item, self.settings.revisit_weight))
         # 3. Roll out and train.
         metrics = train_trajectory(trajectory, sync=sync)
         if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
@@ -121,7 +132,7 @@ def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPoli
     step_settings = SelfRolloutSettings(
         velocity_weight=settings.velocity_weight, hidden_weight=settings.hidden_weight,
         predictor_autocast_dtype=policy.autocast_dtype, replace_steps=tuple(settings.replace_steps),
-        reuse_steps=tuple(settings.reuse_steps))
+        reuse_steps=tuple(settings.reuse_steps), revisit_weight=settings.revisit_weight)
     step_fn = RolloutStep(model=role.module, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                           settings=step_settings, env=env)
     validation = held_out_validation(settings, teacher=teacher, predictor=predictor,

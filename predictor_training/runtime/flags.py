@@ -432,6 +432,7 @@ FLAG_RULES: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "grad_clip": (lambda value, flags: value == -1 or value > 0, "> 0, or -1 for no clipping"),
     "velocity_weight": (lambda value, flags: value >= 0, ">= 0"),
     "hidden_weight": (lambda value, flags: value >= 0, ">= 0"),
+    "revisit_weight": (lambda value, flags: value >= 0, ">= 0"),
     "ckpt_every": (lambda value, flags: value == -1 or value >= 1, ">= 1, or -1 for the last step only"),
     "keep_last": (lambda value, flags: value == -1 or value >= 1, ">= 1, or -1 to keep all"),
     "log_every": (lambda value, flags: value >= 1, ">= 1"),

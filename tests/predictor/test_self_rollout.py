@@ -411,3 +411,49 @@ def test_incremental_context_trains_like_exact_where_they_must_agree(teacher, te
             assert trajectory.rollout.frame_cache.frames == list(range(12))  # every chunk but the last
     assert losses["exact"]["chunk1/loss"] == pytest.approx(losses["incremental"]["chunk1/loss"], rel=1e-5)
     assert losses["exact"]["chunk3/loss"] != pytest.approx(losses["incremental"]["chunk3/loss"], rel=1e-5)
+
+
+def test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit(teacher, text_kv):
+    """--revisit_weight: at a latent whose camera the trajectory saw in a committed chunk, the Predictor step's loss
+    adds w * mse(v, (x_k - x_first) / sigma_k), the velocity whose x0 estimate x_k - sigma_k v is the first visit's
+    committed latent; both are labels (no graph). A first visit in the chunk itself, and a chunk without revisits,
+    add nothing; weight 0 adds no term."""
+    from types import SimpleNamespace
+
+    pairs = {5: 1, 7: 4, 9: 6}  # chunk 1: latent 5 revisits latent 1 (chunk 0); 7's first visit is in chunk 1 itself
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,), reuse_steps=(1, 2),
+                                   revisit_weight=0.5)
+    trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), settings=settings,
+                                       revisit_pairs=pairs)
+    trajectory.run_chunk_zero()
+    graph = trajectory.run_trained_chunk(1)
+    step = graph.steps[0]
+    sigma = flow_match_sigmas(4, 5.0)[3]
+    first = trajectory.rollout.latents[:, :, [1]].float()
+    target = (step.latent.detach()[:, :, [1]].float() - first) / sigma
+    torch.testing.assert_close(step.latent.detach()[:, :, [1]].float() - sigma * target, first)
+    revisit_mse = torch.nn.functional.mse_loss(step.pred_velocity.detach().float()[:, :, [1]], target)
+    torch.testing.assert_close(step.metrics["revisit_mse"], revisit_mse)
+    torch.testing.assert_close(step.loss.detach(), step.metrics["velocity_mse"] + 0.5 * revisit_mse)
+    assert float(revisit_mse) > 0
+    # the label carries no graph, even where x_k has one (a Predictor-made latent under F-P-P-P)
+    latent = step.latent.detach().clone().requires_grad_(True)
+    slots, label = trajectory.revisit_target(SimpleNamespace(chunk_index=1, timestep=step.timestep, latent=latent * 2))
+    assert slots == [1] and not label.requires_grad
+    # chunk 2: latent 9 revisits latent 6 of the committed chunk 1 (slot 1); chunk 3 has no revisit: a zero term
+    trajectory.commit(graph)
+    graph = trajectory.run_trained_chunk(2)
+    first = trajectory.rollout.latents[:, :, [6]].float()
+    target = (graph.steps[0].latent.detach()[:, :, [1]].float() - first) / sigma
+    torch.testing.assert_close(graph.steps[0].metrics["revisit_mse"], torch.nn.functional.mse_loss(
+        graph.steps[0].pred_velocity.detach().float()[:, :, [1]], target))
+    trajectory.commit(graph)
+    graph = trajectory.run_trained_chunk(3)
+    assert float(graph.steps[0].metrics["revisit_mse"]) == 0.0
+    torch.testing.assert_close(graph.steps[0].loss.detach(), graph.steps[0].metrics["velocity_mse"])
+    # weight 0: no term, whatever the pairs
+    off = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), revisit_pairs=pairs,
+                                settings=SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,),
+                                                             reuse_steps=(1, 2)))
+    off.run_chunk_zero()
+    assert "revisit_mse" not in off.run_trained_chunk(1).steps[0].metrics

@@ -22,3 +22,17 @@ def test_a_cut_latent_path_stops_the_run(value):
     with pytest.raises(RuntimeError, match="latent_grad_l1_min"):
         check_latent_grads(7, {"latent_grad_l1_min": value})
     check_latent_grads(7, {"latent_grad_l1_min": 1e-9})  # any gradient passes
+
+
+def test_the_return_term_reads_the_rows_own_pose(tmp_path):
+    """--revisit_weight > 0: each row's revisit pairs come from its pose file (forward 3, back 3: latent 6 is
+    latent 0's camera again, 5 is 1's, 4 is 2's); off (0): none are read."""
+    import json
+
+    from predictor_training.recipes.rollout import row_revisit_pairs
+    from predictor_training.rollout.camera import pose_string_to_json
+
+    pose = tmp_path / "pose.json"
+    pose.write_text(json.dumps(pose_string_to_json("w-3, s-3")))
+    assert row_revisit_pairs({"pose": str(pose)}, 0.1) == {4: 2, 5: 1, 6: 0}
+    assert row_revisit_pairs({"pose": str(pose)}, 0.0) is None

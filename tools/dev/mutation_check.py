@@ -514,6 +514,21 @@ MUTATIONS = [
              "torch.linspace(1.0, 0.9, x0.shape[2])",
              ("tests/recipes/test_train_df_sft.py::test_df_sft_draws_one_noise_level_per_chunk",),
              "df_sft noises the frames of a chunk at different levels"),
+    Mutation('revisit_target_sign_flipped', 'predictor_training/predictor/self_rollout.py',
+             'return slots, (latent - first) / sigma',
+             'return slots, (first - latent) / sigma',
+             ('tests/predictor/test_self_rollout.py::test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit',),
+             'the return term pushes away from the first visit'),
+    Mutation('revisit_target_keeps_the_latent_graph', 'predictor_training/predictor/self_rollout.py',
+             'latent = call.latent.detach().float()[:, :, slots]',
+             'latent = call.latent.float()[:, :, slots]',
+             ('tests/predictor/test_self_rollout.py::test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit',),
+             'the return label carries the latent graph'),
+    Mutation('revisit_target_reads_an_uncommitted_first_visit', 'predictor_training/predictor/self_rollout.py',
+             'if frames.start <= latent < frames.stop and first < frames.start]',
+             'if frames.start <= latent < frames.stop and first < frames.stop]',
+             ('tests/predictor/test_self_rollout.py::test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit',),
+             'the return term reads a first visit the chunk has not committed'),
 ]
 
 
