@@ -104,6 +104,11 @@ PRESETS = {
     "frrp": ["--reuse_steps", "1,2", "--replace_steps", "3"],
     "frrp_demo": ["--experiment", "predictor_v4_rollout_{schedule}_demo", *_DEMO, "--reuse_steps", "1,2",
                   "--replace_steps", "3", "--max_steps", "1920", "--ckpt_every", "192", "--val_every", "192"],
+    # frrp_revisit_demo: the shipped Predictor's last link, 480 steps from a trained F-R-R-P Predictor with the return
+    # term (--revisit_weight 0.5): it lifted the revisit figures above the 1-step sampler's (same page).
+    "frrp_revisit_demo": ["--experiment", "predictor_v4_rollout_{schedule}_revisit_demo", *_DEMO, "--reuse_steps",
+                          "1,2", "--replace_steps", "3", "--revisit_weight", "0.5", "--max_steps", "480",
+                          "--ckpt_every", "96", "--val_every", "96"],
     # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
     "real_size": ["--source_blocks", "1,52", "--precision", "fp32master", "--gradient_checkpointing"],
 }
