@@ -579,20 +579,23 @@ def csv_text(analysis: dict) -> str:
 
 def label_points(ax, points: list[tuple[str, float, float]]) -> None:
     """Name each (label, x, y) point beside it: labels of the right half point left, so the plot's edge does not
-    cut them, and a label whose point sits within 3 % of the y range of an already-labelled point at nearly the same
-    x moves one line down, so two rows at one cost do not print over each other."""
+    cut them, and a label that would cover an already-labelled point (within 3 % of the y range, and within the
+    label's own width along x, estimated from its length) moves one line down per such point, so rows at one cost
+    or a long Predictor label beside a mixture do not print over each other."""
     if not points:
         return
     xs = [x for _, x, _ in points]
     ys = [y for _, _, y in points]
     x_mid = (min(xs) + max(xs)) / 2
-    x_near = 0.02 * max(max(xs) - min(xs), 1e-9)
+    x_span = max(max(xs) - min(xs), 1e-9)
     y_near = 0.03 * max(max(ys) - min(ys), 1e-9)
     placed: list[tuple[float, float]] = []
     for label, x, y in sorted(points, key=lambda point: -point[2]):
-        crowd = sum(abs(x - px) < x_near and abs(y - py) < y_near for px, py in placed)
-        placed.append((x, y))
         right = x > x_mid
+        width = 0.02 * x_span + 0.0045 * 1.15 * x_span * len(label)  # fontsize 6 on a 9-inch figure
+        low, high = (x - width, x) if right else (x, x + width)
+        crowd = sum(low - 0.02 * x_span <= px <= high + 0.02 * x_span and abs(y - py) < y_near for px, py in placed)
+        placed.append((x, y))
         ax.annotate(label, (x, y), fontsize=6, xytext=(-4 if right else 3, 2 - 8 * crowd),
                     textcoords="offset points", ha="right" if right else "left")
 
