@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "frames, default), incremental (per-frame K/V cached once after each chunk), last_step "
                               "(the K/V of each chunk's last Full step); predictor_training/teacher/frame_kv_cache.py. "
                               "Recorded in the run name when not exact")
+    rollout.add_argument("--revisit_weight", type=float, default=0.0,
+                         help="weight of the return term: at every latent whose camera the trajectory saw in an "
+                              "earlier chunk (the row's pose), the MSE between the Predictor's velocity and the one "
+                              "that lands its step's x0 estimate on that first visit's latent. 0 (default) = off")
     rollout.add_argument("--init_from", type=Path, default=None,
                          help="Predictor weights to start from: an offline v4 training_latest.pt (its model part only) "
                               "or a predictor_step_XXXXX.safetensors; required for a fresh run, not allowed with "
@@ -150,10 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
                           block_warmup_steps=100, batch_size=None, grad_accum=1, weight_decay=0.01,
                           adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
     add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    parser.add_argument("--revisit_weight", type=float, default=0.0,
-                        help="weight of the return term: at every latent whose camera the trajectory saw in an earlier "
-                             "chunk (the row's pose), the MSE between the Predictor's velocity and the one that lands "
-                             "its step's x0 estimate on that first visit's latent. 0 (default) = off")
     add_run_args(parser, experiment="predictor_v4_rollout_{schedule}", precision="fp32master", ckpt_every=100,
                  keep_last=20, log_every=10, seed=0)
     add_tracker_args(parser, tracker="swanlab", project="hy-predictor")

@@ -86,6 +86,7 @@ class RolloutStep:
         self.settings = settings
         self.env = env
         self.step_keys: list = []
+        self.revisit_pairs: dict[str, dict[int, int] | None] = {}  # by pose file: read once, not every step
 
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         if due != {"predictor"}:
@@ -99,10 +100,11 @@ class RolloutStep:
             self.step_keys = []
         # 2. The trajectory's static inputs: the exact text K/V of every layer, the image condition, and what the
         #    row's seed gives (noise, memory points).
+        if item["pose"] not in self.revisit_pairs:
+            self.revisit_pairs[item["pose"]] = row_revisit_pairs(item, self.settings.revisit_weight)
         trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
                                         predictor=self.model, config=self.rollout_config, settings=self.settings,
-                                        device=self.env.device,
-                                        revisit_pairs=row_revisit_pairs(item, self.settings.revisit_weight))
+                                        device=self.env.device, revisit_pairs=self.revisit_pairs[item["pose"]])
         # 3. Roll out and train.
         metrics = train_trajectory(trajectory, sync=sync)
         if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
