@@ -86,7 +86,7 @@ class RolloutStep:
         self.settings = settings
         self.env = env
         self.step_keys: list = []
-        self.revisit_pairs: dict[str, dict[int, int] | None] = {}  # by pose file: read once, not every step
+        self.revisit_pairs: dict[str, dict[int, int]] = {}  # by pose file: read once, not every step
 
     def __call__(self, item: dict, *, sync: bool, due: frozenset[str]) -> dict[str, float]:
         if due != {"predictor"}:
@@ -100,11 +100,14 @@ class RolloutStep:
             self.step_keys = []
         # 2. The trajectory's static inputs: the exact text K/V of every layer, the image condition, and what the
         #    row's seed gives (noise, memory points).
-        if item["pose"] not in self.revisit_pairs:
-            self.revisit_pairs[item["pose"]] = row_revisit_pairs(item, self.settings.revisit_weight)
+        pairs = None
+        if self.settings.revisit_weight > 0:  # the return term reads the row's pose file, once per file
+            if item["pose"] not in self.revisit_pairs:
+                self.revisit_pairs[item["pose"]] = row_revisit_pairs(item, self.settings.revisit_weight)
+            pairs = self.revisit_pairs[item["pose"]]
         trajectory = trajectory_for_row(item, self.dataset.load_case(item["case_id"]), teacher=self.teacher,
                                         predictor=self.model, config=self.rollout_config, settings=self.settings,
-                                        device=self.env.device, revisit_pairs=self.revisit_pairs[item["pose"]])
+                                        device=self.env.device, revisit_pairs=pairs)
         # 3. Roll out and train.
         metrics = train_trajectory(trajectory, sync=sync)
         if "latent_grad_l1_min" in metrics:  # the same on every rank: the schedule decides
