@@ -1,10 +1,11 @@
 """Rebuild the demo world from nothing: render -> VAE -> encoders -> encode -> df_sft [-> df_sft_continue]
-[-> ODE cache -> kd] -> ship (docs/demo_world.md).
+[-> ODE cache -> kd [-> dmd]] -> ship (docs/demo_world.md).
 
     python tools/build_demo_world.py --out demo_data/world            # every stage; rerun to resume
     python tools/build_demo_world.py --out demo_data/world --stages render,vae
     python tools/build_demo_world.py --out demo_data/world --teacher_from kd   # also distil, and ship the kd model
     python tools/build_demo_world.py --out demo_data/world --teacher_from df_sft_continue  # train df_sft on, ship it
+    python tools/build_demo_world.py --out demo_data/world --teacher_from dmd  # kd, then distribution matching
 
 Each stage is one of the project's own commands, run as a subprocess, and each resumes where it stopped (they
 keep their completion markers: the render's world_config.json, the VAE run's vae/ folder, the encoders'
@@ -29,6 +30,12 @@ Stages and outputs (all under --out):
     kd         kd/model/          fvtools/train_kd.py: a 4-step student of them at shift 5; with several rounds
                (--kd_steps 1500,1500 --kd_lr 3e-4,1e-4) round k trains round k-1's student on, on the same
                cache, into kd_<k>/, and the last round's student ships                 (--teacher_from kd)
+    dmd        dmd/ema/model/     fvtools/train_dmd2.py --generator student --train full: distribution matching
+               distillation of a 4-step student (from the kd stage's last round, or --dmd_from DIR) on its own
+               rollouts (Self-Forcing: every chunk on the student's own history, which is also the context the
+               real and fake scores see, with the same memory frames); the real score is the many-step model of
+               --distil_from, the fake score a full copy of it trained online; the generator's EMA ships
+                                                                                      (--teacher_from dmd)
     ship       predictor_training/world/weights/{vae,teacher}/, plus world_config.json and build_report.json:
                what the package ships (commit it; git keeps every version, so rarely)
 
@@ -68,9 +75,9 @@ from predictor_training.runtime.io import write_json_atomic
 from predictor_training.world.clips import WorldSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("render", "vae", "encoders", "encode", "df_sft", "df_sft_continue", "ode_cache", "kd", "ship")
-# Stages run by default only when --teacher_from names the model they make.
-OPTIONAL_STAGES = {"df_sft_continue": ("df_sft_continue",), "kd": ("ode_cache", "kd")}
+STAGES = ("render", "vae", "encoders", "encode", "df_sft", "df_sft_continue", "ode_cache", "kd", "dmd", "ship")
+# Stages run by default only when --teacher_from names the model they make (or one made from it).
+OPTIONAL_STAGES = {"df_sft_continue": ("df_sft_continue",), "kd": ("ode_cache", "kd"), "dmd": ("ode_cache", "kd", "dmd")}
 DISTIL_SOURCES = ("df_sft", "df_sft_continue", "weights")
 REUSED_FILES = ("vae/config.json", "vae_eval.json", "teacher/config.json", "world_config.json")
 
@@ -133,6 +140,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kd_warmup_steps", type=int, default=50, help="kd warmup steps (default %(default)s)")
     parser.add_argument("--teacher_steps", type=int, default=16,
                         help="steps of the distilled model's rollouts that kd distils (default %(default)s)")
+    dmd = parser.add_argument_group("dmd stage (fvtools/train_dmd2.py --generator student --train full)")
+    dmd.add_argument("--dmd_from", type=Path, default=None,
+                     help="the 4-step student distribution matching starts from (a model folder, e.g. the shipped "
+                          "kd Teacher predictor_training/world/weights/teacher); the ode_cache and kd stages are then "
+                          "left out of the default stages (default: the kd stage's last round's model)")
+    dmd.add_argument("--dmd_steps", type=int, default=2000,
+                     help="loop steps (the fake score trains every step, the student every "
+                          "--dmd_generator_every) (default %(default)s)")
+    dmd.add_argument("--dmd_lr", type=float, default=2e-5, help="the student's peak LR (default %(default)g)")
+    dmd.add_argument("--dmd_fake_score_lr", type=float, default=4e-5,
+                     help="the fake score's peak LR (default %(default)g)")
+    dmd.add_argument("--dmd_generator_every", type=int, default=5,
+                     help="student updates every N loop steps (default %(default)s, as Self-Forcing)")
+    dmd.add_argument("--dmd_warmup_steps", type=int, default=100, help="(default %(default)s)")
+    dmd.add_argument("--dmd_val_every", type=int, default=250,
+                     help="validate the student's own rollout of held-out clips against their truth every N steps; "
+                          "0 = never (default %(default)s)")
+    dmd.add_argument("--dmd_ckpt_every", type=int, default=100, help="(default %(default)s)")
     parser.add_argument("--reuse_weights", type=Path, default=None,
                         help="a world-weights folder (vae/, teacher/, vae_eval.json, world_config.json; e.g. the "
                              "shipped predictor_training/world/weights) whose VAE the vae stage copies instead of "
@@ -163,11 +188,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         missing = [name for name in REUSED_FILES if not (args.reuse_weights / name).exists()]
         if missing:
             parser.error(f"--reuse_weights={str(args.reuse_weights)!r}: {', '.join(missing)} missing there")
-        if args.teacher_from != "kd":
+        if args.teacher_from not in ("kd", "dmd"):
             parser.error(f"--reuse_weights reuses the world Teacher, so --teacher_from {args.teacher_from} (a model "
-                         "the df_sft stages train) has nothing to ship; use --teacher_from kd")
+                         "the df_sft stages train) has nothing to ship; use --teacher_from kd or dmd")
+    if args.dmd_from is not None and not (args.dmd_from / "config.json").is_file():
+        parser.error(f"--dmd_from={str(args.dmd_from)!r}: no config.json there; expected a model folder (config.json "
+                     "+ diffusion_pytorch_model.safetensors)")
+    for name in ("dmd_steps", "dmd_generator_every", "dmd_ckpt_every"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}={getattr(args, name)}: expected an integer >= 1")
+    if not 0 <= args.dmd_warmup_steps < args.dmd_steps:
+        parser.error(f"--dmd_warmup_steps={args.dmd_warmup_steps}: expected 0 <= it < --dmd_steps ({args.dmd_steps})")
+    if args.dmd_val_every < 0:
+        parser.error(f"--dmd_val_every={args.dmd_val_every}: expected an integer >= 0")
+    for name in ("dmd_lr", "dmd_fake_score_lr"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name}={getattr(args, name)}: expected a number > 0")
     if args.stages is None:
-        skipped = {stage for name, stages in OPTIONAL_STAGES.items() if name != args.teacher_from for stage in stages}
+        chosen = set(OPTIONAL_STAGES.get(args.teacher_from, ()))
+        if args.teacher_from == "dmd" and args.dmd_from is not None:
+            chosen = {"dmd"}  # distribution matching from a given student: no kd stages to run
+        skipped = {stage for stages in OPTIONAL_STAGES.values() for stage in stages} - chosen
         if args.reuse_weights is not None:
             skipped |= {"df_sft", "df_sft_continue"}
         args.stages = [stage for stage in STAGES if stage not in skipped]
@@ -227,7 +268,14 @@ def shipped_teacher(args, out: Path) -> Path:
         return continue_rounds(args, out)[-1]["run_dir"] / "model"
     if args.teacher_from == "kd":
         return kd_rounds(args, out)[-1]["run_dir"] / "model"
+    if args.teacher_from == "dmd":
+        return out / "dmd" / "ema" / "model"  # the generator's EMA, as Self-Forcing samples with
     return out / args.teacher_from / "model"
+
+
+def dmd_start(args, out: Path) -> Path:
+    """The 4-step student the dmd stage starts from: --dmd_from, else the kd stage's last round's model."""
+    return args.dmd_from.resolve() if args.dmd_from is not None else kd_rounds(args, out)[-1]["run_dir"] / "model"
 
 
 def distilled_model(args, out: Path) -> Path:
@@ -372,6 +420,18 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed), "--experiment",
                  f"world_{run['name']}", "--output_dir", str(run["run_dir"]), "--no_progress"]
                 for run in kd_rounds(args, out)]
+    if stage == "dmd":
+        return [[python, "fvtools/train_dmd2.py", "--teacher", str(dmd_start(args, out)), "--dataset_root",
+                 str(out / "video_latents"), "--real_score", str(distilled_model(args, out)),
+                 "--generator", "student", "--train", "full", "--init_weights", "teacher",
+                 "--fake_score_train", "full", "--rollout", "self", "--exit_step", "uniform", "--precision", "fp32",
+                 "--lr", f"{args.dmd_lr:g}", "--fake_score_lr", f"{args.dmd_fake_score_lr:g}", "--adam_beta1", "0",
+                 "--generator_every", str(args.dmd_generator_every), "--max_steps", str(args.dmd_steps),
+                 "--warmup_steps", str(args.dmd_warmup_steps), "--no-gradient_checkpointing",
+                 "--ckpt_every", str(args.dmd_ckpt_every), "--keep_last", "100", "--log_every", "10",
+                 "--monitor_every", "50", "--tracker", "none", "--num_workers", "0", "--seed", str(args.seed),
+                 "--val_every", str(args.dmd_val_every), "--val_videos", "4", "--experiment", "world_dmd",
+                 "--output_dir", str(out / "dmd"), "--no_progress"]]
     if stage == "ship":
         code = ("import shutil,sys; from pathlib import Path; from predictor_training.world.assets import WORLD_WEIGHTS; "
                 "out=Path(sys.argv[1]); staging=WORLD_WEIGHTS.parent/'.weights.writing'; "
@@ -394,7 +454,7 @@ def shipped_report(args, report: dict) -> dict:
     if args.reuse_weights is None:
         return report
     shipped = json.loads((args.reuse_weights / "build_report.json").read_text())
-    distilled = {stage: report[stage] for stage in ("ode_cache", "kd") if stage in report}
+    distilled = {stage: report[stage] for stage in ("ode_cache", "kd", "dmd") if stage in report}
     setup = {stage: report[stage]["seconds"] for stage in ("render", "vae", "encoders", "encode") if stage in report}
     return {**shipped, **distilled, "distillation_build": {"seconds": setup}}
 
@@ -422,6 +482,8 @@ def headline(stage: str, args, out: Path) -> dict:
                 for run in kd_rounds(args, out)}
     if stage == "df_sft":
         return last_losses(out / stage)
+    if stage == "dmd":
+        return last_losses(out / "dmd")
     return {}
 
 

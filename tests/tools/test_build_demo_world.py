@@ -176,3 +176,44 @@ def test_rebuild_can_distil_reused_weights(tmp_path):
     (out / "vae_run" / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"other weights")
     refused = subprocess.run(vae_stage, capture_output=True, text=True, cwd=REPO_ROOT)
     assert refused.returncode != 0 and "differs from" in refused.stderr
+
+
+def test_dmd_stage_distils_a_student_against_the_many_step_model_and_ships_its_ema(tmp_path):
+    """--teacher_from dmd: after the kd stages, distribution matching starts from kd's last round (or --dmd_from,
+    which leaves the kd stages out), the real score is the many-step model kd distilled (--distil_from), the fake
+    score a full copy of it, the student rolls out on its own history; the generator's EMA ships; a --dmd_from that
+    is no model folder is refused."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import build_demo_world
+
+    flag = lambda command, name: command[command.index(name) + 1]
+    out = tmp_path / "W"
+    chained = build_demo_world.parse_args(["--out", str(out), "--teacher_from", "dmd", "--kd_steps", "5,6",
+                                           "--dmd_steps", "300", "--dmd_lr", "3e-5"])
+    assert chained.stages == ["render", "vae", "encoders", "encode", "df_sft", "ode_cache", "kd", "dmd", "ship"]
+    command = build_demo_world.stage_commands("dmd", chained, out)[0]
+    assert command[1] == "fvtools/train_dmd2.py"
+    assert flag(command, "--teacher") == str(out / "kd_2" / "model")
+    assert flag(command, "--real_score") == str(out / "df_sft" / "model")
+    assert [flag(command, name) for name in ("--generator", "--train", "--fake_score_train", "--rollout")] == [
+        "student", "full", "full", "self"]
+    assert [flag(command, name) for name in ("--max_steps", "--lr", "--output_dir")] == [
+        "300", "3e-05", str(out / "dmd")]
+    assert build_demo_world.shipped_teacher(chained, out) == out / "dmd" / "ema" / "model"
+
+    student = tmp_path / "kd_teacher"
+    student.mkdir()
+    (student / "config.json").write_text("{}")
+    weights = tmp_path / "weights"
+    for name in build_demo_world.REUSED_FILES:
+        (weights / name).parent.mkdir(parents=True, exist_ok=True)
+        (weights / name).write_text("{}")
+    given = build_demo_world.parse_args(["--out", str(out), "--reuse_weights", str(weights), "--teacher_from", "dmd",
+                                         "--dmd_from", str(student)])
+    assert given.stages == ["render", "vae", "encoders", "encode", "dmd", "ship"]
+    command = build_demo_world.stage_commands("dmd", given, out)[0]
+    assert flag(command, "--teacher") == str(student.resolve())
+    assert flag(command, "--real_score") == str(weights.resolve() / "teacher")
+    for bad in (["--dmd_from", str(tmp_path)], ["--dmd_steps", "0"], ["--dmd_warmup_steps", "2000"]):
+        with pytest.raises(SystemExit):
+            build_demo_world.parse_args(["--out", str(out), "--teacher_from", "dmd", *bad])
