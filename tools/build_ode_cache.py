@@ -28,6 +28,7 @@ from predictor_training.data.ode_cache import (
     evenly_spaced,
     video_clip_seed,
 )
+from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.cpu_threads import set_cpu_threads
@@ -87,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("give exactly one condition source: --video_latents ROOT, or --samples TABLES --encoded DIR")
     if args.samples is not None and args.encoded is None:
         parser.error("--samples needs --encoded DIR (the encoder stage's outputs)")
+    if args.samples is not None and FINAL_SPLIT in [Path(path).stem for path in args.samples.split(",") if path]:
+        parser.error(f"--samples: split '{FINAL_SPLIT}' is the split nothing is chosen on; it never goes into a "
+                     "training cache (docs/eval.md)")
     if args.steps < 1 or args.store_grid < 1 or args.steps % args.store_grid:
         parser.error(f"--store_grid={args.store_grid} must be >= 1 and divide --steps={args.steps}")
     if not args.shift > 0:

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from predictor_training.data.builder import DTYPES, BuildOptions, run
+from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
@@ -45,13 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("inputs (either --demo D, or --teacher/--samples/--encoded)")
     source.add_argument("--demo", type=Path, help="demo asset folder of tools/make_demo_assets.py: uses D/teacher, "
-                        "every D/samples/*.jsonl table and D/encoded")
+                        "every D/samples/*.jsonl table but final.jsonl (the split nothing is chosen on never enters "
+                        "a dataset) and D/encoded")
     source.add_argument("--teacher", type=Path, help="Teacher transformer folder (config.json + safetensors, "
                         "diffusers layout, e.g. transformer/480p_i2v)")
     source.add_argument("--action_ckpt", type=Path, help="WorldPlay action checkpoint loaded on top of --teacher "
                         "(strict)")
     source.add_argument("--samples", type=str, help="comma-separated sample tables (JSONL); the split of a row is "
-                        "its table's file stem (train.jsonl -> 'train')")
+                        "its table's file stem (train.jsonl -> 'train'); a final.jsonl is refused")
     source.add_argument("--encoded", type=Path, help="folder of encoder outputs {case_id}.pt (upstream .pt layout)")
     parser.add_argument("--out", type=Path, required=True, help="dataset root to create or resume")
     parser.add_argument("--num_latents", type=int, default=None, help="latent frames per trajectory (pose files must "
@@ -85,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not (args.demo / "teacher").is_dir():
             parser.error(f"--demo {args.demo}: no teacher folder {args.demo / 'teacher'}")
         args.teacher = args.demo / "teacher"
-        tables = sorted((args.demo / "samples").glob("*.jsonl"))
+        tables = sorted(path for path in (args.demo / "samples").glob("*.jsonl") if path.stem != FINAL_SPLIT)
         if not tables:
             parser.error(f"--demo {args.demo}: no sample tables {args.demo / 'samples'}/*.jsonl")
         args.samples = [str(path) for path in tables]

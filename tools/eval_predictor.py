@@ -16,6 +16,9 @@ the clearly labelled random-backbone figure):
     python tools/eval_predictor.py --demo demo_data/assets --split holdout25 \\
         --ckpt checkpoints/<run>/predictor_step_00020.safetensors --replace_steps 1,2,3 --lpips_random_backbone
 
+Choose checkpoints, presets and hyperparameters on holdout25 / holdout50; --split final (the demo's new scenes,
+which nothing is chosen on) gives the figure a headline quotes (docs/eval.md).
+
 Real model, 8 GPUs, two checkpoints sharing the reference rollouts:
 
     torchrun --nproc_per_node 8 tools/eval_predictor.py --split holdout25 \\

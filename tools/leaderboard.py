@@ -29,6 +29,8 @@ Real model, 8 GPUs (run it first on your own checkpoint: it says whether fewer T
         --ckpt RUN/predictor_step_02000.safetensors --lpips_alexnet ~/weights/alexnet-owt-7be5be79.pth
 
 A rerun with the same flags skips finished videos (the eval's resume); another row set needs another --run_name.
+Choose presets, weights and hyperparameters on holdout25 / holdout50 only; a headline quotes --split final (the
+demo's new scenes, which nothing is chosen on; docs/leaderboard.md).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import json
 import sys
 from pathlib import Path
 
+from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.eval import DTYPES, resolve_eval_settings
 from predictor_training.eval.front import Estimate
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
@@ -97,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "TeaCache rows (default: %(default)s)")
     rows.add_argument("--calibration_split", default="train", help="sample table whose first "
                       "--calibration_videos rows calibrate TeaCache's threshold and rescaling (default: %(default)s; "
-                      "must not be the evaluated --split)")
+                      "must not be the evaluated --split, nor final)")
     rows.add_argument("--calibration_videos", type=int, default=2, help="(default: %(default)s)")
     rows.add_argument("--plans", default=DEFAULT_PLANS, help="comma list of extra plans, letters F R H P T C per step "
                       "and '|' between the patterns of a per-chunk mixture (chunks 1, 2, ... take them in turn): "
@@ -171,6 +174,9 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         if args.calibration_split == args.split:
             parser.error(f"--calibration_split {args.calibration_split} is the evaluated --split: calibrate on "
                          "another split")
+        if args.calibration_split == FINAL_SPLIT:
+            parser.error(f"--calibration_split {FINAL_SPLIT}: nothing is chosen on the final split; calibrate on "
+                         "train, holdout25 or holdout50")
         args.calibration_table = sample_table_path(parser, args.samples_dir, args.calibration_split,
                                                    "--calibration_split")
     args.schedule = Schedule(DEFAULT_REPLACE_STEPS)  # unused by the rows (each carries its plan); the eval needs one

@@ -4,7 +4,7 @@
     python tools/make_demo_assets.py --out demo_data/D --kind random    # a tiny random Teacher (what tests use)
     python tools/make_demo_assets.py --out demo_data/D_kd --teacher W/kd/model   # the world with another Teacher
 
---kind world (default; about a minute on 2 CPU cores, ~15 MB): the shipped demo world
+--kind world (default; about 75 s of CPU time, ~65 MB): the shipped demo world
 (`predictor_training/world/weights/`, docs/demo_world.md): its trained 4-step Teacher and VAE, its rendered scenes
 and camera paths. A case is a scene, an action one of its camera paths (see predictor_training/world/shipped.py for
 which scenes go to which split):
@@ -12,11 +12,21 @@ which scenes go to which split):
     D/teacher/            the world Teacher (copied from the weights folder)
     D/encoders/           tiny text / glyph / vision encoders (seeded, as the Teacher was trained with) + the world VAE
     D/images/{scene}.png  the scene's first frame (32 x 48), the image condition
-    D/samples/            poses/{clip}.json (the path's exact cameras), train.jsonl, holdout25.jsonl, holdout50.jsonl
+    D/samples/            poses/{clip}.json (the path's exact cameras), train.jsonl, holdout25.jsonl, holdout50.jsonl,
+                          final.jsonl
     D/ground_truth/{scene}__a{path}/   the clip's 125 rendered frames (PNG), what the eval compares against
     D/clips/              train.jsonl, holdout.jsonl (holdout25 + holdout50): clip tables of the same clips for
-                          tools/build_video_latent_dataset.py --clips (the fvtools demos' video latents)
-    D/encoded, D/cases.jsonl, D/demo_config.json   as below (demo_config also names ground_truth and clips)
+                          tools/build_video_latent_dataset.py --clips (the fvtools demos' video latents); final.jsonl
+                          lists the final clips the same way, for reading (no dataset builder takes it)
+    D/encoded, D/cases.jsonl, D/demo_config.json   as below (demo_config also names ground_truth and clips, and
+                          records how the final scenes were made)
+
+final (--num_final, default 12 scenes x 4 paths = 48 videos; 0 = none) is the split nothing is chosen on: new scenes,
+not in the world at all, made as the world makes its held-out scenes from seeds of their own (cases f000, ...;
+predictor_training/world/shipped.py: final_clips). Choose presets, weights and hyperparameters on holdout25 /
+holdout50 only, and quote final in headlines (docs/eval.md). Adding it changes no file of the other splits: with
+--num_final 0 the folder is byte for byte the one made before the split existed, and otherwise only cases.jsonl
+(the final cases appended), demo_config.json and the final split's own files differ.
 
 --kind random (seconds, a few MB; what the tests use):
 
@@ -58,6 +68,7 @@ from predictor_training.data.encoders import (
     write_bytes_atomic,
 )
 from predictor_training.data.sample_table import (
+    FINAL_SPLIT,
     STANDARD_ACTIONS,
     Case,
     SampleRow,
@@ -90,12 +101,16 @@ from predictor_training.world.demo_assets import (
 from predictor_training.world.shipped import (
     ShippedWorld,
     demo_split_clips,
+    final_clips,
     load_shipped_world,
     scene_case_id,
 )
 
 # Sub-seeds of --seed for each ingredient, so changing one never shifts another.
 _TEACHER_SEED, _TEACHER_ZERO_INIT_SEED, _ENCODER_SEED = 1000, 2000, 3000
+DEFAULT_NUM_FINAL = 12  # --kind world: final scenes (x 4 paths = 48 videos)
+# The clip table (D/clips/<name>.jsonl) of each sample-table split of --kind world.
+CLIP_TABLE_OF_SPLIT = {"train": "train", "holdout25": "holdout", "holdout50": "holdout", FINAL_SPLIT: FINAL_SPLIT}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,6 +130,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "held-out scenes x their 4 paths; 8 x 4 = 32 videos, half of them revisit paths)")
     parser.add_argument("--num_holdout50", type=int, default=8, help="cases in samples/holdout50.jsonl (world: train "
                         "scenes outside the demo's train split, each with its new path)")
+    parser.add_argument("--num_final", type=int, default=None, help="world: new scenes in samples/final.jsonl, each "
+                        "with its 4 paths, made like holdout25's from other seeds: the split nothing is chosen on "
+                        "(default 12, i.e. 48 videos; 0 = none); random: 0 (the default there; it has no final split)")
     parser.add_argument("--seed", type=int, default=0, help="random: seed of the scenes, the split, the Teacher and "
                         "the encoders; world: seed of the rows' noise (the encoders keep the world's seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
@@ -123,6 +141,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("num_train", "num_holdout25", "num_holdout50"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.num_final is None:
+        args.num_final = DEFAULT_NUM_FINAL if args.kind == "world" else 0
+    if args.num_final < 0:
+        parser.error(f"--num_final must be >= 0 (0 = no final split), got {args.num_final}")
+    if args.kind == "random" and args.num_final:
+        parser.error(f"--num_final {args.num_final}: the final split is made of new world scenes; --kind random has "
+                     "none (leave the flag out or pass 0)")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.out.exists() and not args.overwrite:
@@ -133,7 +158,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not (args.teacher / "config.json").is_file():
             parser.error(f"--teacher={str(args.teacher)!r}: no config.json in that folder")
     if args.kind == "world":
-        load_shipped_world(args.world_weights)  # checked before the staging folder is made
+        world = load_shipped_world(args.world_weights)  # checked before the staging folder is made
+        try:
+            final_clips(world, args.num_final)  # a final caption with a word the tokenizer does not know is refused
+        except ValueError as error:
+            parser.error(str(error))
     return args
 
 
@@ -204,8 +233,9 @@ def write_random_encoders(root: Path, teacher_config, seed: int) -> None:
 def write_world_cases(root: Path, world: ShippedWorld, splits: dict[str, list], seed: int) -> dict[str, int]:
     """images/, cases.jsonl, samples/ (poses + tables), ground_truth/ and clips/ of the chosen world clips.
 
-    clips/train.jsonl holds the train split's clips, clips/holdout.jsonl those of holdout25 and holdout50 (the clip
-    tables of tools/build_video_latent_dataset.py, whose splits are their file names).
+    clips/train.jsonl holds the train split's clips, clips/holdout.jsonl those of holdout25 and holdout50, and
+    clips/final.jsonl those of final, when there is one (`CLIP_TABLE_OF_SPLIT`; the clip tables of
+    tools/build_video_latent_dataset.py, whose splits are their file names).
 
     Every clip is rendered once: its frames are the ground truth, its first frame the scene's image (all paths of a
     scene start from the same camera). Returns the rows per split.
@@ -214,7 +244,7 @@ def write_world_cases(root: Path, world: ShippedWorld, splits: dict[str, list], 
         (root / folder).mkdir(parents=True)
     cases: dict[str, Case] = {}
     rows_per_split = {}
-    clip_lines = {"train": [], "holdout": []}
+    clip_lines = {CLIP_TABLE_OF_SPLIT[name]: [] for name in splits}
     for name, clips in splits.items():
         rows = []
         for clip in clips:
@@ -232,7 +262,7 @@ def write_world_cases(root: Path, world: ShippedWorld, splits: dict[str, list], 
             rows.append(SampleRow(case_id=case_id, source_image=f"../images/{case_id}.png", caption=clip.caption,
                                   action_id=clip.path_index, pose=pose,
                                   seed=sample_seed(case_id, clip.path_index, seed)))
-            clip_lines["train" if name == "train" else "holdout"].append(json.dumps(
+            clip_lines[CLIP_TABLE_OF_SPLIT[name]].append(json.dumps(
                 {"clip_id": key, "video": f"../ground_truth/{key}", "pose": f"../samples/{pose}",
                  "caption": clip.caption}) + "\n")
         write_sample_table(root / "samples" / f"{name}.jsonl", rows)
@@ -278,18 +308,29 @@ def assemble_random(root: Path, sizes: dict[str, int], seed: int) -> dict:
 
 
 def assemble_world(root: Path, sizes: dict[str, int], seed: int, weights: Path, teacher: Path | None = None) -> dict:
-    """--kind world into `root`; returns demo_config. `teacher`: a Teacher folder in place of the weights' own."""
+    """--kind world into `root`; returns demo_config. `teacher`: a Teacher folder in place of the weights' own.
+    sizes["final"] (0 or absent: none) new scenes make the final split, after the others."""
     world = load_shipped_world(weights)
     splits = demo_split_clips(world, sizes["train"], sizes["holdout25"], sizes["holdout50"])
+    if sizes.get(FINAL_SPLIT):
+        splits[FINAL_SPLIT] = final_clips(world, sizes[FINAL_SPLIT])
     rows = write_world_cases(root, world, splits, seed)
     shutil.copytree(world.teacher if teacher is None else teacher, root / "teacher")
     teacher_config = WorldPlayTransformer.load_config(str(root / "teacher"))
     write_world_encoders(root / "encoders", world.vae, world.captions, world.settings.seed)
     resolution = (world.settings.height, world.settings.width)
     grid = write_encoded(root, teacher_config, *resolution)
-    extra = {"ground_truth": "ground_truth", "clips": {name: f"clips/{name}.jsonl" for name in ("train", "holdout")},
+    clip_tables = dict.fromkeys(CLIP_TABLE_OF_SPLIT[name] for name in splits)
+    extra = {"ground_truth": "ground_truth", "clips": {name: f"clips/{name}.jsonl" for name in clip_tables},
              "world": {"settings": world.settings.recorded(),
                        "splits": {name: [clip.clip_id for clip in clips] for name, clips in splits.items()}}}
+    if FINAL_SPLIT in splits:  # how its scenes were made (predictor_training/world/shipped.py: final_clips)
+        extra["final"] = {
+            "rule": "new scenes made as the world makes held-out scenes; scene i = make_scene(derive_seed(world seed, "
+                    "'final_scene', i)), path p = the first clear attempt of derive_seed(world seed, 'final_path', i, "
+                    "p, attempt); chosen on: nothing (choose on holdout25 / holdout50, quote final)",
+            "clips": [clip.record() for clip in splits[FINAL_SPLIT]],
+        }
     if teacher is not None:
         extra["teacher_source"] = str(Path(teacher).resolve())
     return write_demo_config(root, "world", teacher_config, resolution, world.settings.num_latents, grid, rows, seed,
@@ -298,8 +339,11 @@ def assemble_world(root: Path, sizes: dict[str, int], seed: int, weights: Path, 
 
 def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout50: int, seed: int,
                       overwrite: bool = False, kind: str = "world", world_weights: Path = WORLD_WEIGHTS,
-                      teacher: Path | None = None) -> dict:
-    """Build every demo asset in a staging folder next to `out`, then move it to `out`. Returns demo_config."""
+                      teacher: Path | None = None, num_final: int = 0) -> dict:
+    """Build every demo asset in a staging folder next to `out`, then move it to `out`. Returns demo_config.
+    `num_final`: final scenes (--kind world only; 0 = no final split)."""
+    if num_final and kind != "world":
+        raise ValueError(f"num_final={num_final}: only --kind world has a final split")
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -310,6 +354,7 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
 
     sizes = {"train": num_train, "holdout25": num_holdout25, "holdout50": num_holdout50}
     if kind == "world":
+        sizes[FINAL_SPLIT] = num_final
         config = assemble_world(staging, sizes, seed, Path(world_weights), teacher)
     elif kind == "random":
         config = assemble_random(staging, sizes, seed)
@@ -335,7 +380,7 @@ def main(argv=None) -> dict:
     started = time.time()
     config = build_demo_assets(args.out, args.num_train, args.num_holdout25, args.num_holdout50, args.seed,
                                overwrite=args.overwrite, kind=args.kind, world_weights=args.world_weights,
-                               teacher=args.teacher)
+                               teacher=args.teacher, num_final=args.num_final)
     size = sum(path.stat().st_size for path in args.out.rglob("*") if path.is_file())
     print(f"demo assets ({config['kind']}) in {args.out}: {config['sample_rows']} sample rows, grid "
           f"{config['latent_grid']}, {size / 2**20:.1f} MiB, {time.time() - started:.1f} s")

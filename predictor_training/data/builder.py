@@ -36,7 +36,7 @@ from predictor_training.rollout.ar_rollout import (
 from predictor_training.rollout.camera import pose_to_input
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.encoders import load_encoded_case
-from predictor_training.data.sample_table import check_disjoint_splits, read_sample_table
+from predictor_training.data.sample_table import FINAL_SPLIT, check_disjoint_splits, read_sample_table
 from predictor_training.data.shards import (
     TENSOR_CHECKSUM_FIELD,
     ShardVerificationError,
@@ -152,12 +152,19 @@ def read_plan(tables, encoded_dir: Path | None, num_latents: int, teacher_config
     Raises (naming file and field): a sample-table problem (missing image or pose file, bad field, duplicate row;
     ``read_sample_table``), a pose file whose latent count is not ``num_latents``, a missing or malformed encoder
     output (``load_encoded_case`` against the Teacher config), cases with different latent grids, two tables with
-    the same stem, a case in two splits. With ``read_encoded=False`` (dry run) missing encoder outputs are allowed.
+    the same stem, a case in two splits, a ``final`` table (the split nothing is chosen on never enters a dataset, so
+    no recipe trains or validates on it; ``sample_table.FINAL_SPLIT``). With ``read_encoded=False`` (dry run) missing
+    encoder outputs are allowed.
     """
     paths = [Path(table).resolve() for table in tables]
     stems = [path.stem for path in paths]
     if len(set(stems)) != len(stems):
         raise DatasetInputError(f"sample tables {list(map(str, paths))} have repeated file stems (= split names)")
+    if FINAL_SPLIT in stems:
+        raise DatasetInputError(f"sample table {paths[stems.index(FINAL_SPLIT)]}: split '{FINAL_SPLIT}' is the split "
+                                "nothing is chosen on and never goes into a Predictor dataset (nothing may train or "
+                                "validate on it); evaluate it from the sample table and encoder outputs instead "
+                                "(tools/eval_predictor.py --split final, docs/eval.md)")
     rows_by_split = {path.stem: read_sample_table(path) for path in paths}
     check_disjoint_splits(rows_by_split)
 

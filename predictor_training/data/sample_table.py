@@ -31,6 +31,12 @@ Splits: the image-caption cases are shuffled with a seed (after sorting by case_
 matter) and cut into ``train`` / ``holdout25`` / ``holdout50`` (default 100 / 25 / 50 cases, i.e. 400 / 100 / 200
 rows). No case_id and no (source_image, caption) pair may appear in two splits (``check_disjoint_splits``).
 ``tools/make_sample_table.py`` writes the pose files and the three tables.
+
+``final`` (``FINAL_SPLIT``) is the split nothing is chosen on: new scenes of the demo world made like holdout25's
+(``tools/make_demo_assets.py --num_final``). Presets, shipped weights and hyperparameters are chosen on holdout25 /
+holdout50 only; ``final`` is evaluated (``--split final``) for the headline and never goes into a dataset (the
+Predictor dataset builder, the video-latent builder and ``tools/build_ode_cache.py`` refuse a table of that name), so
+nothing trains or validates on it.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ STANDARD_ACTIONS = {
     2: StandardAction(2, "forward_left", "w+left-31"),
     3: StandardAction(3, "forward_right", "w+right-31"),
 }
-SPLIT_NAMES = ("train", "holdout25", "holdout50")
+FINAL_SPLIT = "final"  # the split nothing is chosen on (module docstring)
+SPLIT_NAMES = ("train", "holdout25", "holdout50", FINAL_SPLIT)  # the tables an eval may read (--split)
 DEFAULT_SPLIT_SIZES = {"train": 100, "holdout25": 25, "holdout50": 50}
 POSE_FOLDER = "poses"
 CASE_FIELDS = ("case_id", "source_image", "caption")

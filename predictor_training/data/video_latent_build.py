@@ -37,6 +37,7 @@ from predictor_training.data.builder import (
     write_merged_manifest,
 )
 from predictor_training.data.encoders import CaseEncoder, validate_encoded_case, warn_if_caption_truncated
+from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.data.shards import (
     TENSOR_CHECKSUM_FIELD,
     append_jsonl,
@@ -184,9 +185,10 @@ def read_clip_plan(tables: Sequence[str | Path], num_frames: int) -> ClipPlan:
 
     Checks (each error names the table, line, clip, field and the expected value): fields (exactly
     ``TABLE_FIELDS``, non-empty strings), clip ids (file-name safe, unique over all tables), table stems (= split
-    names) distinct, the video exists (a folder of PNG frames with exactly ``num_frames`` frames, or a file with a
-    video suffix; an mp4's frame count is checked when it is decoded, or up front with ``check_inputs``), and the
-    pose file gives exactly ``latents_for_frames(num_frames)`` latents through ``camera.pose_to_input``.
+    names) distinct and none of them ``final`` (``sample_table.FINAL_SPLIT``, the split nothing is chosen on), the
+    video exists (a folder of PNG frames with exactly ``num_frames`` frames, or a file with a video suffix; an mp4's
+    frame count is checked when it is decoded, or up front with ``check_inputs``), and the pose file gives exactly
+    ``latents_for_frames(num_frames)`` latents through ``camera.pose_to_input``.
     """
     num_latents = latents_for_frames(num_frames)
     paths = [Path(table).resolve() for table in tables]
@@ -195,6 +197,10 @@ def read_clip_plan(tables: Sequence[str | Path], num_frames: int) -> ClipPlan:
     stems = [path.stem for path in paths]
     if len(set(stems)) != len(stems):
         raise VideoDatasetInputError(f"clip tables {[str(p) for p in paths]} have repeated file stems (= split names)")
+    if FINAL_SPLIT in stems:
+        raise VideoDatasetInputError(f"clip table {paths[stems.index(FINAL_SPLIT)]}: split '{FINAL_SPLIT}' is the split "
+                                     "nothing is chosen on and never goes into a dataset (nothing may train or "
+                                     "validate on it); docs/eval.md")
     clips: list[ClipJob] = []
     seen: dict[str, str] = {}
     for table in paths:

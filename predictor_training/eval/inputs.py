@@ -29,7 +29,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     inputs.add_argument("--dataset_root", type=Path, help="instead of --encoded: a built dataset whose cases/ hold the "
                         "stored text K/V (no text prefill is run or timed)")
     inputs.add_argument("--split", choices=SPLIT_NAMES, default="holdout25", help="which sample table to evaluate; "
-                        "held-out numbers are the ones that count")
+                        "held-out numbers are the ones that count: choose on holdout25 / holdout50, quote final (new "
+                        "scenes nothing is chosen on) in a headline")
     inputs.add_argument("--max_videos", type=int, default=None, help="evaluate only the first N rows of the split")
     inputs.add_argument("--num_latents", type=int, default=32, help="latent frames per video (poses must match)")
     inputs.add_argument("--ground_truth", type=Path, default=None, metavar="DIR", help="folder of ground-truth "

@@ -197,12 +197,13 @@ def path_kind(settings: WorldSettings, scene_index: int, path_index: int) -> str
 
 
 def choose_path(scene: WorldScene, seed: int, scene_index: int, path_index: int, num_latents: int,
-                exclude: frozenset = frozenset(), kind: str = "generator"):
+                exclude: frozenset = frozenset(), kind: str = "generator", seed_label: str = "path"):
     """(path seed, pose string) of path ``path_index`` of a scene: the first attempt whose camera stays clear of the
-    boxes and whose pose string is not in ``exclude``."""
+    boxes and whose pose string is not in ``exclude``. The attempt's seed is ``derive_seed(seed, seed_label,
+    scene_index, path_index, attempt)`` (the world's paths: "path"; the demo's final scenes: "final_path")."""
     num_frames = 4 * (num_latents - 1) + 1
     for attempt in range(MAX_PATH_ATTEMPTS):
-        path_seed = derive_seed(seed, "path", scene_index, path_index, attempt)
+        path_seed = derive_seed(seed, seed_label, scene_index, path_index, attempt)
         pose_string = make_path_pose_string(path_seed, num_latents, kind)
         if pose_string not in exclude and path_is_clear(scene, video_frame_cameras(pose_string, num_frames)):
             return path_seed, pose_string

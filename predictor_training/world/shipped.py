@@ -15,20 +15,42 @@ frame is the scene's image), an action is one of its camera paths, and the row's
     holdout25   the first `num_holdout25` held-out scenes x their paths (scenes no model has seen)
     holdout50   the new path of the next `num_holdout50` train scenes (a new camera path in a scene the Teacher
                 knows; these scenes are not in the demo's train split)
+    final       `num_final` new scenes x their paths (`final_clips`): scenes that are not in the world at all, made
+                as the world makes its held-out scenes, from seeds of their own; the split nothing is chosen on
+
+The final split's seeds: scene i (0, 1, ...) is `make_scene(derive_seed(seed, "final_scene", i))` and its path p is
+`clips.choose_path(..., seed_label="final_path")`, i.e. the first attempt of `derive_seed(seed, "final_path", i, p,
+attempt)` that keeps the camera clear of the boxes; `seed` is the world's. The world's own seeds hash other labels
+("scene", "path"), so none is shared; `final_clips` checks it, and a path whose pose string is already a world
+clip's or an earlier final clip's is redrawn (the next attempt). Everything else is the held-out scenes' rule: the
+same scene generator, render settings, clearance and path kinds (`clips.path_kind` of scene i: the last
+`revisit_paths` of the `paths_per_scene` paths are revisit paths, their kinds cycling over (i, slot)). The case is
+`f{i:03d}`, the clip `f{i:03d}_p{p:02d}`, its split "final".
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.io import read_json_file
 from predictor_training.world.assets import WORLD_WEIGHTS
-from predictor_training.world.clips import WorldClip, WorldConfigError, WorldSettings
+from predictor_training.world.clips import (
+    WorldClip,
+    WorldConfigError,
+    WorldSettings,
+    choose_path,
+    derive_seed,
+    path_kind,
+)
+from predictor_training.world.scene import make_scene
 
 WORLD_CONFIG_NAME = "world_config.json"
 OPTIONAL_CLIP_FIELDS = frozenset({"path_kind"})  # absent in worlds without revisit paths
+FINAL_SCENE_LABEL, FINAL_PATH_LABEL = "final_scene", "final_path"  # derive_seed labels of the final split
 
 
 @dataclass(frozen=True)
@@ -84,8 +106,8 @@ def load_shipped_world(root: str | Path = WORLD_WEIGHTS) -> ShippedWorld:
 
 
 def scene_case_id(clip: WorldClip) -> str:
-    """The demo case of a clip: its scene (`s000`)."""
-    return f"s{clip.scene_index:03d}"
+    """The demo case of a clip: its scene (`s000`; a final scene `f000`)."""
+    return f"f{clip.scene_index:03d}" if clip.split == FINAL_SPLIT else f"s{clip.scene_index:03d}"
 
 
 def demo_split_clips(world: ShippedWorld, num_train: int, num_holdout25: int, num_holdout50: int
@@ -115,3 +137,37 @@ def demo_split_clips(world: ShippedWorld, num_train: int, num_holdout25: int, nu
         elif clip.scene_index in chosen["holdout50"] and new_path:
             splits["holdout50"].append(clip)
     return splits
+
+
+def final_clips(world: ShippedWorld, num_final: int) -> list[WorldClip]:
+    """The clips of the demo's final split: `num_final` new scenes x their `paths_per_scene` paths, in order (see the
+    module docstring for the seeds and the rule)."""
+    if num_final < 0:
+        raise ValueError(f"--num_final must be >= 0, got {num_final}")
+    settings = world.settings
+    world_scene_seeds = {clip.scene_seed for clip in world.clips}
+    taken_pose_strings = {clip.pose_string for clip in world.clips}
+    known_words = {word for caption in world.captions for word in re.findall(r"\w+", caption)}
+    clips = []
+    for index in range(num_final):
+        seed_of_scene = derive_seed(settings.seed, FINAL_SCENE_LABEL, index)
+        if seed_of_scene in world_scene_seeds:  # pragma: no cover - a 31-bit hash collision
+            raise RuntimeError(f"final scene {index}: its seed {seed_of_scene} is also a scene seed of the world in "
+                               f"{world.root}; the final split must be new scenes")
+        scene = make_scene(seed_of_scene)
+        unknown = sorted(set(re.findall(r"\w+", scene.caption())) - known_words)
+        if unknown:  # the tiny tokenizer knows the world's caption words only (assets.write_world_encoders)
+            raise ValueError(f"--num_final {num_final}: final scene f{index:03d}'s caption {scene.caption()!r} uses "
+                             f"{unknown}, which no caption of the world in {world.root} uses, so the Teacher's "
+                             f"tokenizer does not know it; use --num_final <= {index}")
+        for path_index in range(settings.paths_per_scene):
+            kind = path_kind(settings, index, path_index)
+            path_seed, pose_string = choose_path(scene, settings.seed, index, path_index, settings.num_latents,
+                                                 frozenset(taken_pose_strings), kind, seed_label=FINAL_PATH_LABEL)
+            taken_pose_strings.add(pose_string)
+            clips.append(WorldClip(
+                clip_id=f"f{index:03d}_p{path_index:02d}", split=FINAL_SPLIT, scene_index=index,
+                scene_seed=seed_of_scene, path_index=path_index, path_seed=path_seed, pose_string=pose_string,
+                caption=scene.caption(), path_kind=kind,
+            ))
+    return clips

@@ -235,3 +235,10 @@ def test_command_line_refuses_a_frame_count_that_is_not_4k_plus_1(tmp_path):
                              "--num_frames", "30"], capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=120)
     assert result.returncode == 2 and "--num_frames must be 4k+1" in result.stderr
     assert not (tmp_path / "D").exists() and not (tmp_path / "O").exists()
+
+
+def test_a_final_clip_table_is_refused(tmp_path):
+    """The split nothing is chosen on (the demo's clips/final.jsonl) never goes into a video-latent dataset."""
+    tables = [tmp_path / "train.jsonl", tmp_path / "final.jsonl"]  # refused before either is read
+    with pytest.raises(vl.VideoDatasetInputError, match=r"final\.jsonl: split 'final' is the split nothing is chosen"):
+        vb.read_clip_plan(tables, 29)

@@ -1,5 +1,5 @@
 """tools/build_ode_cache.py --max_clips: at most N clips of each split, evenly spaced,
-recorded in the cache's inputs."""
+recorded in the cache's inputs; a final sample table refused."""
 
 from __future__ import annotations
 
@@ -41,3 +41,18 @@ def test_ode_cache_max_clips_plans_an_evenly_spaced_subset_per_split(world):
     for bad in (["--max_clips", "1,2,3"], ["--max_clips", "0"], ["--max_clips", "x"]):
         with pytest.raises(SystemExit):
             build_ode_cache.parse_args([*base, *bad])
+
+
+def test_a_final_sample_table_is_refused(tmp_path, capsys):
+    """The split nothing is chosen on never goes into a training cache (refused before anything is read)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import build_ode_cache
+
+    with pytest.raises(SystemExit) as exited:
+        build_ode_cache.parse_args(["--teacher", str(tmp_path / "teacher"), "--samples",
+                                    f"{tmp_path / 'train.jsonl'},{tmp_path / 'final.jsonl'}", "--encoded",
+                                    str(tmp_path / "encoded"), "--out", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "split 'final' is the split nothing is chosen on" in err
+    assert not any(tmp_path.iterdir())

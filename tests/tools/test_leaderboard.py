@@ -1,5 +1,5 @@
 """tools/leaderboard.py end to end on the tiny eval world: its table, intervals and plots,
-a rerun that resumes and keeps the calibration, calibration on the evaluated split refused."""
+a rerun that resumes and keeps the calibration, calibration on the evaluated split or on final refused."""
 
 from __future__ import annotations
 
@@ -94,4 +94,20 @@ def test_calibrating_on_the_evaluated_split_is_refused(world, tmp_path):
          "--output_root", str(tmp_path)], capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 2 and "--calibration_split train is the evaluated --split" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_calibrating_on_the_final_split_is_refused(world, tmp_path, capsys):
+    """Nothing is chosen on final: TeaCache's threshold is never calibrated on it."""
+    sys.path.insert(0, str(TOOL.parent))
+    import leaderboard
+
+    root = world["root"]
+    with pytest.raises(SystemExit) as exited:
+        leaderboard.parse_args(leaderboard.build_parser(), [
+            "--teacher", str(root / "teacher"), "--vae", str(root / "vae"), "--samples_dir", str(root / "samples"),
+            "--encoded", str(root / "encoded"), "--split", "holdout25", "--calibration_split", "final",
+            "--output_root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--calibration_split final: nothing is chosen on the final split" in err
     assert not any(tmp_path.iterdir())

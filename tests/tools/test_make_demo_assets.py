@@ -98,3 +98,22 @@ def test_demo_assets_are_deterministic_and_guarded(demo, tmp_path):
     assert file_bytes(tmp_path / "again") == file_bytes(demo)
     refused = run_tool(tmp_path / "again")  # exists, no --overwrite
     assert refused.returncode == 2 and "already exists; pass --overwrite" in refused.stderr
+
+
+def test_num_final_defaults_by_kind_and_is_checked(tmp_path, capsys):
+    """--num_final: 12 final scenes for the world, none for the random kind (which has no final split), never < 0."""
+    sys.path.insert(0, str(TOOL_PATH.parent))
+    import make_demo_assets
+
+    assert make_demo_assets.parse_args(["--out", str(tmp_path / "W")]).num_final == 12
+    assert make_demo_assets.parse_args(["--out", str(tmp_path / "R"), "--kind", "random"]).num_final == 0
+    assert make_demo_assets.parse_args(["--out", str(tmp_path / "R"), "--kind", "random", "--num_final", "0"]
+                                       ).num_final == 0
+    for argv, message in ((["--kind", "random", "--num_final", "2"], "--kind random has none"),
+                          (["--num_final", "-1"], "--num_final must be >= 0")):
+        with pytest.raises(SystemExit) as exited:
+            make_demo_assets.parse_args(["--out", str(tmp_path / "X"), *argv])
+        assert exited.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="only --kind world has a final split"):
+        make_demo_assets.build_demo_assets(tmp_path / "X", 1, 1, 1, 0, kind="random", num_final=1)
+    assert not list(tmp_path.iterdir())
