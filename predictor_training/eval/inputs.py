@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from predictor_training.data.sample_table import SPLIT_NAMES
+from predictor_training.data.sample_table import FINAL_SPLIT, SPLIT_NAMES
 
 DEMO_CONFIG_NAME = "demo_config.json"  # its optional "ground_truth" key names the demo's ground-truth folder
 
@@ -58,7 +58,9 @@ def demo_ground_truth(parser: argparse.ArgumentParser, demo: Path) -> Path | Non
 def sample_table_path(parser: argparse.ArgumentParser, samples_dir: Path, split: str, flag: str = "--split") -> Path:
     table = samples_dir / f"{split}.jsonl"
     if not table.is_file():
-        parser.error(f"{flag} {split}: no sample table {table}")
+        hint = (" (a demo folder made before the final split existed has none: make it again with "
+                "tools/make_demo_assets.py --overwrite)") if split == FINAL_SPLIT else ""
+        parser.error(f"{flag} {split}: no sample table {table}{hint}")
     return table
 
 

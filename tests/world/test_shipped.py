@@ -115,7 +115,8 @@ def file_bytes(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def test_world_demo_assets_take_another_teacher_and_the_final_split_changes_no_other_file(world_demo, tmp_path):
+def test_world_demo_assets_take_another_teacher_and_the_final_split_changes_no_other_file(world_demo, tmp_path,
+                                                                                           capsys):
     """make_demo_assets --teacher DIR: the same world (scenes, tables, encoders) with DIR's Teacher copied in, recorded
     in demo_config.json as teacher_source; without the flag the weights' own Teacher and no such field. The second
     build also has --num_final 0: every file is then byte for byte the first build's, less the final split's own files
@@ -147,6 +148,10 @@ def test_world_demo_assets_take_another_teacher_and_the_final_split_changes_no_o
     assert differing == {"demo_config.json", "cases.jsonl"}
     lines = theirs["cases.jsonl"].decode().splitlines(keepends=True)
     assert "".join(lines[:-1]) == ours["cases.jsonl"].decode() and json.loads(lines[-1])["case_id"] == "f000"
+    # a demo without the final split: the eval says how to get one
+    with pytest.raises(SystemExit):
+        eval_predictor.parse_args(eval_predictor.build_parser(), ["--demo", str(root), "--split", "final"])
+    assert "make it again with tools/make_demo_assets.py --overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         make_demo_assets.parse_args(["--out", str(tmp_path / "E"), "--teacher", str(tmp_path / "nowhere")])
     with pytest.raises(SystemExit):
