@@ -142,11 +142,10 @@ def main(argv=None) -> int:
     set_cpu_threads(args.threads, tool="eval", load_aware=True)
     env = init_distributed(args.backend)
     try:
-        try:
-            settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
-                                             device=env.device)
-        except (ValueError, FileNotFoundError) as error:  # --ckpt, --teacher, --dtype, --chunk0 problems
-            parser.error(str(error))
+        # --ckpt, --teacher, --dtype, --chunk0 problems are UserInputErrors (one line, exit 2); a bug keeps its
+        # traceback
+        settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
+                                         device=env.device)
         report = run_evaluation(settings, env)
         if env.is_main:
             print0(report["table"])

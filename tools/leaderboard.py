@@ -242,18 +242,16 @@ def main(argv=None) -> int:
     set_cpu_threads(args.threads, tool="leaderboard", load_aware=True)
     env = init_distributed(args.backend)
     try:
-        # 1. Checkpoints, rows, the eval's settings.
-        try:
-            checkpoints = with_short_labels(label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt]))
-            specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
-                               caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
-                               predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)
-            args.baseline = choose_baseline(specs, args.baseline)
-            eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
-                          "run_name": None, "num_side_by_side": 0}
-            settings = resolve_eval_settings(**eval_flags, argv=argv, device=env.device)
-        except (ValueError, FileNotFoundError, KeyError) as error:
-            parser.error(str(error))
+        # 1. Checkpoints, rows, the eval's settings (a problem with what the user gave is a UserInputError: one
+        #    line, exit 2; any other error is a bug and keeps its traceback).
+        checkpoints = with_short_labels(label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt]))
+        specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
+                           caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
+                           predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)
+        args.baseline = choose_baseline(specs, args.baseline)
+        eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
+                      "run_name": None, "num_side_by_side": 0}
+        settings = resolve_eval_settings(**eval_flags, argv=argv, device=env.device)
         run_name = args.run_name or f"leaderboard_{args.split}_" + sha256_json(
             {"rows": [spec.key for spec in specs], "ckpt": [str(path.resolve()) for path in args.ckpt],
              "seeds": args.seeds})[:8]

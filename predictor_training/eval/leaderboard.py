@@ -73,6 +73,7 @@ from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRunt
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import flow_match_sigmas
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import read_json_file, write_json_atomic, write_text_atomic
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.source import load_teacher
@@ -135,7 +136,7 @@ def sampler_plans(num_steps: int, step_counts: Sequence[int]) -> list[tuple[int,
     plans = []
     for k in step_counts:
         if not 1 <= k < num_steps:
-            raise ValueError(f"--samplers: a sampler takes 1..{num_steps - 1} steps, got {k}")
+            raise UserInputError(f"--samplers: a sampler takes 1..{num_steps - 1} steps, got {k}")
         for kept in combinations(range(1, num_steps), k - 1):
             plans.append((k, "-".join("F" if step == 0 or step in kept else "R" for step in range(num_steps))))
     return plans
@@ -156,7 +157,7 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
     reference and Predictor rows run once more."""
     unknown = sorted(set(caches) - set(CACHES))
     if unknown:
-        raise ValueError(f"--caches: unknown {unknown}; expected some of {', '.join(CACHES)}")
+        raise UserInputError(f"--caches: unknown {unknown}; expected some of {', '.join(CACHES)}")
     sigmas = sampler_sigmas(num_steps, shift)
     rows = [RowSpec(REFERENCE, "reference", "-".join("F" * num_steps), "reference F-F-F-F", "reference")]
     plans = sampler_plans(num_steps, samplers)
@@ -176,7 +177,7 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
     if "teacache" in caches:
         for target in teacache_full_steps:
             if not 1 <= target <= num_steps:
-                raise ValueError(f"--teacache_full_steps: a target is 1..{num_steps} Full steps per chunk, "
+                raise UserInputError(f"--teacache_full_steps: a target is 1..{num_steps} Full steps per chunk, "
                                  f"got {target}")
             rows.append(RowSpec(f"teacache_full{target:g}", "cache", "-".join("F" + "A" * (num_steps - 1)),
                                 f"TeaCache adaptive, {target:g} Full steps/chunk", f"teacache {target:g}",
@@ -202,7 +203,7 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
     keys = [row.key for row in rows]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:
-        raise ValueError(f"leaderboard rows {duplicates} are given twice")
+        raise UserInputError(f"leaderboard rows {duplicates} are given twice")
     return rows
 
 
@@ -212,7 +213,7 @@ def choose_baseline(specs: Sequence[RowSpec], requested: str | None) -> str:
     keys = [spec.key for spec in specs]
     if requested is not None:
         if requested not in keys:
-            raise ValueError(f"--baseline {requested}: not a row of this leaderboard; its rows: {', '.join(keys)}")
+            raise UserInputError(f"--baseline {requested}: not a row of this leaderboard; its rows: {', '.join(keys)}")
         return requested
     if DEFAULT_BASELINE in keys:
         return DEFAULT_BASELINE

@@ -258,8 +258,8 @@ def resolve_eval_settings(*, ckpt: Sequence[Path], schedule: Schedule, dtype: st
                           device: torch.device) -> EvalSettings:
     """`EvalSettings` from the flags of tools/eval_predictor.py (`EVAL_FLAGS`, by name), after its own checks
     (--demo expanded into teacher, vae, samples_dir and encoded; `sample_table` and `schedule` set). Reads the
-    checkpoints' metadata (Teacher, dtype, labels) and logs the chosen dtypes first. A ValueError or
-    FileNotFoundError here is a problem with the flags (the tool reports it as a usage error)."""
+    checkpoints' metadata (Teacher, dtype, labels) and logs the chosen dtypes first. A problem with the flags is a
+    `UserInputError` (the tool's one-line error); anything else is a bug."""
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in ckpt])
     for checkpoint in checkpoints:  # readable, finite, its checksum: refused before the eval directory exists
         check_weights_file(checkpoint.path)

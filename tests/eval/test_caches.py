@@ -9,6 +9,7 @@ import torch
 
 from predictor_training.eval.caches import (
     AdaptiveSkip,
+    PreviousChunkReuse,
     TaylorForecast,
     calibrate_threshold,
     fit_rescale,
@@ -23,6 +24,7 @@ from predictor_training.rollout.schedule import Schedule, StepPlan
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource
 from tests.helpers.eval_world import CLI_LATENTS, LONG_LATENTS, write_eval_world
+from tests.helpers.scripted_chunks import SIGMAS, ScriptedTeacher, numbers, run_chunks
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +146,95 @@ def test_adaptive_skipping_hits_its_full_step_target(world):
     every = AdaptiveSkip(teacher, 0.0)
     always = PlannedMethod("all", StepPlan.parse("F-A-A-A"), {}, "all", adaptive=every)
     assert full_steps_per_chunk(runtime.rollout(always, text_kv, item, case, Stopwatch("cpu")).step_kinds) == 4.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every cache row over three chunks of a scripted Teacher (tests/helpers/scripted_chunks.py: the Full step of
+# chunk c, step k returns h = (c + 1) x (1, 3, 4, 8)[k] and v = -h; the final layer is v = 2 h + sigma)
+# ---------------------------------------------------------------------------------------------------------------
+def _row(plan: str, letter: str, filler, adaptive=None) -> PlannedMethod:
+    return PlannedMethod(plan, StepPlan.parse(plan), {letter: filler} if filler else {}, plan, adaptive=adaptive)
+
+
+def _velocities(hiddens: list[float]) -> list[float]:
+    """The final layer's velocity of a forecast hidden at each step: v = 2 h + sigma."""
+    return [2 * h + sigma for h, sigma in zip(hiddens, SIGMAS)]
+
+
+def test_taylor_rows_forecast_from_the_chunks_last_two_full_steps():
+    """F-F-T-T: the line through (1, h0) and (15/16, h1), slope (h1 - h0) / (15/16 - 1) = -16 (h1 - h0):
+        step 2 (sigma 5/6):  h1 + (5/6 - 15/16) (-16) (h1 - h0) = h1 + 5/3 (h1 - h0)   -> (c + 1) (3 + 10/3)
+        step 3 (sigma 5/8):  h1 + (5/8 - 15/16) (-16) (h1 - h0) = h1 + 5 (h1 - h0)     -> (c + 1) (3 + 10)
+    F-F-F-T: the last two Full steps (15/16, h1 = 3) and (5/6, h2 = 4): slope 1 / (-5/48) = -9.6,
+        step 3: 4 + (5/8 - 5/6) (-9.6) = 4 + 2 = 6                                      -> (c + 1) 6
+    Chunk 0 is F-F-F-F: the Teacher's."""
+    teacher = ScriptedTeacher()
+    outputs, kinds, _ = run_chunks(_row("F-F-T-T", "T", TaylorForecast(teacher)))
+    assert numbers(outputs, 0, "final_hidden") == pytest.approx([1, 3, 4, 8])
+    for chunk in (1, 2):
+        scale = chunk + 1
+        expected = [scale * 1, scale * 3, scale * (3 + 10 / 3), scale * 13]
+        assert numbers(outputs, chunk, "final_hidden") == pytest.approx(expected, rel=1e-5)
+        assert numbers(outputs, chunk, "velocity")[2:] == pytest.approx(_velocities(expected)[2:], rel=1e-5)
+        assert [kinds[(chunk, step)] for step in range(4)] == ["full", "full", "forecast", "forecast"]
+    outputs, _, _ = run_chunks(_row("F-F-F-T", "T", TaylorForecast(teacher)))
+    for chunk in (1, 2):
+        assert numbers(outputs, chunk, "final_hidden")[3] == pytest.approx((chunk + 1) * 6, rel=1e-5)
+
+
+def test_taylor_with_one_full_step_carries_the_slope_across_chunks():
+    """F-T-T-T: h_k = h_0 + (h'_k - h'_0), h' the previous chunk's outputs as this row made them.
+        chunk 1: h_0 = 2, chunk 0 (the Teacher's) 1, 3, 4, 8   -> 2, 2 + 2, 2 + 3, 2 + 7 = 2, 4, 5, 9
+        chunk 2: h_0 = 3, chunk 1 (forecasts)     2, 4, 5, 9   -> 3, 3 + 2, 3 + 3, 3 + 7 = 3, 5, 6, 10
+    The Teacher runs step 0 of every scheduled chunk only."""
+    outputs, _, teacher_calls = run_chunks(_row("F-T-T-T", "T", TaylorForecast(ScriptedTeacher())))
+    assert numbers(outputs, 1, "final_hidden") == pytest.approx([2, 4, 5, 9], rel=1e-6)
+    assert numbers(outputs, 2, "final_hidden") == pytest.approx([3, 5, 6, 10], rel=1e-6)
+    assert numbers(outputs, 2, "velocity")[1:] == pytest.approx(_velocities([3, 5, 6, 10])[1:], rel=1e-6)
+    assert teacher_calls == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0)]
+
+
+def test_previous_chunk_rows_reuse_the_same_step_of_the_chunk_before():
+    """F-C-C-C: steps 1..3 of chunk 1 are chunk 0's (h 3, 4, 8; v -3, -4, -8), and chunk 2's are chunk 1's, the
+    same numbers again; F-F-C-C takes step 2 and 3 only."""
+    outputs, _, _ = run_chunks(_row("F-C-C-C", "C", PreviousChunkReuse()))
+    for chunk, step0 in ((1, 2), (2, 3)):
+        assert numbers(outputs, chunk, "final_hidden") == [step0, 3, 4, 8]
+        assert numbers(outputs, chunk, "velocity") == [-step0, -3, -4, -8]
+    outputs, _, _ = run_chunks(_row("F-F-C-C", "C", PreviousChunkReuse()))
+    assert numbers(outputs, 1, "velocity") == [-2, -6, -4, -8] and numbers(outputs, 2, "velocity") == [-3, -9, -4, -8]
+
+
+def test_teacache_row_skips_by_the_rescaled_change_and_adds_the_last_full_steps_residual():
+    """F-A-A-A, threshold 0.45, rescaling 2 x: model inputs (= embedded = modulated input)
+        chunk 0: 1, 1, 1, 1                F-F-F-F, not the rule's (chunk 0 is the reference's)
+        chunk 1: 1.2^k: change 0.2 a step  accumulated 0.4 skip, 0.8 Full (reset), 0.4 skip
+        chunk 2: 1.25^k: change 0.25       accumulated 0.5 >= 0.45 at every step: all Full
+    A skipped step: hidden = its input + (h - input) of the last Full step, v = 2 hidden + sigma:
+        chunk 1 step 1: 1.2 + (2 - 1) = 2.2;  step 3: 1.728 + (8 - 1.44) = 8.288
+    The rescaling is fitted on consecutive Full steps: (input change, velocity change) of chunk 2's steps 1..3 with
+    v = -3 (1, 3, 4, 8): (0.25, 2/1), (0.25, 1/3), (0.25, 4/4)."""
+    growth = {0: 1.0, 1: 1.2, 2: 1.25}
+    rule = AdaptiveSkip(ScriptedTeacher(), threshold=0.45, rescale=(2.0, 0.0))
+    outputs, kinds, _ = run_chunks(_row("F-A-A-A", "A", None, adaptive=rule),
+                                   model_input=lambda chunk, step: growth[chunk] ** step)
+    assert [kinds[(1, step)] for step in range(4)] == ["full", "cache_residual", "full", "cache_residual"]
+    assert [kinds[(2, step)] for step in range(4)] == ["full"] * 4
+    hidden = numbers(outputs, 1, "final_hidden")
+    assert hidden == pytest.approx([2, 2.2, 8, 8.288], rel=1e-6)
+    assert numbers(outputs, 1, "velocity") == pytest.approx([-2, 2 * 2.2 + 15 / 16, -8, 2 * 8.288 + 5 / 8], rel=1e-6)
+    observed = [value for pair in rule.observed for value in pair]
+    assert observed == pytest.approx([0.25, 2.0, 0.25, 1 / 3, 0.25, 1.0], rel=1e-6)
+
+
+def test_calibration_ties_go_to_more_full_steps():
+    """Full steps per chunk 4 below a threshold of 0.1, 3 below 0.3, 2 below 0.6, then 1: the target 2.5 is as far
+    from 3 as from 2, and the tie goes to the higher quality, 3 Full steps (a threshold in [0.1, 0.3))."""
+    def count(threshold: float) -> float:
+        return 4.0 if threshold < 0.1 else 3.0 if threshold < 0.3 else 2.0 if threshold < 0.6 else 1.0
+
+    threshold, reached = calibrate_threshold(count, 2.5)
+    assert reached == 3.0 and 0.1 <= threshold < 0.3
+    threshold, reached = calibrate_threshold(count, 2.0)
+    assert reached == 2.0 and 0.3 <= threshold < 0.6
+    assert fit_rescale([(0.1, 0.3), (0.2, 0.5), (0.4, 0.9)]) == pytest.approx((2.0, 0.1), abs=1e-9)  # y = 2 x + 0.1

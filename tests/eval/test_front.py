@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 
 from predictor_training.eval.front import (
+    Estimate,
     FrontRow,
     Units,
+    describe_front_point,
     front_at,
     margin_over_front,
     mse_to_psnr,
     paired_difference,
     pareto_rows,
     psnr_to_mse,
+    weighted_mean,
 )
 
 
@@ -61,3 +64,72 @@ def test_front_mixes_in_mse_and_margins_are_signed():
     faster = margin_over_front(FrontRow("P", 0.4, np.array([21.0, 21.0])), [cheap, dear], weights)
     assert math.isnan(faster[0].value) and faster[1].startswith("none")
     assert pareto_rows([0.5, 1.0, 0.9, 0.75], [20.0, 40.0, 19.0, 30.0]) == [True, True, False, True]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-made weights: row 0 is the sample (both videos), rows 1 and 2 resample video 0 twice, video 1 twice
+# ---------------------------------------------------------------------------------------------------------------
+HAND_WEIGHTS = np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 2.0]])
+A = FrontRow("A", 0.25, np.array([20.0, 30.0]))
+B = FrontRow("B", 0.5, np.array([30.0, 20.0]))
+C = FrontRow("C", 1.0, np.array([40.0, 40.0]))
+
+
+def _mix_db(lam: float, psnr_a: float, psnr_b: float) -> float:
+    """A fraction lam of the chunks at psnr_a, the rest at psnr_b, mixed in MSE (frames in [0, 1])."""
+    return -10 * math.log10(lam * 10 ** (-psnr_a / 10) + (1 - lam) * 10 ** (-psnr_b / 10))
+
+
+def test_the_front_is_recomputed_under_every_resample():
+    """At cost 0.5 the candidates are A, B, and A time-shared with C: lam = (1 - 0.5) / (1 - 0.25) = 2/3 of the
+    chunks run A (B with C is lam = 1: B). Per video, A+C = 21.74 / 31.55 dB:
+        sample   A 25, B 25, A+C 26.64            -> A+C, the front's members on the sample
+        video 0  A 20, B 30, A+C 21.74            -> B
+        video 1  A 30, B 20, A+C 31.55            -> A+C
+    At cost 1 (the dearest row's own cost, nothing dearer to mix with) the front is C itself."""
+    ac = [_mix_db(2 / 3, 20.0, 40.0), _mix_db(2 / 3, 30.0, 40.0)]
+    front, names = front_at(0.5, [A, B, C], HAND_WEIGHTS)
+    assert front == pytest.approx([(ac[0] + ac[1]) / 2, 30.0, ac[1]], rel=1e-12)
+    assert names == ["A", "C", "0.667"] and describe_front_point(names) == "0.67 x A + 0.33 x C"
+    front, names = front_at(1.0, [A, B, C], HAND_WEIGHTS)
+    assert front == pytest.approx([40.0, 40.0, 40.0]) and names == ["C"]
+
+
+def test_a_margin_and_its_interval_at_the_stated_level():
+    """P at cost 0.5, 28 / 33 dB: margin over the front above = 30.5 - 26.64 on the sample, 28 - 30 = -2 and
+    33 - 31.55 = 1.45 under the two resamples; the 95 % interval of those two is their 2.5 and 97.5 percentiles:
+    -2 + 0.025 (1.45 + 2) and -2 + 0.975 (1.45 + 2). The row itself is never its own front."""
+    ac = [_mix_db(2 / 3, 20.0, 40.0), _mix_db(2 / 3, 30.0, 40.0)]
+    row = FrontRow("P", 0.5, np.array([28.0, 33.0]))
+    margin, where = margin_over_front(row, [A, B, C], HAND_WEIGHTS)
+    spread = 33.0 - ac[1] + 2.0
+    assert margin.value == pytest.approx(30.5 - (ac[0] + ac[1]) / 2, rel=1e-12)
+    assert (margin.low, margin.high) == pytest.approx((-2 + 0.025 * spread, -2 + 0.975 * spread), rel=1e-12)
+    assert where == "0.67 x A + 0.33 x C"
+    assert margin_over_front(row, [A, B, C, row], HAND_WEIGHTS)[0] == margin
+
+
+def test_interval_is_the_95_percent_percentile_interval_of_the_resamples_only():
+    """1001 resamples 0, 1, ..., 1000: the 2.5 and 97.5 percentiles are 25 and 975. The sample (row 0, here 5000)
+    is the estimate's value, not one of the resamples."""
+    estimate = Estimate.from_samples(np.array([5000.0, *range(1001)]))
+    assert (estimate.value, estimate.low, estimate.high) == pytest.approx((5000.0, 25.0, 975.0), rel=1e-9)
+    assert paired_difference(FrontRow("r", 0, np.array([21.0, 23.0])), FrontRow("b", 0, np.array([20.0, 20.0])),
+                             HAND_WEIGHTS).value == 2.0  # (1 + 3) / 2, row minus baseline
+
+
+def test_an_interval_excludes_zero_only_when_it_lies_on_one_side():
+    assert Estimate(1.0, 0.5, 2.0).excludes_zero and Estimate(-1.0, -2.0, -0.5).excludes_zero
+    assert not Estimate(0.0, -1.0, 1.0).excludes_zero and not Estimate(0.5, 0.0, 1.0).excludes_zero
+
+
+def test_every_video_counts_once_whatever_its_number_of_seeds():
+    """Video 0 with one seed (10 dB), video 1 with three (20, 26, 32 dB: mean 26): the quality is the mean of the
+    videos' means, (10 + 26) / 2 = 18, not the unit mean 22; in a resample a unit weighs its video's draw count
+    over the video's number of seeds, so every resample's weights sum to the number of videos."""
+    units = Units(np.array([0, 1, 1, 1]))
+    weights = units.weights(50, seed=3)
+    assert weights[0] == pytest.approx([1, 1 / 3, 1 / 3, 1 / 3])
+    assert weights.sum(axis=1) == pytest.approx(np.full(51, 2.0))
+    assert np.all(weights[:, 1] == weights[:, 3])  # a video's seeds are drawn together
+    assert weighted_mean(weights[:1], np.array([10.0, 20.0, 26.0, 32.0]))[0] == pytest.approx(18.0)

@@ -5,6 +5,7 @@ multi-role training state read for its Predictor."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -205,3 +206,193 @@ def test_plot_labels_stay_inside_and_apart():
     placed = {text.get_text(): text for text in ax.texts}
     plt.close(fig)
     assert placed["P a long Predictor label F-R-R-P"].xyann == (-4, -6) and placed["P short"].xyann == (3, 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The analysis on hand-made per-unit results: costs on every axis, quality, intervals, the front and the margins
+# ---------------------------------------------------------------------------------------------------------------
+PREDICTOR_CONFIG = {"variant": "v4", "fusion_streams": ["anchor", "prev_chunk", "context"], "hidden_size": 64}
+
+
+def _spec(key: str, plan: str) -> RowSpec:
+    family = "reference" if key == "reference" else "predictor" if key.startswith("predictor") else (
+        "sampler" if key.startswith("sampler") else "cache")
+    return RowSpec(key, family, plan, key, key, checkpoint="ck" if family == "predictor" else None)
+
+
+def _entry(letters: list[str], flops: float, dit_s: float, end_to_end_s: float, psnr: float | None = None,
+           **figures) -> dict:
+    """One row's entry of one unit's result, as the eval writes it (only the fields the analysis reads)."""
+    entry = {"step_kinds": letters, "flops": {"total": flops},
+             "timings": {"dit_s": dit_s, "end_to_end_s": end_to_end_s}}
+    if psnr is not None:
+        entry["metrics"] = {"psnr_full": psnr, "ssim": figures.get("ssim", 0.5), "lpips": figures.get("lpips", 0.1),
+                            "temporal_delta_mse": figures.get("temporal_delta_mse", 0.01)}
+        entry["per_chunk"] = [{"psnr_full": 99.0}, {"psnr_full": figures.get("last_chunk_psnr", psnr)}]
+    return entry
+
+
+# (key, plan, step kinds of chunk 1, FLOPs on the config that ran, DiT seconds, end-to-end seconds) per unit
+COST_ROWS = [("reference", "F-F-F-F", "FFFF", 100.0, 10.0, 20.0),
+             ("sampler_1step_frrr", "F-R-R-R", "FRRR", 40.0, 3.0, 9.0),
+             ("sampler_2step_frrf", "F-R-R-F", "FRRF", 60.0, 5.0, 12.0),
+             ("predictor_ck_frrp", "F-R-R-P", "FRRP", 45.0, 4.0, 10.0),
+             ("predictor_ck_fppp", "F-P-P-P", "FPPP", 50.0, 4.5, 11.0)]
+# PSNR per unit: video a under two seeds, video b under one
+PSNR = {"sampler_1step_frrr": [20.0, 22.0, 30.0], "sampler_2step_frrf": [30.0, 30.0, 36.0],
+        "predictor_ck_frrp": [28.0, 28.0, 34.0], "predictor_ck_fppp": [35.0, 35.0, 37.0]}
+
+
+def _cost_results() -> list[dict]:
+    results = []
+    for unit, video in enumerate(["a", "a", "b"]):
+        methods = {key: _entry(["FFFF", letters], flops, dit, e2e, PSNR.get(key, [None] * 3)[unit])
+                   for key, _, letters, flops, dit, e2e in COST_ROWS}
+        results.append({"key": f"{video}_seed{unit}", "video_key": video, "context_frames_per_chunk": [0, 4],
+                        "methods": methods})
+    return results
+
+
+def _video_mean(per_unit: list[float]) -> float:
+    """The mean over videos of each video's mean over its seeds (units a, a, b)."""
+    return ((per_unit[0] + per_unit[1]) / 2 + per_unit[2]) / 2
+
+
+def _mix_db(lam: float, psnr_a: float, psnr_b: float) -> float:
+    return -10 * math.log10(lam * 10 ** (-psnr_a / 10) + (1 - lam) * 10 ** (-psnr_b / 10))
+
+
+def _front(lam_sampler_mix: float, lam_with_reference: float) -> tuple[float, str]:
+    """The best of: the 1-step sampler; it time-shared with the 2-step one (a fraction lam of the chunks); it
+    time-shared with the reference (MSE 0: lam x its MSE)."""
+    frrr, frrf = PSNR["sampler_1step_frrr"], PSNR["sampler_2step_frrf"]
+    mixed = _video_mean([_mix_db(lam_sampler_mix, a, b) for a, b in zip(frrr, frrf)])
+    with_reference = _video_mean(frrr) - 10 * math.log10(lam_with_reference)
+    return max(_video_mean(frrr), mixed, with_reference), (
+        f"{lam_sampler_mix:.2f} x sampler_1step_frrr + {1 - lam_sampler_mix:.2f} x sampler_2step_frrf")
+
+
+def test_costs_quality_and_margins_of_hand_made_results():
+    """Costs: summed row work over summed reference work, per axis (FLOPs 45 / 100, DiT 4 / 10, end-to-end 10 / 20
+    for F-R-R-P); at the real config the recorded steps are counted again: per chunk c the context prefill P_c and
+    its steps (Full F_c, Predictor Q_c, velocity reuse free). Quality: videos count once (a: 2 seeds, b: 1). The
+    margin of F-R-R-P is over the baselines' front at its own cost on each axis, the Predictors never in it:
+        FLOP run  0.45: the 1-step sampler (0.4) with the 2-step one (0.6), lam = 0.15 / 0.2 = 0.75
+        DiT       0.40: 0.3 with 0.5, lam = 0.5
+        FLOP real  c_P: c_R with c_F, lam = (c_F - c_P) / (c_F - c_R) = 1 - Q_1 / F_1"""
+    from predictor_training.eval.leaderboard import analyse
+    from predictor_training.teacher.flops import context_prefill_flops, predictor_step_flops
+
+    specs = [_spec(key, plan) for key, plan, *_ in COST_ROWS]
+    analysis = analyse(_cost_results(), specs, {"ck": PREDICTOR_CONFIG}, baseline="sampler_1step_frrr",
+                       resamples=200, seed=0)
+    rows = {row.spec.key: row for row in analysis["rows"]}
+    assert analysis["num_videos"] == 2 and analysis["num_units"] == 3
+    shape = TeacherShape.from_config(preset_config("worldplay_480p_i2v"))
+    tokens = REAL_LATENT_GRID[0] * REAL_LATENT_GRID[1]
+    prefill = [context_prefill_flops(shape, tokens, REAL_TEXT_TOKENS, n) for n in (0, 4)]
+    full = [teacher_chunk_step_flops(shape, tokens, REAL_TEXT_TOKENS, n) for n in (0, 4)]
+    predictor = predictor_step_flops(shape, {**PREDICTOR_CONFIG, "hidden_size": shape.hidden_size}, tokens,
+                                     REAL_TEXT_TOKENS, 4)
+    assert 3 * predictor < full[1]  # 2 of 54 blocks: three Predictor steps cost less than one Full step
+    chunk0 = prefill[0] + 4 * full[0]
+    reference = chunk0 + prefill[1] + 4 * full[1]
+    real = {"sampler_1step_frrr": chunk0 + prefill[1] + full[1],
+            "sampler_2step_frrf": chunk0 + prefill[1] + 2 * full[1],
+            "predictor_ck_frrp": chunk0 + prefill[1] + full[1] + predictor,
+            "predictor_ck_fppp": chunk0 + prefill[1] + full[1] + 3 * predictor}
+    for key, _, _, flops, dit, e2e in COST_ROWS:
+        expected = {"flops_run": flops / 100, "flops_real": real.get(key, reference) / reference,
+                    "measured_dit": dit / 10, "measured_end_to_end": e2e / 20}
+        assert rows[key].costs == pytest.approx(expected, rel=1e-12), key
+    for key, per_unit in PSNR.items():
+        assert rows[key].quality.value == pytest.approx(_video_mean(per_unit), rel=1e-12), key
+    assert rows["reference"].quality.value == math.inf
+    assert rows["predictor_ck_frrp"].vs_baseline.value == pytest.approx((28 - 21 + 34 - 30) / 2)  # 5.5
+    assert rows["sampler_2step_frrf"].vs_baseline.value == pytest.approx((30 - 21 + 36 - 30) / 2)  # 7.5
+    assert rows["sampler_1step_frrr"].vs_baseline is None
+    c_r, c_f, c_p = (real[key] / reference for key in ("sampler_1step_frrr", "sampler_2step_frrf",
+                                                        "predictor_ck_frrp"))
+    fronts = {"flops_run": _front(0.75, (1 - 0.45) / (1 - 0.4)), "measured_dit": _front(0.5, (1 - 0.4) / (1 - 0.3)),
+              "flops_real": _front(1 - predictor / full[1], (1 - c_p) / (1 - c_r))}
+    assert (c_f - c_p) / (c_f - c_r) == pytest.approx(1 - predictor / full[1], rel=1e-9)
+    for axis, (front, members) in fronts.items():
+        margin, where = rows["predictor_ck_frrp"].margins[axis]
+        assert margin.value == pytest.approx(_video_mean(PSNR["predictor_ck_frrp"]) - front, rel=1e-9), axis
+        assert where == members, axis
+        assert margin.low <= margin.value <= margin.high
+    # the real-config FLOP front of every row: F-P-P-P is cheaper and better than the 2-step sampler
+    assert {key: row.on_front for key, row in rows.items()} == {
+        "reference": True, "sampler_1step_frrr": True, "sampler_2step_frrf": False, "predictor_ck_frrp": True,
+        "predictor_ck_fppp": True}
+
+
+def test_figures_of_hand_made_results():
+    """SSIM, LPIPS, temporal-delta error, last chunk PSNR: means over the videos (one seed each); Full steps per
+    chunk over chunks 1.. (chunk 0 is always F-F-F-F); ground truth on chunks 1.. (not the whole video); revisit
+    figures over the videos that revisit a camera (a and b, not c)."""
+    from predictor_training.eval.leaderboard import analyse
+
+    kinds = {"reference": ["FFFF"] * 3, "sampler_1step_frrr": ["FFFF", "FRRR", "FRRR"],
+             "teacache_full1.5": ["FFFF", "FAFA", "FAAA"]}
+    specs = [_spec("reference", "F-F-F-F"), _spec("sampler_1step_frrr", "F-R-R-R"),
+             _spec("teacache_full1.5", "F-A-A-A")]
+    results = []
+    for index, video in enumerate("abc"):
+        methods = {key: _entry(kinds[key], 10.0, 1.0, 1.0, None if key == "reference" else 30.0 + index,
+                               ssim=0.5 + 0.1 * index, lpips=0.2 * index, temporal_delta_mse=0.01 * index,
+                               last_chunk_psnr=20.0 + 2 * index) for key in kinds}
+        truth = {key: {"after_first_chunk": {"psnr_full": 25.0 + index, "ssim": 0.6 + 0.1 * index},
+                       "metrics": {"psnr_full": 40.0, "ssim": 0.99}} for key in kinds}
+        result = {"key": video, "context_frames_per_chunk": [0, 4, 8], "methods": methods,
+                  "against_ground_truth": {"methods": truth}}
+        if video != "c":
+            result["revisits"] = {"methods": {key: {"self_psnr": 15.0 + 4 * index,
+                                                    "return_minus_first_visit": -3.0 + index} for key in kinds}}
+        results.append(result)
+    analysis = analyse(results, specs, {}, baseline="sampler_1step_frrr", resamples=100)
+    figures = {row.spec.key: row.figures for row in analysis["rows"]}
+    assert figures["sampler_1step_frrr"] == pytest.approx({
+        "ssim": 0.6, "lpips": 0.2, "temporal_delta_mse": 0.01, "last_chunk_psnr": 22.0,
+        "gt_psnr_after_first_chunk": 26.0, "gt_ssim_after_first_chunk": 0.7, "revisit_self_psnr": 17.0,
+        "revisit_return_minus_first_visit": -2.5, "full_steps_per_chunk": 1.0}, rel=1e-12)
+    assert figures["teacache_full1.5"]["full_steps_per_chunk"] == pytest.approx(1.5)  # (2 + 1) / 2
+    assert figures["reference"]["full_steps_per_chunk"] == 4.0
+
+
+def test_teacache_thresholds_are_calibrated_on_the_full_step_counts_they_give():
+    """A scripted calibration video (tests/helpers/scripted_chunks.py), three chunks, chunk 0 the reference's. The
+    model input changes by 10 % a step in chunk 1 and 20 % in chunk 2, the Teacher's velocity by twice that (its
+    hidden grows 1.2x, then 1.4x), so the rescaling fitted on the all-Full rollout is v-change = 2 x input-change and
+    the accumulated distance grows by 0.2 a step in chunk 1, 0.4 in chunk 2. Full steps per chunk, chunks 1 and 2:
+        threshold in (0.2, 0.4]: chunk 1 F . F . (2), chunk 2 every step (4)        -> 3
+                     (0.4, 0.6]: chunk 1 F . . F (2), chunk 2 F . F . (2)           -> 2
+                     (0.6, 1.2]: chunk 1 F . . . (1), chunk 2 two (2)            -> 1.5"""
+    from types import SimpleNamespace
+
+    from predictor_training.eval.leaderboard import calibrate_adaptive
+    from tests.helpers.scripted_chunks import ScriptedTeacher, run_chunks
+
+    growth = {0: (1.0, 1.0), 1: (1.1, 1.2), 2: (1.2, 1.4)}  # chunk: (input, hidden) growth per step
+
+    class Runtime:
+        teacher, device = ScriptedTeacher(), torch.device("cpu")
+        dataset = SimpleNamespace(load_case=lambda case_id: {})
+
+        def text_kv(self, case):
+            return None, {}
+
+        def rollout(self, method, text_kv, item, case, stopwatch):
+            _, kinds, _ = run_chunks(method, model_input=lambda chunk, step: growth[chunk][0] ** step,
+                                     hidden=lambda chunk, step: growth[chunk][1] ** step)
+            return SimpleNamespace(step_kinds=kinds)
+
+    rows = build_rows(num_steps=4, shift=5.0, samplers=(), caches=("teacache",), teacache_full_steps=(3, 2, 1.5),
+                      mixtures=(), predictor_plans={})
+    calibrated = {spec.key: spec.adaptive for spec in calibrate_adaptive(rows, Runtime(), [{"case_id": "c"}],
+                                                                         log=lambda *_: None)}
+    for key, (low, high), reached in (("teacache_full3", (0.2, 0.4), 3.0), ("teacache_full2", (0.4, 0.6), 2.0),
+                                      ("teacache_full1.5", (0.6, 1.2), 1.5)):
+        adaptive = calibrated[key]
+        assert adaptive["rescale"] == pytest.approx([2.0, 0.0], abs=1e-5), key  # float32 inputs
+        assert low < adaptive["threshold"] <= high and adaptive["calibration_full_steps"] == reached, (key, adaptive)

@@ -105,3 +105,23 @@ def test_predictor_inputs_come_from_this_rollout(world):
             assert all(layers[j] is prefills[chunk].layers[block] for j, block in enumerate(SOURCE_BLOCKS))
     assert not any(calls[k]["prev"] is hidden for k in range(3) for hidden in own)  # chunk 0's Teacher hiddens
     assert all(calls[3 + k]["prev"] is own[k] for k in range(3))
+
+
+def test_hidden_reuse_rows_carry_the_last_hidden_through_the_final_layer():
+    """Scripted Teacher (tests/helpers/scripted_chunks.py: Full step of chunk c, step k: h = (c + 1) (1, 3, 4, 8)[k],
+    v = -h; final layer v = 2 h + sigma). F-H-F-H: step 1 carries h_0 = c + 1 and gets v = 2 (c + 1) + 15/16; step
+    2 is the Teacher's; step 3 carries h_2 = 4 (c + 1): v = 8 (c + 1) + 5/8. Chunk 0 is the Teacher's."""
+    from predictor_training.eval.methods import PlannedMethod
+    from predictor_training.rollout.schedule import StepPlan
+    from tests.helpers.scripted_chunks import ScriptedTeacher, numbers, run_chunks
+
+    method = PlannedMethod("fhfh", StepPlan.parse("F-H-F-H"), {"H": HiddenReuse(ScriptedTeacher())}, "fhfh")
+    outputs, kinds, teacher_calls = run_chunks(method)
+    assert numbers(outputs, 0, "velocity") == [-1, -3, -4, -8]
+    for chunk in (1, 2):
+        scale = chunk + 1
+        assert numbers(outputs, chunk, "final_hidden") == [scale, scale, 4 * scale, 4 * scale]
+        assert numbers(outputs, chunk, "velocity") == pytest.approx(
+            [-scale, 2 * scale + 15 / 16, -4 * scale, 8 * scale + 5 / 8], rel=1e-6)
+        assert [kinds[(chunk, step)] for step in range(4)] == ["full", REUSE_HIDDEN, "full", REUSE_HIDDEN]
+    assert teacher_calls == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 2), (2, 0), (2, 2)]

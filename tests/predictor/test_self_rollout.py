@@ -457,3 +457,34 @@ def test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit(teacher, 
                                                              reuse_steps=(1, 2)))
     off.run_chunk_zero()
     assert "revisit_mse" not in off.run_trained_chunk(1).steps[0].metrics
+
+
+def test_the_return_terms_gradient_reaches_the_predictor(teacher, text_kv):
+    """Two chunks, F-R-R-P, weight 0.5; latent 5 (chunk 1, slot 1) revisits latent 1 of the committed chunk 0, and
+    latent 6 revisits latent 5 of its own, uncommitted chunk (no term). The step's gradient on the Predictor is that
+    of the hand-written loss
+        1.0 mse(v, v_teacher) + 0.1 mse(h, h_teacher) + 0.5 mse(v[slot 1], (x_3[slot 1] - x[1]) / sigma_3),
+    sigma_3 = 5 (1/4) / (1 + 4 (1/4)) = 0.625 (shift 5, 4 steps), and its return term alone moves the weights."""
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, replace_steps=(3,), reuse_steps=(1, 2),
+                                   revisit_weight=0.5)
+    predictor = make_predictor(teacher)
+    trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(num_latents=8), settings=settings,
+                                       revisit_pairs={5: 1, 6: 5})
+    trajectory.run_chunk_zero()
+    step = trajectory.run_trained_chunk(1).steps[0]
+    first_visit = trajectory.rollout.latents[:, :, [1]].float()
+    target = (step.latent.detach()[:, :, [1]].float() - first_visit) / 0.625
+    mse = torch.nn.functional.mse_loss
+    return_term = 0.5 * mse(step.pred_velocity.float()[:, :, [1]], target)
+    by_hand = (mse(step.pred_velocity.float(), step.target_velocity.float())
+               + 0.1 * mse(step.pred_hidden.float(), step.target_hidden.float()) + return_term)
+    params = [param for param in predictor.parameters() if param.requires_grad]
+    grads = torch.autograd.grad(step.loss, params, retain_graph=True, allow_unused=True)
+    expected = torch.autograd.grad(by_hand, params, retain_graph=True, allow_unused=True)
+    term_only = torch.autograd.grad(return_term, params, allow_unused=True)
+    for grad, reference in zip(grads, expected):
+        assert (grad is None) == (reference is None)
+        if grad is not None:
+            torch.testing.assert_close(grad, reference, rtol=1e-5, atol=1e-8)
+    assert sum(float(grad.abs().sum()) for grad in term_only if grad is not None) > 0
+    torch.testing.assert_close(step.metrics["revisit_mse"], 2 * return_term.detach())

@@ -112,3 +112,38 @@ def test_the_parser_errs_in_one_line_and_refuses_non_finite_floats(capsys):
             parser.parse_args(argv)
         err = capsys.readouterr().err
         assert exited.value.code == 2 and err == f"tool.py: error: {message} (see --help)\n", (argv, err)
+
+
+@pytest.mark.parametrize("bug", [ValueError("a bug"), KeyError("weights"), IndexError("3"), TypeError("None")])
+def test_a_bug_of_any_built_in_type_keeps_its_traceback(bug, monkeypatch, capsys):
+    """Only `UserInputError` (and its file / field kinds) is the user's mistake: a plain ValueError or KeyError that
+    code raises is a bug, never a one-line usage error, with or without PREDICTOR_DEBUG."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+
+    @command
+    def main() -> int:
+        raise bug
+
+    with pytest.raises(type(bug)) as raised:
+        main()
+    assert raised.value is bug and capsys.readouterr().err == ""
+
+
+def test_only_user_errors_become_one_line(monkeypatch, capsys):
+    """Each kind of user error, whatever built-in type it also is (a missing field is a KeyError too), ends with the
+    one line and exit code 2; PREDICTOR_DEBUG=1 turns it back into its traceback."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    for error in (UserInputError("--x 3: expected\n1 or 2"), MissingFieldError("config.json: no 'shift'"),
+                  MissingFileError("table.jsonl: no such file")):
+        @command
+        def main() -> int:
+            raise error
+
+        with pytest.raises(SystemExit) as exited:
+            main()
+        assert exited.value.code == 2
+        assert capsys.readouterr().err == f"test_errors.py: error: {one_line(error)}\n"
+        monkeypatch.setenv(DEBUG_ENV, "1")
+        with pytest.raises(type(error)):
+            main()
+        monkeypatch.delenv(DEBUG_ENV)

@@ -1,13 +1,18 @@
-"""tools/leaderboard.py end to end on the tiny eval world: its table, intervals and plots,
-a rerun that resumes and keeps the calibration, calibration on the evaluated split or on final refused."""
+"""tools/leaderboard.py: the plans each checkpoint runs at (its run's trained plan read back), its error path (a
+user's mistake is one line, a bug keeps its traceback), and end to end on the tiny eval world (slow): its table,
+intervals and plots, a rerun that resumes and keeps the calibration, calibration on the evaluated split or on final
+refused."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +20,84 @@ from tests.helpers.eval_world import REPO_ROOT, write_eval_world
 
 
 TOOL = REPO_ROOT / "tools" / "leaderboard.py"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("leaderboard_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+leaderboard = _load_tool()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plans of each checkpoint
+# ---------------------------------------------------------------------------------------------------------------
+def _run_flags(*argv: str) -> dict:
+    """The flags a rollout run records (train_config.json "flags", read back from JSON) for these arguments."""
+    import train_predictor_v4_rollout as rollout
+    from predictor_training.runtime.flags import parse_recipe_args
+    from predictor_training.runtime.run_directory import plain_flags
+
+    args = parse_recipe_args(rollout.build_parser(), ["--dataset_root", "unused", *argv], rollout.PRESETS)
+    return json.loads(json.dumps(plain_flags(args)))
+
+
+def test_a_runs_trained_plan_is_read_back_from_its_flags():
+    """P at the run's --replace_steps, R at its --reuse_steps, F elsewhere: an F-R-R-P run (--preset frrp: reuse 1,2,
+    replace 3) goes on the board at F-R-R-P; a run without the flags (the offline recipes train every step) at
+    F-P-P-P."""
+    assert leaderboard.trained_plan(_run_flags("--preset", "frrp")) == "F-R-R-P"
+    assert leaderboard.trained_plan(_run_flags("--replace_steps", "1,2")) == "F-P-P-F"
+    assert leaderboard.trained_plan(_run_flags()) == "F-P-P-P"
+    assert leaderboard.trained_plan({}) == "F-P-P-P"
+    assert leaderboard.trained_plan({"replace_steps": "3", "reuse_steps": "1,2"}) == "F-R-R-P"
+
+
+def test_every_checkpoint_runs_at_its_trained_plan_and_every_predictor_plan():
+    """--predictor_plans trained,F-P-P-P and --plans F-R-R-R|F-R-R-F,F-R-R-P: the F-R-R-P run's trained plan is
+    F-R-R-P (listed once), an F-P-P-P run's is F-P-P-P (listed once); the mixture has no P and runs no Predictor."""
+    args = argparse.Namespace(predictor_plans="trained,F-P-P-P", plans=["F-R-R-R|F-R-R-F", "F-R-R-P"])
+    checkpoints = [SimpleNamespace(label="frrp_run", run_flags={"replace_steps": [3], "reuse_steps": [1, 2]}),
+                   SimpleNamespace(label="fppp_run", run_flags={"replace_steps": [1, 2, 3], "reuse_steps": []})]
+    assert leaderboard.predictor_plans(args, checkpoints) == {"frrp_run": ["F-R-R-P", "F-P-P-P"],
+                                                              "fppp_run": ["F-P-P-P", "F-R-R-P"]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The error path: a user's mistake is one line and exit code 2, a bug keeps its traceback
+# ---------------------------------------------------------------------------------------------------------------
+def _argv(tmp_path, *extra) -> list[str]:
+    (tmp_path / "samples").mkdir(exist_ok=True)
+    (tmp_path / "samples" / "holdout25.jsonl").write_text("")
+    return ["--vae", str(tmp_path / "vae"), "--samples_dir", str(tmp_path / "samples"), "--encoded",
+            str(tmp_path / "encoded"), "--split", "holdout25", "--caches", "", "--output_root", str(tmp_path / "out"),
+            "--threads", "1", *extra]
+
+
+def test_a_baseline_that_is_not_a_row_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PREDICTOR_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        leaderboard.main(_argv(tmp_path, "--samplers", "3", "--baseline", "sampler_1step_frrr"))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "cpu threads" not in line]
+    assert exited.value.code == 2 and len(lines) == 1
+    assert lines[0].split(": error: ", 1)[1].startswith("--baseline sampler_1step_frrr: not a row"), lines
+
+
+@pytest.mark.parametrize("bug", [ValueError("a bug in the rows"), KeyError("a bug in the rows")])
+def test_a_bug_while_building_the_rows_keeps_its_traceback(bug, tmp_path, monkeypatch):
+    monkeypatch.delenv("PREDICTOR_DEBUG", raising=False)
+
+    def build_rows(**kwargs):
+        raise bug
+
+    monkeypatch.setattr(leaderboard, "build_rows", build_rows)
+    with pytest.raises(type(bug)) as raised:
+        leaderboard.main(_argv(tmp_path))
+    assert raised.value is bug
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")
