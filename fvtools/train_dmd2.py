@@ -167,6 +167,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--exit_step", choices=("uniform", "last"), default="uniform",
                      help="--generator student: the step whose x0 estimate is the chunk's sample, drawn per chunk "
                           "alike on every rank: uniform over the steps, or the last (default %(default)s)")
+    gen.add_argument("--student_sampler", choices=("euler", "renoise"), default="euler",
+                     help="--generator student: how its training rollout moves between the steps before the exit "
+                          "step: euler (along the velocity, the sampler it runs at inference) or renoise "
+                          "(Self-Forcing's: the x0 estimate noised again to the next sigma with fresh noise from the "
+                          "step's stream); inference and validation always run Euler steps (default %(default)s)")
     gen.add_argument("--recompute_context", action=argparse.BooleanOptionalAction, default=True,
                      help="release the generator chunk's no-grad context K/V once its sample is made and prefill "
                           "them again where its backward needs them (the same values; at the real config ~25 GiB of "
@@ -302,6 +307,8 @@ def run_name(flags: dict, *, world_size: int, device_type: str, subset: str = ""
     else:
         trained = f"lora{flags['lora_rank']}" if flags["train"] == "lora" else f"full-{flags['init_weights']}"
         model = f"student{flags['student_steps']}-{trained}"
+        if flags.get("student_sampler", "euler") != "euler":
+            model += f"-{flags['student_sampler']}"
         lrs = [f"lr{format_lr(flags['lr'])}"]
     tracker = "notracker" if flags["tracker"] == "none" else flags["tracker"]
     parts = [flags["experiment"], model, f"rollout-{flags['rollout']}", f"every{flags['generator_every']}",
@@ -353,7 +360,8 @@ class DistributionMatchingStep:
         return StudentRollout(self.student, item, noise, history, memory_seed, self.config, self.env.device,
                               sigmas=self.student_sigmas, exit_steps=exit_steps, chunks=chunks,
                               self_history=args.rollout == "self", context_grad=args.context_grad,
-                              recompute_context=args.recompute_context, teacher_clip=teacher_clip)
+                              recompute_context=args.recompute_context, teacher_clip=teacher_clip,
+                              renoise=generator if args.student_sampler == "renoise" else None)
 
     def draw_score_inputs(self, sample: torch.Tensor, generator: torch.Generator):
         """(sigma [4] per frame, noise [1, C, 4, H, W], x_sigma) of one score evaluation of `sample` (detached)."""
@@ -459,7 +467,8 @@ def generator_meta(args: argparse.Namespace) -> dict:
                                generator="predictor", rollout=args.rollout, fake_score=args.fake_score_train)
     return {"method": METHOD, "generator": "student", "train": args.train, "precision": args.precision,
             "lora_rank": args.lora_rank if args.train == "lora" else None, "rollout": args.rollout,
-            "fake_score": args.fake_score_train, "student_steps": args.student_steps}
+            "fake_score": args.fake_score_train, "student_steps": args.student_steps,
+            **({"student_sampler": args.student_sampler} if args.student_sampler != "euler" else {})}
 
 
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, rollout_config: RolloutConfig,
@@ -518,7 +527,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
                           f"{'-'.join(letters)}; from {args.init_from if start.resume_path is None else start.resume_path}")
     else:
         generator_text = f"{student_model.describe()}; {args.student_steps} steps at shift " \
-                         f"{args.student_shift:g}, exit step {args.exit_step}"
+                         f"{args.student_shift:g}, exit step {args.exit_step}, {args.student_sampler} rollout"
     trainable = {role.name: sum(param.numel() for param in role.parameters) for role in parts.roles}
     derived = dict(parts.derived)
     predictor = {"predictor": derived.pop("predictor")} if "predictor" in derived else {}

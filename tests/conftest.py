@@ -38,7 +38,7 @@ SLOW_MODULES = frozenset({
     "conformance/test_conformance_other_sizes.py", "data/test_builder.py", "data/test_encoders.py",
     "data/test_ode_cache.py", "data/test_shards.py", "data/test_teacher_samples.py", "data/test_video_latent_build.py",
     "data/test_video_latents.py", "eval/test_inputs.py", "eval/test_run.py",
-    "eval/test_validation.py", "methods/test_chunk_generators.py", "methods/test_method_model.py",
+    "eval/test_validation.py", "methods/test_method_model.py",
     "methods/test_rewards.py", "recipes/test_kd_memory_points.py",
     "recipes/test_method_validation.py", "recipes/test_offline.py", "recipes/test_run_lock.py",
     "recipes/test_train_adversarial.py", "recipes/test_train_df_sft.py", "recipes/test_train_dmd2.py",
@@ -58,6 +58,8 @@ SLOW_MODULES = frozenset({
 # package module (tests/<layer>/test_<module>.py).
 SLOW_TESTS = frozenset({
     "eval/test_rehearsal.py::test_eval_fake_run_matches_the_real_cpu_run",
+    "methods/test_chunk_generators.py::test_the_composite_sample_is_its_final_latent_with_the_predictor_graph",
+    "methods/test_chunk_generators.py::test_teacher_chunks_are_the_teachers_rollout_of_the_noise",
     "methods/test_dmd2.py::test_learned_critic_at_its_own_cadence",
     "methods/test_dmd2_models.py::test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_stay",
     "methods/test_nft.py::test_old_policy_follows_its_schedule",

@@ -154,6 +154,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     dmd.add_argument("--dmd_generator_every", type=int, default=5,
                      help="student updates every N loop steps (default %(default)s, as Self-Forcing)")
     dmd.add_argument("--dmd_warmup_steps", type=int, default=100, help="(default %(default)s)")
+    dmd.add_argument("--dmd_student_sampler", choices=("renoise", "euler"), default="renoise",
+                     help="how the student's training rollout moves between steps before its exit step "
+                          "(fvtools/train_dmd2.py --student_sampler): renoise = Self-Forcing's (the x0 estimate "
+                          "noised again with fresh noise), euler = along the velocity; the shipped Teacher samples "
+                          "with Euler steps either way, as the real one does (default %(default)s)")
     dmd.add_argument("--dmd_val_every", type=int, default=250,
                      help="validate the student's own rollout of held-out clips against their truth every N steps; "
                           "0 = never (default %(default)s)")
@@ -425,6 +430,7 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  str(out / "video_latents"), "--real_score", str(distilled_model(args, out)),
                  "--generator", "student", "--train", "full", "--init_weights", "teacher",
                  "--fake_score_train", "full", "--rollout", "self", "--exit_step", "uniform", "--precision", "fp32",
+                 "--student_sampler", args.dmd_student_sampler,
                  "--lr", f"{args.dmd_lr:g}", "--fake_score_lr", f"{args.dmd_fake_score_lr:g}", "--adam_beta1", "0",
                  "--generator_every", str(args.dmd_generator_every), "--max_steps", str(args.dmd_steps),
                  "--warmup_steps", str(args.dmd_warmup_steps), "--no-gradient_checkpointing",

@@ -179,15 +179,21 @@ class StudentRollout:
     without a graph, then its x0 estimate at the exit step (with a graph when due) is the chunk's sample, written
     (detached) into the history with --rollout self. anchor: mse against the Teacher's x0 estimate at the same
     state (only when `teacher_clip` is given). recompute_context: the sample's no-grad context K/V are released
-    after its forward and prefilled again in the generator's backward (not held through the critic)."""
+    after its forward and prefilled again in the generator's backward (not held through the critic).
+
+    renoise: how the steps before the exit move from sigma_k to sigma_{k+1}. None: Euler steps along the velocity
+    (the sampler the model runs with at inference). A torch.Generator: Self-Forcing's training rollout, the x0
+    estimate noised again with fresh noise from that generator, x_{k+1} = (1 - sigma_{k+1}) x0_k + sigma_{k+1} n."""
 
     def __init__(self, student: ScoreModel, item, noise, history, memory_seed: int, config: RolloutConfig, device,
                  *, sigmas: torch.Tensor, exit_steps: list[int], chunks: list[int], self_history: bool,
-                 context_grad: bool, teacher_clip: ScoreClip | None, recompute_context: bool = False):
+                 context_grad: bool, teacher_clip: ScoreClip | None, recompute_context: bool = False,
+                 renoise: torch.Generator | None = None):
         self.clip = student.clip(history, item, config, device, memory_seed=memory_seed, context_grad=context_grad,
                                  recompute_context=recompute_context)
         self.noise, self.sigmas, self.exit_steps = noise, sigmas, exit_steps
         self.chunks, self.self_history, self.teacher_clip = chunks, self_history, teacher_clip
+        self.renoise = renoise
 
     @property
     def history(self) -> torch.Tensor:
@@ -215,7 +221,13 @@ class StudentRollout:
         with torch.no_grad():
             for step in range(exit_step):
                 velocity = self.clip.velocity(chunk_index, latent, self.sigmas[step].expand(size))
-                latent = differentiable_euler_step(latent, velocity, self.sigmas, step)
+                if self.renoise is None:
+                    latent = differentiable_euler_step(latent, velocity, self.sigmas, step)
+                else:
+                    x0 = x0_from_velocity(latent, velocity, self.sigmas[step].expand(size)[None].to(latent.device))
+                    fresh = torch.randn(latent.shape, generator=self.renoise).to(latent.device)
+                    following = float(self.sigmas[step + 1])
+                    latent = (1.0 - following) * x0 + following * fresh
         sigma = self.sigmas[exit_step].expand(size)
         velocity = self.clip.velocity(chunk_index, latent, sigma)
         sample = x0_from_velocity(latent, velocity, sigma[None].to(latent.device))

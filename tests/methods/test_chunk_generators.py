@@ -87,3 +87,56 @@ def test_teacher_chunks_are_the_teachers_rollout_of_the_noise(world, tmp_path, o
         on_history.run(chunks=[1])
     assert torch.equal(chunks[:, :, 4:], on_history.latents[:, :, 4:8])
     assert not torch.equal(chunks[:, :, 4:], plain[:, :, 4:])
+
+
+class _LinearClip:
+    """A stand-in score clip whose velocity is v(x, sigma) = x - 0.5 at every sigma (linear: every step is worked
+    out by hand in the test); one chunk of 4 frames, no context."""
+
+    class _Frames:
+        @staticmethod
+        def chunk_frames(chunk_index):
+            return slice(4 * chunk_index, 4 * chunk_index + 4)
+
+    def __init__(self, history):
+        self.history = history
+        self.forced = type("Forced", (), {"rollout": self._Frames()})()
+        self.calls = []
+
+    def velocity(self, chunk_index, latent, sigma):
+        self.calls.append((latent.clone(), float(sigma[0])))
+        return latent - 0.5
+
+
+class _LinearStudent:
+    def __init__(self, history):
+        self.made = _LinearClip(history)
+
+    def clip(self, *args, **kwargs):
+        return self.made
+
+
+@pytest.mark.parametrize("sampler", ["euler", "renoise"])
+def test_the_student_moves_between_steps_by_its_sampler(sampler):
+    """Before the exit step, Euler steps along the velocity, x1 = x0_state + (s1 - s0) v; Self-Forcing's re-noising
+    puts the x0 estimate x - s0 v back at s1 with fresh noise from the given generator,
+    x1 = (1 - s1)(x - s0 v) + s1 n. The exit step's sample is x - s v of the state it reached."""
+    from predictor_training.methods.chunk_generators import StudentRollout
+
+    sigmas = torch.tensor([1.0, 0.625, 0.0])
+    noise = torch.randn(1, 2, 4, 1, 1, generator=torch.Generator().manual_seed(0))
+    student = _LinearStudent(noise.clone())
+    renoise = torch.Generator().manual_seed(7) if sampler == "renoise" else None
+    rollout = StudentRollout(student, None, noise, noise.clone(), 0, None, CPU, sigmas=sigmas, exit_steps=[1],
+                             chunks=[0], self_history=True, context_grad=False, teacher_clip=None, renoise=renoise)
+    chunk = rollout.chunk_sample(0)
+    (first, sigma_0), (second, sigma_1) = student.made.calls
+    assert (sigma_0, sigma_1) == (1.0, 0.625)
+    velocity = noise - 0.5
+    if sampler == "euler":
+        expected = noise + (0.625 - 1.0) * velocity
+    else:
+        fresh = torch.randn(noise.shape, generator=torch.Generator().manual_seed(7))
+        expected = (1 - 0.625) * (noise - 1.0 * velocity) + 0.625 * fresh
+    torch.testing.assert_close(second, expected)
+    torch.testing.assert_close(chunk.sample, expected - 0.625 * (expected - 0.5))

@@ -197,8 +197,8 @@ def test_dmd_stage_distils_a_student_against_the_many_step_model_and_ships_its_e
     assert flag(command, "--real_score") == str(out / "df_sft" / "model")
     assert [flag(command, name) for name in ("--generator", "--train", "--fake_score_train", "--rollout")] == [
         "student", "full", "full", "self"]
-    assert [flag(command, name) for name in ("--max_steps", "--lr", "--output_dir")] == [
-        "300", "3e-05", str(out / "dmd")]
+    assert [flag(command, name) for name in ("--max_steps", "--lr", "--output_dir", "--student_sampler")] == [
+        "300", "3e-05", str(out / "dmd"), "renoise"]
     assert build_demo_world.shipped_teacher(chained, out) == out / "dmd" / "ema" / "model"
 
     student = tmp_path / "kd_teacher"

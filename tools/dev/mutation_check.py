@@ -39,6 +39,15 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("student_renoise_from_the_state", "predictor_training/methods/chunk_generators.py",
+             "latent = (1.0 - following) * x0 + following * fresh",
+             "latent = (1.0 - following) * latent + following * fresh",
+             ("tests/methods/test_chunk_generators.py::test_the_student_moves_between_steps_by_its_sampler",),
+             "Self-Forcing's re-noising mixes the noisy state, not the x0 estimate, with the fresh noise"),
+    Mutation("student_renoise_at_the_current_sigma", "predictor_training/methods/chunk_generators.py",
+             "following = float(self.sigmas[step + 1])", "following = float(self.sigmas[step])",
+             ("tests/methods/test_chunk_generators.py::test_the_student_moves_between_steps_by_its_sampler",),
+             "the re-noised state lands at the step's own noise level instead of the next one"),
     Mutation("euler_step_sign", "predictor_training/rollout/scheduler.py",
              "(sigmas[step_index + 1] - sigmas[step_index])", "(sigmas[step_index] - sigmas[step_index + 1])",
              ("tests/rollout/test_scheduler.py",), "the Euler step walks the wrong way along the flow"),
