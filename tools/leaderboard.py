@@ -6,14 +6,15 @@ Rows (predictor_training/eval/leaderboard.py): the reference F-F-F-F; the k-step
 choice of steps that keeps step 0; velocity reuse at a schedule is exactly such a sampler); the training-free
 caches (--caches: hidden reuse, a TaylorSeer first-order forecast, previous-chunk reuse at the same plans, and
 TeaCache adaptive skipping calibrated on --calibration_split to --teacache_full_steps); per-chunk mixtures (--plans);
-each --ckpt at each plan of --predictor_plans (and every P plan of --plans, e.g. F-R-R-P). The rows run through the
+each --ckpt at each plan of --predictor_plans (and every P plan of --plans, e.g. F-R-R-P); each --student (the Teacher
+distilled to fewer steps per chunk) at its own steps. The rows run through the
 eval's own per-video loop (tools/eval_predictor.py's outputs are written too), then:
 
     leaderboard.md / .csv / .json   per row: Full steps per chunk, speedups (FLOP bound on the config that ran and at
                                     the real 8.6B config, measured DiT and end-to-end), PSNR vs F-F-F-F with its 95 %
                                     interval, the paired difference from --baseline, SSIM, LPIPS, last chunk,
                                     temporal-delta error, ground truth (chunks 1..) and revisit figures; for each
-                                    Predictor its margin over the front of the samplers and caches on three cost axes
+                                    Predictor its margin over the baselines' front on three cost axes
     pareto_<axis>.png               quality vs speedup with interval bars and the front (mixtures in MSE)
     front/side_by_side/*.mp4        ground truth | reference | the front's rows | the Predictors, first videos
 
@@ -50,6 +51,8 @@ from predictor_training.eval.leaderboard import (
     DEFAULT_BASELINE,
     LeaderboardRows,
     analyse,
+    read_student,
+    student_labels,
     build_rows,
     calibrate_adaptive,
     front_keys,
@@ -88,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     rows = parser.add_argument_group("rows")
     rows.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
                       "(predictor_step_XXXXX.safetensors or training_latest.pt); repeat for several")
+    rows.add_argument("--student", type=Path, action="append", default=[], help="a trained few-step student of the "
+                      "Teacher (fvtools/train_kd.py or train_dmd2.py --generator student): its model folder (RUN/model, "
+                      "RUN/ema/model) or LoRA file (RUN/lora_student.safetensors); a baseline row at its own steps on "
+                      "the Teacher's sigma grid, every chunk on the student; repeat for several")
     rows.add_argument("--predictor_plans", default=f"{TRAINED},F-P-P-P,F-P-P-F,F-P-F-P", help="comma list of the "
                       f"plans every --ckpt runs at; '{TRAINED}' = the schedule its run trained (its --replace_steps, "
                       "F-P-P-P when the run has none); duplicates are run once (default: %(default)s)")
@@ -245,21 +252,24 @@ def main(argv=None) -> int:
         # 1. Checkpoints, rows, the eval's settings (a problem with what the user gave is a UserInputError: one
         #    line, exit 2; any other error is a bug and keeps its traceback).
         checkpoints = with_short_labels(label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt]))
+        students = student_labels([read_student(path) for path in args.student])
         specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
                            caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
-                           predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes)
+                           predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes,
+                           students=students)
         args.baseline = choose_baseline(specs, args.baseline)
         eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
                       "run_name": None, "num_side_by_side": 0}
         settings = resolve_eval_settings(**eval_flags, argv=argv, device=env.device)
         run_name = args.run_name or f"leaderboard_{args.split}_" + sha256_json(
             {"rows": [spec.key for spec in specs], "ckpt": [str(path.resolve()) for path in args.ckpt],
-             "seeds": args.seeds})[:8]
+             "seeds": args.seeds, **({"student": [str(path.resolve()) for path in args.student]}
+                                     if args.student else {})})[:8]
         settings = dataclasses.replace(settings, run_name=run_name, seeds=args.seeds, revisit_sheets=False,
                                        num_side_by_side=0)
         # 2. TeaCache thresholds, then every row on every video (the eval's loop; resumable).
         specs = calibrated_rows(args, settings, specs, env)
-        report = run_evaluation(settings, env, LeaderboardRows(specs))
+        report = run_evaluation(settings, env, LeaderboardRows(specs, students, settings.teacher_source))
         # 3. Statistics, the front, reports, side-by-side videos of the front (rank 0).
         if env.is_main:
             configs = {ckpt.label: ckpt.predictor_config for ckpt in checkpoints}
@@ -269,17 +279,18 @@ def main(argv=None) -> int:
                       "world_size": env.world_size, "dtype": str(settings.dtype).removeprefix("torch."),
                       "seeds": args.seeds, "lpips": analysis["lpips_key"],
                       "checkpoints": {ckpt.label: str(ckpt.path) for ckpt in checkpoints},
+                      "students": {student.label: str(student.path) for student in students},
                       "command": " ".join(["tools/leaderboard.py", *argv])}
             written = write_leaderboard(report["out_dir"], analysis, header)
             if args.num_side_by_side:
                 written += write_front_side_by_side(report["out_dir"], settings, front_keys(analysis), specs,
-                                                    checkpoints, env.device, args.num_side_by_side)
+                                                    checkpoints, env.device, args.num_side_by_side, students)
             print0((Path(report["out_dir"]) / "leaderboard.md").read_text(encoding="utf-8"))
             for row in analysis["rows"]:
                 if not row.spec.baseline:
                     margin: Estimate = row.margins["flops_run"][0]
                     real: Estimate = row.margins["flops_real"][0]
-                    print0(f"[leaderboard] {row.spec.display}: {margin.format()} dB over the samplers/caches front "
+                    print0(f"[leaderboard] {row.spec.display}: {margin.format()} dB over the baselines' front "
                            f"on the FLOP axis of the config that ran, {real.format()} on the real config's")
             print0(f"[leaderboard] {len(report['computed'])} units computed, {report['skipped']} already finished; "
                    f"outputs in {report['out_dir']}: {', '.join(written)}")

@@ -13,10 +13,14 @@ Rows (each a `PlannedMethod` of eval/methods.py run by the eval's own per-video 
     teacache_nfe<n>      TeaCache-style adaptive skipping (A), its threshold calibrated to n Full steps per chunk on
                          calibration videos of another split
     mixture_*            per-chunk mixtures of plans ("F-R-R-R|F-R-R-F": chunks alternate), measured
+    student_<label>_*    a trained student (the Teacher distilled to fewer steps per chunk: kd, DMD2 / Self-Forcing;
+                         full or LoRA) at its own steps on the Teacher's sigma grid (S-R-R-R = 1 step, S-R-R-S = 2 at
+                         sigma 1 and 0.625), every chunk (chunk 0 too) on the student: what its user runs
     predictor_<ckpt>_*   each Predictor at each plan asked for (and @<mode> under another context mode)
     reference@<mode>     the reference under another context mode
 
-Every row but the Predictors' is a baseline: the **front** of the baselines (eval/front.py; mixtures interpolated in
+Every row but the Predictors' is a baseline (the students too: the strongest alternative of a user who will train
+something): the **front** of the baselines (eval/front.py; mixtures interpolated in
 MSE) is what a Predictor must beat at its own cost. Costs on four axes: the FLOP bound on the config that ran, the
 FLOP bound of the same work at the real 8.6B config (54 blocks, 30 x 52 latents, 1000 text tokens; text prefill not
 counted), and the measured DiT and end-to-end speedups (every method of a video in one process, order rotated per
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from peft.tuners.lora import LoraLayer
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.eval.caches import (
@@ -75,8 +80,10 @@ from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import read_json_file, write_json_atomic, write_text_atomic
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.teacher.adapters import load_lora
 from predictor_training.teacher.config import preset_config
-from predictor_training.teacher.source import load_teacher
+from predictor_training.teacher.source import TeacherSource, load_teacher
 from predictor_training.video.metrics import jsonable
 from predictor_training.video.ground_truth import find_ground_truth_videos, load_ground_truth, video_key
 from predictor_training.teacher.flops import (
@@ -107,9 +114,10 @@ MARGIN_AXES = ("flops_run", "flops_real", "measured_dit")
 class RowSpec:
     """One leaderboard row, declaratively (it joins the eval fingerprint).
 
-    key: the method key in the results; family: reference | sampler | cache | mixture | predictor; plan: the
-    `StepPlan` text; checkpoint: the Predictor's label (P rows); adaptive: {"target_full_steps", "threshold",
-    "rescale"} of an A row (threshold None until calibrated)."""
+    key: the method key in the results; family: reference | sampler | cache | mixture | student | predictor; plan:
+    the `StepPlan` text; checkpoint: the Predictor's label (P rows); adaptive: {"target_full_steps", "threshold",
+    "rescale"} of an A row (threshold None until calibrated); student: the student's label (S rows, whose plan runs
+    in every chunk, chunk 0 too)."""
 
     key: str
     family: str
@@ -119,10 +127,24 @@ class RowSpec:
     checkpoint: str | None = None
     context_mode: str = EXACT_CONTEXT
     adaptive: dict | None = None
+    student: str | None = None
 
     @property
     def baseline(self) -> bool:
         return self.family != PREDICTOR_FAMILY
+
+    @property
+    def step_plan(self) -> StepPlan:
+        """The row's `StepPlan`: a student's in every chunk (chunk 0 too), the others with chunk 0 F-F-F-F."""
+        return StepPlan.parse(self.plan, chunk0_full=self.student is None,
+                              num_steps=len(self.plan.split("|")[0].replace("-", "")))
+
+    def record(self) -> dict:
+        """The row as it joins the eval fingerprint (a row without a student records as before students existed)."""
+        record = asdict(self)
+        if record["student"] is None:
+            del record["student"]
+        return record
 
 
 def sampler_sigmas(num_steps: int, shift: float) -> list[float]:
@@ -146,15 +168,108 @@ def _tag(plan: str) -> str:
     return StepPlan.parse(plan, num_steps=len(plan.split("|")[0].replace("-", ""))).tag
 
 
+# =============================================================================================================
+# 1b. Trained students: the Teacher distilled to fewer steps per chunk
+# =============================================================================================================
+@dataclass(frozen=True)
+class StudentSource:
+    """One `--student`: a trained few-step student of the Teacher. path: its model folder (config.json + weights:
+    a run's model/ or ema/model/) or LoRA file (a run's lora_student.safetensors or ema/lora_student.safetensors);
+    run_dir: the run directory whose train_config.json names its recipe; method: kd | dmd2 | ...; train: full |
+    lora; steps, shift: its denoising schedule per chunk; ema: the generator's EMA weights; label: the row name."""
+
+    path: Path
+    run_dir: Path
+    method: str
+    train: str
+    steps: int
+    shift: float
+    ema: bool
+    label: str = ""
+
+    def record(self) -> dict:
+        return {"path": str(self.path), "method": self.method, "train": self.train, "steps": self.steps,
+                "shift": self.shift, "ema": self.ema, "label": self.label}
+
+
+def read_student(path: str | Path) -> StudentSource:
+    """The student at `path` (see `StudentSource`), its recipe read from the nearest run directory above it
+    (train_config.json: the method and the flags student_steps, student_shift, train). UserInputError naming the
+    path when it is no student."""
+    path = Path(path)
+    is_model = path.is_dir() and (path / "config.json").is_file()
+    is_lora = path.is_file() and path.suffix == ".safetensors"
+    if not (is_model or is_lora):
+        raise UserInputError(f"--student {path}: expected a student's model folder (config.json + weights, e.g. "
+                             "RUN/model or RUN/ema/model) or its LoRA file (RUN/lora_student.safetensors)")
+    run_dir = next((folder for folder in path.resolve().parents if (folder / "train_config.json").is_file()), None)
+    if run_dir is None:
+        raise UserInputError(f"--student {path}: no train_config.json in a folder above it, so its recipe (steps "
+                             "per chunk, shift) is unknown; pass a student inside its run directory")
+    config = read_json_file(run_dir / "train_config.json")
+    flags = config.get("flags", {})
+    if "student_steps" not in flags or flags.get("generator", "student") != "student":
+        raise UserInputError(f"--student {path}: the run {run_dir.name} trained no few-step student (its "
+                             "train_config.json flags have no student_steps, or its generator is not a student)")
+    return StudentSource(path=path, run_dir=run_dir, method=str(config.get("method", flags.get("experiment", "?"))),
+                         train=str(flags.get("train", "full")), steps=int(flags["student_steps"]),
+                         shift=float(flags["student_shift"]), ema="ema" in path.relative_to(run_dir).parts[:-1])
+
+
+def student_plan(steps: int, shift: float, num_steps: int, teacher_shift: float) -> str:
+    """The plan of a `steps`-step student on the Teacher's `num_steps`-step sigma grid: S where the student's
+    schedule visits the grid, R (velocity reuse = one Euler step of the student across the skipped levels) elsewhere;
+    e.g. 2 steps at shift 5/3 (sigma 1, 0.625) -> S-R-R-S. UserInputError when a level is not on the grid."""
+    grid = sampler_sigmas(num_steps, teacher_shift)
+    own = [float(sigma) for sigma in flow_match_sigmas(steps, shift)[:-1]]
+    steps_on_grid = []
+    for sigma in own:
+        match = [index for index, level in enumerate(grid) if abs(level - sigma) < 1e-5]
+        if not match:
+            raise UserInputError(f"a {steps}-step student at shift {shift:g} visits sigma {sigma:.4g}, which is not on "
+                                 f"the Teacher's {num_steps}-step grid ({', '.join(f'{g:.4g}' for g in grid)}); "
+                                 "train it at a shift whose levels are on the grid")
+        steps_on_grid.append(match[0])
+    return "-".join("S" if step in steps_on_grid else "R" for step in range(num_steps))
+
+
+def student_labels(students: Sequence[StudentSource]) -> list[StudentSource]:
+    """The students with short unique labels: '<method>_<steps>step_<train>' (+ '_ema'), a counter where they
+    repeat."""
+    bases = [f"{student.method}_{student.steps}step_{student.train}{'_ema' if student.ema else ''}"
+             for student in students]
+    seen: dict[str, int] = {}
+    out = []
+    for base, student in zip(bases, students):
+        seen[base] = seen.get(base, 0) + 1
+        out.append(replace(student, label=base if bases.count(base) == 1 else f"{base}_{seen[base]}"))
+    return out
+
+
+def load_student(student: StudentSource, teacher_source, device, dtype):
+    """The student's transformer, frozen, on `device` in `dtype`: its model folder, or the Teacher with its LoRA
+    merged into the weights (what its user deploys: no adapter cost at inference)."""
+    if student.train != "lora" or student.path.is_dir():
+        return load_teacher(TeacherSource(student.path, None, "--student", None), device, dtype)
+    model = load_teacher(teacher_source, device, dtype)
+    name = load_lora(model, student.path, "student").name
+    for _, layer in model.named_modules():
+        if isinstance(layer, LoraLayer) and name in layer.lora_A:
+            layer.merge(adapter_names=[name])
+    return model
+
+
 def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches: Sequence[str],
                teacache_full_steps: Sequence[float], mixtures: Sequence[str], predictor_plans: dict[str, Sequence[str]],
-               context_modes: Sequence[str] = (EXACT_CONTEXT,)) -> list[RowSpec]:
+               context_modes: Sequence[str] = (EXACT_CONTEXT,),
+               students: Sequence[StudentSource] = ()) -> list[RowSpec]:
     """The rows of one leaderboard, in table order.
 
     samplers: the k of the k-step samplers; caches: of `CACHES` (the letter caches run at every sampler plan);
     teacache_full_steps: one adaptive row per target of Full steps per chunk; mixtures: extra baseline plans (with
     '|'); predictor_plans: {checkpoint label: plans to run it at}; context_modes: exact first, then the modes whose
-    reference and Predictor rows run once more."""
+    reference and Predictor rows run once more; students: labelled `StudentSource`s, one row each at its own
+    steps."""
     unknown = sorted(set(caches) - set(CACHES))
     if unknown:
         raise UserInputError(f"--caches: unknown {unknown}; expected some of {', '.join(CACHES)}")
@@ -188,6 +303,12 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
             continue
         family = "mixture" if len(parsed.patterns) > 1 else "cache"
         rows.append(RowSpec(f"plan_{parsed.tag}", family, parsed.text, f"{family} {parsed.text}", parsed.text))
+    for student in students:
+        plan = student_plan(student.steps, student.shift, num_steps, shift)
+        tag = plan.replace("-", "").lower()
+        rows.append(RowSpec(f"student_{student.label}_{tag}", "student", plan,
+                            f"student {student.label} {plan} (every chunk)", f"S {student.label}",
+                            student=student.label))
     for label, plans_of in predictor_plans.items():
         for plan in plans_of:
             parsed = StepPlan.parse(plan, num_steps=num_steps)
@@ -244,8 +365,9 @@ def short_labels(checkpoints) -> list[str]:
     return out
 
 
-def build_method(spec: RowSpec, teacher, predictors: dict) -> Method:
-    """The method of one row (Predictor modules shared between rows: `predictors` {label: (Predictor, ckpt)})."""
+def build_method(spec: RowSpec, teacher, predictors: dict, students: dict | None = None) -> Method:
+    """The method of one row (Predictor modules shared between rows: `predictors` {label: (Predictor, ckpt)};
+    students: {label: the student's transformer})."""
     if spec.family == "reference":
         return with_context_mode(ReferenceMethod(), spec.context_mode)
     fillers: dict[str, Method] = {"R": VelocityReuse(), "H": HiddenReuse(teacher), "T": TaylorForecast(teacher),
@@ -259,7 +381,8 @@ def build_method(spec: RowSpec, teacher, predictors: dict) -> Method:
         if spec.adaptive["threshold"] is None:
             raise ValueError(f"{spec.key}: the adaptive row is not calibrated")
         adaptive = AdaptiveSkip(teacher, float(spec.adaptive["threshold"]), tuple(spec.adaptive["rescale"]))
-    method = PlannedMethod(spec.key, StepPlan.parse(spec.plan), fillers, spec.panel, adaptive=adaptive, ckpt=ckpt)
+    model = None if spec.student is None else (students or {})[spec.student]
+    method = PlannedMethod(spec.key, spec.step_plan, fillers, spec.panel, adaptive=adaptive, ckpt=ckpt, model=model)
     method.context_mode = spec.context_mode
     return method
 
@@ -269,15 +392,20 @@ class LeaderboardRows(MethodRows):
     """The rows as an evaluation's method set (`run.run_evaluation(settings, env, rows)`)."""
 
     specs: list[RowSpec]
+    students: list[StudentSource] = field(default_factory=list)
+    teacher_source: object = None  # the Teacher's TeacherSource (the base of a LoRA student)
 
     def record(self) -> list:
-        return [asdict(spec) for spec in self.specs]
+        records = [spec.record() for spec in self.specs]
+        return records + [{"student": student.record()} for student in self.students]
 
     def display_names(self) -> dict[str, str]:
         return {spec.key: spec.display for spec in self.specs}
 
     def build(self, teacher, predictors: dict) -> list[Method]:
-        return [build_method(spec, teacher, predictors) for spec in self.specs]
+        models = {student.label: load_student(student, self.teacher_source, teacher.device, teacher.dtype)
+                  for student in self.students}
+        return [build_method(spec, teacher, predictors, models) for spec in self.specs]
 
     def label(self, checkpoints: list) -> list:
         return with_short_labels(checkpoints)
@@ -519,7 +647,7 @@ def markdown(analysis: dict, header: dict) -> str:
             f"{'★' if row.on_front else ''} |")
     predictors = [row for row in rows if not row.spec.baseline]
     if predictors:
-        lines += ["", "## Predictors against the front of the samplers and caches", "",
+        lines += ["", "## Predictors against the front of the baselines (samplers, caches, students)", "",
                   "Margin = the row's PSNR minus the best the baselines reach at the same cost (a measured row, or a "
                   "per-chunk time-sharing of a cheaper and a dearer one, interpolated in MSE); negative: dominated. "
                   "**Bold** where the interval excludes 0.", "",
@@ -617,9 +745,9 @@ def plot_pareto(path: Path, analysis: dict, axis: str, title: str) -> None:
     curve = front_curve(grid, baselines, weights)
     finite = np.isfinite(curve)
     colours = {"sampler": "tab:blue", "cache": "tab:green", "mixture": "tab:cyan", "reference": "tab:gray",
-               PREDICTOR_FAMILY: "tab:red"}
+               "student": "tab:purple", PREDICTOR_FAMILY: "tab:red"}
     fig, ax = plt.subplots(figsize=(9, 6))
-    ax.plot(1.0 / grid[finite], curve[finite], color="black", lw=1, label="front of samplers and caches")
+    ax.plot(1.0 / grid[finite], curve[finite], color="black", lw=1, label="front of the baselines")
     for family, colour in colours.items():
         members = [row for row in rows if row.spec.family == family]
         if not members:
@@ -673,7 +801,7 @@ def front_keys(analysis: dict, limit: int = 6) -> list[str]:
 
 
 def write_front_side_by_side(out_dir: Path, settings, keys: Sequence[str], specs: Sequence[RowSpec], checkpoints,
-                             device, num_videos: int) -> list[str]:
+                             device, num_videos: int, students: Sequence[StudentSource] = ()) -> list[str]:
     """front/side_by_side/<key>.mp4 for the first `num_videos` videos: [ground truth |] the rows `keys` (rolled out
     again, seed of the table)."""
     by_key = {spec.key: spec for spec in specs}
@@ -681,7 +809,10 @@ def write_front_side_by_side(out_dir: Path, settings, keys: Sequence[str], specs
     teacher = load_teacher(settings.teacher_source, device, settings.dtype)
     labels = {spec.checkpoint for spec in chosen if spec.checkpoint}
     predictors = {ckpt.label: (load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints if ckpt.label in labels}
-    methods = [build_method(spec, teacher, predictors) for spec in chosen]
+    wanted = {spec.student for spec in chosen if spec.student}
+    models = {student.label: load_student(student, settings.teacher_source, device, settings.dtype)
+              for student in students if student.label in wanted}
+    methods = [build_method(spec, teacher, predictors, models) for spec in chosen]
     dataset = open_dataset(settings)
     runtime = build_runtime(settings, teacher, methods, dataset, device)
     indices = list(range(min(num_videos, len(dataset))))
@@ -691,9 +822,9 @@ def write_front_side_by_side(out_dir: Path, settings, keys: Sequence[str], specs
     for index, name in zip(indices, names):
         item = dataset[index]
         case = dataset.load_case(item["case_id"])
-        text_kv, _ = runtime.text_kv(case)
-        frames = {method.name: runtime.decoder.decode(
-            runtime.rollout(method, text_kv, item, case, Stopwatch(device)).latents) for method in methods}
+        frames = {method.name: runtime.decoder.decode(runtime.rollout(
+            method, runtime.text_kv(case, method.model)[0], item, case, Stopwatch(device)).latents)
+            for method in methods}
         if name in truth:
             frames[GROUND_TRUTH] = load_ground_truth(truth[name], tuple(frames[REFERENCE].shape[:3]))
         written.append("front/" + write_side_by_side(Path(out_dir) / "front", name, frames, methods, settings.fps,

@@ -38,7 +38,7 @@ from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, check_conte
 from predictor_training.predictor.model import Predictor
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.schedule import Schedule, StepPlan
+from predictor_training.rollout.schedule import FULL_STEP_LETTERS, Schedule, StepPlan
 
 REFERENCE = "reference"
 REUSE_VELOCITY = "reuse_velocity"
@@ -86,13 +86,15 @@ class PredictorCheckpoint:
 class Method:
     """A way to fill the replaced steps. name: output key; kind: the FLOP-count step kind; timer: stopwatch name;
     panel: side-by-side label; context_mode: how the rollout obtains each chunk's context K/V (`RolloutConfig.
-    context_mode`; "exact" unless the method is a `with_context_mode` copy)."""
+    context_mode`; "exact" unless the method is a `with_context_mode` copy); model: the transformer the method's
+    rollout runs (its text and context prefills and its Full steps), None for the Teacher (a student row's own)."""
 
     name: str
     kind: str
     timer: str
     panel: str
     context_mode: str = EXACT_CONTEXT
+    model: WorldPlayTransformer | None = None
 
     def replaced_step(self, call: StepCall) -> StepOutput:
         raise NotImplementedError
@@ -205,21 +207,24 @@ class PlannedMethod(Method):
 
     fillers: letter -> a method whose `fill(call, history)` computes that step (R `VelocityReuse`, H `HiddenReuse`,
     P a `PredictorMethod`, T / C from eval/caches.py); adaptive: the rule of the letter A (`caches.AdaptiveSkip`),
-    which sees every step of the chunks it runs in. The eval's schedule is ignored: the plan is the schedule.
+    which sees every step of the chunks it runs in; model: the transformer of the row's rollout (a student's, for a
+    plan of S steps; None: the Teacher). The eval's schedule is ignored: the plan is the schedule.
     """
 
     kind = "planned"
     timer = "planned_step"
 
     def __init__(self, name: str, plan: StepPlan, fillers: dict[str, Method], panel: str, adaptive=None,
-                 ckpt: "PredictorCheckpoint | None" = None):
-        missing = sorted(plan.letters_used - set(fillers) - {"F", "A"})
+                 ckpt: "PredictorCheckpoint | None" = None, model: WorldPlayTransformer | None = None):
+        missing = sorted(plan.letters_used - set(fillers) - set(FULL_STEP_LETTERS) - {"A"})
         if missing:
             raise ValueError(f"{name}: plan {plan.text} uses {missing} but no method fills them")
         if ("A" in plan.letters_used) != (adaptive is not None):
             raise ValueError(f"{name}: the letter A needs an adaptive rule, and an adaptive rule the letter A")
         self.name, self.plan, self.fillers, self.panel = name, plan, dict(fillers), panel
-        self.adaptive, self.ckpt = adaptive, ckpt
+        if ("S" in plan.letters_used) != (model is not None):
+            raise ValueError(f"{name}: the letter S needs the row's own model, and a model of its own the letter S")
+        self.adaptive, self.ckpt, self.model = adaptive, ckpt, model
         self.history: list[DoneStep] = []
 
     def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
@@ -230,7 +235,7 @@ class PlannedMethod(Method):
         pattern_adaptive = self.adaptive is not None and (not self.plan.chunk0_full or call.chunk_index > 0)
         if pattern_adaptive:  # the rule sees every step of its chunks: it probes Full steps too
             output, kind = self.adaptive.step(call, letter == "F", stopwatch, autocast)
-        elif letter == "F":
+        elif letter in FULL_STEP_LETTERS:  # the rollout's own model: the Teacher's, or the student's for S
             with stopwatch.measure("full_step"):
                 output, kind = call.run_teacher(), "full"
         else:

@@ -36,6 +36,7 @@ from predictor_training.eval.methods import (
 )
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.teacher.flops import TeacherShape, rollout_flops, text_prefill_flops
+from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.precision import autocast, synchronize
 from predictor_training.teacher import TextKV, WorldPlayTransformer
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
@@ -104,18 +105,23 @@ class EvalRuntime:
 
     # ---- inputs ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def text_kv(self, case: dict) -> tuple[TextKV, dict]:
-        """The case's text K/V and its text-prefill facts: {"seconds", "llm_tokens", "byt5_tokens", "vision_tokens"}
-        (seconds None when the K/V are read from the dataset)."""
-        dtype = self.teacher.dtype
+    def text_kv(self, case: dict, model: WorldPlayTransformer | None = None) -> tuple[TextKV, dict]:
+        """The case's text K/V of `model` (default the Teacher) and its text-prefill facts: {"seconds",
+        "llm_tokens", "byt5_tokens", "vision_tokens"} (seconds None when the K/V are read from the dataset: the
+        Teacher's, so a student row needs encoded cases)."""
+        model = model or self.teacher
+        dtype = model.dtype
         if self.case_source == "dataset":
+            if model is not self.teacher:
+                raise UserInputError("a student row prefills its own text K/V: evaluate it on encoded cases "
+                                     "(--encoded or --demo), not on a dataset's stored Teacher K/V")
             return TextKV.from_layer_stack(case["text_k"], case["text_v"], self.device, dtype), {"seconds": None}
         floats = {name: case[name].to(self.device, dtype) for name in ("prompt_embeds", "byt5_text_states",
                                                                        "vision_states")}
         synchronize(self.device)
         start = time.perf_counter()
         with self.autocast():
-            text_kv = self.teacher.text_prefill(
+            text_kv = model.text_prefill(
                 floats["prompt_embeds"], case["prompt_mask"].to(self.device), floats["byt5_text_states"],
                 case["byt5_text_mask"].to(self.device), floats["vision_states"], mask_type="i2v",
             )
@@ -130,7 +136,8 @@ class EvalRuntime:
         inputs = RolloutInputs.from_seed(item["seed"], case["image_cond"], item["viewmats"], item["Ks"], item["action"],
                                          state_dtype=self.state_dtype)
         config = dataclasses.replace(self.rollout_config, context_mode=method.context_mode)
-        rollout = TimedRollout(self.teacher, text_kv, inputs, config, device=self.device, stopwatch=stopwatch)
+        rollout = TimedRollout(method.model or self.teacher, text_kv, inputs, config, device=self.device,
+                               stopwatch=stopwatch)
         rollout.step_kinds = {}
         step_fn = make_step_fn(method, self.schedule, stopwatch, self.autocast, rollout.step_kinds)
         with stopwatch.measure("rollout"):
@@ -143,10 +150,10 @@ class EvalRuntime:
         if chunks <= 0:
             return
         case = self.dataset.load_case(item["case_id"])
-        text_kv, _ = self.text_kv(case)
         num_chunks = item["viewmats"].shape[0] // self.chunk_latents
         latents = None
         for method in self.methods:
+            text_kv, _ = self.text_kv(case, method.model)
             rollout = self.rollout(method, text_kv, item, case, Stopwatch(self.device), range(min(chunks, num_chunks)))
             latents = rollout.latents
         self.decoder.decode(latents)
@@ -172,6 +179,7 @@ class EvalRuntime:
                          width * self.decoder.spatial_compression)  # (F, H, W) the VAE decodes
         truth = None if ground_truth is None else load_ground_truth(ground_truth, decoded_shape)
         text_kv, text_facts = self.text_kv(case)
+        student_text = {}  # a student row's own text K/V and prefill facts, once per model
         shape = TeacherShape.from_config(self.teacher.config)
         text_flops = 0
         if text_facts["seconds"] is not None:
@@ -187,7 +195,12 @@ class EvalRuntime:
         run_order = self.methods[shift:] + self.methods[:shift]
         for method in run_order:
             stopwatch = Stopwatch(self.device)
-            rollout = self.rollout(method, text_kv, item, case, stopwatch)
+            method_text_kv, method_text = text_kv, text_facts
+            if method.model is not None:
+                if id(method.model) not in student_text:
+                    student_text[id(method.model)] = self.text_kv(case, method.model)
+                method_text_kv, method_text = student_text[id(method.model)]
+            rollout = self.rollout(method, method_text_kv, item, case, stopwatch)
             if context_frames is None:
                 context_frames = rollout.context_frames
             elif rollout.context_frames != context_frames:
@@ -196,7 +209,7 @@ class EvalRuntime:
                                    "the method")
             with stopwatch.measure("vae_decode"):
                 frames[method.name] = self.decoder.decode(rollout.latents)
-            timings[method.name] = method_timings(stopwatch, text_facts["seconds"])
+            timings[method.name] = method_timings(stopwatch, method_text["seconds"])
             ckpt = getattr(method, "ckpt", None)  # a Predictor's, or a planned method's with P steps
             predictor_config = None if ckpt is None else ckpt.predictor_config
             step_kinds[method.name] = step_kind_letters(rollout.step_kinds, rollout.num_chunks,

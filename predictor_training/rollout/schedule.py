@@ -81,7 +81,10 @@ class Schedule:
 #   F Full Teacher step        R velocity reuse (= the fewer-step Euler sampler)     H hidden reuse
 #   P Predictor step           T first-order forecast of the hidden (TaylorSeer)     C previous-chunk reuse
 #   A adaptive: Full or a cached residual, decided at run time (TeaCache)
-PLAN_LETTERS = "FRHPTCA"
+#   S a Full step of the row's own model instead of the Teacher: a student distilled to fewer steps per chunk
+#     (S-R-R-S is a 2-step student at sigma 1 and 0.625; its chunks, chunk 0 too, run on the student)
+PLAN_LETTERS = "FRHPTCAS"
+FULL_STEP_LETTERS = "FS"  # a whole-model step: the Teacher's (F) or a student's (S)
 PLAN_MIXTURE_SEPARATOR = "|"  # "F-R-R-R|F-R-R-F": chunks 1, 3, 5, ... use the first pattern, chunks 2, 4, ... the second
 
 
@@ -89,7 +92,8 @@ PLAN_MIXTURE_SEPARATOR = "|"  # "F-R-R-R|F-R-R-F": chunks 1, 3, 5, ... use the f
 class StepPlan:
     """What fills each denoising step of each chunk: one letter of `PLAN_LETTERS` per step.
 
-    patterns: one pattern per chunk of a cycle, each `num_steps` letters with step 0 'F' (it has no previous step).
+    patterns: one pattern per chunk of a cycle, each `num_steps` letters with step 0 'F' or 'S' (it has no previous
+    step); a plan uses S (a student's steps) with no F: the row runs one model.
     Chunk 0 is F-F-F-F when chunk0_full (the eval's default, docs/eval.md § What is compared); the scheduled chunks
     1, 2, ... take patterns[0], patterns[1], ... cyclically, so "FRRR|FRRF" time-shares the 1-step and a 2-step
     sampler across chunks. Without chunk0_full chunk c takes patterns[c mod len].
@@ -109,8 +113,11 @@ class StepPlan:
             if bad:
                 raise ValueError(f"step plan {self.text!r}: unknown letter(s) {bad}; expected letters of "
                                  f"{PLAN_LETTERS}")
-            if pattern[0] != "F":
-                raise ValueError(f"step plan {self.text!r}: step 0 must be F (the later steps start from it)")
+            if pattern[0] not in FULL_STEP_LETTERS:
+                raise ValueError(f"step plan {self.text!r}: step 0 must be F or S (the later steps start from it)")
+        if "S" in self.letters_used and "F" in self.letters_used:
+            raise ValueError(f"step plan {self.text!r}: S (a student's step) and F (the Teacher's) in one plan; a "
+                             "row runs one model")
 
     @classmethod
     def parse(cls, text: str, chunk0_full: bool = True, num_steps: int = DISTILLED_STEPS) -> "StepPlan":
@@ -150,13 +157,15 @@ class StepPlan:
     def letter(self, chunk_index: int, step_index: int) -> str:
         if self.chunk0_full:
             if chunk_index == 0:
-                return "F"
+                return "S" if "S" in self.letters_used else "F"
             return self.patterns[(chunk_index - 1) % len(self.patterns)][step_index]
         return self.patterns[chunk_index % len(self.patterns)][step_index]
 
     def full_steps(self) -> float:
-        """Full steps per scheduled chunk, averaged over the cycle (the adaptive 'A' counted as not Full)."""
-        return sum(pattern.count("F") for pattern in self.patterns) / len(self.patterns)
+        """Full steps per scheduled chunk, averaged over the cycle (the adaptive 'A' counted as not Full; a
+        student's S counted as Full: the same model size)."""
+        return sum(sum(pattern.count(letter) for letter in FULL_STEP_LETTERS) for pattern in self.patterns) / len(
+            self.patterns)
 
     def to_dict(self) -> dict:
         return {"plan": self.text, "chunk0_full": self.chunk0_full}

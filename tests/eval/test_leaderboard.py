@@ -396,3 +396,90 @@ def test_teacache_thresholds_are_calibrated_on_the_full_step_counts_they_give():
         adaptive = calibrated[key]
         assert adaptive["rescale"] == pytest.approx([2.0, 0.0], abs=1e-5), key  # float32 inputs
         assert low < adaptive["threshold"] <= high and adaptive["calibration_full_steps"] == reached, (key, adaptive)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trained students: their plan on the Teacher's grid, read from their run, one row each
+# ---------------------------------------------------------------------------------------------------------------
+def test_a_students_steps_land_on_the_teachers_grid():
+    """The Teacher's 4 steps at shift 5 visit sigma 1, 0.9375, 0.8333, 0.625. One step (sigma 1) is S-R-R-R; two at
+    shift 5/3 visit 1 and 5/3 * 0.5 / (1 + 2/3 * 0.5) = 0.625: S-R-R-S; two at shift 5 visit 1 and
+    5 * 0.5 / (1 + 4 * 0.5) = 0.8333: S-R-S-R; three at shift 5 visit 1, 0.909, 0.714: off the grid, refused."""
+    from predictor_training.eval.leaderboard import student_plan
+    from predictor_training.runtime.errors import UserInputError
+
+    assert student_plan(1, 5.0, 4, 5.0) == "S-R-R-R"
+    assert student_plan(2, 5.0 / 3.0, 4, 5.0) == "S-R-R-S"
+    assert student_plan(2, 5.0, 4, 5.0) == "S-R-S-R"
+    assert student_plan(4, 5.0, 4, 5.0) == "S-S-S-S"
+    with pytest.raises(UserInputError, match="0.9091"):
+        student_plan(3, 5.0, 4, 5.0)
+
+
+def _student_run(tmp_path, name: str, flags: dict, method: str = "kd") -> "Path":
+    run = tmp_path / name
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    (run / "ema" / "model").mkdir(parents=True)
+    (run / "ema" / "model" / "config.json").write_text("{}")
+    (run / "lora_student.safetensors").write_bytes(b"")
+    (run / "train_config.json").write_text(json.dumps({"method": method, "flags": flags}))
+    return run
+
+
+def test_students_are_read_from_their_run_and_get_a_row_each(tmp_path):
+    """A student's recipe comes from its run's train_config.json (method, student_steps, student_shift, train); the
+    EMA is told apart by its folder; labels repeat-proof; the rows run every chunk on the student and join the
+    front as baselines; a folder with no run above it, or a run that trained no student, is refused."""
+    from predictor_training.eval.leaderboard import read_student, student_labels
+    from predictor_training.runtime.errors import UserInputError
+
+    one = _student_run(tmp_path, "kd1", {"student_steps": 1, "student_shift": 5.0, "train": "full"})
+    two = _student_run(tmp_path, "dmd2", {"student_steps": 2, "student_shift": 5.0 / 3.0, "train": "lora",
+                                          "generator": "student"}, method="dmd2")
+    students = student_labels([read_student(one / "model"), read_student(two / "ema" / "model"),
+                               read_student(two / "lora_student.safetensors"), read_student(one / "model")])
+    assert [student.label for student in students] == ["kd_1step_full_1", "dmd2_2step_lora_ema", "dmd2_2step_lora",
+                                                       "kd_1step_full_2"]
+    assert (students[0].steps, students[0].shift, students[0].ema, students[1].ema) == (1, 5.0, False, True)
+    rows = build_rows(num_steps=4, shift=5.0, samplers=[], caches=[], teacache_full_steps=[], mixtures=[],
+                      predictor_plans={}, students=students[:2])
+    student_rows = [row for row in rows if row.family == "student"]
+    assert [(row.key, row.plan, row.student) for row in student_rows] == [
+        ("student_kd_1step_full_1_srrr", "S-R-R-R", "kd_1step_full_1"),
+        ("student_dmd2_2step_lora_ema_srrs", "S-R-R-S", "dmd2_2step_lora_ema")]
+    assert all(row.baseline and not row.step_plan.chunk0_full for row in student_rows)
+    assert "student" not in rows[0].record() and student_rows[0].record()["student"] == "kd_1step_full_1"
+    predictor_run = _student_run(tmp_path, "dmd2_predictor", {"student_steps": 4, "student_shift": 5.0,
+                                                              "generator": "predictor"}, method="dmd2")
+    for bad in (predictor_run / "model", tmp_path / "nowhere", tmp_path):
+        with pytest.raises(UserInputError):
+            read_student(bad)
+
+
+def test_a_lora_student_is_the_teacher_with_its_adapter_merged(world, tmp_path):
+    """A LoRA student loads as the Teacher with the adapter merged into its weights: every adapted linear gives what
+    the Teacher gives with the adapter active (W x + scale B A x), and no adapter runs at inference."""
+    from predictor_training.eval.leaderboard import StudentSource, load_student
+    from predictor_training.teacher.adapters import active_adapter, add_lora, adapter, named_lora_parameters, save_lora
+
+    teacher = _teacher(world)
+    add_lora(teacher, "student", 4, 8.0, trainable=False)
+    with torch.no_grad():
+        for key, parameter in named_lora_parameters(teacher, "student").items():
+            if "lora_B" in key:
+                parameter.copy_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(5)))
+    path = save_lora(teacher, "student", tmp_path / "lora_student.safetensors")
+    source = TeacherSource(world["root"] / "teacher", None, "--teacher", None)
+    student = load_student(StudentSource(path=path, run_dir=tmp_path, method="kd", train="lora", steps=1, shift=5.0,
+                                         ema=False), source, torch.device("cpu"), torch.float32)
+    assert active_adapter(student) in (None, "student")
+    x = torch.randn(3, teacher.double_blocks[0].img_attn_q.base_layer.in_features,
+                    generator=torch.Generator().manual_seed(6))
+    with adapter(teacher, "student"):
+        adapted = teacher.double_blocks[0].img_attn_q(x)
+    merged_layer = student.double_blocks[0].img_attn_q
+    merged = merged_layer.base_layer(x) if hasattr(merged_layer, "base_layer") else merged_layer(x)
+    torch.testing.assert_close(merged, adapted)
+    with adapter(teacher, None):
+        assert not torch.allclose(teacher.double_blocks[0].img_attn_q(x), adapted)

@@ -125,3 +125,48 @@ def test_hidden_reuse_rows_carry_the_last_hidden_through_the_final_layer():
             [-scale, 2 * scale + 15 / 16, -4 * scale, 8 * scale + 5 / 8], rel=1e-6)
         assert [kinds[(chunk, step)] for step in range(4)] == ["full", REUSE_HIDDEN, "full", REUSE_HIDDEN]
     assert teacher_calls == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 2), (2, 0), (2, 2)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A student row runs its own model: its text and context prefills and its S steps
+# ---------------------------------------------------------------------------------------------------------------
+def test_a_student_row_runs_its_own_model_in_every_chunk(world):
+    """A 4-step "student" that is the Teacher itself, at S-S-S-S in every chunk, is the reference bit for bit (its
+    text K/V and context are the rollout model's own); a student whose text-embedding weights alone differ changes
+    every chunk, chunk 0 too, through its own text prefill; the evaluation scores the row from its own text K/V."""
+    import copy
+
+    from predictor_training.eval.methods import PlannedMethod
+    from predictor_training.rollout.schedule import StepPlan
+    from predictor_training.video.metrics import LpipsScorer
+
+    root = world["root"]
+    teacher = WorldPlayTransformer.from_pretrained(str(root / "teacher")).eval().requires_grad_(False)
+    same = copy.deepcopy(teacher)
+    other = copy.deepcopy(teacher)
+    with torch.no_grad():
+        for name, parameter in other.named_parameters():
+            if name.startswith("txt_in."):
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(4)))
+    plan = StepPlan.parse("S-S-S-S", chunk0_full=False)
+    twin = PlannedMethod("student_twin", plan, {}, "twin", model=same)
+    shifted = PlannedMethod("student_other", plan, {}, "other", model=other)
+    dataset = TrajectoryTableDataset(root / "samples" / "holdout50.jsonl", encoded_dir=root / "encoded",
+                                     num_latents=LONG_LATENTS)
+    runtime = EvalRuntime(
+        teacher=teacher, methods=[ReferenceMethod(), twin, shifted], schedule=Schedule((1, 2, 3)),
+        rollout_config=rollout_config_for(torch.float32),
+        decoder=VaeDecoder.from_folder(root / "vae", torch.device("cpu"), torch.float32, tiling=False),
+        scorer=LpipsScorer.from_policy(random_backbone=True), dataset=dataset, case_source="encoded",
+        device=torch.device("cpu"), state_dtype=torch.float32,
+    )
+    result, frames = runtime.evaluate(dataset[0])
+    assert torch.equal(frames["student_twin"], frames[REFERENCE])
+    assert result["methods"]["student_twin"]["step_kinds"] == result["methods"][REFERENCE]["step_kinds"]
+    chunk0 = slice(0, 4)  # decoded frames of chunk 0 (temporal compression 4: latent 0 is one frame)
+    assert not torch.equal(frames["student_other"][chunk0], frames[REFERENCE][chunk0])
+    item = dataset[0]
+    case = dataset.load_case(item["case_id"])
+    own_text, _ = runtime.text_kv(case, other)
+    own = runtime.rollout(shifted, own_text, item, case, Stopwatch(torch.device("cpu"))).latents
+    assert torch.equal(runtime.decoder.decode(own), frames["student_other"])

@@ -35,3 +35,14 @@ def test_step_plan_letters_mixtures_and_errors():
     for bad in ("R-F-F-F", "F-X-F-F", "F-R-R", "F-R-R-R|F-R"):
         with pytest.raises(ValueError):
             StepPlan.parse(bad)
+
+
+def test_a_students_plan_runs_one_model_from_its_first_step():
+    """S (a student's whole-model step) may start a chunk and counts as a Full step; S and F never share a plan; a
+    student's plan in every chunk gives chunk 0 its own letters, with chunk 0 Full it would run S there."""
+    plan = StepPlan.parse("S-R-R-S", chunk0_full=False)
+    assert [plan.letter(0, step) for step in range(4)] == ["S", "R", "R", "S"] and plan.full_steps() == 2
+    assert StepPlan.parse("S-R-R-R").letter(0, 2) == "S" and StepPlan.parse("S-R-R-R").letter(1, 2) == "R"
+    for bad in ("S-R-R-F", "F-S-R-R", "R-S-S-S"):
+        with pytest.raises(ValueError):
+            StepPlan.parse(bad)

@@ -156,7 +156,7 @@ def test_leaderboard_writes_its_table_intervals_and_plots(leaderboard_run):
         assert len(list(csv.DictReader(handle))) == len(rows)
     text = (run_dir / "leaderboard.md").read_text()
     assert "Predictors against the front" in text and "1-step sampler σ{1}" in text
-    assert "over the samplers/caches front" in leaderboard_run["stdout"]
+    assert "over the baselines' front" in leaderboard_run["stdout"]
 
 
 def test_leaderboard_rerun_resumes_and_keeps_the_calibration(leaderboard_run):
