@@ -929,6 +929,10 @@ ISSUE49_CASES = {
     "sample_tables_into_a_dataset": ("make_sample_table", lambda w: ["--cases", w["tables"]["bad_json"], "--out",
                                                                      w["dataset"]],
                                      lambda w: "--out " + str(w["dataset"]) + ": holds a Predictor dataset"),
+    "encoder_outputs_into_a_dataset": ("encode_cases", lambda w: ["--encoders", w["root"], "--cases",
+                                                                  w["tables"]["bad_json"], "--out", w["dataset"],
+                                                                  "--device", "cpu"],
+                                       lambda w: "holds a Predictor dataset"),
     # 2. A run never overwrites or prunes step files it did not write.
     "run_into_a_folder_with_another_runs_step_files": (
         "v4", lambda w: train_args(w["dataset"], w["foreign_steps"], steps=2),
