@@ -45,6 +45,7 @@ from predictor_training.runtime.checkpoint import check_weights_file, checkpoint
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
+    SEED,
     add_data_args,
     add_loss_args,
     add_optimization_args,
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--subset_cases", type=parse_subset_cases, default=None,
                          help="train on a subset of cases (all their actions): a count N (seeded choice, "
                               "--subset_seed) or comma-separated case ids; default: every case (overfit8: 8)")
-    rollout.add_argument("--subset_seed", type=int, default=20260721,
+    rollout.add_argument("--subset_seed", type=SEED, default=20260721,
                          help="seed of the --subset_cases choice (default %(default)s, the overfit8 run's)")
     rollout.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
                          help="steps the Predictor runs in every trained chunk, as the eval's --replace_steps: "

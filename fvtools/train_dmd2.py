@@ -562,18 +562,19 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
     return config
 
 
-def export(args: argparse.Namespace, *, parts: RecipeParts, run_dir: Path, step: int, meta: dict, config: dict,
-           env: DistEnv) -> None:
+def export(args: argparse.Namespace, *, parts: RecipeParts, run_dir: Path, run_state: RunState, meta: dict,
+           config: dict, env: DistEnv) -> None:
     """After training: a student is exported like the other methods' models (the Predictor's
     predictor_step_XXXXX.safetensors, written by the loop, is what tools/eval_predictor.py reads); the generator's
     EMA next to it."""
     generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
     if student_model is not None:
-        exported = export_method_model(student_model, run_dir, {**meta, "step": step}, env)
+        exported = export_method_model(student_model, run_dir, {**meta, "step": run_state.global_step}, env)
         log0(f"exported the trained {args.train} student: {exported}")
     if generator_role.ema is not None:
-        exported = export_generator_ema(generator_role, run_dir, step, meta=meta, config=config,
-                                        keep_last=args.keep_last, env=env, student_model=student_model)
+        exported = export_generator_ema(generator_role, run_dir, run_state.global_step, meta=meta, config=config,
+                                        keep_last=args.keep_last, written=run_state.checkpoints, env=env,
+                                        student_model=student_model)
         log0(f"exported the generator's EMA (decay {args.ema_decay:g}, {generator_role.ema.updates} updates): "
              f"{exported}")
 
@@ -610,8 +611,7 @@ def main(argv=None) -> int:
         # 5. Train; export a student and the generator's EMA.
         run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
                                  run_state=run_state, config=config, meta=meta, validation=parts.validation)
-        export(args, parts=parts, run_dir=start.run_dir, step=run_state.global_step, meta=meta, config=config,
-               env=env)
+        export(args, parts=parts, run_dir=start.run_dir, run_state=run_state, meta=meta, config=config, env=env)
     return 0
 
 

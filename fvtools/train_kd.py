@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.io import write_json_atomic
+from predictor_training.runtime.errors import CommandParser, MissingFieldError, command
+from predictor_training.runtime.io import read_json_file, write_json_atomic
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
 from predictor_training.eval.validation import ClipRolloutValidation
@@ -96,6 +96,15 @@ PRESETS = {
 }
 
 
+def cache_config_field(cache_root: Path, name: str):
+    """One field of the cache's ode_cache_config.json; a file that is not a JSON object with it is named."""
+    path = cache_root / CACHE_CONFIG_NAME
+    config = read_json_file(path)
+    if not isinstance(config, dict) or name not in config:
+        raise MissingFieldError(f"{path}: no field {name!r}; expected the config tools/build_ode_cache.py wrote")
+    return config[name]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The kd recipe: every default below is the recipe (docs/methods/kd.md)."""
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,7 +151,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("chunks_per_clip", "student_steps", "eval_samples"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag}={getattr(args, flag)}: expected >= 1")
-    stored = json.loads((args.cache_root / CACHE_CONFIG_NAME).read_text(encoding="utf-8"))["stored_sigmas"]
+    stored = cache_config_field(args.cache_root, "stored_sigmas")
     try:
         student_state_indices(args.student_steps, args.student_shift, stored)
     except ValueError as error:
@@ -160,8 +169,7 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--val_ground_truth: kd validates against the teacher's stored final latents; drop the flag")
     args.val_split = args.val_split or args.eval_split
     if args.val_vae is None:
-        config = json.loads((args.cache_root / CACHE_CONFIG_NAME).read_text(encoding="utf-8"))
-        source = config.get("inputs", {}).get("video_latents")
+        source = cache_config_field(args.cache_root, "inputs").get("video_latents")
         try:
             if source is None:
                 raise ValueError(f"{args.cache_root / CACHE_CONFIG_NAME} records no source video-latent dataset")

@@ -71,6 +71,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import SEED
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.world.clips import WorldSettings
 
@@ -92,7 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                     for name, stages in OPTIONAL_STAGES.items()) + ")")
     parser.add_argument("--teacher_from", choices=("df_sft", *OPTIONAL_STAGES), default="df_sft",
                         help="which model the ship stage ships as the world Teacher (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every stage (default %(default)s)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of every stage (default %(default)s)")
     world = parser.add_argument_group("world (render stage; tools/render_world.py's flags, same defaults)")
     for name, value in asdict(WorldSettings()).items():
         if name not in ("seed", "video_format"):

@@ -20,7 +20,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from predictor_training.data.builder import taken_back_on_refusal
 from predictor_training.data.ode_cache import (
+    CACHE_CONFIG_NAME,
+    CACHE_LAYOUT,
     STORAGE_DTYPES,
     CacheJob,
     CacheSettings,
@@ -38,8 +41,8 @@ from predictor_training.runtime.distributed import (
     log0,
 )
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
-from predictor_training.runtime.io import sha256_file
+from predictor_training.runtime.flags import SEED, add_threads_arg, check_cuda_flag
+from predictor_training.runtime.io import check_output_folder_kind, sha256_file
 from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import (
     TeacherSource,
@@ -74,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="teacher weights and autocast dtype (default %(default)s; float32 on the CPU demo)")
     ode.add_argument("--storage_dtype", choices=sorted(STORAGE_DTYPES), default="bfloat16",
                      help="dtype of the stored states and final latents (default %(default)s)")
-    ode.add_argument("--seed", type=int, default=0,
+    ode.add_argument("--seed", type=SEED, default=0,
                      help="--video_latents: seed of the clips' noise (a clip's seed is stream_seed(seed, crc32(clip "
                           "id))); sample tables carry their own (default %(default)s)")
     parser.add_argument("--out", type=Path, required=True, help="cache folder to create or resume")
@@ -84,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="debug: each rank stops after this many samples (no manifest; rerun to resume)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
+    check_cuda_flag(parser, "--backend", args.backend)
     if (args.video_latents is None) == (args.samples is None):
         parser.error("give exactly one condition source: --video_latents ROOT, or --samples TABLES --encoded DIR")
     if args.samples is not None and args.encoded is None:
@@ -160,6 +164,7 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_output_folder_kind(args.out, flag="--out", marker=CACHE_CONFIG_NAME, layout=CACHE_LAYOUT)
     set_cpu_threads(args.threads, tool="build_ode_cache", load_aware=False)
     env = init_distributed(args.backend)
     try:
@@ -172,8 +177,9 @@ def main(argv=None) -> int:
              f"{args.store_grid}-step grid, world size {env.world_size}")
         settings = CacheSettings(steps=args.steps, shift=args.shift, store_grid=args.store_grid,
                                  compute_dtype=args.dtype, storage_dtype=args.storage_dtype)
-        build_cache(teacher, jobs, load_condition, settings, args.out, env=env, inputs=inputs,
-                    stop_after=args.stop_after)
+        with taken_back_on_refusal(args.out, env):
+            build_cache(teacher, jobs, load_condition, settings, args.out, env=env, inputs=inputs,
+                        stop_after=args.stop_after)
         return 0
     finally:
         cleanup_distributed()

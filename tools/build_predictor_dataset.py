@@ -30,7 +30,6 @@ This file is the command line; the builder is ``predictor_training.data.builder`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -39,7 +38,8 @@ from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg, settings_from_flags
+from predictor_training.runtime.flags import add_threads_arg, check_cuda_flag, settings_from_flags
+from predictor_training.runtime.io import read_json_file
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "many trajectories (no manifest is written; rerun to resume)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
+    check_cuda_flag(parser, "--device", args.device)
 
     if args.demo is not None:
         conflicting = [flag for flag in ("teacher", "action_ckpt", "samples", "encoded") if getattr(args, flag)]
@@ -93,7 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.samples = [str(path) for path in tables]
         args.encoded = args.demo / "encoded"
         if args.num_latents is None:
-            demo_config = json.loads((args.demo / "demo_config.json").read_text())
+            demo_config = read_json_file(args.demo / "demo_config.json")
             args.num_latents = int(demo_config["num_latents"])
     else:
         missing = [flag for flag in ("teacher", "samples", "encoded") if getattr(args, flag) is None]

@@ -44,7 +44,7 @@ from predictor_training.data.video_latent_build import (
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg, settings_from_flags
+from predictor_training.runtime.flags import SEED, add_threads_arg, check_cuda_flag, settings_from_flags
 from predictor_training.world.video_latent_demo import (
     DEMO_ENCODERS_DIR,
     DEMO_HEIGHT,
@@ -95,10 +95,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "many clips (no manifest is written; rerun to resume)")
     parser.add_argument("--demo_clips", type=int, default=6, help="--demo: number of procedural clips")
     parser.add_argument("--demo_holdout", type=int, default=2, help="--demo: how many of them go to holdout.jsonl")
-    parser.add_argument("--demo_seed", type=int, default=0, help="--demo: seed of the scenes and of the tiny encoders "
+    parser.add_argument("--demo_seed", type=SEED, default=0, help="--demo: seed of the scenes and of the tiny encoders "
                         "(0 = the encoders of tools/make_demo_assets.py --seed 0)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
+    check_cuda_flag(parser, "--device", args.device)
 
     if args.demo is not None:
         conflicting = [flag for flag in ("clips", "encoders") if getattr(args, flag) is not None]
@@ -106,8 +107,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--demo replaces --{', --'.join(conflicting)}; give one or the other")
         if not 1 <= args.demo_holdout < args.demo_clips:
             parser.error(f"--demo_holdout must be in [1, --demo_clips), got {args.demo_holdout} of {args.demo_clips}")
-        if args.demo_seed < 0:
-            parser.error(f"--demo_seed must be >= 0, got {args.demo_seed}")
         args.encoders = args.demo / DEMO_ENCODERS_DIR
         args.clips = demo_tables(args.demo)
         defaults = {"height": DEMO_HEIGHT, "width": DEMO_WIDTH, "num_frames": DEMO_NUM_FRAMES, "dtype": "float32"}

@@ -43,7 +43,8 @@ from predictor_training.runtime.distributed import (
     log0,
 )
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import add_threads_arg, check_cuda_flag
+from predictor_training.runtime.io import check_output_folder_kind
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -71,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "inference), 'target' = the same --height x --width crop as the VAE condition")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
+    check_cuda_flag(parser, "--device", args.device)
     for flag in ("height", "width"):
         value = getattr(args, flag)
         if value < 16 or value % 16:
@@ -85,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 @command
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    check_output_folder_kind(args.out, flag="--out", marker=None)  # a folder of encoder outputs, no other kind
     set_cpu_threads(args.threads, tool="encode_cases", load_aware=False)
     env = init_distributed("nccl" if args.device == "cuda" else "gloo")
     try:

@@ -75,7 +75,7 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule,
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.distributed import all_gather_objects, cleanup_distributed, init_distributed, print0
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import SEED, add_threads_arg
 from predictor_training.runtime.io import sha256_json, write_json_atomic
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher.source import load_teacher
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                        f"(default: {DEFAULT_BASELINE}, the 1-step sampler, when it is a row; else the first sampler "
                        "or cache row)")
     stats.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: %(default)s)")
-    stats.add_argument("--bootstrap_seed", type=int, default=0, help="(default: %(default)s)")
+    stats.add_argument("--bootstrap_seed", type=SEED, default=0, help="(default: %(default)s)")
     run = parser.add_argument_group("run and outputs")
     run.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="as "
                      "tools/eval_predictor.py --dtype (default: auto)")

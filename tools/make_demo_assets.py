@@ -83,7 +83,8 @@ from predictor_training.data.sample_table import (
 from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import SEED, add_threads_arg
+from predictor_training.runtime.io import check_output_folder_kind
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.video.ground_truth import video_key
 from predictor_training.video.io import write_video
@@ -133,7 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_final", type=int, default=None, help="world: new scenes in samples/final.jsonl, each "
                         "with its 4 paths, made like holdout25's from other seeds: the split nothing is chosen on "
                         "(default 12, i.e. 48 videos; 0 = none); random: 0 (the default there; it has no final split)")
-    parser.add_argument("--seed", type=int, default=0, help="random: seed of the scenes, the split, the Teacher and "
+    parser.add_argument("--seed", type=SEED, default=0, help="random: seed of the scenes, the split, the Teacher and "
                         "the encoders; world: seed of the rows' noise (the encoders keep the world's seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     add_threads_arg(parser)
@@ -148,10 +149,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.kind == "random" and args.num_final:
         parser.error(f"--num_final {args.num_final}: the final split is made of new world scenes; --kind random has "
                      "none (leave the flag out or pass 0)")
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.out.exists() and not args.overwrite:
         parser.error(f"--out {args.out} already exists; pass --overwrite to replace it")
+    # --overwrite replaces demo assets only: never a dataset, a run or anything else that lives in --out
+    check_output_folder_kind(args.out, flag="--out", marker="demo_config.json")
     if args.teacher is not None:
         if args.kind != "world":
             parser.error("--teacher is for --kind world (the random kind makes its own Teacher)")

@@ -44,6 +44,8 @@ from predictor_training.data.sample_table import (
     write_standard_pose_files,
 )
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
+from predictor_training.runtime.flags import SEED
+from predictor_training.runtime.io import check_output_folder_kind
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="number of cases in holdout25.jsonl")
     parser.add_argument("--holdout50-size", type=int, default=DEFAULT_SPLIT_SIZES["holdout50"],
                         help="number of cases in holdout50.jsonl")
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the shuffle that assigns cases to splits")
+    parser.add_argument("--split-seed", type=SEED, default=0, help="seed of the shuffle that assigns cases to splits")
     parser.add_argument("--seed-base", type=int, default=0,
                         help="mixed into every row's seed (seed = hash(seed_base, case_id, action_id))")
     parser.add_argument("--actions", type=str, default=None,
@@ -96,7 +98,8 @@ def main(argv=None) -> dict[str, Path]:
     args = parse_args(argv)
     sizes = {"train": args.train_size, "holdout25": args.holdout25_size, "holdout50": args.holdout50_size}
 
-    # 1. validate and split the cases (nothing is written before this succeeds)
+    # 1. validate and split the cases (nothing is written before this succeeds); --out holds no other kind of folder
+    check_output_folder_kind(args.out, flag="--out", marker=None)
     cases = read_cases(args.cases)
     camera_paths = [] if args.poses is None else read_camera_paths(
         args.poses, num_latents=args.num_latents, standard_ids=args.action_ids, case_ids=[c.case_id for c in cases])

@@ -23,6 +23,7 @@ import torch
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.schedule import Schedule, parse_replace_steps
 from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.io import read_json_file
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.flops import (
@@ -70,7 +71,7 @@ def teacher_config(folder: Path | None) -> dict:
     path = folder / "config.json"
     if not path.is_file():
         raise SystemExit(f"error: --teacher {folder}: no config.json there")
-    return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text()), str(path))
+    return WorldPlayTransformer.constructor_arguments(read_json_file(path), str(path))
 
 
 @command

@@ -17,9 +17,10 @@ they load a tensor. A resume over entries written before that field existed adds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,13 @@ from predictor_training.data.shards import (
     write_safetensors_atomic,
 )
 from predictor_training.runtime.errors import UserInputError
-from predictor_training.runtime.io import canonical_json, sha256_json
+from predictor_training.runtime.io import (
+    CreatedPaths,
+    canonical_json,
+    check_output_folder_kind,
+    read_json_file,
+    sha256_json,
+)
 from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed
 from predictor_training.runtime.precision import autocast
 from predictor_training.rollout.scheduler import flow_match_sigmas, sigmas_to_timesteps
@@ -63,6 +70,8 @@ from predictor_training.teacher.source import TeacherSource, load_teacher
 BUILDER_VERSION = "1"
 MANIFEST_FILE = "manifest.jsonl"
 PARTS_DIR = "manifest_parts"
+# Every top-level name a build writes into --out: it refuses a folder that holds anything else.
+DATASET_LAYOUT = frozenset({DATASET_CONFIG_NAME, MANIFEST_FILE, PARTS_DIR, "cases", "trajectories"})
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -341,7 +350,7 @@ def write_or_check_config(root: Path, config: dict) -> None:
     """Write ``dataset_config.json``, or check that an existing one (resume) describes the same build."""
     path = root / DATASET_CONFIG_NAME
     if path.is_file():
-        existing = json.loads(path.read_text())
+        existing = read_json_file(path, DatasetInputError)
         differing = sorted(key for key in set(existing) | set(config) if existing.get(key) != config.get(key))
         if differing:
             details = "; ".join(f"{key}: existing {existing.get(key)!r}, requested {config.get(key)!r}"
@@ -351,6 +360,21 @@ def write_or_check_config(root: Path, config: dict) -> None:
             )
         return
     write_bytes_atomic(path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+@contextlib.contextmanager
+def taken_back_on_refusal(root: Path, env) -> Iterator[None]:
+    """A refusal (`UserInputError`) met by a one-process build before it finished any file leaves --out as it was:
+    what the build created there (its config, empty folders) is removed. A file finished by then is kept with its
+    record, for a rerun to resume from."""
+    created = CreatedPaths(root).snapshot()
+    try:
+        yield
+    except UserInputError:
+        parts = sorted((Path(root) / PARTS_DIR).glob("*.jsonl")) if (Path(root) / PARTS_DIR).is_dir() else []
+        if env.world_size == 1 and not any(part.stat().st_size for part in parts):
+            created.remove()
+        raise
 
 
 def known_entries(root: Path) -> dict[str, list[dict]]:
@@ -485,7 +509,7 @@ def read_teacher_config(teacher_dir: Path) -> dict:
     if not path.is_file():
         raise DatasetInputError(f"--teacher {teacher_dir}: no config.json")
     try:
-        return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text()), source=str(path))
+        return WorldPlayTransformer.constructor_arguments(read_json_file(path, DatasetInputError), source=str(path))
     except ValueError as error:
         raise DatasetInputError(str(error)) from error
 
@@ -499,6 +523,7 @@ def run(options: BuildOptions) -> int:
     ``options.prefeature_layers`` None is replaced by ``default_prefeature_layers`` of the Teacher's depth (in
     ``options``, which the caller then reads).
     """
+    check_output_folder_kind(options.out, flag="--out", marker=DATASET_CONFIG_NAME, layout=DATASET_LAYOUT)
     teacher_config = read_teacher_config(options.teacher)
     depth = teacher_config["mm_double_blocks_depth"]
     if options.prefeature_layers is None:
@@ -514,7 +539,8 @@ def run(options: BuildOptions) -> int:
 
     env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
     try:
-        return build(options, plan, teacher_config, env)
+        with taken_back_on_refusal(options.out, env):
+            return build(options, plan, teacher_config, env)
     finally:
         cleanup_distributed()
 

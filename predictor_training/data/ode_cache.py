@@ -62,14 +62,15 @@ from predictor_training.data.shards import (
     TENSOR_CHECKSUM_FIELD,
     TensorChecksums,
     append_jsonl,
+    check_listed_file,
     load_tensors,
     read_jsonl,
     verify_file,
     write_bytes_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.runtime.errors import MissingFileError, UserInputError
-from predictor_training.runtime.io import sha256_json
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.io import read_json_file, sha256_json
 from predictor_training.runtime.distributed import barrier
 from predictor_training.runtime.random_streams import stream_seed
 from predictor_training.rollout.scheduler import flow_match_sigmas
@@ -79,6 +80,8 @@ from predictor_training.rollout.teacher_forcing import TEXT_ENCODER_FIELDS, clip
 CACHE_CONFIG_NAME = "ode_cache_config.json"
 COMPLETE_MARKER = "COMPLETE"
 SAMPLES_DIR = "samples"
+# Every top-level name a build writes into --out: it refuses a folder that holds anything else.
+CACHE_LAYOUT = frozenset({CACHE_CONFIG_NAME, COMPLETE_MARKER, SAMPLES_DIR, MANIFEST_FILE, PARTS_DIR})
 MANIFEST_KIND = "ode_sample"
 CONDITION_TENSORS = ("image_cond", "viewmats", "Ks", "action", *TEXT_ENCODER_FIELDS)
 SAMPLE_TENSORS = ("states", "sigmas", "final", "seed", *CONDITION_TENSORS)
@@ -197,7 +200,7 @@ def cache_config(settings: CacheSettings, teacher, plan: Sequence[CacheJob], inp
 def _check_or_write_config(root: Path, config: dict, is_main: bool) -> None:
     path = root / CACHE_CONFIG_NAME
     if path.is_file():
-        existing = json.loads(path.read_text(encoding="utf-8"))
+        existing = read_json_file(path, OdeCacheError)
         differing = sorted(key for key in existing.keys() | config.keys() if existing.get(key) != config.get(key))
         if differing:
             details = "; ".join(f"{key}: existing {existing.get(key)!r}, requested {config.get(key)!r}"
@@ -295,7 +298,7 @@ class OdeCacheDataset(Dataset):
         if not (self.root / COMPLETE_MARKER).is_file():
             raise OdeCacheError(f"{self.root}: no {COMPLETE_MARKER} marker, the cache is not finished; rerun "
                                 "tools/build_ode_cache.py with the same arguments to finish it")
-        self.config = json.loads((self.root / CACHE_CONFIG_NAME).read_text(encoding="utf-8"))
+        self.config = read_json_file(self.root / CACHE_CONFIG_NAME, OdeCacheError)
         entries = [entry for entry in read_jsonl(self.root / MANIFEST_FILE) if entry.get("kind") == MANIFEST_KIND]
         self.entries = sorted((entry for entry in entries if entry["split"] == split),
                               key=lambda entry: entry["sample_id"])
@@ -309,8 +312,8 @@ class OdeCacheDataset(Dataset):
                                     f"{missing}")
             if verify:
                 verify_file(entry, self.root)
-            elif not (self.root / entry["file"]).is_file():
-                raise MissingFileError(f"{self.root / entry['file']}: listed in the manifest but missing")
+            else:
+                check_listed_file(self.root, entry["file"], entry["bytes"], self.root / MANIFEST_FILE)
         self.checksums = TensorChecksums({self.root / entry["file"]: entry[TENSOR_CHECKSUM_FIELD]
                                           for entry in self.entries})
         self.stored_sigmas = [float(value) for value in self.config["stored_sigmas"]]
@@ -322,6 +325,10 @@ class OdeCacheDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         entry = self.entries[index]
         tensors = load_tensors(self.root / entry["file"], SAMPLE_TENSORS, checksums=self.checksums)
+        for name in ("states", "final"):  # KD's targets
+            if not bool(torch.isfinite(tensors[name]).all()):
+                raise OdeCacheError(f"{self.root / entry['file']}: tensor {name!r} holds NaN/Inf; expected finite "
+                                    "values (rebuild the cache with tools/build_ode_cache.py)")
         item = {"sample_id": entry["sample_id"], "clip_id": entry["sample_id"], **tensors}
         item["seed"] = int(tensors["seed"][0])
         item["latents"] = tensors["final"]

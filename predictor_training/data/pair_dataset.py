@@ -51,6 +51,7 @@ from predictor_training.data.shards import (
     MANIFEST_KINDS,
     TENSOR_CHECKSUM_FIELD,
     TensorChecksums,
+    check_listed_file,
     read_jsonl,
     verify_file,
 )
@@ -157,11 +158,10 @@ def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
 
 
 def check_files_exist(root: str | Path, entries: Sequence[ManifestEntry]) -> None:
-    """FileNotFoundError naming the first manifest entry whose file is missing."""
+    """`shards.check_listed_file` for every entry: FileNotFoundError naming the first entry whose file is missing,
+    ShardVerificationError naming the first whose size differs from the manifest's (a stat per file, no read)."""
     for entry in entries:
-        path = Path(root) / entry.file
-        if not path.is_file():
-            raise MissingFileError(f"{Path(root) / MANIFEST_NAME} lists {entry.file!r} but {path} does not exist")
+        check_listed_file(root, entry.file, entry.bytes, Path(root) / MANIFEST_NAME)
 
 
 def verify_checksums(root: str | Path, entries: Sequence[ManifestEntry]) -> None:
@@ -193,6 +193,14 @@ def tensor_checksums(root: str | Path, entries: Sequence[ManifestEntry], verifie
 # ---------------------------------------------------------------------------------------------------------------------
 # Lazily opened, per-process safetensors handles
 # ---------------------------------------------------------------------------------------------------------------------
+def check_finite_tensor(tensor: torch.Tensor, path: Path, name: str) -> None:
+    """A stored input or target with NaN/Inf (written so by the builder: its checksums match) is named with its
+    file, not found later as a non-finite loss."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise UserInputError(f"{path}: tensor {name!r} holds NaN/Inf; expected finite values (rebuild this file "
+                             "with tools/build_predictor_dataset.py, or leave its trajectory out of the split)")
+
+
 class SafetensorsHandles:
     """A small LRU of open ``safe_open`` handles that belongs to one process.
 
@@ -444,6 +452,18 @@ class PairDataset(Dataset):
         absent = [name for name in required if name not in trajectory.tensors]
         if absent:
             raise UserInputError(f"manifest entry for {trajectory.file!r} lacks tensor(s) {absent[:6]}")
+        # the targets' recorded shapes: a velocity as its step's latents, every final hidden as the first one
+        hidden_shape = trajectory.shape(step_tensor(0, 0, "final_hidden"))
+        for chunk in range(self.num_chunks):
+            for step in range(self.num_steps):
+                latent_shape = trajectory.shape(step_tensor(chunk, step, "latent_in"))
+                for name, expected in (("velocity", latent_shape), ("final_hidden", hidden_shape)):
+                    found = trajectory.shape(step_tensor(chunk, step, name))
+                    if found != expected:
+                        like = "its latent_in" if name == "velocity" else "every final_hidden"
+                        raise UserInputError(
+                            f"{self.root / trajectory.file}: tensor {step_tensor(chunk, step, name)!r} has shape "
+                            f"{list(found)}; expected {list(expected)} (as {like})")
         frames = trajectory.shape("action")[0]
         expected = self.num_chunks * self.chunk_latents
         if frames != expected:
@@ -512,6 +532,11 @@ class PairDataset(Dataset):
             target_hidden=read(path, step_tensor(chunk, target, "final_hidden")),
             target_velocity=read(path, step_tensor(chunk, target, "velocity")),
         )
+        for key, name in (("noisy_input", step_tensor(chunk, target, "latent_in")),
+                          ("anchor_hidden", step_tensor(chunk, anchor, "final_hidden")),
+                          ("target_hidden", step_tensor(chunk, target, "final_hidden")),
+                          ("target_velocity", step_tensor(chunk, target, "velocity"))):
+            check_finite_tensor(item[key], path, name)
         if self.with_prev_chunk_hidden:
             item["prev_chunk_hidden"] = read(path, step_tensor(chunk - 1, target, "final_hidden"))
 

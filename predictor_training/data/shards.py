@@ -372,6 +372,20 @@ def read_jsonl(path: str | os.PathLike, allow_torn_tail: bool = False) -> list[d
     return records
 
 
+def check_listed_file(root: str | os.PathLike, file: str, recorded_bytes: int, manifest: str | os.PathLike) -> None:
+    """The check every reader makes when it opens a dataset, for each file it will read: the file exists and has the
+    size its manifest entry records (a stat, no read), so a file cut short or replaced is named at the start, not
+    when a step reaches it. The sha256 and every tensor's checksum are checked on read (and with --verify_dataset)."""
+    path = Path(root) / file
+    if not path.is_file():
+        raise MissingFileError(f"{manifest} lists {file!r} but {path} does not exist")
+    size = path.stat().st_size
+    if size != int(recorded_bytes):
+        raise ShardVerificationError(f"{path}: {size} bytes, but {manifest} records {int(recorded_bytes)}; expected "
+                                     "the file as the builder wrote it (cut short or replaced since: rerun the "
+                                     "builder with the same arguments and --out to rebuild it)")
+
+
 def verify_file(entry: Mapping[str, Any], root: str | os.PathLike, check_sha256: bool = True) -> None:
     """Check that ``root / entry["file"]`` exists and matches the entry's bytes, sha256 and tensor list.
 

@@ -225,7 +225,22 @@ def open_trajectory_table(dataset_root: str | Path, split: str, *, sample_table:
         num_latents=int(config_field(read_dataset_config(dataset_root), "num_latents", dataset_root)),
         subset_cases=subset_cases, subset_seed=subset_seed, verify=verify,
     )
+    check_table_splits(dataset, sample_table, split)
     return dataset, sample_table
+
+
+def check_table_splits(dataset: TrajectoryTableDataset, sample_table: Path, split: str) -> None:
+    """Every case a run trains on must be one the dataset's manifest records under the trained `split`: a table
+    rewritten since the build (e.g. `make_sample_table --overwrite` with another --split-seed) would otherwise train
+    on cases the dataset holds out."""
+    recorded = {entry.case_id: entry.split for entry in read_manifest(dataset.dataset_root) if entry.kind == "case"}
+    other = sorted(case_id for case_id in dataset.case_ids if recorded[case_id] != split)
+    if other:
+        raise UserInputError(
+            f"--sample_table {sample_table}: case {other[0]!r} ({len(other)} of {len(dataset.case_ids)} cases) is "
+            f"recorded as split {recorded[other[0]]!r} in {dataset.dataset_root / 'manifest.jsonl'}; expected only "
+            f"cases of split {split!r} (the table was changed since the dataset was built: use the table it was "
+            "built from, or rebuild the dataset)")
 
 
 def trajectory_batches(dataset_root: str | Path, split: str, env: DistEnv, *, sample_table: Path | None, seed: int,

@@ -29,11 +29,13 @@ from tqdm import tqdm
 
 from predictor_training.rollout.camera import PoseError, pose_to_input
 from predictor_training.data.builder import (
+    MANIFEST_FILE,
     PARTS_DIR,
     drop_torn_tail,
     finished_entry,
     known_entries,
     merge_manifest_entries,
+    taken_back_on_refusal,
     write_merged_manifest,
 )
 from predictor_training.data.encoders import CaseEncoder, validate_encoded_case, warn_if_caption_truncated
@@ -44,7 +46,13 @@ from predictor_training.data.shards import (
     write_bytes_atomic,
     write_safetensors_atomic,
 )
-from predictor_training.runtime.io import read_jsonl_objects, sha256_file, sha256_json
+from predictor_training.runtime.io import (
+    check_output_folder_kind,
+    read_json_file,
+    read_jsonl_objects,
+    sha256_file,
+    sha256_json,
+)
 from predictor_training.data.video_latents import (
     CHUNK_LATENTS,
     CLIP_TENSORS,
@@ -62,6 +70,8 @@ BUILDER_VERSION = "1"
 TABLE_FIELDS = ("clip_id", "video", "pose", "caption")
 ENCODER_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STORAGE_DTYPES = ("keep", "bfloat16", "float32")
+# Every top-level name a build writes into --out: it refuses a folder that holds anything else.
+VIDEO_DATASET_LAYOUT = frozenset({CONFIG_NAME, MANIFEST_FILE, PARTS_DIR, CLIPS_DIR})
 VAE_CONVENTION = ("latent_dist.mode() * vae.config.scaling_factor (posterior mean, no sampling, no shift, no "
                   "per-channel mean/std); decode with latents / scaling_factor")
 
@@ -431,7 +441,7 @@ def check_config(root: Path, config: dict) -> bool:
     path = Path(root) / CONFIG_NAME
     if not path.is_file():
         return False
-    differences = config_differences(json.loads(path.read_text(encoding="utf-8")), config)
+    differences = config_differences(read_json_file(path, VideoDatasetInputError), config)
     if differences:
         raise VideoDatasetInputError(
             f"{path}: the dataset in --out was built with other settings; differing fields:\n  "
@@ -485,6 +495,7 @@ def run(options: VideoBuildOptions, prepare_demo=None) -> int:
     ``prepare_demo``: with ``options.demo`` set, the function that writes the demo inputs first (rank 0), called as
     ``prepare_demo(demo, clips, holdout, seed)`` (``world.video_latent_demo.prepare_demo_inputs``).
     """
+    check_output_folder_kind(options.out, flag="--out", marker=CONFIG_NAME, layout=VIDEO_DATASET_LAYOUT)
     env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
     try:
         if options.demo is not None:
@@ -496,7 +507,8 @@ def run(options: VideoBuildOptions, prepare_demo=None) -> int:
         plan = read_clip_plan(options.clips, options.num_frames)  # every rank, so every rank fails alike
         if options.check_only:
             return _check_only(plan, env)
-        return build(options, plan, env)
+        with taken_back_on_refusal(options.out, env):
+            return build(options, plan, env)
     finally:
         cleanup_distributed()
 

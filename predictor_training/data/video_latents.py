@@ -40,7 +40,6 @@ agree up to float rounding.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +48,16 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from predictor_training.data.builder import MANIFEST_FILE
-from predictor_training.data.pair_dataset import SafetensorsHandles, check_files_exist, verify_checksums
+from predictor_training.data.pair_dataset import (
+    SafetensorsHandles,
+    check_files_exist,
+    check_finite_tensor,
+    verify_checksums,
+)
 from predictor_training.data.samplers import epoch_generator
 from predictor_training.data.shards import TENSOR_CHECKSUM_FIELD, TensorChecksums, read_jsonl
 from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
+from predictor_training.runtime.io import read_json_file
 
 CONFIG_NAME = "video_dataset_config.json"
 
@@ -131,7 +136,10 @@ def read_video_dataset_config(root: str | Path) -> dict:
     if not path.is_file():
         raise MissingFileError(f"video dataset config not found: {path} (build the dataset with "
                                 "tools/build_video_latent_dataset.py)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    config = read_json_file(path, VideoDatasetInputError)
+    if not isinstance(config, dict):
+        raise VideoDatasetInputError(f"{path}: holds a {type(config).__name__}; expected a JSON object")
+    return config
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,7 @@ class VideoLatentDataset(Dataset):
             "latent_start": first,
             "latents": self._read_frames(path, "latents", 1, first, end, self.num_latents),
         }
+        check_finite_tensor(item["latents"], path, "latents")  # every method's training target
         for name in CAMERA_FIELDS:
             item[name] = self._read_frames(path, name, 0, first, end, self.num_latents)
         for name in ENCODER_FIELDS:

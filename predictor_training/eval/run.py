@@ -30,7 +30,7 @@ from predictor_training.runtime.checkpoint import (
     read_training_state,
 )
 from predictor_training.runtime.errors import MissingFieldError, UserInputError
-from predictor_training.runtime.io import sha256_file, sha256_json
+from predictor_training.runtime.io import read_json_file, sha256_file, sha256_json
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
     PredictorCheckpoint,
@@ -392,7 +392,19 @@ def check_or_write_eval_config(out_dir: Path, fingerprint: str, record: dict, se
             "max_videos": settings.max_videos, "num_side_by_side": settings.num_side_by_side,
             "fps": settings.fps, **settings.extra}})
     barrier()
-    saved = json.loads(path.read_text(encoding="utf-8"))
+    check_eval_config(out_dir, fingerprint, record)
+
+
+def check_eval_config(out_dir: Path, fingerprint: str, record: dict) -> None:
+    """An existing eval_config.json must have this run's fingerprint (nothing is written; no file: nothing to
+    check). A run checks it before it loads anything, and again once it is written."""
+    path = out_dir / EVAL_CONFIG_NAME
+    if not path.is_file():
+        return
+    saved = read_json_file(path)
+    if not isinstance(saved, dict) or "fingerprint" not in saved or not isinstance(saved.get("settings"), dict):
+        raise UserInputError(f"{path}: not an eval_config.json (no 'fingerprint' / 'settings'); expected the file an "
+                             "eval wrote")
     if saved["fingerprint"] != fingerprint:
         changed = sorted(key for key in record.keys() | saved["settings"].keys()
                          if saved["settings"].get(key) != record.get(key))
@@ -488,7 +500,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
                                                                                      list(keys.values()))
     fingerprint, record = settings_fingerprint(settings, checkpoints, teacher_config_sha256(teacher), scorer, device,
                                                rows)
-    check_or_write_eval_config(out_dir, fingerprint, record, settings, env)
+    check_eval_config(out_dir, fingerprint, record)
 
     # 3. Which are finished, this rank's share: units are (video, seed).
     units = [(index, seed_index) for index in selected for seed_index in range(settings.seeds)]
@@ -504,14 +516,17 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
          + ("" if context_modes == (EXACT_CONTEXT,) else f"; context modes {', '.join(context_modes)}")
          + ("" if settings.ground_truth is None else f"; ground truth from {settings.ground_truth}"))
 
-    # 4. This rank's videos.
+    # 4. This rank's videos: every checkpoint is loaded (keys, shapes, values checked) and the runtime built and
+    #    warmed up before the run directory is made.
     computed = []
+    predictors = {ckpt.label: (load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints}
     if mine:
-        predictors = {ckpt.label: (load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints}
         methods = (classic_methods(teacher, predictors, context_modes) if rows is None
                    else rows.build(teacher, predictors))
         runtime = build_runtime(settings, teacher, methods, dataset, device, scorer=scorer)
         runtime.warm_up(dataset[mine[0][0]], settings.warmup_chunks)
+    check_or_write_eval_config(out_dir, fingerprint, record, settings, env)
+    if mine:
         for unit in tqdm(mine, desc=f"eval rank {env.rank}", unit="video", disable=not settings.progress):
             index, seed_index = unit
             item = dataset[index]

@@ -21,6 +21,7 @@ training state, and written next to the raw weights at the end of a run (`export
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -248,11 +249,12 @@ def build_predictor_role(settings: PredictorGeneratorSettings, teacher, env: Dis
 
 
 def export_generator_ema(role: Role, run_dir: Path, step: int, *, meta: dict, config: dict, keep_last: int,
-                         env: DistEnv, student_model: MethodModel | None = None) -> Path:
+                         written: Sequence[str], env: DistEnv, student_model: MethodModel | None = None) -> Path:
     """Write the generator's EMA weights next to its raw ones (a collective for a student; call on every rank).
 
     predictor: `predictor_ema_step_XXXXX.safetensors` (inference weights as `predictor_step_XXXXX.safetensors`, BF16,
-    the same meta and run config plus "ema"; tools/eval_predictor.py --ckpt reads it), pruned to --keep_last.
+    the same meta and run config plus "ema"; tools/eval_predictor.py --ckpt reads it), pruned to --keep_last among
+    `written`, the files the run recorded (`RunState.checkpoints`; the loop recorded this step's).
     student: `export_method_model` of the EMA weights into `<run_dir>/ema/` (lora_student.safetensors or model/): the
     shadow is copied into the student for the export and the trained weights are put back after it."""
     if role.ema is None:
@@ -264,7 +266,7 @@ def export_generator_ema(role: Role, run_dir: Path, step: int, *, meta: dict, co
         path = run_dir / inference_weights_name(step, f"{role.name}_ema")
         if env.is_main:
             save_inference_weights(path, role.ema.state_dict_of(role.raw_module), metadata=ema_meta, config=config)
-            prune_checkpoints(run_dir, keep=keep_last, role=f"{role.name}_ema")
+            prune_checkpoints(run_dir, keep_last, f"{role.name}_ema", written)
         return path
     trained = {name: param.detach().clone() for name, param in role.raw_module.named_parameters()
                if name in role.ema.shadow}

@@ -36,6 +36,7 @@ from predictor_training.teacher.adapters import (
 )
 from predictor_training.runtime.distributed import DistEnv, barrier
 from predictor_training.runtime.fsdp import gather_full_model_state, is_fsdp, shard_model
+from predictor_training.runtime.io import read_json_file
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.predictor.model import build_predictor
@@ -115,7 +116,7 @@ def build_fresh_model(source: TeacherSource, seed: int) -> WorldPlayTransformer:
     """A model of the Teacher folder's config, freshly initialised from `seed` (same weights on every rank; the
     global RNG is left as it was)."""
     config_path = Path(source.folder) / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_json_file(config_path)
     arguments = WorldPlayTransformer.constructor_arguments(config, source=str(config_path))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -208,7 +209,7 @@ def _config_arguments(config: str) -> dict:
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
             raise MissingFileError(f"Teacher config not found: {path}")
-        return WorldPlayTransformer.constructor_arguments(json.loads(path.read_text(encoding="utf-8")), str(path))
+        return WorldPlayTransformer.constructor_arguments(read_json_file(path), str(path))
     return preset_config(config)
 
 

@@ -38,10 +38,11 @@ import torch.distributed as dist
 from torch import nn
 
 from predictor_training.runtime.distributed import all_gather_objects, barrier, current_rank, unwrap_model
-from predictor_training.runtime.errors import MissingFileError, UserInputError
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import atomic_write, load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.io import redact_secrets
 from predictor_training.runtime.roles import module_is_fsdp
+from predictor_training.runtime.state_dicts import StateDictMismatchError, mismatch_report
 from predictor_training.runtime.sharded_checkpoint import (
     load_sharded_roles,
     publish_sharded_folder,
@@ -54,6 +55,7 @@ from predictor_training.runtime.sharded_checkpoint import (
 TRAINING_STATE_NAME = "training_latest.pt"
 # The state before the latest one, kept as the fallback when the latest is damaged (e.g. a truncated copy).
 PREVIOUS_TRAINING_STATE_NAME = "training_prev.pt"
+CHECKPOINTS_KEY = "written_checkpoints"  # the training state's record of the step files its run wrote
 TRAINING_STATE_FORMAT = "predictor_training.training_state"
 TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
 INFERENCE_FORMAT = "predictor_training.inference_weights"
@@ -96,15 +98,20 @@ class RunState:
 
     global_step: optimizer updates done. micro_step: micro-batches consumed (global_step * grad_accum on an
     uninterrupted run). epoch: current data epoch. data: `ResumableBatches.state_dict()` (epoch + position).
+    checkpoints: the names of the inference files this run wrote into its run directory and has not pruned; the
+    only files `--keep_last` may delete (`prune_checkpoints`). A record of the directory, not of the loop's
+    position: it is saved beside `run_state` in the training state (`CHECKPOINTS_KEY`) and left out of comparisons.
     """
 
     global_step: int = 0
     micro_step: int = 0
     epoch: int = 0
     data: dict = field(default_factory=dict)
+    checkpoints: list = field(default_factory=list, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The loop position (what `run_state` holds in a training state)."""
+        return {key: value for key, value in asdict(self).items() if key != "checkpoints"}
 
     @classmethod
     def from_dict(cls, state: dict) -> "RunState":
@@ -340,6 +347,7 @@ def save_training_state(
                 for role in roles
             },
             "run_state": _json_plain(run_state.to_dict(), "run_state"),
+            CHECKPOINTS_KEY: [str(name) for name in run_state.checkpoints],
             "rng_by_rank": rng_by_rank,
             "world_size": len(rng_by_rank),
             "config": _json_plain(redact_secrets(config), "config"),
@@ -505,6 +513,9 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
                 unwrap_model(role.raw_module)):
             raise CheckpointMismatchError(f"{path}: role {role.name!r} was saved FSDP-sharded (optimizer state keyed "
                                           "by parameter name); shard this role with fsdp.shard_model to resume it")
+    for role in roles:  # keys and shapes of every plain (not FSDP) model before any role is touched
+        if "sharded" not in payload["roles"][role.name] and not module_is_fsdp(unwrap_model(role.raw_module)):
+            check_state_matches(role.raw_module, payload["roles"][role.name]["model"], path, f" (role {role.name!r})")
     # 2. Sharded roles first: one DCP load for all of them (a collective), the folder found by the .pt's token.
     sharded_roles = [role for role in roles if "sharded" in payload["roles"][role.name]]
     if sharded_roles:
@@ -539,7 +550,27 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
             role.ema.load_state_dict(entry["ema"])
     # 4. RNG last.
     restore_rng_state(payload["rng_by_rank"][current_rank()])
-    return RunState.from_dict(payload["run_state"])
+    run_state = RunState.from_dict(payload["run_state"])
+    # a state saved before the record existed: its run's earlier files are kept, never pruned
+    run_state.checkpoints = [str(name) for name in payload.get(CHECKPOINTS_KEY, [])]
+    return run_state
+
+
+def check_state_matches(model: nn.Module, state: dict, path: str | os.PathLike, what: str = "") -> None:
+    """Refuse (`StateDictMismatchError`, one line naming the file and the first offending keys) a state dict whose
+    keys or shapes differ from `model`'s, before anything is loaded (torch's own error is a multi-line traceback)."""
+    model_shapes = {key: tuple(value.shape) for key, value in unwrap_model(model).state_dict().items()}
+    file_shapes = {key: tuple(value.shape) for key, value in state.items()}
+    missing, unexpected, mismatched, report = mismatch_report(model_shapes, file_shapes, str(path))
+    if not report:
+        return
+    found = [f"{len(keys)} {kind} (e.g. {', '.join(keys[:2])})" for kind, keys in (
+        ("missing keys", missing), ("unexpected keys", unexpected),
+        ("shape mismatches", [f"{key} {list(file_shapes[key])} vs {list(model_shapes[key])}" for key in mismatched]))
+        if keys]
+    raise StateDictMismatchError(str(path), missing, unexpected, mismatched,
+                                 f"{path}{what}: its weights do not fit the model: {'; '.join(found)}; expected a "
+                                 "checkpoint of this model (the same variant, Teacher size and source blocks)")
 
 
 # ------------------------------------------------------------------------------------------------ inference weights
@@ -617,14 +648,32 @@ def read_inference_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _inference_header_field(path: str | os.PathLike, field: str) -> dict:
+    """One JSON field of an inference file's header; a missing or broken one is a `UserInputError` naming the
+    file and the field."""
+    header = _read_inference_header(path)
+    if field not in header:
+        raise MissingFieldError(f"{path}: the header has no {field!r} field; expected an inference file written by "
+                                "a training run (save_inference_weights)")
+    try:
+        value = json.loads(header[field])
+    except json.JSONDecodeError as error:
+        raise UserInputError(f"{path}: the header's {field!r} field is not valid JSON ({error}); expected the file "
+                             "as a training run wrote it") from None
+    if not isinstance(value, dict):
+        raise UserInputError(f"{path}: the header's {field!r} field holds a {type(value).__name__}; expected a "
+                             "JSON object")
+    return value
+
+
 def read_inference_metadata(path: str | os.PathLike) -> dict:
     """The `metadata` dict stored by `save_inference_weights` (meta + step for loop checkpoints)."""
-    return json.loads(_read_inference_header(path)["meta"])
+    return _inference_header_field(path, "meta")
 
 
 def read_inference_config(path: str | os.PathLike) -> dict:
     """The run config stored by `save_inference_weights` (for rebuilding the model at eval time)."""
-    return json.loads(_read_inference_header(path)["config"])
+    return _inference_header_field(path, "config")
 
 
 def check_weights_file(path: str | os.PathLike, expect: dict | None = None) -> dict:
@@ -664,26 +713,31 @@ def load_model_weights(
         raise UserInputError(f"{path}: expected a .pt training state or a .safetensors inference file")
     if expect:
         _compare_expect(meta, expect, path)
+    check_state_matches(model, state, path)
     unwrap_model(model).load_state_dict(state, strict=True)
     return meta
 
 
-def prune_checkpoints(run_dir: str | os.PathLike, keep: int = 20, role: str = "predictor") -> list[Path]:
-    """Delete all but the newest `keep` `<role>_step_XXXXX.safetensors` in `run_dir` (-1 keeps all).
+def prune_checkpoints(run_dir: str | os.PathLike, keep: int, role: str, written: Sequence[str], *,
+                      delete: bool = True) -> list[Path]:
+    """Delete all but the newest `keep` `<role>_step_XXXXX.safetensors` among `written`, the names of the files this
+    run wrote into `run_dir` (`RunState.checkpoints`); -1 keeps all. A file the run did not write is never touched,
+    whatever its name. `delete=False` only names them (ranks other than 0 keep the same record without deleting).
 
-    Returns the deleted paths. Other files are never touched.
+    Returns the paths pruned (a recorded file already gone is counted, not an error).
     """
     if keep == -1:
         return []
     if keep < 1:
         raise ValueError(f"prune_checkpoints: keep={keep}; expected >= 1, or -1 to keep all")
     by_step = []
-    for path in Path(run_dir).iterdir():
-        match = re.match(rf"^{re.escape(role)}_step_(\d{{5,}})\.safetensors$", path.name)
+    for name in written:
+        match = re.match(rf"^{re.escape(role)}_step_(\d{{5,}})\.safetensors$", name)
         if match:
-            by_step.append((int(match.group(1)), path))
+            by_step.append((int(match.group(1)), Path(run_dir) / name))
     by_step.sort()
     doomed = [path for _, path in by_step[:-keep]]
-    for path in doomed:
-        path.unlink()
+    if delete:
+        for path in doomed:
+            path.unlink(missing_ok=True)
     return doomed

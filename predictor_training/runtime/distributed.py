@@ -19,6 +19,7 @@ import ctypes
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from predictor_training.runtime.errors import UserInputError
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -64,7 +67,8 @@ def resolve_backend(backend: str) -> str:
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise RuntimeError("init_distributed: backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
+        raise UserInputError("--backend nccl (or --device cuda): needs a CUDA device, but none is visible to torch; "
+                             "expected --backend gloo / auto (or --device cpu / auto) on a machine without a GPU")
     return backend
 
 
@@ -72,11 +76,45 @@ def _launched_by_torchrun() -> bool:
     present = [name for name in _TORCHRUN_VARS if name in os.environ]
     if present and len(present) != len(_TORCHRUN_VARS):
         missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
-        raise RuntimeError(
+        raise UserInputError(
             f"init_distributed: partial torchrun environment (set: {present}, missing: {missing}); "
             "launch with torchrun or unset these variables"
         )
     return bool(present)
+
+
+def torchrun_number(name: str) -> int:
+    """The integer torchrun variable `name` (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT); one line when it is not."""
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise UserInputError(f"{name}={text!r}: expected an integer (as torchrun sets it)") from None
+
+
+# How long an unresolvable MASTER_ADDR is looked up again (the name service of a cluster that is still starting)
+# before the launch ends with one line; torch's own rendezvous would retry it without end.
+MASTER_ADDRESS_WAIT_S = 120.0
+
+
+def wait_for_master_address(wait_s: float | None = None) -> None:
+    """Resolve MASTER_ADDR (and check MASTER_PORT), retrying for up to `wait_s` seconds (`MASTER_ADDRESS_WAIT_S`);
+    a name that never resolves raises one `UserInputError` naming it."""
+    wait_s = MASTER_ADDRESS_WAIT_S if wait_s is None else wait_s
+    address, port = os.environ["MASTER_ADDR"], torchrun_number("MASTER_PORT")
+    if not 0 < port < 65536:
+        raise UserInputError(f"MASTER_PORT={port}: expected a TCP port in 1..65535")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.getaddrinfo(address, port)
+            return
+        except (socket.gaierror, UnicodeError) as error:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UserInputError(f"MASTER_ADDR={address!r}: cannot be resolved ({error}) after {wait_s:g} s; "
+                                     "expected the host name or address of the rank-0 node") from None
+            time.sleep(min(2.0, remaining))
 
 
 def exit_with_launcher() -> None:
@@ -119,14 +157,16 @@ def init_distributed(backend: str = "auto", *, die_with_launcher: bool = True) -
         return DistEnv(rank=rank, local_rank=local_rank, world_size=dist.get_world_size(), device=device,
                        backend=dist.get_backend(), is_main=rank == 0)
 
+    rank, local_rank, world_size = (torchrun_number(name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if not 0 <= rank < world_size or not 0 <= local_rank <= rank:
+        raise UserInputError(f"RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world_size}: expected 0 <= LOCAL_RANK "
+                             "<= RANK < WORLD_SIZE (as torchrun sets them)")
+    wait_for_master_address()
     if die_with_launcher:
         exit_with_launcher()
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
     if use_cuda:
         if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
+            raise UserInputError(
                 f"init_distributed: LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA devices are visible"
             )
         device = torch.device("cuda", local_rank)
@@ -189,8 +229,9 @@ def seed_everything(seed: int, rank: int) -> int:
     Offsetting by rank gives each rank its own noise stream; anything that must agree across ranks
     (model init, control-flow choices) is broadcast from rank 0 instead.
     """
-    if seed < 0 or rank < 0:
-        raise ValueError(f"seed_everything: seed={seed}, rank={rank}; both must be >= 0")
+    if seed < 0 or rank < 0 or seed + rank >= 2**32:
+        raise ValueError(f"seed_everything: seed={seed}, rank={rank}; expected both >= 0 and seed + rank < 2**32 "
+                         "(numpy's seed range)")
     effective = seed + rank
     random.seed(effective)
     np.random.seed(effective)

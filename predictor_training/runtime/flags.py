@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
+import torch
 import yaml
 
 from predictor_training.runtime.logger import SWANLAB_MODES, TRACKERS
@@ -54,6 +55,8 @@ def positive(kind: type = float) -> Callable[[str], object]:
     return checked(kind, "> 0", lambda value: value > 0)
 
 
+SEED_LIMIT = 2**31  # numpy takes seeds below 2**32; the rank offset of seed_everything stays below that
+SEED = checked(int, "in [0, 2**31)", lambda value: 0 <= value < SEED_LIMIT)  # every seed flag
 UNIT_INTERVAL = checked(float, "in [0, 1)", lambda value: 0 <= value < 1)  # Adam betas, EMA decays
 CLIP_OR_OFF = checked(float, "> 0, or -1", lambda value: value == -1 or value > 0)  # gradient clips
 
@@ -441,7 +444,7 @@ FLAG_RULES: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "val_vae": (lambda value, flags: value is None or (value / "config.json").is_file(),
                 "a VAE folder with config.json (validation decodes the videos)"),
     "val_ground_truth": (lambda value, flags: value is None or value.is_dir(), "an existing folder"),
-    "seed": (lambda value, flags: value >= 0, ">= 0"),
+    "seed": (lambda value, flags: 0 <= value < SEED_LIMIT, "in [0, 2**31)"),
     "num_workers": (lambda value, flags: value >= 0, ">= 0"),
     "resume": (lambda value, flags: value is None or value.is_file(),
                "an existing training_latest.pt (refusing to start from scratch instead)"),
@@ -454,6 +457,14 @@ FLAG_RULES: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "sigma_shift": (lambda value, flags: value > 0, "> 0"),
     "logit_std": (lambda value, flags: value > 0, "> 0"),
 }
+
+
+HELD_OUT_PREFIX = "holdout"  # the held-out splits: make_sample_table's holdout25 / holdout50, the demo world's holdout
+
+
+def is_held_out_split(split: str) -> bool:
+    """Whether `split` names held-out data, which no recipe trains on (`HELD_OUT_PREFIX`)."""
+    return str(split).startswith(HELD_OUT_PREFIX)
 
 
 def check_args(
@@ -470,12 +481,26 @@ def check_args(
     flags = {**present, "dataset_config_name": dataset_config_name}
     problems = [f"--{name}={present[name]!r}: expected {expected.format(**flags)}"
                 for name, (ok, expected) in FLAG_RULES.items() if name in present and not ok(present[name], flags)]
+    if "backend" in present:
+        check_cuda_flag(parser, "--backend", args.backend)
+    if "split" in present and is_held_out_split(args.split):
+        problems.append(f"--split={args.split!r}: a held-out split (its name starts with {HELD_OUT_PREFIX!r}); "
+                        "expected a split to train on, e.g. 'train' (held-out splits are scored by the eval and "
+                        "--val_split: a model trained on one would report in-sample figures as held-out)")
     if present.get("velocity_weight") == 0 and present.get("hidden_weight") == 0:
         problems.append("--velocity_weight=0 and --hidden_weight=0: nothing would be trained")
     if "sigma_min" in present and not 0 <= args.sigma_min < args.sigma_max <= 1:
         problems.append(f"--sigma_min={args.sigma_min!r} --sigma_max={args.sigma_max!r}: expected 0 <= min < max <= 1")
     if problems:
         parser.error("; ".join(problems))
+
+
+def check_cuda_flag(parser: argparse.ArgumentParser, flag: str, value: str) -> None:
+    """A flag that asks for CUDA (`--device cuda`, `--backend nccl`) on a machine where torch sees no CUDA device is
+    refused when the flags are parsed (one line naming it), not when the first tensor meets the device."""
+    if value in ("cuda", "nccl") and not torch.cuda.is_available():
+        parser.error(f"{flag} {value}: no CUDA device is visible to torch on this machine; expected {flag} "
+                     f"{'cpu' if value == 'cuda' else 'gloo'} or auto")
 
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:

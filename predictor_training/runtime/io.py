@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -137,6 +138,101 @@ def read_jsonl_objects(path: str | os.PathLike, error: type[UserInputError] = Us
             if not isinstance(record, dict):
                 raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
             yield number, record
+
+
+# ------------------------------------------------------------------------------------------------ folder kinds
+# The file that marks each kind of folder the toolkit writes (at the folder's top level), and what to call it. A
+# builder writes only into a new or empty folder or one of its own kind (`check_output_folder_kind`).
+FOLDER_KINDS = {
+    "dataset_config.json": "a Predictor dataset (tools/build_predictor_dataset.py)",
+    "video_dataset_config.json": "a video-latent dataset (tools/build_video_latent_dataset.py)",
+    "ode_cache_config.json": "an ODE cache (tools/build_ode_cache.py)",
+    "demo_config.json": "demo assets (tools/make_demo_assets.py)",
+    "world_config.json": "a demo world (tools/build_demo_world.py)",
+    "train_config.json": "a run directory",
+    "eval_config.json": "an eval run (tools/eval_predictor.py)",
+    "model_index.json": "a diffusers pipeline folder",
+    "config.json": "a model folder",
+}
+TEMP_SUFFIX = ".tmp"  # what `atomic_write` leaves behind when it is killed
+
+
+def folder_kind(folder: str | os.PathLike, markers=None) -> str | None:
+    """What `folder` holds by the marker files at its top level (`FOLDER_KINDS`, or those of `markers`; several
+    joined by " and "), or None when it holds none."""
+    markers = FOLDER_KINDS if markers is None else markers
+    kinds = [FOLDER_KINDS[marker] for marker in markers if (Path(folder) / marker).is_file()]
+    return " and ".join(kinds) or None
+
+
+def check_output_folder_kind(folder: str | os.PathLike, *, flag: str, marker: str | None,
+                             layout: frozenset[str] | None = None) -> None:
+    """Refuse (one `UserInputError` naming `flag`, the folder and what it holds) an output folder that is neither
+    new, nor empty, nor of the kind marked by `marker` alone (None: a kind without a marker, which takes a folder
+    that holds no marked kind). With `layout` (every top-level name the kind writes, its marker included) a folder
+    of the kind that also holds other top-level names is refused too, so that a build never mixes its files into,
+    replaces or prunes anything else. Call it before anything is created."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise UserInputError(f"{flag} {folder}: is a file; expected a new or empty folder")
+    names = sorted(path.name for path in folder.iterdir())
+    if not names:
+        return
+    own = None if marker is None else FOLDER_KINDS[marker]
+    wanted = "a new or empty folder" + (f", or {own} to resume" if own else "")
+    others = folder_kind(folder, [name for name in FOLDER_KINDS if name != marker])
+    if others is not None:
+        raise UserInputError(f"{flag} {folder}: holds {others}; expected {wanted}")
+    if marker is not None and marker not in names:
+        raise UserInputError(f"{flag} {folder}: holds {len(names)} entr{'y' if len(names) == 1 else 'ies'} (e.g. "
+                             f"{names[0]!r}) but no {marker}, so it is not {own}; expected {wanted}")
+    foreign = [] if layout is None else [name for name in names if name.removesuffix(TEMP_SUFFIX) not in layout]
+    if foreign:
+        raise UserInputError(f"{flag} {folder}: {own} that also holds {foreign[:3]}, which the build does not "
+                             f"write; expected {wanted}, with nothing else in it")
+
+
+class CreatedPaths:
+    """What a command is about to create under `folder`, so that a refusal found only after it began writing (a
+    damaged input read at step 1, a Teacher whose weights do not fit) can take it back and leave the disk as it
+    was: `snapshot()` before the first write, `remove()` on the refusal. Removes only the top-level entries of
+    `folder` that were not there at the snapshot, then `folder` and the ancestors it made if they are left empty;
+    nothing that existed before is touched."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.first_missing: Path | None = None
+        self.before: frozenset[str] = frozenset()
+
+    def snapshot(self) -> "CreatedPaths":
+        missing = None
+        for path in (self.folder, *self.folder.parents):
+            if path.exists():
+                break
+            missing = path
+        self.first_missing = missing
+        self.before = frozenset(os.listdir(self.folder)) if self.folder.is_dir() else frozenset()
+        return self
+
+    def remove(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for name in sorted(set(os.listdir(self.folder)) - self.before):
+            path = self.folder / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        if self.first_missing is None:
+            return
+        for path in (self.folder, *self.folder.parents):
+            if not path.is_dir() or any(path.iterdir()):
+                break
+            path.rmdir()
+            if path == self.first_missing:
+                break
 
 
 # ------------------------------------------------------------------------------------------------ safetensors reads

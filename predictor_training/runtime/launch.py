@@ -20,7 +20,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 
-from predictor_training.runtime.checkpoint import RunState, load_training_state
+from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, RunState, load_training_state
 from predictor_training.runtime.distributed import (
     DistEnv,
     all_gather_objects,
@@ -31,6 +31,7 @@ from predictor_training.runtime.distributed import (
     seed_everything,
 )
 from predictor_training.runtime.errors import USER_ERROR_EXIT, UserInputError, describe_os_error
+from predictor_training.runtime.io import CreatedPaths
 from predictor_training.runtime.logger import MetricsLogger
 from predictor_training.runtime.loop import BatchStream, Validation, train_loop
 from predictor_training.runtime.roles import Role
@@ -57,6 +58,7 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
     joined = process_group_active()
     env = init_distributed(args.backend)
     lock = RunLock(start.run_dir)
+    created = CreatedPaths(start.run_dir).snapshot()
     try:
         refusal = None
         if env.is_main:
@@ -80,6 +82,15 @@ def distributed_run(args: argparse.Namespace, start: RunStart) -> Iterator[DistE
         log0(start.describe())
         seed_everything(args.seed, rank=env.rank)
         yield env
+    except (UserInputError, SystemExit) as error:
+        # A refusal found after the directory was made (a Teacher whose weights do not fit, a damaged or non-finite
+        # file met at the first steps) leaves the disk as it was, unless the run saved a training state by then.
+        refused = isinstance(error, UserInputError) or error.code == USER_ERROR_EXIT
+        if refused and env.is_main and TRAINING_STATE_NAME not in created.before and not (
+                start.run_dir / TRAINING_STATE_NAME).exists():
+            lock.release()
+            created.remove()
+        raise
     finally:
         lock.release()
         if not joined:

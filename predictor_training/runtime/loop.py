@@ -223,6 +223,11 @@ def train_loop(
     if start_step == stop_step:
         log0(f"train_loop: already at step {stop_step}; nothing to do")
         return run_state
+    # A training state records its step's files before they are written and pruned: a resume finishes that pruning
+    # (and applies this launch's --keep_last), so the record equals an uninterrupted run's.
+    for role in roles:
+        for name in weight_names(role):
+            prune_recorded(run_dir, keep_last, name, run_state, env)
 
     bar = tqdm(total=stop_step, initial=start_step, desc="train", disable=not (progress and env.is_main), dynamic_ncols=True)
     try:
@@ -414,6 +419,10 @@ def check_replicas_agree(roles: Sequence[Role], step: int) -> None:
 def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, meta, env, keep_last: int) -> None:
     if env.world_size > 1:
         check_replicas_agree(roles, step)
+    # The inference files of this step join the run's record before the training state is saved, so that a resume
+    # knows every file its run wrote; --keep_last prunes only recorded files (on every rank alike, deleting on 0).
+    names = [inference_weights_name(step, name) for role in roles for name in weight_names(role)]
+    run_state.checkpoints = [name for name in run_state.checkpoints if name not in names] + names
     # The training state goes first: it is a collective and checks finiteness on every rank together. On rank 0 it
     # returns each FSDP-sharded role's model gathered one tensor at a time in BF16 (the checkpoint itself is
     # sharded); that role's inference weights are written from it.
@@ -426,7 +435,7 @@ def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, me
             weights = full_states[role.name] if role.is_fsdp else role.raw_module
             save_inference_weights(inference_path, weights, metadata={**meta, "role": role.name, "step": step},
                                    config=config)
-            pruned = prune_checkpoints(run_dir, keep=keep_last, role=role.name)
+            pruned = prune_recorded(run_dir, keep_last, role.name, run_state, env)
             written.append(inference_path.name + (f" (pruned {len(pruned)})" if pruned else ""))
             if isinstance(role.ema, EMA):  # its inference weights beside the raw ones: <role>_ema_step_XXXXX
                 ema = role.ema
@@ -434,6 +443,24 @@ def _write_checkpoints(run_dir: Path, step: int, *, roles, run_state, config, me
                 save_inference_weights(ema_path, ema.state_dict_of(role.raw_module), config=config, metadata={
                     **meta, "role": role.name, "step": step,
                     "ema": {"decay": ema.decay, "start_update": ema.start_update, "updates": ema.updates}})
-                prune_checkpoints(run_dir, keep=keep_last, role=f"{role.name}_ema")
+                prune_recorded(run_dir, keep_last, f"{role.name}_ema", run_state, env)
                 written.append(ema_path.name)
         log0(f"checkpoint step {step}: {TRAINING_STATE_NAME}, {', '.join(written)}")
+    else:
+        for role in roles:
+            for name in weight_names(role):
+                prune_recorded(run_dir, keep_last, name, run_state, env)
+
+
+def weight_names(role: Role) -> tuple[str, ...]:
+    """The names a role's inference files carry: `<role>` and, with an EMA, `<role>_ema`."""
+    return (role.name, *([f"{role.name}_ema"] if isinstance(role.ema, EMA) else []))
+
+
+def prune_recorded(run_dir: Path, keep_last: int, role: str, run_state: RunState, env: DistEnv) -> list[Path]:
+    """`--keep_last` over the files of `role` this run recorded (deleted on rank 0; every rank drops them from its
+    record, so the record is the same everywhere)."""
+    pruned = prune_checkpoints(run_dir, keep_last, role, run_state.checkpoints, delete=env.is_main)
+    gone = {path.name for path in pruned}
+    run_state.checkpoints = [name for name in run_state.checkpoints if name not in gone]
+    return pruned

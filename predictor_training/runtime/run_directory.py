@@ -18,6 +18,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,12 @@ from typing import Sequence
 
 import torch
 
-from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, DamagedTrainingStateError, read_training_summary
+from predictor_training.runtime.checkpoint import (
+    PREVIOUS_TRAINING_STATE_NAME,
+    TRAINING_STATE_NAME,
+    DamagedTrainingStateError,
+    read_training_summary,
+)
 from predictor_training.runtime.cpu_threads import cpu_kind
 from predictor_training.runtime.distributed import resolve_backend
 from predictor_training.runtime.errors import UserInputError
@@ -208,6 +214,21 @@ def check_output_folder(run_dir: Path, flags: dict, inputs: Sequence[tuple[str, 
                              "folder")
 
 
+WEIGHTS_FILE = re.compile(r"^.+_step_\d{5,}\.safetensors$")  # what `checkpoint.inference_weights_name` gives
+
+
+def check_no_foreign_weights(run_dir: Path, flag: str) -> None:
+    """A run starting in `run_dir` (it holds no training state, latest or previous, so no run of its own) would
+    overwrite the step files already there: refused, naming them, before anything is created."""
+    found = sorted(path.name for path in run_dir.glob("*_step_*.safetensors") if WEIGHTS_FILE.match(path.name)) if (
+        run_dir.is_dir()) else []
+    if found:
+        raise UserInputError(f"{flag} {run_dir}: holds {found[0]} ({len(found)} step file(s)) but no "
+                             f"{TRAINING_STATE_NAME}, so no run in it wrote them, and a new run would overwrite those "
+                             "of its own steps; expected an empty folder or this run's own directory (move them away, "
+                             "or pass another --output_dir)")
+
+
 def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=run_name,
              inputs: Sequence[tuple[str, Path]] = ()) -> RunStart:
     """The first thing every recipe's `main()` does after parsing: name the run from its flags (`naming`, the
@@ -227,6 +248,8 @@ def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=r
     name = naming(flags, world_size=world_size, device_type=device_type, subset=subset)
     run_dir = Path(flags["output_dir"]) if flags["output_dir"] is not None else Path(flags["output_root"]) / name
     check_output_folder(run_dir, flags, inputs)
+    if not any((run_dir / name).is_file() for name in (TRAINING_STATE_NAME, PREVIOUS_TRAINING_STATE_NAME)):
+        check_no_foreign_weights(run_dir, "--output_dir" if flags["output_dir"] is not None else "--output_root")
     stop_step = flags["max_steps"] if flags["stop_at_step"] == -1 else flags["stop_at_step"]
     if flags["resume"] is not None:
         resume = Path(flags["resume"])

@@ -65,7 +65,7 @@ from peft.functional import delete_adapter
 from peft.tuners.lora import LoraLayer
 from torch import Tensor, nn
 
-from predictor_training.runtime.errors import MissingFileError
+from predictor_training.runtime.errors import MissingFileError, UserInputError
 from predictor_training.runtime.io import atomic_write
 from predictor_training.runtime.io import load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.state_dicts import StateDictMismatchError, mismatch_report
@@ -197,6 +197,14 @@ def add_lora(
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"LoRA dropout must lie in [0, 1), got {dropout!r}")
     targets = _check_targets(targets)
+    # A rank past the narrowest targeted linear adds only parameters (the update is full-rank there already); a huge
+    # one would exhaust the machine's memory before training starts.
+    widths = [min(module.in_features, module.out_features) for module_name, module in teacher.named_modules()
+              if isinstance(module, nn.Linear) and re.fullmatch(_target_regex(targets), module_name)]
+    if widths and rank > min(widths):
+        raise UserInputError(f"--lora_rank {rank}: larger than the narrowest adapted linear of the Teacher "
+                             f"({min(widths)} features); expected 1..{min(widths)} (--train full for a full-rank "
+                             "update)")
     previous = active_adapter(teacher)
     grad_flags = _lora_grad_flags(teacher)
     config = LoraConfig(
@@ -466,13 +474,20 @@ def read_lora_header(path: str | os.PathLike) -> dict:
     with open_safetensors(path) as handle:
         header = handle.metadata() or {}
     if header.get("format") != LORA_FILE_FORMAT:
-        raise ValueError(f"{path} is not a Teacher LoRA adapter file (format {header.get('format')!r}, expected "
-                         f"{LORA_FILE_FORMAT!r})")
-    config = json.loads(header["lora_config"])
-    if config.get("format_version") != LORA_FILE_VERSION:
-        raise ValueError(f"{path}: LoRA file version {config.get('format_version')}, this code reads "
-                         f"{LORA_FILE_VERSION}")
-    return {"lora_config": config, "metadata": json.loads(header["metadata"])}
+        raise UserInputError(f"{path} is not a Teacher LoRA adapter file (format {header.get('format')!r}, expected "
+                             f"{LORA_FILE_FORMAT!r})")
+    fields = {}
+    for field in ("lora_config", "metadata"):
+        try:
+            fields[field] = json.loads(header[field])
+        except (KeyError, json.JSONDecodeError) as error:
+            raise UserInputError(f"{path}: the header's {field!r} field is missing or not valid JSON ({error!r}); "
+                                 "expected an adapter file as save_lora wrote it") from None
+    config = fields["lora_config"]
+    if not isinstance(config, dict) or config.get("format_version") != LORA_FILE_VERSION:
+        version = config.get("format_version") if isinstance(config, dict) else None
+        raise UserInputError(f"{path}: LoRA file version {version}, this code reads {LORA_FILE_VERSION}")
+    return fields
 
 
 def load_lora(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import inspect
 import os
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
+from diffusers.utils import logging as diffusers_logging
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint, noop_context_fn
 
@@ -40,6 +42,7 @@ from .layers import (
 )
 
 from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.io import read_json_file
 
 TEXT_TIMESTEP = 0.0  # the AR text stream is always modulated by time_in(0)
 COND_TYPE_LLM, COND_TYPE_BYT5, COND_TYPE_SIGLIP = 0, 1, 2
@@ -336,6 +339,9 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         arguments the mapping omits take the constructor defaults, as `from_pretrained` does (the released config has
         no `byt5_*_dim`); any other unknown field raises a ValueError naming `source`.
         """
+        if not isinstance(config, Mapping):
+            raise UserInputError(f"{source}: holds a {type(config).__name__}; expected a JSON object of Teacher "
+                                 "config fields")
         stored = {key: value for key, value in config.items() if not key.startswith("_")}
         parameters = inspect.signature(cls.__init__).parameters
         unknown = sorted(set(stored) - set(parameters))
@@ -348,7 +354,15 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """diffusers `from_pretrained`, but strict: any missing, unexpected or mismatched key raises."""
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        config_path = Path(pretrained_model_name_or_path) / cls.config_name
+        if config_path.is_file():  # a broken config.json as one line naming it (diffusers' error names no file)
+            cls.constructor_arguments(read_json_file(config_path), source=str(config_path))
+        verbosity = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # its warning about unused keys would precede our one-line error
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        finally:
+            diffusers_logging.set_verbosity(verbosity)
         raise_on_loading_info(info, source=str(pretrained_model_name_or_path))
         return (model, info) if want_info else model
 

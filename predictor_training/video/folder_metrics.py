@@ -141,10 +141,17 @@ def format_table(per_video: list[dict], aggregate: dict) -> str:
 # The comparison
 # ----------------------------------------------------------------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
-    """'auto' = cuda if available else cpu; anything else as torch.device (RuntimeError when it is no device)."""
+    """'auto' = cuda if available else cpu; anything else as torch.device (RuntimeError when it is no device); a
+    CUDA device this machine does not have is refused here, not at its first tensor."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise RuntimeError(f"this machine has {count} CUDA device(s) visible to torch; expected cpu, auto or one "
+                               "of its CUDA devices")
+    return device
 
 
 def compare_video_folders(

@@ -47,7 +47,8 @@ def test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_st
             param.add_(1.0)
     role.ema.update(role.raw_module)  # shadow = 0.5 (initial) + 0.5 (initial + 1)
     trained = {name: param.detach().clone() for name, param in role.raw_module.named_parameters()}
-    path = export_generator_ema(role, tmp_path / "run", 7, meta={"method": "dmd2"}, config={}, keep_last=2, env=ENV,
+    path = export_generator_ema(role, tmp_path / "run", 7, meta={"method": "dmd2"}, config={}, keep_last=2, written=[],
+                                env=ENV,
                                 student_model=MethodModel(teacher, role, "lora", "student"))
     assert path == tmp_path / "run" / "ema" / "lora_student.safetensors"
     for name, param in role.raw_module.named_parameters():

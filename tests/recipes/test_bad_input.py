@@ -1,4 +1,4 @@
-"""Bad input always gets one clear line and never costs data (issue 40; docs/runs.md, Bad input).
+"""Bad input always gets one clear line and never costs data (issues 40 and 49; docs/runs.md, Bad input).
 
 A table of bad inputs across the entry scripts, fvtools, the tools and the launchers, on tiny inputs built once per
 module. Every case must end with:
@@ -14,6 +14,12 @@ Most cases call `main(argv)` in-process (what the command line runs, through `ru
 as the user does, a subprocess per command, to show the interpreter prints no traceback, and the launchers run
 through bash. The range cases are generated from the parsers themselves: every flag of `runtime.flags.FLAG_RULES`
 a recipe has, and every `type=` made by `runtime.flags.checked`, gets a value its own rule refuses.
+
+Section 7 holds a row (or more) for each class of issue 49: a builder writing into another kind of folder, a run
+into a folder with step files it did not write, held-out splits and tables that disagree with the dataset, shards
+checked when opened, inputs that used to end in a traceback (GPU-only flags, checkpoint keys and headers, broken
+configs, values out of range, NaN or wrong-shape targets, an unresolvable MASTER_ADDR), and refusals met after a
+command began writing (a Teacher whose weights do not fit, a NaN target met at step 1), which must leave nothing.
 """
 
 from __future__ import annotations
@@ -64,9 +70,10 @@ def load_tool(name: str):
     return module
 
 
-TOOLS = {name: load_tool(name) for name in ("eval_predictor", "leaderboard", "compute_video_metrics", "estimate_memory",
-                                             "convert_sharded_checkpoint", "make_demo_assets", "make_sample_table",
-                                             "build_demo_world")}
+TOOLS = {name: load_tool(name) for name in (
+    "eval_predictor", "leaderboard", "compute_video_metrics", "estimate_memory", "convert_sharded_checkpoint",
+    "make_demo_assets", "make_sample_table", "build_demo_world", "build_predictor_dataset",
+    "build_video_latent_dataset", "build_ode_cache", "encode_cases")}
 MAINS = {
     "v4": train_predictor_v4.main, "disca": train_predictor_disca.main, "rollout": train_predictor_v4_rollout.main,
     "df_sft": train_df_sft.main, "kd": train_kd.main, "dmd2": train_dmd2.main, "nft": train_nft.main,
@@ -247,9 +254,116 @@ def world(tmp_path_factory) -> dict:
     for name, marker in (("fake_videos", VIDEO_CONFIG_NAME), ("fake_cache", CACHE_CONFIG_NAME)):
         (root / name).mkdir()
         (root / name / marker).write_text("{}")
+    # 7. Issue 49's inputs: step files of another run, damaged copies of datasets, checkpoints and configs.
+    write_issue49_inputs(root, w)
     w["out"] = root / "outputs"  # where a refused command would write: it must stay empty
     w["out"].mkdir()
     return w
+
+
+def rewrite_trajectories(root: Path, change) -> None:
+    """Apply `change(tensors)` to every trajectory file of the dataset at `root`, and record the new files in its
+    manifest as the builder would (so the checksums match: the values themselves are bad)."""
+    from predictor_training.data.shards import read_jsonl, write_jsonl_atomic, write_safetensors_atomic
+
+    entries = read_jsonl(root / "manifest.jsonl")
+    for entry in entries:
+        if entry["kind"] == "trajectory":
+            tensors = safetensors.torch.load_file(str(root / entry["file"]))
+            change(tensors)
+            facts = write_safetensors_atomic(root / entry["file"], tensors)
+            entry.update(bytes=facts["bytes"], sha256=facts["sha256"], tensors=facts["tensors"],
+                         tensor_crc32=facts["tensor_crc32"])
+    write_jsonl_atomic(root / "manifest.jsonl", entries)
+
+
+def inference_copy(source: Path, target: Path, change_tensors=None, change_header=None) -> Path:
+    """A copy of an inference file whose tensors (checksum recomputed) or header fields are changed."""
+    from predictor_training.runtime.checkpoint import tensors_sha256
+    from predictor_training.runtime.io import save_safetensors
+
+    tensors = safetensors.torch.load_file(str(source))
+    with open(source, "rb") as handle:
+        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))["__metadata__"]
+    if change_tensors is not None:
+        change_tensors(tensors)
+        header[TENSORS_SHA256_KEY] = tensors_sha256(tensors)
+    if change_header is not None:
+        change_header(header)
+    save_safetensors(tensors, target, header)
+    return target
+
+
+def write_issue49_inputs(root: Path, w: dict) -> None:
+    bad = w["bad"]
+    # a folder that holds another run's step files (no training state of its own)
+    (root / "foreign_steps").mkdir()
+    shutil.copy(w["a"] / "predictor_step_00002.safetensors", root / "foreign_steps")
+    w["foreign_steps"] = root / "foreign_steps"
+    # offline datasets: a trajectory cut in half, NaN velocities (checksums match), a velocity of the wrong shape
+    made = w["damaged"]
+    trajectory = sorted((w["dataset"] / "trajectories").iterdir())[0].name
+    shutil.copytree(w["dataset"], root / "damaged" / "cut_shard")
+    cut = root / "damaged" / "cut_shard" / "trajectories" / trajectory
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    made["cut_shard"] = root / "damaged" / "cut_shard"
+
+    def nan_velocities(tensors):
+        for name in [name for name in tensors if name.endswith(".velocity")]:
+            tensors[name] = torch.full_like(tensors[name], float("nan"))
+
+    def narrow_velocity(tensors):
+        tensors["chunk1.step2.velocity"] = tensors["chunk1.step2.velocity"][..., :-1].contiguous()
+
+    for name, change in (("nan_targets", nan_velocities), ("wrong_shape_target", narrow_velocity)):
+        shutil.copytree(w["dataset"], root / "damaged" / name)
+        rewrite_trajectories(root / "damaged" / name, change)
+        made[name] = root / "damaged" / name
+    # the rollout dataset: a case the manifest records as held out (the table was rewritten since), a case cut short
+    from predictor_training.data.shards import read_jsonl, write_jsonl_atomic
+
+    held_out = root / "rollout_held_out"
+    shutil.copytree(w["rollout"]["dataset"], held_out)
+    entries = read_jsonl(held_out / "manifest.jsonl")
+    for entry in entries:
+        if entry["case_id"] == "c1":
+            entry["split"] = "holdout25"
+    write_jsonl_atomic(held_out / "manifest.jsonl", entries)
+    w["rollout_held_out"] = held_out
+    cut_case = root / "rollout_cut_case"
+    shutil.copytree(w["rollout"]["dataset"], cut_case)
+    case = cut_case / "cases" / "c0.safetensors"
+    case.write_bytes(case.read_bytes()[:100])
+    w["rollout_cut_case"] = cut_case
+    # checkpoints: a wrong shape, a missing key, a header without meta or with a broken one; a training state whose
+    # model has a key too many; a Teacher whose weights have one; a Teacher whose config.json is not JSON
+    init = w["rollout"]["init"]
+    first = next(name for name, tensor in safetensors.torch.load_file(str(init)).items() if tensor.dim() == 2)
+
+    def narrow(tensors):
+        tensors[first] = tensors[first][:, :-1].contiguous()
+
+    inference_copy(init, bad / "wrong_shape_step_00100.safetensors", change_tensors=narrow)
+    inference_copy(init, bad / "missing_key_step_00100.safetensors", change_tensors=lambda tensors: tensors.pop(first))
+    inference_copy(init, bad / "no_meta_step_00100.safetensors", change_header=lambda header: header.pop("meta"))
+    inference_copy(init, bad / "broken_meta_step_00100.safetensors",
+                   change_header=lambda header: header.update(meta="{broken"))
+    inference_copy(w["eval"]["ckpt"], bad / "eval_wrong_shape_step_00001.safetensors",
+                   change_tensors=lambda tensors: tensors.update(extra=torch.zeros(2)))
+    payload = load_state_file(w["a"] / "training_latest.pt")
+    payload["roles"]["predictor"]["model"]["extra.weight"] = torch.zeros(2)
+    torch.save(payload, bad / "extra_key_training_latest.pt")
+    shutil.copytree(w["teacher"], root / "teacher_extra_key")
+    weights = root / "teacher_extra_key" / "diffusion_pytorch_model.safetensors"
+    safetensors.torch.save_file({**safetensors.torch.load_file(str(weights)), "extra.weight": torch.zeros(2)},
+                                str(weights))
+    shutil.copytree(w["teacher"], root / "teacher_bad_config")
+    (root / "teacher_bad_config" / "config.json").write_text("{not json")
+    # configs that are not JSON: an ODE cache's, a video-latent dataset's
+    (root / "bad_cache").mkdir()
+    (root / "bad_cache" / CACHE_CONFIG_NAME).write_text("{not json")
+    shutil.copytree(w["method"]["videos"], root / "bad_videos")
+    (root / "bad_videos" / VIDEO_CONFIG_NAME).write_text("{not json")
 
 
 def write_videos(folder: Path) -> dict[str, Path]:
@@ -776,3 +890,161 @@ def test_a_caption_cut_at_the_token_limit_is_named(capsys):
     assert warning.startswith("warning: case 'c007'") and "1000000 characters" in warning and "8 text tokens" in warning
     warn_if_caption_truncated({"prompt_mask": torch.tensor([[1, 1, 0, 0]])}, "case 'c008'", "short")
     assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. Issue 49: each class of bad input closed where it arises
+# ---------------------------------------------------------------------------------------------------------------
+def video_build(w, out) -> list:
+    return ["--clips", w["tables"]["bad_json"], "--encoders", w["root"], "--out", out, "--device", "cpu"]
+
+
+def predictor_build(w, out) -> list:
+    return ["--teacher", w["teacher"], "--samples", w["rollout"]["table"], "--encoded", w["root"], "--out", out,
+            "--device", "cpu"]
+
+
+def ode_build(w, out, *extra) -> list:
+    return ["--teacher", w["method"]["teacher"], "--video_latents", w["method"]["videos"], "--steps", "4",
+            "--dtype", "float32", "--backend", "gloo", "--out", out, *extra]
+
+
+ISSUE49_CASES = {
+    # 1. A builder writes only into a new or empty folder, or its own kind alone.
+    "video_builder_into_a_predictor_dataset": ("build_video_latent_dataset", lambda w: video_build(w, w["dataset"]),
+                                               lambda w: f"--out {w['dataset']}: holds a Predictor dataset"),
+    "predictor_builder_into_a_video_dataset": ("build_predictor_dataset",
+                                               lambda w: predictor_build(w, w["method"]["videos"]),
+                                               lambda w: "holds a video-latent dataset"),
+    "predictor_builder_into_a_plain_folder": ("build_predictor_dataset",
+                                              lambda w: predictor_build(w, w["root"] / "bad"),
+                                              lambda w: "but no dataset_config.json"),
+    "ode_cache_into_a_run_directory": ("build_ode_cache", lambda w: ode_build(w, w["a"]),
+                                       lambda w: f"--out {w['a']}: holds a run directory"),
+    "ode_cache_into_a_video_dataset": ("build_ode_cache", lambda w: ode_build(w, w["method"]["videos"]),
+                                       lambda w: "holds a video-latent dataset"),
+    "demo_assets_overwrite_a_dataset": ("make_demo_assets", lambda w: ["--out", w["dataset"], "--overwrite", "--kind",
+                                                                       "random"],
+                                        lambda w: "holds a Predictor dataset"),
+    "sample_tables_into_a_dataset": ("make_sample_table", lambda w: ["--cases", w["tables"]["bad_json"], "--out",
+                                                                     w["dataset"]],
+                                     lambda w: "--out " + str(w["dataset"]) + ": holds a Predictor dataset"),
+    "encoder_outputs_into_a_dataset": ("encode_cases", lambda w: ["--encoders", w["root"], "--cases",
+                                                                  w["tables"]["bad_json"], "--out", w["dataset"],
+                                                                  "--device", "cpu"],
+                                       lambda w: "holds a Predictor dataset"),
+    # 2. A run never overwrites or prunes step files it did not write.
+    "run_into_a_folder_with_another_runs_step_files": (
+        "v4", lambda w: train_args(w["dataset"], w["foreign_steps"], steps=2),
+        lambda w: "predictor_step_00002.safetensors (1 step file(s)) but no training_latest.pt"),
+    # 3. Held-out splits are not trained on; a table the dataset records otherwise is refused.
+    "v4_held_out_split": ("v4", lambda w: offline(w, "--split", "holdout25"), lambda w: "--split='holdout25'"),
+    "disca_held_out_split": ("disca", lambda w: offline(w, "--split", "holdout50"), lambda w: "--split='holdout50'"),
+    "rollout_held_out_split": ("rollout", lambda w: rollout(w, "--split", "holdout25"), lambda w: "--split"),
+    "df_sft_held_out_split": ("df_sft", lambda w: method(w, "--split", "holdout"), lambda w: "--split='holdout'"),
+    "rollout_table_with_a_case_the_dataset_holds_out": (
+        "rollout", lambda w: [*rollout(w), "--dataset_root", w["rollout_held_out"]],
+        lambda w: "case 'c1' (1 of 2 cases) is recorded as split 'holdout25'"),
+    # 4. Every file a run reads is checked against its manifest size when the dataset is opened.
+    "v4_shard_cut_in_half": ("v4", lambda w: train_args(w["damaged"]["cut_shard"], w["out"] / "r", steps=2),
+                             lambda w: "records"),
+    "disca_shard_cut_in_half": ("disca", lambda w: train_args(w["damaged"]["cut_shard"], w["out"] / "r", steps=2),
+                                lambda w: "bytes, but"),
+    "rollout_case_cut_short": ("rollout", lambda w: [*rollout(w), "--dataset_root", w["rollout_cut_case"]],
+                               lambda w: "c0.safetensors: 100 bytes"),
+    # 5. One line instead of a traceback: checkpoint keys, shapes and headers; broken configs; values out of
+    #    range; NaN or wrong-shape targets.
+    "rollout_init_from_a_wrong_shape": ("rollout", lambda w: rollout(
+        w, "--source_blocks", "0,2", init=w["bad"] / "wrong_shape_step_00100.safetensors"),
+        lambda w: "wrong_shape_step_00100.safetensors: its weights do not fit the model"),
+    "rollout_init_from_a_missing_key": ("rollout", lambda w: rollout(
+        w, "--source_blocks", "0,2", init=w["bad"] / "missing_key_step_00100.safetensors"), lambda w: "1 missing keys"),
+    "rollout_init_from_a_header_without_meta": ("rollout", lambda w: rollout(
+        w, init=w["bad"] / "no_meta_step_00100.safetensors"), lambda w: "no_meta_step_00100.safetensors: the header "
+                                                                         "has no 'meta' field"),
+    "rollout_init_from_a_broken_header": ("rollout", lambda w: rollout(
+        w, init=w["bad"] / "broken_meta_step_00100.safetensors"), lambda w: "'meta' field is not valid JSON"),
+    "eval_ckpt_with_an_extra_key": ("eval_predictor", lambda w: evaluate(
+        w, ckpt=w["bad"] / "eval_wrong_shape_step_00001.safetensors"), lambda w: "1 unexpected keys (e.g. extra)"),
+    "resume_a_state_with_an_extra_key": ("v4", lambda w: offline(w, "--resume",
+                                                                 w["bad"] / "extra_key_training_latest.pt"),
+                                         lambda w: "(role 'predictor'): its weights do not fit the model"),
+    "teacher_weights_with_an_extra_key": ("v4", lambda w: offline(w, "--teacher", w["root"] / "teacher_extra_key"),
+                                          lambda w: "unexpected keys (1): extra.weight"),
+    "teacher_config_not_json": ("v4", lambda w: offline(w, "--teacher", w["root"] / "teacher_bad_config"),
+                                lambda w: "config.json: not valid JSON"),
+    "builder_teacher_config_not_json": ("build_predictor_dataset", lambda w: [
+        *predictor_build(w, w["out"] / "ds"), "--teacher", w["root"] / "teacher_bad_config"],
+        lambda w: "config.json: not valid JSON"),
+    "ode_cache_config_not_json": ("kd", lambda w: ["--cache_root", w["root"] / "bad_cache", "--teacher",
+                                                   w["method"]["teacher"], "--output_dir", w["out"] / "kd"],
+                                  lambda w: f"{CACHE_CONFIG_NAME}: not valid JSON"),
+    "video_dataset_config_not_json": ("df_sft", lambda w: method(w, dataset=w["root"] / "bad_videos"),
+                                      lambda w: f"{VIDEO_CONFIG_NAME}: not valid JSON"),
+    "seed_past_numpy": ("v4", lambda w: offline(w, "--seed", str(2**32)), lambda w: "--seed"),
+    "method_seed_past_numpy": ("nft", lambda w: method(w, "--seed", str(2**40)), lambda w: "--seed"),
+    "subset_seed_past_the_range": ("rollout", lambda w: rollout(w, "--subset_cases", "1", "--subset_seed",
+                                                                str(2**70)), lambda w: "--subset_seed"),
+    "split_seed_negative": ("make_sample_table", lambda w: ["--cases", w["tables"]["bad_json"], "--out",
+                                                            w["out"] / "t", "--split-seed", "-1"],
+                            lambda w: "--split-seed"),
+    "ode_cache_seed_past_the_range": ("build_ode_cache", lambda w: ode_build(w, w["out"] / "c", "--seed", str(2**33)),
+                                      lambda w: "--seed"),
+    "lora_rank_past_the_teacher": ("df_sft", lambda w: method(w, "--lora_rank", "100000"),
+                                   lambda w: "--lora_rank 100000"),
+    "nan_training_targets": ("v4", lambda w: train_args(w["damaged"]["nan_targets"], w["out"] / "r", steps=2),
+                             lambda w: "holds NaN/Inf"),
+    "wrong_shape_training_target": (
+        "disca", lambda w: train_args(w["damaged"]["wrong_shape_target"], w["out"] / "r", steps=2),
+        lambda w: "tensor 'chunk1.step2.velocity' has shape [4, 4, 2, 2]; expected [4, 4, 2, 3]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ISSUE49_CASES))
+def test_issue49_classes(case, world, capsys):
+    command, argv, names = ISSUE49_CASES[case]
+    refuse(capsys, command, argv(world), names(world), world)
+
+
+def test_the_nan_target_file_is_named(world, capsys):
+    line = refuse(capsys, "v4", train_args(world["damaged"]["nan_targets"], world["out"] / "r", steps=2), "NaN/Inf",
+                  world)
+    assert str(world["damaged"]["nan_targets"] / "trajectories") in line and ".velocity" in line
+
+
+GPU_ONLY = {
+    "v4_backend_nccl": ("v4", lambda w: offline(w, "--backend", "nccl")),
+    "df_sft_backend_nccl": ("df_sft", lambda w: [*method(w), "--backend", "nccl"]),
+    "video_builder_device_cuda": ("build_video_latent_dataset", lambda w: [*video_build(w, w["out"] / "v"),
+                                                                           "--device", "cuda"]),
+    "predictor_builder_device_cuda": ("build_predictor_dataset", lambda w: [*predictor_build(w, w["out"] / "d"),
+                                                                            "--device", "cuda"]),
+    "ode_cache_backend_nccl": ("build_ode_cache", lambda w: [*ode_build(w, w["out"] / "c"), "--backend", "nccl"]),
+    "eval_backend_nccl": ("eval_predictor", lambda w: evaluate(w, "--backend", "nccl")),
+    "encode_cases_device_cuda": ("encode_cases", lambda w: ["--encoders", w["root"], "--cases",
+                                                            w["tables"]["bad_json"], "--out", w["out"] / "e"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GPU_ONLY))
+def test_gpu_only_flags_on_a_machine_without_cuda(case, world, capsys, monkeypatch):
+    """On a CPU machine (CUDA hidden where there is one) a GPU-only flag is one line naming it, before anything."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    command, argv = GPU_ONLY[case]
+    refuse(capsys, command, argv(world), "--device cuda" if "device" in case else "--backend nccl", world)
+
+
+def test_metrics_on_a_cuda_device_the_machine_lacks(world, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refuse(capsys, "compute_video_metrics", [*metrics(world, "ref", "test"), "--device", "cuda:0"], "--device", world)
+
+
+def test_an_unresolvable_master_address_ends_with_one_line(world, capsys, monkeypatch):
+    """torch's rendezvous would retry the name without end; the launch looks it up for a bounded wait first."""
+    import predictor_training.runtime.distributed as distributed
+
+    monkeypatch.setattr(distributed, "MASTER_ADDRESS_WAIT_S", 0.0)
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid",
+                        "MASTER_PORT": "29517"}.items():
+        monkeypatch.setenv(name, value)
+    refuse(capsys, "v4", offline(world), "MASTER_ADDR='no-such-host.invalid': cannot be resolved", world)

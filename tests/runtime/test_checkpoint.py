@@ -222,20 +222,25 @@ def test_inference_weights_bf16_atomic_and_loadable(tmp_path, monkeypatch):
     assert path.read_bytes() == before and not path.with_name(path.name + ".tmp").exists()
 
 
-def test_prune_keeps_newest_k_and_nothing_else(tmp_path):
+def test_prune_keeps_newest_k_of_the_recorded_files_and_nothing_else(tmp_path):
     steps = [100 * i for i in range(1, 25)] + [100000]
-    for step in steps:
-        (tmp_path / f"predictor_step_{step:05d}.safetensors").write_bytes(b"x")
-    for other in ["training_latest.pt", "train_log.jsonl", "predictor_step_final.safetensors"]:
+    written = [f"predictor_step_{step:05d}.safetensors" for step in steps]
+    for name in written:
+        (tmp_path / name).write_bytes(b"x")
+    # files this run did not write, some named like its own: never touched
+    foreign = ["predictor_step_00050.safetensors", "training_latest.pt", "train_log.jsonl",
+               "predictor_step_final.safetensors"]
+    for other in foreign:
         (tmp_path / other).write_bytes(b"x")
-    deleted = prune_checkpoints(tmp_path, keep=20)
-    assert sorted(p.name for p in deleted) == [f"predictor_step_{s:05d}.safetensors" for s in steps[:5]]
-    remaining = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("predictor_step_0") or "100000" in p.name)
-    assert remaining == sorted(f"predictor_step_{s:05d}.safetensors" for s in steps[5:])
-    assert (tmp_path / "training_latest.pt").exists() and (tmp_path / "predictor_step_final.safetensors").exists()
-    assert prune_checkpoints(tmp_path, keep=-1) == []
+    deleted = prune_checkpoints(tmp_path, 20, "predictor", [*written, "predictor_step_final.safetensors"])
+    assert sorted(p.name for p in deleted) == written[:5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written[5:] + foreign)
+    assert prune_checkpoints(tmp_path, 20, "predictor", written) == deleted  # already gone: named, no error
+    assert prune_checkpoints(tmp_path, -1, "predictor", written) == []
+    kept = prune_checkpoints(tmp_path, 1, "predictor", written, delete=False)
+    assert len(kept) == len(written) - 1 and all(path.exists() for path in kept[5:])
     with pytest.raises(ValueError):
-        prune_checkpoints(tmp_path, keep=0)
+        prune_checkpoints(tmp_path, 0, "predictor", written)
 
 
 def current_umask() -> int:

@@ -26,6 +26,7 @@ from predictor_training.runtime.distributed import (
     unwrap_model,
     wrap_ddp,
 )
+from predictor_training.runtime.errors import UserInputError
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -39,7 +40,7 @@ def no_torchrun(monkeypatch):
 def test_the_backend_follows_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_backend("auto") == "gloo" and resolve_backend("gloo") == "gloo"
-    with pytest.raises(RuntimeError, match="backend='nccl' needs CUDA"):
+    with pytest.raises(UserInputError, match="--backend nccl .*needs a CUDA device"):
         resolve_backend("nccl")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_backend("auto") == "nccl" and resolve_backend("nccl") == "nccl" and resolve_backend("gloo") == "gloo"
@@ -61,8 +62,28 @@ def test_plain_python_is_one_rank_without_a_process_group(no_torchrun):
 def test_a_partial_torchrun_environment_is_refused(no_torchrun, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match=r"partial torchrun environment .*missing: \['LOCAL_RANK', 'MASTER_ADDR', "
+    with pytest.raises(UserInputError, match=r"partial torchrun environment .*missing: \['LOCAL_RANK', 'MASTER_ADDR', "
                                            r"'MASTER_PORT'\]"):
+        init_distributed("gloo")
+
+
+def test_an_unresolvable_master_address_ends_after_a_bounded_wait(no_torchrun, monkeypatch):
+    """torch's rendezvous retries a name that does not resolve without end; the lookup first, for a bounded wait."""
+    import predictor_training.runtime.distributed as distributed
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid",
+                        "MASTER_PORT": "29511"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(distributed, "MASTER_ADDRESS_WAIT_S", 0.5)
+    with pytest.raises(UserInputError, match=r"MASTER_ADDR='no-such-host.invalid': cannot be resolved .* after 0.5 s"):
+        init_distributed("gloo")
+    assert not torch.distributed.is_initialized()
+    monkeypatch.setenv("MASTER_PORT", "http")
+    with pytest.raises(UserInputError, match="MASTER_PORT='http': expected an integer"):
+        init_distributed("gloo")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(UserInputError, match="RANK=2 LOCAL_RANK=0 WORLD_SIZE=2: expected"):
         init_distributed("gloo")
 
 
@@ -83,8 +104,9 @@ def test_seeds_are_offset_by_rank():
     assert draws == (random.random(), float(np.random.rand()), float(torch.rand(1)))
     seed_everything(3, rank=1)
     assert float(torch.rand(1)) != draws[2]
-    with pytest.raises(ValueError, match="both must be >= 0"):
-        seed_everything(-1, rank=0)
+    for seed, rank in ((-1, 0), (2**32 - 1, 1)):
+        with pytest.raises(ValueError, match=r"expected both >= 0 and seed \+ rank < 2\*\*32"):
+            seed_everything(seed, rank=rank)
 
 
 def test_one_rank_gloo_group_wraps_in_ddp_and_skips_the_all_reduce_under_no_sync(no_torchrun, monkeypatch):

@@ -1,14 +1,24 @@
 """The shared atomic writer (predictor_training/runtime/io.py): replaces the target whole, keeps it
-on error, gives new files umask permissions, writes the same safetensors bytes every time."""
+on error, gives new files umask permissions, writes the same safetensors bytes every time; the output-folder kind
+check of the builders; taking back what a refused command created."""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
 
-from predictor_training.runtime.io import atomic_write, write_bytes_atomic, write_text_atomic
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.io import (
+    FOLDER_KINDS,
+    CreatedPaths,
+    atomic_write,
+    check_output_folder_kind,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 
 
 def current_umask() -> int:
@@ -68,3 +78,70 @@ def test_safetensors_with_metadata_are_the_same_bytes_every_time(tmp_path):
     assert all(torch.equal(loaded[name], tensors[name]) for name in tensors)
     with safetensors.safe_open(tmp_path / "0.safetensors", framework="pt") as handle:
         assert handle.metadata() == metadata
+
+
+def test_folder_kinds_name_the_files_the_toolkit_writes():
+    from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
+    from predictor_training.data.ode_cache import CACHE_CONFIG_NAME
+    from predictor_training.data.video_latents import CONFIG_NAME
+    from predictor_training.eval.run import EVAL_CONFIG_NAME
+    from predictor_training.runtime.run_directory import TRAIN_CONFIG_NAME
+    from predictor_training.world.shipped import WORLD_CONFIG_NAME
+
+    for name in (DATASET_CONFIG_NAME, CACHE_CONFIG_NAME, CONFIG_NAME, EVAL_CONFIG_NAME, TRAIN_CONFIG_NAME,
+                 WORLD_CONFIG_NAME, "demo_config.json"):
+        assert name in FOLDER_KINDS, name
+
+
+@pytest.mark.parametrize("contents, marker, layout, refusal", [
+    ({}, "dataset_config.json", None, None),                                            # empty: a new build
+    ({"dataset_config.json": "{}", "cases": None}, "dataset_config.json", {"dataset_config.json", "cases"}, None),
+    ({"dataset_config.json": "{}", "manifest.jsonl.tmp": ""}, "dataset_config.json",
+     {"dataset_config.json", "manifest.jsonl"}, None),                                   # a killed write
+    ({"video_dataset_config.json": "{}"}, "dataset_config.json", None, "holds a video-latent dataset"),
+    ({"train_config.json": "{}", "predictor_step_00002.safetensors": ""}, "ode_cache_config.json", None,
+     "holds a run directory"),
+    ({"notes.txt": "mine"}, "dataset_config.json", None, "holds 1 entry (e.g. 'notes.txt') but no dataset_config.json"),
+    ({"dataset_config.json": "{}", "video_dataset_config.json": "{}"}, "dataset_config.json", None,
+     "holds a video-latent dataset"),
+    ({"dataset_config.json": "{}", "notes.txt": ""}, "dataset_config.json", {"dataset_config.json"},
+     "also holds ['notes.txt']"),
+    ({"poses": None, "train.jsonl": ""}, None, None, None),                              # a kind without a marker
+    ({"train.jsonl": "", "config.json": "{}"}, None, None, "holds a model folder"),
+])
+def test_an_output_folder_of_another_kind_is_refused(tmp_path, contents, marker, layout, refusal):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, text in contents.items():
+        (out / name).mkdir() if text is None else (out / name).write_text(text)
+    check = lambda: check_output_folder_kind(out, flag="--out", marker=marker,  # noqa: E731
+                                             layout=None if layout is None else frozenset(layout))
+    if refusal is None:
+        check()
+    else:
+        with pytest.raises(UserInputError, match=r"^--out .*" + re.escape(refusal)):
+            check()
+    check_output_folder_kind(tmp_path / "new", flag="--out", marker=marker)  # a new folder is always fine
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserInputError, match="is a file"):
+        check_output_folder_kind(tmp_path / "file", flag="--out", marker=marker)
+
+
+def test_created_paths_removes_only_what_was_made_after_the_snapshot(tmp_path):
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "kept.txt").write_text("before")
+    created = CreatedPaths(existing).snapshot()
+    (existing / "kept.txt").write_text("changed")  # existed: never removed (the command must not change it)
+    (existing / "new.txt").write_text("new")
+    (existing / "sub").mkdir()
+    (existing / "sub" / "file").write_text("x")
+    created.remove()
+    assert sorted(path.name for path in existing.iterdir()) == ["kept.txt"]
+
+    new = tmp_path / "a" / "b" / "run"
+    created = CreatedPaths(new).snapshot()
+    new.mkdir(parents=True)
+    (new / "run.lock").write_text("")
+    created.remove()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["existing"]  # a/b/run and the parents it made

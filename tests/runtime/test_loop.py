@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from predictor_training.runtime.checkpoint import NonFiniteError, RunState, read_training_state
+from predictor_training.runtime.checkpoint import CHECKPOINTS_KEY, NonFiniteError, RunState, read_training_state
 from predictor_training.runtime.logger import MetricsLogger
 from predictor_training.runtime.loop import replica_mismatches, role_fingerprints, train_loop
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer, lr_multiplier
@@ -80,6 +80,41 @@ def run_loop(tmp_path, model, optimizer, schedule, batches, step_fn, max_steps, 
         return train_loop(roles=[role], batches=batches, step_fn=step_fn, run_dir=tmp_path, env=SINGLE,
                           run_state=kwargs.pop("run_state", RunState()), max_steps=max_steps, metrics_logger=logger,
                           config={"test": True}, meta=META, progress=False, **kwargs)
+
+
+def test_keep_last_prunes_only_the_files_the_run_wrote_and_a_resume_keeps_the_same_record(tmp_path):
+    """--keep_last deletes only the step files the run recorded (RunState.checkpoints), never a look-alike it did not
+    write; the record a resumed run saves is the uninterrupted run's (a resume finishes the pruning of its state)."""
+    def run(run_dir, max_steps, stop_at_step=None, run_state=None, resume=None):
+        model, optimizer, schedule, _, batches = setup_loop(run_dir, max_steps=max_steps)
+        role = Role("predictor", model, optimizer, schedule, grad_clip=1.0)
+        if resume is not None:
+            from predictor_training.runtime.checkpoint import load_training_state
+            run_state = load_training_state(resume, roles=[role], expect=META)
+            batches.load_state_dict(run_state.data)
+        with MetricsLogger(run_dir, SINGLE) as logger:
+            return train_loop(roles=[role], batches=batches, step_fn=partial(regression_step, model=model),
+                              run_dir=run_dir, env=SINGLE, run_state=run_state or RunState(), max_steps=max_steps,
+                              grad_accum=1, ckpt_every=1, keep_last=2, metrics_logger=logger, config={"test": True},
+                              meta=META, progress=False, stop_at_step=stop_at_step)
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    for run_dir in (full, cut):
+        run_dir.mkdir()
+        (run_dir / "predictor_step_00001.safetensors").write_bytes(b"another run's step 1")  # overwritten: its own
+        (run_dir / "predictor_step_00099.safetensors").write_bytes(b"not written by this run")
+    final = run(full, 5)
+    assert final.checkpoints == ["predictor_step_00004.safetensors", "predictor_step_00005.safetensors"]
+    assert sorted(path.name for path in full.glob("predictor_step_*")) == [
+        "predictor_step_00004.safetensors", "predictor_step_00005.safetensors", "predictor_step_00099.safetensors"]
+    run(cut, 5, stop_at_step=3)
+    saved = read_training_state(cut / "training_latest.pt")[CHECKPOINTS_KEY]  # recorded before pruning
+    assert saved == [f"predictor_step_0000{step}.safetensors" for step in (1, 2, 3)]
+    resumed = run(cut, 5, resume=cut / "training_latest.pt")
+    assert resumed.checkpoints == final.checkpoints
+    assert (read_training_state(cut / "training_latest.pt")[CHECKPOINTS_KEY]
+            == read_training_state(full / "training_latest.pt")[CHECKPOINTS_KEY])
+    assert (cut / "predictor_step_00099.safetensors").read_bytes() == b"not written by this run"
 
 
 def test_grad_accum_averages_micro_batch_gradients(tmp_path):
