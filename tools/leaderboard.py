@@ -44,7 +44,7 @@ from pathlib import Path
 
 from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.eval import DTYPES, resolve_eval_settings
-from predictor_training.eval.front import Estimate
+from predictor_training.eval.front import BOOTSTRAP_UNITS, Estimate
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
 from predictor_training.eval.leaderboard import (
     CACHES,
@@ -56,6 +56,7 @@ from predictor_training.eval.leaderboard import (
     build_rows,
     calibrate_adaptive,
     front_keys,
+    headline_lines,
     choose_baseline,
     with_short_labels,
     write_front_side_by_side,
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "or cache row)")
     stats.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: %(default)s)")
     stats.add_argument("--bootstrap_seed", type=SEED, default=0, help="(default: %(default)s)")
+    stats.add_argument("--bootstrap_unit", choices=BOOTSTRAP_UNITS, default="scene",
+                       help="what a bootstrap resample draws: scene (a case with all its videos and seeds: a scene's "
+                            "paths share its first frame) or video (its seeds together) (default: %(default)s)")
     run = parser.add_argument_group("run and outputs")
     run.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="as "
                      "tools/eval_predictor.py --dtype (default: auto)")
@@ -274,10 +278,11 @@ def main(argv=None) -> int:
         if env.is_main:
             configs = {ckpt.label: ckpt.predictor_config for ckpt in checkpoints}
             analysis = analyse(report["results"], specs, configs, baseline=args.baseline, resamples=args.resamples,
-                               seed=args.bootstrap_seed)
+                               seed=args.bootstrap_seed, unit=args.bootstrap_unit)
             header = {"split": args.split, "run_name": run_name, "device": str(env.device),
                       "world_size": env.world_size, "dtype": str(settings.dtype).removeprefix("torch."),
                       "seeds": args.seeds, "lpips": analysis["lpips_key"],
+                      "bootstrap": f"{analysis['num_clusters']} {args.bootstrap_unit}s resampled",
                       "checkpoints": {ckpt.label: str(ckpt.path) for ckpt in checkpoints},
                       "students": {student.label: str(student.path) for student in students},
                       "command": " ".join(["tools/leaderboard.py", *argv])}
@@ -286,12 +291,15 @@ def main(argv=None) -> int:
                 written += write_front_side_by_side(report["out_dir"], settings, front_keys(analysis), specs,
                                                     checkpoints, env.device, args.num_side_by_side, students)
             print0((Path(report["out_dir"]) / "leaderboard.md").read_text(encoding="utf-8"))
+            for line in headline_lines(analysis):
+                print0(f"[leaderboard] {line.removeprefix('- ')}")
             for row in analysis["rows"]:
                 if not row.spec.baseline:
                     margin: Estimate = row.margins["flops_run"][0]
                     real: Estimate = row.margins["flops_real"][0]
                     print0(f"[leaderboard] {row.spec.display}: {margin.format()} dB over the baselines' front "
-                           f"on the FLOP axis of the config that ran, {real.format()} on the real config's")
+                           f"on the FLOP axis of the config that ran ({real.format()} on the real-config "
+                           "projection)")
             print0(f"[leaderboard] {len(report['computed'])} units computed, {report['skipped']} already finished; "
                    f"outputs in {report['out_dir']}: {', '.join(written)}")
     finally:

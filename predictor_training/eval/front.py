@@ -10,9 +10,10 @@ mse = lam * mse_a + (1 - lam) * mse_b, PSNR = -10 log10(mse) (PSNR is on frames 
 is the best quality of the baselines at cost <= c: a measured row, or a mixture of a cheaper and a dearer row that
 costs exactly c. A row's **margin** is its quality minus the front at its own cost.
 
-Intervals: the paired bootstrap over videos (clusters; a video's seeds stay together): B resamples of the videos
-with replacement, every figure recomputed on each (the front included), the 2.5 / 97.5 percentiles. A row beats
-another only when the interval of the difference excludes 0.
+Intervals: the paired bootstrap over clusters of units: B resamples of the clusters with replacement, every figure
+recomputed on each (the front included), the 2.5 / 97.5 percentiles. The cluster is the scene by default (a scene's
+camera paths share its first frame and its seeds stay together, so its videos are not independent draws), or the
+video (its seeds together). A row beats another only when the interval of the difference excludes 0.
 """
 
 from __future__ import annotations
@@ -37,32 +38,51 @@ def mse_to_psnr(mse: np.ndarray) -> np.ndarray:
         return -10.0 * np.log10(np.asarray(mse, dtype=np.float64))
 
 
+BOOTSTRAP_UNITS = ("scene", "video")  # what a bootstrap resample draws (the cluster of units)
+
+
 @dataclass(frozen=True)
 class Units:
-    """The evaluated units and their videos: cluster[u] = the video index of unit u (0..num_videos-1)."""
+    """The evaluated units (a video under one seed), their videos and the clusters a bootstrap resamples.
+
+    cluster[u]: the cluster of unit u (0..num_clusters-1): what a resample draws, a scene with all its videos and
+    seeds, or a video with its seeds. video[u]: the video of unit u (default: its cluster); every video counts once
+    in a mean, whatever its number of seeds."""
 
     cluster: np.ndarray
+    video: np.ndarray | None = None
 
     @classmethod
-    def from_video_keys(cls, video_keys: Sequence[str]) -> "Units":
-        order = {key: index for index, key in enumerate(dict.fromkeys(video_keys))}
-        return cls(np.asarray([order[key] for key in video_keys], dtype=np.int64))
+    def from_keys(cls, cluster_keys: Sequence[str], video_keys: Sequence[str] | None = None) -> "Units":
+        """One unit per key; units with equal cluster keys form one cluster, units with equal video keys one video
+        (numbered in order of appearance; default: the cluster keys)."""
+        def numbered(keys: Sequence[str]) -> np.ndarray:
+            order = {key: index for index, key in enumerate(dict.fromkeys(keys))}
+            return np.asarray([order[key] for key in keys], dtype=np.int64)
+
+        return cls(numbered(cluster_keys), None if video_keys is None else numbered(video_keys))
+
+    from_video_keys = from_keys
 
     @property
-    def num_videos(self) -> int:
+    def num_clusters(self) -> int:
         return int(self.cluster.max()) + 1
 
+    num_videos = num_clusters
+
     def weights(self, resamples: int, seed: int = 0) -> np.ndarray:
-        """[1 + resamples, units]: row 0 the sample itself, then bootstrap resamples of the videos; a unit's weight
-        is how often its video was drawn divided by its video's number of units (so every video counts once)."""
+        """[1 + resamples, units]: row 0 the sample itself, then bootstrap resamples of the clusters; a unit's
+        weight is how often its cluster was drawn divided by its video's number of units (so every video counts
+        once, and a cluster's videos and seeds are drawn together)."""
         rng = np.random.default_rng(seed)
-        videos = self.num_videos
-        draws = np.zeros((1 + resamples, videos))
+        clusters = self.num_clusters
+        draws = np.zeros((1 + resamples, clusters))
         draws[0] = 1.0
         for row in range(1, 1 + resamples):
-            draws[row] = np.bincount(rng.integers(0, videos, videos), minlength=videos)
-        sizes = np.bincount(self.cluster, minlength=videos).astype(np.float64)
-        return draws[:, self.cluster] / sizes[self.cluster]
+            draws[row] = np.bincount(rng.integers(0, clusters, clusters), minlength=clusters)
+        video = self.cluster if self.video is None else self.video
+        sizes = np.bincount(video).astype(np.float64)
+        return draws[:, self.cluster] / sizes[video]
 
 
 def weighted_mean(weights: np.ndarray, values: np.ndarray) -> np.ndarray:

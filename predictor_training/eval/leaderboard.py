@@ -51,6 +51,7 @@ from predictor_training.eval.caches import (
     fit_rescale,
 )
 from predictor_training.eval.front import (
+    BOOTSTRAP_UNITS,
     Estimate,
     FrontRow,
     Units,
@@ -100,7 +101,7 @@ PREDICTOR_FAMILY = "predictor"
 DEFAULT_BASELINE = "sampler_1step_frrr"  # the cheapest honest alternative: one Full step per chunk
 COST_AXES = {  # key -> what the axis measures
     "flops_run": "FLOP bound, config that ran",
-    "flops_real": "FLOP bound, real 8.6B config",
+    "flops_real": "FLOP bound at the real 8.6B config (a projection: this run's quality at the real per-step costs)",
     "measured_dit": "measured DiT",
     "measured_end_to_end": "measured end-to-end",
 }
@@ -520,12 +521,16 @@ class RowResult:
 
 
 def analyse(results: Sequence[dict], specs: Sequence[RowSpec], predictor_configs: dict[str, dict], *,
-            baseline: str = DEFAULT_BASELINE, resamples: int = 2000, seed: int = 0) -> dict:
+            baseline: str = DEFAULT_BASELINE, resamples: int = 2000, seed: int = 0, unit: str = "scene") -> dict:
     """Every row's costs, quality with interval, difference from `baseline`, margin over the baselines' front
     (on `MARGIN_AXES`), and whether it is on the front of all measured rows (on the real-config FLOP axis).
-    predictor_configs: {checkpoint label: its predictor config} (for the real-config FLOPs)."""
-    keys = [result.get("video_key", result["key"]) for result in results]
-    units = Units.from_video_keys(keys)
+    predictor_configs: {checkpoint label: its predictor config} (for the real-config FLOPs); unit: what the
+    bootstrap resamples, "scene" (a case with all its videos and seeds) or "video" (its seeds together)."""
+    if unit not in BOOTSTRAP_UNITS:
+        raise ValueError(f"bootstrap unit {unit!r}: expected one of {BOOTSTRAP_UNITS}")
+    videos = [result.get("video_key", result["key"]) for result in results]
+    units = Units.from_keys(videos if unit == "video" else [result["case_id"] for result in results], videos)
+    num_videos = len(dict.fromkeys(videos))
     weights = units.weights(resamples, seed)
     lpips = next((key for key in results[0]["methods"][specs[1].key]["metrics"] if key.startswith("lpips")), None)
 
@@ -591,8 +596,9 @@ def analyse(results: Sequence[dict], specs: Sequence[RowSpec], predictor_configs
     on_front = pareto_rows([row.costs["flops_real"] for row in rows], [row.quality.value for row in rows])
     for row, flag in zip(rows, on_front):
         row.on_front = flag
-    return {"rows": rows, "num_videos": units.num_videos, "num_units": len(results), "baseline": baseline,
-            "resamples": resamples, "lpips_key": lpips, "weights": weights}
+    return {"rows": rows, "num_videos": num_videos, "num_units": len(results), "baseline": baseline,
+            "resamples": resamples, "lpips_key": lpips, "weights": weights, "bootstrap_unit": unit,
+            "num_clusters": units.num_clusters}
 
 
 # =============================================================================================================
@@ -617,19 +623,69 @@ def row_record(row: RowResult) -> dict:
             "on_front_flops_real": row.on_front}
 
 
+def extra_teacher_steps(rows: Sequence[RowResult], axis: str = "flops_run") -> dict[str, float]:
+    """{row key: its cost above the 1-step sampler's, in Full Teacher steps per chunk} on `axis`: one Full step per
+    chunk costs what a 2-step sampler costs more than the 1-step sampler (their plans differ by exactly one Full
+    step in every scheduled chunk). Empty when the 1-step or no 2-step sampler is a row."""
+    by_key = {row.spec.key: row for row in rows}
+    one = by_key.get(DEFAULT_BASELINE)
+    two = next((row for row in rows if row.spec.family == "sampler" and row.spec.key.startswith("sampler_2step_")),
+               None)
+    if one is None or two is None:
+        return {}
+    step = two.costs[axis] - one.costs[axis]
+    return {row.spec.key: (row.costs[axis] - one.costs[axis]) / step for row in rows}
+
+
+def headline_lines(analysis: dict) -> list[str]:
+    """One line per trained row (Predictors, students): what it buys over the 1-step sampler and for how many more
+    Teacher steps per chunk, its margin over the baselines' front on the FLOP axis of the config that ran, and its
+    quality against F-F-F-F and the ground truth, temporal jitter and revisits beside."""
+    rows: list[RowResult] = analysis["rows"]
+    extra = extra_teacher_steps(rows)
+    lines = []
+    for row in rows:
+        if row.spec.family not in (PREDICTOR_FAMILY, "student"):
+            continue
+        figures = row.figures
+        parts = [f"**{row.spec.display}**: PSNR vs F-F-F-F {row.quality.value:.2f} dB "
+                 f"[{row.quality.low:.2f}, {row.quality.high:.2f}]"]
+        if row.vs_baseline is not None and analysis["baseline"] == DEFAULT_BASELINE:
+            parts.append(f"{row.vs_baseline.format()} dB over the 1-step sampler")
+        if row.spec.key in extra:
+            parts.append(f"for {extra[row.spec.key]:+.2f} Teacher steps per chunk (FLOPs of the config that ran)")
+        if "flops_run" in row.margins:
+            margin, front = row.margins["flops_run"]
+            parts.append(f"margin over the baselines' front {margin.format()} dB (front there: {front})")
+        parts.append(f"GT PSNR / SSIM (chunks 1..) {_fmt(figures.get('gt_psnr_after_first_chunk'))} / "
+                     f"{_fmt(figures.get('gt_ssim_after_first_chunk'), 3)}")
+        parts.append(f"temporal-Δ MSE {_fmt(figures.get('temporal_delta_mse'), 5)}")
+        parts.append(f"revisit self-PSNR {_fmt(figures.get('revisit_self_psnr'))}")
+        lines.append("- " + "; ".join(parts))
+    return lines
+
+
 def markdown(analysis: dict, header: dict) -> str:
     rows: list[RowResult] = analysis["rows"]
     baseline = analysis["baseline"]
+    unit = analysis.get("bootstrap_unit", "video")
     lines = [f"# Leaderboard: {header['split']} ({analysis['num_videos']} videos, {analysis['num_units']} units "
-             f"of video x seed)", ""]
+             f"of video x seed, {analysis.get('num_clusters', analysis['num_videos'])} {unit}s)", ""]
     lines += [f"- {key}: {value}" for key, value in header.items() if key not in ("split",)]
-    lines += ["", "Quality is PSNR against F-F-F-F of the same seed (dB; mean over videos, bracket: paired bootstrap "
-              f"95 % interval over videos, {analysis['resamples']} resamples). Speedups: FLOP bound on the config "
-              "that ran / at the real 8.6B config / measured DiT / measured end-to-end. ★: on the quality-cost "
-              "front of all rows on the real-config FLOP axis. Δ: difference from "
+    headline = headline_lines(analysis)
+    if headline:
+        lines += ["", "## Headline (the FLOP axis of the config that ran; the real-config axis is a projection)", "",
+                  *headline]
+    lines += ["", "Quality is PSNR against F-F-F-F of the same seed (dB; mean over videos, every video counting "
+              f"once; bracket: paired bootstrap 95 % interval resampling {unit}s, a {unit}'s "
+              f"videos and seeds together, {analysis['resamples']} resamples). Speedups: FLOP bound on the config "
+              "that ran / at the real 8.6B config (a projection: the demo's quality at the real model's per-step "
+              "costs, not a measurement of the real model) / measured DiT / measured end-to-end. ★: on the "
+              "quality-cost front of all rows on the real-config FLOP axis. Δ: difference from "
               f"`{baseline}` (paired; **bold** where the interval excludes 0).", "",
               "## Cost and quality against F-F-F-F", "",
-              "| row | plan | Full steps/chunk | speedup FLOP run | FLOP real | measured DiT | e2e | PSNR [95 % CI] | "
+              "| row | plan | Full steps/chunk | speedup FLOP run | FLOP real (projection) | measured DiT | e2e | "
+              "PSNR [95 % CI] | "
               f"Δ vs {baseline} | SSIM | LPIPS | last chunk PSNR | temporal-Δ MSE | |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
@@ -651,8 +707,8 @@ def markdown(analysis: dict, header: dict) -> str:
                   "Margin = the row's PSNR minus the best the baselines reach at the same cost (a measured row, or a "
                   "per-chunk time-sharing of a cheaper and a dearer one, interpolated in MSE); negative: dominated. "
                   "**Bold** where the interval excludes 0.", "",
-                  "| row | margin, FLOP run axis | front there | margin, real-config FLOP axis | front there | "
-                  "margin, measured DiT axis |",
+                  "| row | margin, FLOP run axis | front there | margin, real-config FLOP axis (projection) | "
+                  "front there | margin, measured DiT axis |",
                   "| --- | ---: | --- | ---: | --- | ---: |"]
         for row in predictors:
             cells = []

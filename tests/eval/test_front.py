@@ -133,3 +133,36 @@ def test_every_video_counts_once_whatever_its_number_of_seeds():
     assert weights.sum(axis=1) == pytest.approx(np.full(51, 2.0))
     assert np.all(weights[:, 1] == weights[:, 3])  # a video's seeds are drawn together
     assert weighted_mean(weights[:1], np.array([10.0, 20.0, 26.0, 32.0]))[0] == pytest.approx(18.0)
+
+
+def test_resampling_scenes_widens_the_interval_when_a_scenes_videos_move_together():
+    """Scenes of 4 videos whose differences share one scene effect (sd 1) and carry no video noise: the 200 videos
+    are 50 independent draws, so the 95 % half-width is 1.96 / sqrt(50) = 0.277; resampling videos treats them as
+    200 draws and gives 1.96 / sqrt(200) = 0.139, half of it. With independent videos (no scene effect, sd 1 each)
+    both give about 1.96 / sqrt(200). Every video counts once in the point estimate either way."""
+    rng = np.random.default_rng(3)
+    scenes, paths = 50, 4
+    scene_of = np.repeat(np.arange(scenes), paths)
+    clustered = np.repeat(rng.normal(0.5, 1.0, scenes), paths)
+    independent = rng.normal(0.5, 1.0, scenes * paths)
+    by_scene = Units(scene_of, video=np.arange(scenes * paths)).weights(4000, seed=2)
+    by_video = Units(np.arange(scenes * paths)).weights(4000, seed=2)
+    zero = np.zeros(scenes * paths)
+
+    def width(values, weights):
+        estimate = paired_difference(FrontRow("a", 0, values), FrontRow("b", 0, zero), weights)
+        assert estimate.value == pytest.approx(values.mean(), abs=1e-12)
+        return estimate.high - estimate.low
+
+    assert width(clustered, by_scene) == pytest.approx(2 * 1.96 / math.sqrt(scenes), rel=0.2)
+    assert width(clustered, by_video) == pytest.approx(2 * 1.96 / math.sqrt(scenes * paths), rel=0.2)
+    assert width(independent, by_scene) == pytest.approx(width(independent, by_video), rel=0.25)
+
+
+def test_a_video_counts_once_whatever_its_scene_holds():
+    """Scene A holds videos a1 (two seeds: 10, 20) and a2 (30); scene B holds b (40): the mean over videos is
+    (15 + 30 + 40) / 3 = 28.33, not the mean over scenes ((15 + 30) / 2 + 40) / 2 = 31.25 nor over units 25."""
+    units = Units.from_keys(["A", "A", "A", "B"], ["a1", "a1", "a2", "b"])
+    assert units.num_clusters == 2
+    values = np.array([10.0, 20.0, 30.0, 40.0])
+    assert weighted_mean(units.weights(10)[:1], values)[0] == pytest.approx(85.0 / 3.0)

@@ -248,8 +248,8 @@ def _cost_results() -> list[dict]:
     for unit, video in enumerate(["a", "a", "b"]):
         methods = {key: _entry(["FFFF", letters], flops, dit, e2e, PSNR.get(key, [None] * 3)[unit])
                    for key, _, letters, flops, dit, e2e in COST_ROWS}
-        results.append({"key": f"{video}_seed{unit}", "video_key": video, "context_frames_per_chunk": [0, 4],
-                        "methods": methods})
+        results.append({"key": f"{video}_seed{unit}", "video_key": video, "case_id": f"scene_{video}",
+                        "context_frames_per_chunk": [0, 4], "methods": methods})
     return results
 
 
@@ -344,7 +344,7 @@ def test_figures_of_hand_made_results():
                                last_chunk_psnr=20.0 + 2 * index) for key in kinds}
         truth = {key: {"after_first_chunk": {"psnr_full": 25.0 + index, "ssim": 0.6 + 0.1 * index},
                        "metrics": {"psnr_full": 40.0, "ssim": 0.99}} for key in kinds}
-        result = {"key": video, "context_frames_per_chunk": [0, 4, 8], "methods": methods,
+        result = {"key": video, "case_id": f"scene_{video}", "context_frames_per_chunk": [0, 4, 8], "methods": methods,
                   "against_ground_truth": {"methods": truth}}
         if video != "c":
             result["revisits"] = {"methods": {key: {"self_psnr": 15.0 + 4 * index,
@@ -483,3 +483,42 @@ def test_a_lora_student_is_the_teacher_with_its_adapter_merged(world, tmp_path):
     torch.testing.assert_close(merged, adapted)
     with adapter(teacher, None):
         assert not torch.allclose(teacher.double_blocks[0].img_attn_q(x), adapted)
+
+
+def test_the_headline_decomposes_a_row_into_its_gain_over_one_step_and_its_extra_teacher_steps():
+    """On the FLOP axis of the config that ran one Full step per chunk costs what the 2-step sampler costs more than
+    the 1-step one, 0.60 - 0.40 = 0.20 of F-F-F-F; F-R-R-P costs 0.45, 0.05 more than the 1-step sampler: +0.25
+    Teacher steps per chunk, F-P-P-P (0.50) +0.5. Its gain over the 1-step sampler: videos a (seeds 28 - 20 and
+    28 - 22) and b (34 - 30): ((8 + 6) / 2 + 4) / 2 = +5.5 dB. Scene and video resampling agree here (one video
+    per scene)."""
+    from predictor_training.eval.leaderboard import analyse, extra_teacher_steps, headline_lines
+
+    specs = [_spec(key, plan) for key, plan, *_ in COST_ROWS]
+    analysis = analyse(_cost_results(), specs, {"ck": PREDICTOR_CONFIG}, baseline="sampler_1step_frrr",
+                       resamples=200, seed=0)
+    extra = extra_teacher_steps(analysis["rows"])
+    assert extra["predictor_ck_frrp"] == pytest.approx(0.25) and extra["predictor_ck_fppp"] == pytest.approx(0.5)
+    assert extra["sampler_2step_frrf"] == pytest.approx(1.0) and extra["reference"] == pytest.approx(3.0)
+    line = next(line for line in headline_lines(analysis) if "predictor_ck_frrp" in line)
+    assert "+5.50" in line and "+0.25 Teacher steps per chunk" in line and "over the 1-step sampler" in line
+    assert analysis["bootstrap_unit"] == "scene" and analysis["num_clusters"] == 2
+    by_video = analyse(_cost_results(), specs, {"ck": PREDICTOR_CONFIG}, baseline="sampler_1step_frrr",
+                       resamples=200, seed=0, unit="video")
+    for scene_row, video_row in zip(analysis["rows"], by_video["rows"]):
+        assert scene_row.quality.to_dict() == video_row.quality.to_dict()
+
+
+def test_videos_of_one_scene_are_resampled_together():
+    """Both videos made scenes of one case: the scene bootstrap has one cluster, so every resample draws the same
+    units and the interval closes on the estimate; resampling videos keeps two clusters and an open interval."""
+    from predictor_training.eval.leaderboard import analyse
+
+    results = _cost_results()
+    for result in results:
+        result["case_id"] = "one_scene"
+    specs = [_spec(key, plan) for key, plan, *_ in COST_ROWS]
+    scene = analyse(results, specs, {"ck": PREDICTOR_CONFIG}, resamples=200, seed=0)
+    video = analyse(results, specs, {"ck": PREDICTOR_CONFIG}, resamples=200, seed=0, unit="video")
+    assert (scene["num_clusters"], video["num_clusters"]) == (1, 2)
+    row, other = scene["rows"][1].quality, video["rows"][1].quality
+    assert row.low == row.value == row.high and other.low < other.value < other.high
