@@ -339,6 +339,9 @@ def with_inputs(script: str, argv: list[str]) -> list[str]:
         missing = [flag for flag in missing if flag != "--init_from"]
     if script == "fvtools/train_adversarial.py" and "rollout" in argv and "--init_from" not in argv:
         missing.append("--init_from")
+    if "--no_action_ckpt" in options_of(script) and not any(token.startswith(("--action_ckpt", "--no_action_ckpt"))
+                                                             for token in argv):
+        argv = ["--no_action_ckpt", *argv]  # the stand-in Teacher; the action checkpoint names no run
     return [token for flag in missing for token in (flag, "stub.safetensors" if flag == "--init_from" else "stub")] \
         + argv
 

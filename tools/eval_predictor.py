@@ -47,6 +47,7 @@ from predictor_training.eval.run import EVAL_FLAGS
 from predictor_training.rollout.schedule import (
     DEFAULT_REPLACE_STEPS,
     Schedule,
+    StepPlan,
     parse_replace_steps,
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "run (they share the reference and reuse rollouts)")
     method.add_argument("--replace_steps", type=str, default=",".join(map(str, DEFAULT_REPLACE_STEPS)), help="denoising steps replaced in every "
                         "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
+    method.add_argument("--reuse_steps", type=str, default="", help="steps every --ckpt fills by velocity reuse "
+                        "instead (no model call), disjoint from --replace_steps: --reuse_steps 1,2 --replace_steps 3 "
+                        "scores an F-R-R-P checkpoint at its own plan (the rollout recipe's --reuse_steps; the "
+                        "reuse baselines then fill steps 1,2,3: F-R-R-R, the 1-step sampler, and F-H-H-H). The "
+                        "automatic run name carries the plan (frrp). Default: none")
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
                         "and the schedule applies to chunks 1.. (docs/eval.md § What is compared); schedule: chunk 0 "
                         "follows it too (not possible for v4, which needs a previous chunk)")
@@ -124,7 +130,13 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         if value < minimum:
             parser.error(f"--{flag} must be >= {minimum}, got {value}")
     try:
-        args.schedule = Schedule(parse_replace_steps(args.replace_steps), chunk0_full=args.chunk0 == "full")
+        replace_steps, reuse_steps = parse_replace_steps(args.replace_steps), parse_replace_steps(args.reuse_steps)
+        if reuse_steps and not replace_steps:
+            parser.error(f"--reuse_steps {args.reuse_steps}: needs --replace_steps, the steps the Predictors run")
+        StepPlan.from_steps(replace_steps, reuse_steps)  # disjoint, each step in 1..3
+        args.reuse_steps = reuse_steps
+        args.schedule = Schedule(tuple(sorted(set(replace_steps) | set(reuse_steps))),
+                                 chunk0_full=args.chunk0 == "full")
         args.context_modes = parse_context_modes(args.context_modes)
     except ValueError as error:
         parser.error(str(error))
@@ -141,7 +153,7 @@ def main(argv=None) -> int:
     try:
         try:
             settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
-                                             device=env.device)
+                                             device=env.device, reuse_steps=args.reuse_steps)
         except (ValueError, FileNotFoundError) as error:  # --ckpt, --teacher, --dtype, --chunk0 problems
             parser.error(str(error))
         report = run_evaluation(settings, env)

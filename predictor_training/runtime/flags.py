@@ -212,15 +212,21 @@ def add_method_model_args(
     gradient_checkpointing: bool,
     context_grad: bool,
 ) -> None:
-    """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt, --train, --init_weights,
-    --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its parameter counts)."""
+    """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt / --no_action_ckpt, --train,
+    --init_weights, --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its
+    parameter counts). `check_action_ckpt` is the rule of the first pair."""
     group = parser.add_argument_group("model")
     group.add_argument("--teacher", type=Path, default=None,
                        help="Teacher transformer folder (config.json + safetensors), required to train: the base of a "
                             "LoRA, the start of a full run with --init_weights teacher, or only the config with "
                             "--init_weights scratch")
     group.add_argument("--action_ckpt", type=Path, default=None,
-                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (default: none)")
+                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (the real model: "
+                            "ar_distilled_action_model/diffusion_pytorch_model.safetensors); required whenever the "
+                            "Teacher's weights are read, unless --no_action_ckpt")
+    group.add_argument("--no_action_ckpt", action="store_true",
+                       help="--teacher already holds the WorldPlay action weights (a df_sft run's model/ folder, the "
+                            "demo world's Teacher): load it alone")
     group.add_argument("--train", choices=("lora", "full"), default=train,
                        help="lora: a LoRA adapter on the frozen Teacher's image-stream linears; full: every parameter "
                             "(FSDP2-sharded under torchrun) (default %(default)s)")
@@ -241,6 +247,21 @@ def add_method_model_args(
                        help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
                             "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
                             "meta device, and exit")
+
+
+def check_action_ckpt(parser: argparse.ArgumentParser, args: argparse.Namespace, *, reads_teacher_weights: bool
+                      ) -> None:
+    """A world-model method whose Teacher weights are read (`reads_teacher_weights`: a LoRA's base, the start of a
+    full run, the Full steps of a composite) needs the WorldPlay action model: the real --teacher folder is the base
+    HunyuanVideo-1.5 transformer, and without --action_ckpt the method would train on it silently. Refused (one
+    line, exit 2) unless --no_action_ckpt says the folder already holds the action weights."""
+    if args.action_ckpt is not None and args.no_action_ckpt:
+        parser.error(f"--action_ckpt={str(args.action_ckpt)!r} with --no_action_ckpt: give one or the other")
+    if args.teacher is not None and reads_teacher_weights and args.action_ckpt is None and not args.no_action_ckpt:
+        parser.error(f"--action_ckpt is missing: --teacher {args.teacher} alone would be trained on without "
+                     "WorldPlay's action weights; pass --action_ckpt FILE (the ar_distilled_action_model "
+                     "safetensors, $ACTION_CKPT in docs/walkthrough.md), or --no_action_ckpt when --teacher already "
+                     "holds them (a df_sft run's model/ folder, the demo world's Teacher)")
 
 
 def add_method_optimization_args(

@@ -39,6 +39,7 @@ RUN_CONTROL_FLAGS = frozenset({
     "resume", "stop_at_step", "output_dir", "output_root", "print_run_dir", "no_progress", "num_workers",
     "verify_dataset", "backend", "ckpt_every", "keep_last", "log_every", "swanlab_mode", "experiment_name",
     "preset", "config", "val_every", "val_split", "val_videos", "val_vae", "val_ground_truth",
+    "no_action_ckpt",  # an assertion about --teacher; --action_ckpt itself is compared
 })
 # Folders a run reads; its run directory may not lie in one of them.
 INPUT_FOLDER_FLAGS = ("dataset_root", "cache_root", "teacher", "samples_dir", "val_vae", "val_ground_truth")
