@@ -102,6 +102,8 @@ from pathlib import Path
 
 import torch
 
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {"run.lock", "torchrun.log", "train_log.discarded.jsonl"}
 VOLATILE_SUFFIXES = (".tmp", ".log")  # a half-written file of a killed launch; a console (world build: <stage>.log)
@@ -438,12 +440,18 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill times")
     parser.add_argument("--short", action="store_true", help="the CI mode: offline_v4, 1 random kill + 1 write")
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one, removed)")
+    add_check_only_arg(parser, what="the commands it would run and kill")
     args = parser.parse_args(argv)
     names = args.commands or (["offline_v4"] if args.short else list(COMMANDS))
     unknown = sorted(set(names) - set(COMMANDS))
     if unknown:
         parser.error(f"--commands {' '.join(unknown)}: expected some of {', '.join(COMMANDS)}")
     kills = args.kills if args.kills is not None else (1 if args.short else 3)
+    if args.check_only:
+        if args.work is not None and args.work.exists() and not args.work.is_dir():
+            parser.error(f"--work {args.work}: a file; expected a folder")
+        return report_check_only(f"{', '.join(names)}: each run to the end, then again with {kills} random kill(s) "
+                                 f"and {args.write_kills} during a write, in {args.work or 'a temporary folder'}")
     work = args.work or Path(tempfile.mkdtemp(prefix="fault_injection_"))
     work.mkdir(parents=True, exist_ok=True)
     generator = random.Random(args.seed)

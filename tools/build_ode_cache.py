@@ -36,8 +36,8 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     log0,
 )
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.errors import CommandParser, MissingFileError, UserInputError, command
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, report_check_only
 from predictor_training.runtime.io import sha256_file
 from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import (
@@ -81,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="process-group backend under torchrun (auto: nccl with CUDA, else gloo)")
     parser.add_argument("--stop_after", type=int, default=None,
                         help="debug: each rank stops after this many samples (no manifest; rerun to resume)")
+    add_check_only_arg(parser, what="the samples it would cache and whether --out is new or resumed")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     if (args.video_latents is None) == (args.samples is None):
@@ -156,6 +157,15 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.check_only:
+        jobs, _, _ = plan_jobs(args)  # the conditions: a video-latent dataset's splits, or tables and encoder outputs
+        if args.action_ckpt is not None and not args.action_ckpt.is_file():
+            raise MissingFileError(f"--action_ckpt {args.action_ckpt}: no such file")
+        if args.out.exists() and not args.out.is_dir():
+            raise UserInputError(f"--out {args.out}: a file; expected a cache folder to create or resume")
+        state = "resume: its settings are compared when it starts" if any(args.out.glob("*.json")) else "new"
+        return report_check_only(f"{len(jobs)} samples, {args.steps} steps at shift {args.shift:g} -> {args.out} "
+                                 f"({state})")
     set_cpu_threads(args.threads, tool="build_ode_cache", load_aware=False)
     env = init_distributed(args.backend)
     try:

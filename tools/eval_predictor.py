@@ -24,7 +24,8 @@ Real model, 8 GPUs, two checkpoints sharing the reference rollouts:
         --replace_steps 1,2,3 --lpips_alexnet ~/weights/alexnet-owt-7be5be79.pth
 
 Outputs go to <output_root>/<train_run>_ckptstep<N>_<schedule>_<split>/ (default output_root: eval/ in the
-repository): eval_config.json, videos/*.json (one per finished video; a rerun skips them), per_video.csv,
+repository; a name that would pass 255 characters keeps the first run's part and ends in __and<K>more_<sha8>_...;
+--check_only prints it and checks the inputs without running): eval_config.json, videos/*.json (one per finished video; a rerun skips them), per_video.csv,
 per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md, side_by_side/*.mp4 (with ground
 truth also drift_ground_truth.png).
 """
@@ -35,12 +36,15 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from predictor_training.eval import (
     DTYPES,
     parse_context_modes,
     resolve_eval_settings,
     run_evaluation,
 )
+from predictor_training.eval.run import check_evaluation
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.run import EVAL_FLAGS
@@ -57,7 +61,7 @@ from predictor_training.runtime.distributed import (
     print0,
 )
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, report_check_only
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
@@ -114,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend "
                      "under torchrun")
     run.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_check_only_arg(run, what="the eval run name and directory and the videos it would evaluate")
     return parser
 
 
@@ -148,6 +153,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(parser, argv)
+    if args.check_only:
+        try:
+            settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
+                                             device=torch.device("cpu"), reuse_steps=args.reuse_steps)
+            lines = check_evaluation(settings)
+        except (ValueError, FileNotFoundError) as error:
+            parser.error(str(error))
+        return report_check_only(*lines)
     set_cpu_threads(args.threads, tool="eval", load_aware=True)
     env = init_distributed(args.backend)
     try:

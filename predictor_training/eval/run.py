@@ -30,7 +30,7 @@ from predictor_training.runtime.checkpoint import (
     read_inference_metadata,
     read_training_state,
 )
-from predictor_training.runtime.errors import MissingFieldError, UserInputError
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import sha256_file, sha256_json
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
@@ -64,10 +64,10 @@ from predictor_training.video.ground_truth import find_ground_truth_videos, vide
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.predictor.model import Predictor, build_predictor_from_config
 from predictor_training.teacher import WorldPlayTransformer
-from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
+from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256, teacher_depth
 from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.video.metrics import LpipsScorer, jsonable
+from predictor_training.video.metrics import LpipsScorer, jsonable, resolve_alexnet_weights
 
 EVAL_CONFIG_NAME = "eval_config.json"
 MAX_RUN_NAME_LENGTH = 255  # NAME_MAX of Linux file systems
@@ -514,6 +514,40 @@ def predictor_plan(settings: EvalSettings) -> StepPlan | None:
     schedule = settings.schedule
     return StepPlan.from_steps(predictor_steps(schedule, settings.reuse_steps), settings.reuse_steps,
                                schedule.num_steps, schedule.chunk0_full)
+
+
+def check_evaluation(settings: EvalSettings, rows: MethodRows | None = None) -> list[str]:
+    """--check_only of tools/eval_predictor.py and tools/leaderboard.py: what `run_evaluation` checks before its
+    directory exists, from the files' kinds and headers (no model is loaded): the checkpoints' labels against the
+    schedule, the Teacher's config.json and action checkpoint, the VAE folder, the LPIPS weights file, every row's
+    case files and camera path, and every row's ground-truth video. Returns the lines to report: the run name, its
+    directory (new, or one whose fingerprint the eval compares when it starts) and the videos."""
+    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
+    if rows is not None:
+        checkpoints = rows.label(checkpoints)
+    check_schedule_fits(checkpoints, settings.schedule)
+    context_modes = parse_context_modes(settings.context_modes)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes,
+                                                     settings.reuse_steps)
+    out_dir = Path(settings.output_root) / run_name
+    source = settings.teacher_source
+    teacher_depth(source)  # its config.json
+    if source.action_ckpt is not None and not Path(source.action_ckpt).is_file():
+        raise MissingFileError(f"--action_ckpt {source.action_ckpt} ({source.origin}): no such file")
+    vae = Path(settings.vae)
+    if not ((vae / "config.json").is_file() or (vae / "vae" / "config.json").is_file()):
+        raise MissingFileError(f"--vae {vae}: no config.json (expected an AutoencoderKLHunyuanVideo15 folder or a "
+                               "pipeline folder with vae/)")
+    if not settings.lpips_random_backbone:
+        resolve_alexnet_weights(settings.lpips_alexnet)
+    dataset = open_dataset(settings)
+    selected = select_items(dataset, settings.max_videos)
+    if settings.ground_truth is not None:
+        find_ground_truth_videos(settings.ground_truth, [video_key(*dataset.keys()[index]) for index in selected])
+    state = ("exists: a start compares its settings, then skips its finished videos"
+             if (out_dir / EVAL_CONFIG_NAME).is_file() else "new")
+    return [f"eval run name {run_name}", f"eval directory {out_dir} ({state})",
+            f"{len(selected)} videos of {settings.sample_table}, {describe_schedule(settings)}"]
 
 
 def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None = None) -> dict:

@@ -313,6 +313,13 @@ def add_run_args(
                        help="folder that receives the run directory <output_root>/<run name> (default %(default)s)")
     group.add_argument("--output_dir", type=Path, default=None,
                        help="use this run directory instead of <output_root>/<run name>")
+    add_check_only_arg(group, what="the run name and directory and what a launch would do there (a fresh run, a "
+                       "continue, a finished run)")
+    group.add_argument("--allow_changed_settings", action="store_true",
+                       help="continue the run saved in the run directory with other batch settings (--batch_size, "
+                            "--grad_accum, --chunks_per_clip / --chunks_per_sample), e.g. half the batch and twice "
+                            "the accumulation after running out of memory; each change and its step go to "
+                            "train_config.json (derived.changed_settings). Without it such a launch is refused")
     group.add_argument("--print_run_dir", action="store_true",
                        help="print the run directory these flags give and whether it is new, unfinished or finished, "
                             "then exit (exit 0: start or continue; 3: already finished; 2: settings differ from the "
@@ -497,6 +504,25 @@ def check_args(
         problems.append(f"--sigma_min={args.sigma_min!r} --sigma_max={args.sigma_max!r}: expected 0 <= min < max <= 1")
     if problems:
         parser.error("; ".join(problems))
+
+
+def add_check_only_arg(parser, *, what: str) -> None:
+    """--check_only of every entry script (recipes, tools, the benchmarks the docs show): run the checks a real run
+    makes before it creates anything, print `what` it would write (`report_check_only`), exit 0 having created
+    nothing. A refusal is the real run's own: one line, exit 2. tests/test_doc_commands.py runs every command of
+    the docs with it."""
+    parser.add_argument("--check_only", action="store_true",
+                        help="check every flag and input as the real run would before it creates anything (each "
+                             "input path's kind, the files it reads first), print " + what + ", and exit 0 "
+                             "having created nothing; a refusal is the real run's own (one line, exit 2)")
+
+
+def report_check_only(*lines: str) -> int:
+    """--check_only's report: `check only: <line>` for each line (what the command would write or do) on stdout, as
+    the recipes' (`run_directory.report_check`); returns exit code 0."""
+    for line in lines:
+        print(f"check only: {line}", flush=True)
+    return 0
 
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
