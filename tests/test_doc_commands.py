@@ -28,17 +28,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import doc_world
-from tests.test_docs import DOC_FILES, REPO_ROOT, launch_argv, logical_lines, parse_command, shell_blocks
+from tests.test_docs import DOC_FILES, REPO_ROOT, logical_lines, parse_command, shell_blocks
 
 SHELL_BLOCKS = {"bash", "sh", "shell", "console"}
 # Lines of command blocks that are no command of this repository: not run (their start, as written).

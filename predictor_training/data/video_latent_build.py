@@ -54,7 +54,7 @@ from predictor_training.data.video_latents import (
     VideoDatasetInputError,
     latents_for_frames,
 )
-from predictor_training.runtime.distributed import all_gather_objects, barrier, cleanup_distributed, init_distributed
+from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed
 from predictor_training.runtime.flags import report_check_only
 from predictor_training.video.io import VIDEO_SUFFIXES, list_frame_files, read_video
 
