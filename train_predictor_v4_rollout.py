@@ -231,7 +231,7 @@ def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: Precisio
         world_size=env.world_size, device=str(env.device), backend=env.backend,
         global_batch=env.world_size * args.grad_accum, sample_table=str(data.sample_table),
         num_trajectories=len(dataset), cases=dataset.case_ids, num_latents=dataset.num_latents,
-        trained_chunks=trained_chunks, **parts.derived, environment=environment_summary(),
+        trained_chunks=trained_chunks, **parts.derived, environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)

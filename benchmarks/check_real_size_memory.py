@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from predictor_training.predictor.memory_cuts import CUTS
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.memory_rehearsal import relative_error
 
 ESTIMATE_MEMORY = Path(__file__).resolve().parents[1] / "tools" / "estimate_memory.py"
@@ -46,7 +47,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", nargs="+", choices=list(MEMORY_TARGETS_GIB), default=list(MEMORY_TARGETS_GIB),
                         help="which of the user's three measurements to check (default: all)")
+    add_check_only_arg(parser, what="the rehearsals it would run (each recipe's tools/estimate_memory.py command)")
     args = parser.parse_args(argv)
+    if args.check_only:
+        return report_check_only(*(f"{recipe}: tools/estimate_memory.py --recipe {recipe} --json, with and without "
+                                   "--undo_cuts" for recipe in args.recipes))
     print(f"{'recipe':<8} {'user code GiB':>13} {'user GPU GiB':>12} {'diff':>7} {'this code GiB':>13} "
           f"{'target':>7}  verdict", flush=True)
     failures = []

@@ -102,6 +102,8 @@ from pathlib import Path
 
 import torch
 
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {"run.lock", "torchrun.log", "train_log.discarded.jsonl"}
 VOLATILE_SUFFIXES = (".tmp", ".log")  # a half-written file of a killed launch; a console (world build: <stage>.log)
@@ -214,25 +216,27 @@ def commands(work: Path, inputs: dict[str, Path]) -> dict[str, Command]:
                                        "--scheduler_warmup_steps", "1", "--block_warmup_steps", "1",
                                        "--ckpt_every", "2", *RUN_FLAGS], runs / "rollout", launcher_env),
         "df_sft": Command("df_sft", ["bash", "tools/launch_fvtools_df_sft.sh", runs / "df_sft",
-                                     "--teacher", teacher, "--train", "lora", "--lora_rank", "4",
+                                     "--teacher", teacher, "--no_action_ckpt", "--train", "lora", "--lora_rank", "4",
                                      "--max_steps", "8", "--warmup_steps", "1", "--ckpt_every", "2", *RUN_FLAGS],
                           runs / "df_sft", video_env),
-        "kd": Command("kd", ["bash", "tools/launch_fvtools_kd.sh", runs / "kd", "--teacher", teacher, "--train",
-                             "lora", "--lora_rank", "4", "--max_steps", "8", "--warmup_steps", "1", "--ckpt_every",
-                             "2", "--eval_samples", "1", *RUN_FLAGS], runs / "kd",
+        "kd": Command("kd", ["bash", "tools/launch_fvtools_kd.sh", runs / "kd", "--teacher", teacher,
+                             "--no_action_ckpt", "--train", "lora", "--lora_rank", "4", "--max_steps", "8",
+                             "--warmup_steps", "1", "--ckpt_every", "2", "--eval_samples", "1", *RUN_FLAGS], runs / "kd",
                       {"NPROC_PER_NODE": "2", "CACHE_ROOT": str(inputs["ode_cache"])}),
         "dmd2": Command("dmd2", ["bash", "tools/launch_fvtools_dmd2.sh", runs / "dmd2", "--teacher", teacher,
-                                 "--real_score", teacher, "--init_from", init_weights, "--source_blocks", "1,2",
-                                 "--generator", "predictor", "--rollout", "self", "--fake_score_train", "full",
-                                 "--max_steps", "6", "--warmup_steps", "0", "--generator_every", "2",
+                                 "--no_action_ckpt", "--real_score", teacher, "--init_from", init_weights,
+                                 "--source_blocks", "1,2", "--generator", "predictor", "--rollout", "self",
+                                 "--fake_score_train", "full", "--max_steps", "6", "--warmup_steps", "0",
+                                 "--generator_every", "2",
                                  "--monitor_every", "2", "--ckpt_every", "2", *RUN_FLAGS], runs / "dmd2", video_env),
         "adversarial": Command("adversarial", ["bash", "tools/launch_fvtools_adversarial.sh", runs / "adversarial",
                                                "--init_from", init_state, "--discriminator_width", "16",
                                                "--discriminator_lr", "1e-3", "--adv_warmup_steps", "0",
                                                "--r1_every", "2", *offline_flags(8, 2)],
                                runs / "adversarial", launcher_env),
-        "nft": Command("nft", ["bash", "tools/launch_fvtools_nft.sh", runs / "nft", "--teacher", teacher, "--train",
-                               "lora", "--lora_rank", "4", "--lora_alpha", "4", "--lr", "1e-2", "--max_steps", "6",
+        "nft": Command("nft", ["bash", "tools/launch_fvtools_nft.sh", runs / "nft", "--teacher", teacher,
+                               "--no_action_ckpt", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--lr",
+                               "1e-2", "--max_steps", "6",
                                "--warmup_steps", "0", "--samples_per_group", "2", "--chunks_per_sample", "1",
                                "--monitor_every", "2", "--eval_clips", "1", "--no-gradient_checkpointing",
                                "--ckpt_every", "2", *RUN_FLAGS], runs / "nft", video_env),
@@ -436,12 +440,18 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill times")
     parser.add_argument("--short", action="store_true", help="the CI mode: offline_v4, 1 random kill + 1 write")
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one, removed)")
+    add_check_only_arg(parser, what="the commands it would run and kill")
     args = parser.parse_args(argv)
     names = args.commands or (["offline_v4"] if args.short else list(COMMANDS))
     unknown = sorted(set(names) - set(COMMANDS))
     if unknown:
         parser.error(f"--commands {' '.join(unknown)}: expected some of {', '.join(COMMANDS)}")
     kills = args.kills if args.kills is not None else (1 if args.short else 3)
+    if args.check_only:
+        if args.work is not None and args.work.exists() and not args.work.is_dir():
+            parser.error(f"--work {args.work}: a file; expected a folder")
+        return report_check_only(f"{', '.join(names)}: each run to the end, then again with {kills} random kill(s) "
+                                 f"and {args.write_kills} during a write, in {args.work or 'a temporary folder'}")
     work = args.work or Path(tempfile.mkdtemp(prefix="fault_injection_"))
     work.mkdir(parents=True, exist_ok=True)
     generator = random.Random(args.seed)

@@ -40,7 +40,7 @@ from predictor_training.recipes.rollout import RolloutSettings, build_rollout
 from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs
 from predictor_training.rollout.schedule import Schedule
 from predictor_training.runtime.distributed import DistEnv
-from predictor_training.runtime.flags import at_least, positive
+from predictor_training.runtime.flags import add_check_only_arg, at_least, positive, report_check_only
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
 from predictor_training.runtime.loop import grad_norm_and_clip
 from predictor_training.runtime.memory_rehearsal import GIB, Rehearsal, estimate_columns, read_estimates
@@ -124,6 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="chunks of the rollouts (default 8)")
     parser.add_argument("--skip", type=str, default="",
                         help="comma-separated sections not to run: speed_calls, rollouts, memory, numerics")
+    add_check_only_arg(parser, what="the sections it would measure and the files it would write (CUDA is not "
+                       "needed for the check)")
     args = parser.parse_args(argv)
     sections = {"speed_calls", "rollouts", "memory", "numerics"}
     args.skip = {part for part in args.skip.split(",") if part}
@@ -131,7 +133,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--skip: unknown {sorted(args.skip - sections)}; expected among {sorted(sections)}")
     if args.memory_estimates is not None and not args.memory_estimates.is_file():
         parser.error(f"--memory_estimates {args.memory_estimates}: no such file")
-    if not args.tiny and not args.shapes and not torch.cuda.is_available():
+    if not args.tiny and not args.shapes and not args.check_only and not torch.cuda.is_available():
         parser.error("CUDA is not available: this command measures a GPU. Run it on a GPU node, or pass --tiny to "
                      "run the same code at tiny size on the CPU")
     return args
@@ -433,6 +435,15 @@ def numerics(teacher, text_kv, size: Size, device: torch.device, budget: Budget)
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.check_only:
+        read_memory_estimates(args.memory_estimates)
+        if args.out_dir.exists() and not args.out_dir.is_dir():
+            raise SystemExit(f"gpu_acceptance.py: error: --out_dir {args.out_dir}: a file; expected a folder")
+        sections = [name for name in ("speed_calls", "rollouts", "memory", "numerics") if name not in args.skip]
+        report_check_only("--shapes: the real-size shapes on fake tensors, printed" if args.shapes else
+                          f"{', '.join(sections)} in {args.budget_s:.0f} s -> {args.out_dir}/gpu_acceptance.json, "
+                          "gpu_acceptance.md")
+        return {}
     if args.shapes:
         shapes = real_size_shapes(REAL)
         print(json.dumps(shapes, indent=2))

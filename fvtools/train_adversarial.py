@@ -436,7 +436,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, variant=VARIANT, recipe=f"adversarial_{args.data}",
         world_size=env.world_size, device=str(env.device), backend=env.backend, global_batch=global_batch_items,
         num_items=len(data.dataset), micro_batches_per_epoch=data.batches.batches_per_epoch(), **parts.derived,
-        environment=environment_summary(),
+        environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)

@@ -55,6 +55,7 @@ from predictor_training.runtime.flags import (
     add_run_args,
     add_tracker_args,
     add_validation_args,
+    check_action_ckpt,
     check_args,
     parse_recipe_args,
     settings_from_flags,
@@ -105,10 +106,11 @@ DATA_KINDS = {"video_latents": VIDEO_CONFIG_NAME, "teacher_samples": DATASET_CON
 PRESETS = {
     # The CPU demo: a model of the demo world Teacher's config (12 blocks, width 64) trained from scratch on the
     # demo world's video latents (48 train clips of 32 latents), FP32, no tracker.
+    # --no_action_ckpt: the demo world's Teacher (and a df_sft model/ export) holds its action weights.
     "demo": ["--experiment", "df_sft_demo", "--train", "full", "--init_weights", "scratch", "--precision", "fp32",
              "--lr", "1e-3", "--max_steps", "300", "--warmup_steps", "20", "--chunks_per_clip", "2",
              "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
-             "--num_workers", "0", "--val_every", "50", "--val_videos", "1"],
+             "--num_workers", "0", "--val_every", "50", "--val_videos", "1", "--no_action_ckpt"],
     # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
     "real_size": ["--train", "lora", "--precision", "fp32master", "--gradient_checkpointing"],
 }
@@ -161,6 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--data teacher_samples with --train full: the samples carry the Teacher's text K/V, which a "
                      "model whose text stream trains cannot use; train a LoRA, or use a video-latent dataset")
     check_validation_args(parser, args)
+    check_action_ckpt(parser, args,
+                      reads_teacher_weights=not (args.train == "full" and args.init_weights == "scratch"))
     return args
 
 
@@ -322,7 +326,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
         num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
-        environment=environment_summary(),
+        environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)

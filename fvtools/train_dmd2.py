@@ -82,8 +82,8 @@ from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_loss_args, add_method_model_args,
                                              add_method_optimization_args, add_run_args, add_tracker_args,
-                                             add_validation_args, at_least, check_args, checked, parse_recipe_args,
-                                             parse_source_blocks, positive, settings_from_flags)
+                                             add_validation_args, at_least, check_action_ckpt, check_args, checked,
+                                             parse_recipe_args, parse_source_blocks, positive, settings_from_flags)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
@@ -102,12 +102,13 @@ PRESETS = {
     # The CPU demo on the demo world: DMD2 on the F-P-P-P composite (blocks 1,10 of the 12-block world Teacher,
     # from the rollout demo's Predictor) with its anchor; the launcher passes the world Teacher as real score (a df_sft
     # model of the renders), fake score = a full copy of it; FP32, no tracker.
+    # --no_action_ckpt: the demo world's Teacher (and a df_sft model/ export) holds its action weights.
     "demo": ["--experiment", "dmd2_demo", "--generator", "predictor", "--rollout", "self", "--source_blocks", "1,10",
              "--precision", "fp32", "--max_steps", "60", "--warmup_steps", "4", "--generator_every", "2",
              "--fusion_lr", "1e-4", "--blocks_lr", "1e-5", "--block_warmup_steps", "-1", "--fake_score_train", "full",
              "--fake_score_lr", "1e-4", "--monitor_every", "10", "--no-gradient_checkpointing", "--ckpt_every", "20",
              "--keep_last", "2", "--tracker", "none", "--num_workers", "0", "--val_every", "30",
-             "--val_videos", "1"],
+             "--val_videos", "1", "--no_action_ckpt"],
     # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
     "real_size": ["--generator", "predictor", "--source_blocks", "1,52", "--precision", "fp32master",
                   "--gradient_checkpointing"],
@@ -258,6 +259,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.val_vae, args.val_split = resolve_video_val_inputs(
         parser, METHOD, val_every=args.val_every, val_vae=args.val_vae, val_split=args.val_split,
         val_ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, split=args.split)
+    check_action_ckpt(parser, args, reads_teacher_weights=True)  # the composite's Full steps and the scores' base
     return args
 
 
@@ -535,6 +537,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
         num_latents=dataset.num_latents, trainable_parameters=trainable, **derived, environment=environment_summary(),
+        **start.recorded(),
         **predictor,
     )
     if env.is_main:

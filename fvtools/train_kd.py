@@ -47,6 +47,7 @@ from predictor_training.runtime.flags import (
     add_run_args,
     add_tracker_args,
     add_validation_args,
+    check_action_ckpt,
     check_args,
     parse_recipe_args,
     settings_from_flags,
@@ -87,10 +88,11 @@ EVAL_NAME = "kd_eval.json"
 PRESETS = {
     # The CPU demo: every parameter of the df_sft demo model, distilled from its own 32-step rollouts (the demo
     # cache) to 4 steps; FP32, no tracker.
+    # --no_action_ckpt: the demo world's Teacher (and a df_sft model/ export) holds its action weights.
     "demo": ["--experiment", "kd_demo", "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
              "--lr", "3e-4", "--max_steps", "200", "--warmup_steps", "10", "--chunks_per_clip", "2",
              "--no-gradient_checkpointing", "--ckpt_every", "100", "--keep_last", "2", "--tracker", "none",
-             "--num_workers", "0", "--val_every", "50", "--val_videos", "1"],
+             "--num_workers", "0", "--val_every", "50", "--val_videos", "1", "--no_action_ckpt"],
     # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
     "real_size": ["--train", "lora", "--precision", "fp32master", "--gradient_checkpointing"],
 }
@@ -157,6 +159,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as error:
         parser.error(f"--student_steps={args.student_steps} --student_shift={args.student_shift:g}: {error}")
     check_validation_args(parser, args)
+    check_action_ckpt(parser, args,
+                      reads_teacher_weights=not (args.train == "full" and args.init_weights == "scratch"))
     return args
 
 
@@ -343,7 +347,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_samples=len(dataset),
         cache=dataset.config, trainable_parameters=method_model.trainable_parameter_count(),
-        environment=environment_summary(),
+        environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)

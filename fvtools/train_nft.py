@@ -62,8 +62,8 @@ from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import UNIT_INTERVAL, add_method_model_args, add_method_optimization_args, \
-    add_run_args, add_tracker_args, add_validation_args, at_least, check_args, checked, parse_recipe_args, positive, \
-    settings_from_flags
+    add_run_args, add_tracker_args, add_validation_args, at_least, check_action_ckpt, check_args, checked, \
+    parse_recipe_args, positive, settings_from_flags
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, method_summary_rows
@@ -85,12 +85,13 @@ EVAL_NAME = "nft_eval.json"
 PRESETS = {
     # The CPU demo: a rank-16 LoRA on the shipped world Teacher, 4 samples per group (one group per rank), rewarded
     # for agreeing with the rendered ground truth and for smooth motion; FP32, no tracker.
+    # --no_action_ckpt: the demo world's Teacher (and a df_sft model/ export) holds its action weights.
     "demo": ["--experiment", "nft_demo", "--train", "lora", "--lora_rank", "16", "--lora_alpha", "16",
              "--precision", "fp32", "--lr", "1e-3", "--max_steps", "30", "--warmup_steps", "2",
              "--samples_per_group", "4", "--chunks_per_sample", "2", "--monitor_every", "10",
              "--rewards", "reference_agreement:1,smoothness:10", "--reference_video", "ground_truth",
              "--no-gradient_checkpointing", "--ckpt_every", "10", "--keep_last", "2", "--tracker", "none",
-             "--num_workers", "0", "--val_every", "30", "--val_videos", "1"],
+             "--num_workers", "0", "--val_every", "30", "--val_videos", "1", "--no_action_ckpt"],
     # The recipe at the size the memory rehearsal plans for (tools/estimate_memory.py): its defaults.
     "real_size": ["--train", "lora", "--precision", "fp32master", "--gradient_checkpointing"],
 }
@@ -192,6 +193,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parse_recipe_args(parser, argv, PRESETS)
     if args.dry_run is None:
         check_nft_args(parser, args)
+    check_action_ckpt(parser, args,
+                      reads_teacher_weights=not (args.train == "full" and args.init_weights == "scratch"))
     return args
 
 
@@ -381,7 +384,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
         num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
-        vae=str(vae_folder), environment=environment_summary(),
+        vae=str(vae_folder), environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)

@@ -43,6 +43,7 @@ SLOW_MODULES = frozenset({
     "recipes/test_method_validation.py", "recipes/test_offline.py", "recipes/test_run_lock.py",
     "recipes/test_train_adversarial.py", "recipes/test_train_df_sft.py", "recipes/test_train_dmd2.py",
     "recipes/test_train_kd.py", "recipes/test_train_nft.py", "recipes/test_train_predictor_v4_rollout.py",
+    "test_doc_commands.py",
     "rollout/test_context_modes.py", "rollout/test_teacher_forcing.py", "runtime/test_fsdp.py",
     "runtime/test_sharded_checkpoint.py", "teacher/test_flops.py", "teacher/test_frame_kv_cache.py",
     "tools/test_build_demo_world.py", "tools/test_build_ode_cache.py", "tools/test_check_conformance.py",

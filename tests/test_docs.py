@@ -339,6 +339,9 @@ def with_inputs(script: str, argv: list[str]) -> list[str]:
         missing = [flag for flag in missing if flag != "--init_from"]
     if script == "fvtools/train_adversarial.py" and "rollout" in argv and "--init_from" not in argv:
         missing.append("--init_from")
+    if "--no_action_ckpt" in options_of(script) and not any(token.startswith(("--action_ckpt", "--no_action_ckpt"))
+                                                             for token in argv):
+        argv = ["--no_action_ckpt", *argv]  # the stand-in Teacher; the action checkpoint names no run
     return [token for flag in missing for token in (flag, "stub.safetensors" if flag == "--init_from" else "stub")] \
         + argv
 
@@ -588,3 +591,36 @@ def test_each_launchers_example_run_name_is_the_run_its_real_launch_makes(path, 
     command = Command(REPO_ROOT / path, 1, f"bash {path}", {info.demo_needs_unset: "stub"}, "launcher", path, [])
     script, argv, world, device = launch_argv(command)
     assert compute_run_name(script, argv, world, device, tmp_path) == example.group(0), path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Links
+# ---------------------------------------------------------------------------------------------------------------
+LINKED_DOCS = sorted({*DOC_FILES, *(REPO_ROOT / "benchmarks" / "results").glob("*.md")})
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    anchors = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"^#{1,6}\s+(.*)$", line)
+        if heading:
+            text = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower().replace("`", ""))
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda doc: str(doc.relative_to(REPO_ROOT)))
+def test_every_link_leads_to_a_file_and_heading_that_exist(doc):
+    problems = []
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if re.match(r"^[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (doc.parent / path).resolve() if path else doc
+            if not resolved.exists():
+                problems.append(f"{doc.relative_to(REPO_ROOT)}:{number}: {target}: no such file")
+            elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved):
+                problems.append(f"{doc.relative_to(REPO_ROOT)}:{number}: {target}: no such heading")
+    assert not problems, "\n".join(problems)

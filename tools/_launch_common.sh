@@ -5,6 +5,10 @@
 # run name live in the Python script (docs/launchers.md § Run names); the launcher asks it for the run directory first
 # (`--print_run_dir`), so torchrun's console log lands in that directory.
 #
+# `--check_only` among the flags: nothing is started or made. The launcher runs its script once, as `python` with the
+# world size it would have, with the same flags (the script checks every flag and input, prints the run name and
+# directory and exits); the CPU demo's missing data and earlier runs are named, not made (docs/troubleshooting.md).
+#
 # Environment (all optional):
 #   NPROC_PER_NODE  processes per node (default: number of visible GPUs, 8 on a full node; 2 on a CPU-only machine)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (defaults: 1, 0, 127.0.0.1, 29500)
@@ -15,6 +19,14 @@
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python}"
 DEMO_ROOT="${DEMO_ROOT:-${REPO_ROOT}/demo_data}"
+
+# CHECK_ONLY=1 when the launcher's own arguments (sourced without arguments, this file sees them) hold --check_only;
+# DEMO_PENDING=1 once a check-only launch meets demo data or an earlier demo run that a launch would make first.
+CHECK_ONLY=0
+DEMO_PENDING=0
+for argument in "$@"; do
+  [[ "${argument}" == "--check_only" ]] && CHECK_ONLY=1
+done
 
 # Environment variables that become the flag of the same name in lower case, when set.
 FLAG_VARIABLES=(
@@ -63,6 +75,13 @@ WORLD_SIZE_TOTAL=$(( 10#${NPROC_PER_NODE} * 10#${NNODES} ))
 is_demo() {
   [[ -z "${DATASET_ROOT:-}" ]] && (( NUM_GPUS == 0 ))
 }
+
+# On a GPU node a launch without DATASET_ROOT (CACHE_ROOT for kd) is a real run, not the demo: say how to get the
+# demo there, in case that is what was meant (docs/troubleshooting.md).
+if (( NUM_GPUS > 0 )) && [[ -z "${DATASET_ROOT:-}${CACHE_ROOT:-}" ]]; then
+  echo "[launch] ${NUM_GPUS} GPU(s) visible and no DATASET_ROOT: a real run, not the CPU demo" \
+    "(the demo runs with no GPU visible: CUDA_VISIBLE_DEVICES= bash $0)" >&2
+fi
 
 # flags_from_environment: FLAGS_FROM_ENV=(--fusion_lr 5e-4 ...) for every variable of FLAG_VARIABLES that is set.
 flags_from_environment() {
@@ -132,7 +151,9 @@ check_positional() {
 ensure_demo_assets() {
   local config="${DEMO_ROOT}/assets/demo_config.json"
   local shipped="${REPO_ROOT}/predictor_training/world/weights/teacher/diffusion_pytorch_model.safetensors"
-  if [[ ! -f "${config}" ]]; then
+  if [[ ! -f "${config}" ]] && (( CHECK_ONLY )); then
+    first "make the demo-world assets in ${DEMO_ROOT}/assets (tools/make_demo_assets.py)"
+  elif [[ ! -f "${config}" ]]; then
     echo "[launch] making the demo-world assets in ${DEMO_ROOT}/assets"
     "${PYTHON}" "${REPO_ROOT}/tools/make_demo_assets.py" --out "${DEMO_ROOT}/assets"
   elif ! grep -q '"kind": "world"' "${config}"; then
@@ -148,7 +169,10 @@ ensure_demo_assets() {
 
 ensure_demo_dataset() {
   ensure_demo_assets
-  if [[ ! -f "${DEMO_ROOT}/dataset/manifest.jsonl" || -d "${DEMO_ROOT}/dataset/manifest_parts" ]]; then
+  if [[ ! -f "${DEMO_ROOT}/dataset/manifest.jsonl" || -d "${DEMO_ROOT}/dataset/manifest_parts" ]] \
+      && (( CHECK_ONLY )); then
+    first "build the demo dataset in ${DEMO_ROOT}/dataset (tools/build_predictor_dataset.py --demo)"
+  elif [[ ! -f "${DEMO_ROOT}/dataset/manifest.jsonl" || -d "${DEMO_ROOT}/dataset/manifest_parts" ]]; then
     echo "[launch] building the demo dataset in ${DEMO_ROOT}/dataset"
     "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node 2 \
       "${REPO_ROOT}/tools/build_predictor_dataset.py" --demo "${DEMO_ROOT}/assets" --out "${DEMO_ROOT}/dataset"
@@ -161,7 +185,10 @@ ensure_demo_dataset() {
 ensure_demo_video_latents() {
   ensure_demo_assets
   local assets="${DEMO_ROOT}/assets"
-  if [[ ! -f "${DEMO_ROOT}/video_latents/manifest.jsonl" || -d "${DEMO_ROOT}/video_latents/manifest_parts" ]]; then
+  if [[ ! -f "${DEMO_ROOT}/video_latents/manifest.jsonl" || -d "${DEMO_ROOT}/video_latents/manifest_parts" ]] \
+      && (( CHECK_ONLY )); then
+    first "build the demo video-latent dataset in ${DEMO_ROOT}/video_latents (tools/build_video_latent_dataset.py)"
+  elif [[ ! -f "${DEMO_ROOT}/video_latents/manifest.jsonl" || -d "${DEMO_ROOT}/video_latents/manifest_parts" ]]; then
     echo "[launch] building the demo video-latent dataset in ${DEMO_ROOT}/video_latents"
     local size
     read -r -a size < <("${PYTHON}" -c "import json,sys; c=json.load(open(sys.argv[1])); \
@@ -173,10 +200,22 @@ print(c['resolution']['height'], c['resolution']['width'], 4 * (c['num_latents']
   fi
 }
 
+# first WHAT: with --check_only, say that a launch would do WHAT first (make demo data, train an earlier demo run)
+# instead of doing it; the script's own check then waits for those inputs (DEMO_PENDING).
+first() {
+  echo "[launch] check only: a launch would first $1"
+  DEMO_PENDING=1
+}
+
 # plan_run SCRIPT ARGS...: RUN_DIR=the run directory the script computes from these flags for this world size.
 # Returns 0 to start or continue, 3 when that run already finished, 2 (after the script's one-line error) when
-# the flags are wrong or the directory holds a run with other settings.
+# the flags are wrong or the directory holds a run with other settings. With --check_only and demo inputs still to
+# be made (DEMO_PENDING) it cannot ask the script and returns 0 (to start) without a RUN_DIR.
 plan_run() {
+  if (( DEMO_PENDING )); then
+    RUN_DIR=""
+    return 0
+  fi
   local script="$1"; shift
   local status=0
   RUN_DIR="$(WORLD_SIZE="${WORLD_SIZE_TOTAL}" "${PYTHON}" "${REPO_ROOT}/${script}" "$@" --print_run_dir)" || status=$?
@@ -187,6 +226,19 @@ plan_run() {
 # reported and exits 0; an interrupted one is continued by the script itself.
 launch_recipe() {
   local script="$1"; shift
+  if (( CHECK_ONLY )); then
+    if (( DEMO_PENDING )); then
+      echo "[launch] check only: ${script} is checked once the inputs named above exist"
+      RUN_DIR=""
+      return 0
+    fi
+    echo "[launch] check only: ${script} on ${WORLD_SIZE_TOTAL} process(es) (${NNODES} node(s) x ${NPROC_PER_NODE})"
+    local output status=0
+    output="$(WORLD_SIZE="${WORLD_SIZE_TOTAL}" "${PYTHON}" "${REPO_ROOT}/${script}" "$@")" || status=$?
+    [[ -n "${output}" ]] && printf '%s\n' "${output}"
+    RUN_DIR="$(sed -n 's/^check only: run directory //p' <<< "${output}")"
+    return "${status}"
+  fi
   local status=0
   plan_run "${script}" "$@" || status=$?
   if (( status == 3 )); then return 0; fi

@@ -54,7 +54,7 @@ distil DIR/teacher/ (`--distil_from weights`, the default with --reuse_weights);
 with this build's distillation stages added. A 4-step student of a weights folder FM (e.g. the flow-matching Teacher
 of build 1), from 400 train clips' 4-step rollouts, without touching the shipped weights (no ship stage):
 
-    python tools/build_demo_world.py --out /work/world_kd --reuse_weights FM --teacher_from kd \
+    python tools/build_demo_world.py --out demo_data/world_kd --reuse_weights FM --teacher_from kd \
         --stages render,vae,encoders,encode,ode_cache,kd --distil_clips 400,8 --teacher_steps 4 \
         --kd_steps 1500,1500 --kd_lr 3e-4,1e-4 \
         --num_scenes 400 --holdout_scenes 12 --paths_per_scene 4 --holdout_paths 1 --revisit_paths 2
@@ -70,8 +70,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import SEED
+from predictor_training.runtime.errors import CommandParser, UserInputError, command
+from predictor_training.runtime.flags import SEED, add_check_only_arg, report_check_only
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.world.clips import WorldSettings
 
@@ -178,6 +178,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "number per split, or one for both; tools/build_ode_cache.py --max_clips; default: "
                              "every clip); with --reuse_weights the encode stage also encodes only those clips "
                              "(tables in distil_clips/)")
+    add_check_only_arg(parser, what="each stage it would run and that stage's command (a stage's inputs are the "
+                       "outputs of the ones before it: each command checks them when it runs)")
     args = parser.parse_args(argv)
     if args.distil_clips is not None:
         try:
@@ -400,7 +402,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                      "steps": args.df_sft_steps, "lr": 1e-3, "sigma_min": 0.0, "seed": args.seed}]
         else:
             runs = continue_rounds(args, out)
-        return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["init"]), "--dataset_root",
+        # --no_action_ckpt: the world's Teacher folders (its config, a df_sft model/) hold the action weights.
+        return [[python, "fvtools/train_df_sft.py", "--teacher", str(run["init"]), "--no_action_ckpt", "--dataset_root",
                  str(out / "video_latents"), "--train", "full",
                  "--init_weights", "scratch" if stage == "df_sft" else "teacher", "--precision", "fp32",
                  "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]),
@@ -418,7 +421,7 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  *(["--max_clips", args.distil_clips] if args.distil_clips else []),
                  "--out", str(out / "ode_cache")]]
     if stage == "kd":
-        return [[python, "fvtools/train_kd.py", "--teacher", str(run["init"]), "--cache_root",
+        return [[python, "fvtools/train_kd.py", "--teacher", str(run["init"]), "--no_action_ckpt", "--cache_root",
                  str(out / "ode_cache"), "--train", "full", "--init_weights", "teacher", "--precision", "fp32",
                  "--lr", f"{run['lr']:g}", "--max_steps", str(run["steps"]), "--warmup_steps", str(args.kd_warmup_steps),
                  "--chunks_per_clip", "2",
@@ -427,7 +430,8 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  f"world_{run['name']}", "--output_dir", str(run["run_dir"]), "--no_progress"]
                 for run in kd_rounds(args, out)]
     if stage == "dmd":
-        return [[python, "fvtools/train_dmd2.py", "--teacher", str(dmd_start(args, out)), "--dataset_root",
+        return [[python, "fvtools/train_dmd2.py", "--teacher", str(dmd_start(args, out)), "--no_action_ckpt",
+                 "--dataset_root",
                  str(out / "video_latents"), "--real_score", str(distilled_model(args, out)),
                  "--generator", "student", "--train", "full", "--init_weights", "teacher",
                  "--fake_score_train", "full", "--rollout", "self", "--exit_step", "uniform", "--precision", "fp32",
@@ -498,6 +502,12 @@ def headline(stage: str, args, out: Path) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
+    if args.check_only:
+        if out.exists() and not out.is_dir():
+            raise UserInputError(f"--out {args.out}: a file; expected the world's build folder")
+        return report_check_only(*(f"{stage}: {' '.join(str(part) for part in command)}"
+                                   for stage in STAGES if stage in args.stages
+                                   for command in stage_commands(stage, args, out)))
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "build_report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}

@@ -40,8 +40,8 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     log0,
 )
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import SEED, add_threads_arg, check_cuda_flag
+from predictor_training.runtime.errors import CommandParser, MissingFileError, UserInputError, command
+from predictor_training.runtime.flags import SEED, add_check_only_arg, add_threads_arg, check_cuda_flag, report_check_only
 from predictor_training.runtime.io import check_output_folder_kind, sha256_file
 from predictor_training.teacher.config import DISTILLED_SHIFT
 from predictor_training.teacher.source import (
@@ -85,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="process-group backend under torchrun (auto: nccl with CUDA, else gloo)")
     parser.add_argument("--stop_after", type=int, default=None,
                         help="debug: each rank stops after this many samples (no manifest; rerun to resume)")
+    add_check_only_arg(parser, what="the samples it would cache and whether --out is new or resumed")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     check_cuda_flag(parser, "--backend", args.backend)
@@ -165,6 +166,15 @@ def weights_sha256(teacher: Path, action_ckpt: Path | None) -> dict[str, str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     check_output_folder_kind(args.out, flag="--out", marker=CACHE_CONFIG_NAME, layout=CACHE_LAYOUT)
+    if args.check_only:
+        jobs, _, _ = plan_jobs(args)  # the conditions: a video-latent dataset's splits, or tables and encoder outputs
+        if args.action_ckpt is not None and not args.action_ckpt.is_file():
+            raise MissingFileError(f"--action_ckpt {args.action_ckpt}: no such file")
+        if args.out.exists() and not args.out.is_dir():
+            raise UserInputError(f"--out {args.out}: a file; expected a cache folder to create or resume")
+        state = "resume: its settings are compared when it starts" if any(args.out.glob("*.json")) else "new"
+        return report_check_only(f"{len(jobs)} samples, {args.steps} steps at shift {args.shift:g} -> {args.out} "
+                                 f"({state})")
     set_cpu_threads(args.threads, tool="build_ode_cache", load_aware=False)
     env = init_distributed(args.backend)
     try:

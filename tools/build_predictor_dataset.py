@@ -10,13 +10,16 @@ Demo (CPU, seconds):
     python tools/build_predictor_dataset.py --demo demo_data/D --out demo_data/DS
     torchrun --nproc_per_node 2 tools/build_predictor_dataset.py --demo demo_data/D --out demo_data/DS
 
-Real data (one node, 8 GPUs):
-    torchrun --nproc_per_node 8 tools/build_predictor_dataset.py \
-        --teacher ckpts/HY-WorldPlay/transformer/480p_i2v --action_ckpt ckpts/worldplay_action.safetensors \
-        --samples samples/train.jsonl,samples/holdout25.jsonl,samples/holdout50.jsonl \
-        --encoded encoded/ --out /data/predictor_v4 --dtype bfloat16
+Real data (one node, 8 GPUs; the paths of docs/walkthrough.md § Paths: $TEACHER the base transformer
+$CKPTS/HunyuanVideo-1.5/transformer/480p_i2v, $ACTION_CKPT the action model
+$CKPTS/HY-WorldPlay/ar_distilled_action_model/diffusion_pytorch_model.safetensors):
+    torchrun --nproc_per_node 8 tools/build_predictor_dataset.py --teacher $TEACHER --action_ckpt $ACTION_CKPT \
+        --samples $SAMPLES/train.jsonl,$SAMPLES/holdout25.jsonl,$SAMPLES/holdout50.jsonl \
+        --encoded $ENCODED --out $DATASET
 
-Planning (no weights loaded): add ``--dry_run`` to print the trajectory count and the estimated size.
+Planning (no weights loaded): add ``--dry_run`` to print the trajectory count and the estimated size;
+``--check_only`` checks every input (tables, encoder outputs, the Teacher's config, the action checkpoint, a dataset
+already in --out) and says what a build would do.
 
 Distribution: trajectory i (in table order) is built by rank i % world_size; rank 0 builds the case files first
 (the other ranks wait, then read them). Every rank appends one manifest line per finished file to its own part file
@@ -38,7 +41,7 @@ from predictor_training.data.sample_table import FINAL_SPLIT
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg, check_cuda_flag, settings_from_flags
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, check_cuda_flag, settings_from_flags
 from predictor_training.runtime.io import read_json_file
 
 
@@ -49,9 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "every D/samples/*.jsonl table but final.jsonl (the split nothing is chosen on never enters "
                         "a dataset) and D/encoded")
     source.add_argument("--teacher", type=Path, help="Teacher transformer folder (config.json + safetensors, "
-                        "diffusers layout, e.g. transformer/480p_i2v)")
+                        "diffusers layout): the base transformer, $CKPTS/HunyuanVideo-1.5/transformer/480p_i2v")
     source.add_argument("--action_ckpt", type=Path, help="WorldPlay action checkpoint loaded on top of --teacher "
-                        "(strict)")
+                        "(strict): $CKPTS/HY-WorldPlay/ar_distilled_action_model/diffusion_pytorch_model.safetensors")
     source.add_argument("--samples", type=str, help="comma-separated sample tables (JSONL); the split of a row is "
                         "its table's file stem (train.jsonl -> 'train'); a final.jsonl is refused")
     source.add_argument("--encoded", type=Path, help="folder of encoder outputs {case_id}.pt (upstream .pt layout)")
@@ -77,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "text tokens kept per case (SigLIP + valid ByT5 + valid LLM)")
     parser.add_argument("--stop_after", type=int, default=None, help="debug: each rank stops after building this "
                         "many trajectories (no manifest is written; rerun to resume)")
+    add_check_only_arg(parser, what="the trajectory and case counts and whether --out is a new dataset or one to "
+                       "resume")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     check_cuda_flag(parser, "--device", args.device)

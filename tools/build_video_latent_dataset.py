@@ -11,8 +11,8 @@ and the VAE scaling convention: docs/video_latents.md.
 
 Your own videos (one node, 8 GPUs; 125 frames -> 32 latents at 480 x 832):
     torchrun --nproc_per_node 8 tools/build_video_latent_dataset.py \
-        --encoders ckpts/HunyuanVideo-1.5-480p_i2v-diffusers --clips clips/train.jsonl,clips/holdout.jsonl \
-        --out /data/video_latents --height 480 --width 832 --num_frames 125
+        --encoders $ENCODERS --clips $WORK/clips/train.jsonl,$WORK/clips/holdout.jsonl \
+        --out $VIDEO_LATENTS --height 480 --width 832 --num_frames 125
 
 Demo (CPU, seconds): tiny procedural clips (29 frames at 32 x 48 -> 8 latents at 2 x 3) through the demo's tiny random
 encoders (D/encoders of tools/make_demo_assets.py when D is a demo asset folder, else made in D):
@@ -44,7 +44,7 @@ from predictor_training.data.video_latent_build import (
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import SEED, add_threads_arg, check_cuda_flag, settings_from_flags
+from predictor_training.runtime.flags import SEED, add_check_only_arg, add_threads_arg, check_cuda_flag, settings_from_flags
 from predictor_training.world.video_latent_demo import (
     DEMO_ENCODERS_DIR,
     DEMO_HEIGHT,
@@ -89,8 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "files); cameras are always float32")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="auto = cuda:LOCAL_RANK "
                         "when CUDA is available, else cpu (the process group uses nccl / gloo accordingly)")
-    parser.add_argument("--check_only", action="store_true", help="validate every input (tables, poses, frame counts "
-                        "of PNG folders and video files, shared over the ranks) and exit without encoding")
+    add_check_only_arg(parser, what="the clips it would encode (every table, pose and frame count checked in one "
+                       "process, under torchrun too; the encoders folder's kind) and whether --out is new or resumed")
     parser.add_argument("--stop_after", type=int, default=None, help="debug: each rank stops after encoding this "
                         "many clips (no manifest is written; rerun to resume)")
     parser.add_argument("--demo_clips", type=int, default=6, help="--demo: number of procedural clips")

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from predictor_training.conformance.calls import CATEGORIES, TIERS, run_conformance
 from predictor_training.runtime.cpu_threads import set_cpu_threads
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.errors import CommandParser, MissingFileError, command
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, report_check_only
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tolerance tier of the model tensors: portable (1e-5) or strict (3e-6, float32 CPU)")
     parser.add_argument("--cases", nargs="+", default=None,
                         help=f"run only these categories {list(CATEGORIES)} or groups (e.g. txt_holes chunk_first)")
+    add_check_only_arg(parser, what="the folder's files it would compare against (it writes nothing in any case)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     if not Path(args.folder).is_dir():
@@ -54,6 +55,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.check_only:
+        missing = [name for name in ("config.json", "weights.safetensors.xz", "vectors.json", "vectors.safetensors")
+                   if not (Path(args.folder) / name).is_file()]
+        if missing:
+            raise MissingFileError(f"folder {args.folder}: no {', '.join(missing)}; expected a conformance folder "
+                                   "(tests/data/conformance/README.md)")
+        return report_check_only(f"the {args.tier} tier of {args.folder}")
     set_cpu_threads(args.threads, tool="check_conformance", load_aware=False)
     results = run_conformance(args.folder, args.tier, args.cases)
     for result in results:

@@ -35,8 +35,8 @@ from predictor_training.conformance.trajectory import (
     print_report,
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.errors import CommandParser, MissingFileError, command
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, report_check_only
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tier", choices=sorted(TIERS), default="strict", help="tolerance tier (section 11 of "
                         "tests/data/conformance/README.md): strict (3e-6, float32 on CPU) or portable (1e-5, any "
                         "float32 backend)")
+    add_check_only_arg(parser, what="the folder's files it would compare against (it writes nothing in any case)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     if not Path(args.folder).is_dir():
@@ -56,6 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.check_only:
+        missing = [name for name in ("config.json", "trajectory.json", "trajectory.safetensors")
+                   if not (args.folder / name).is_file()]
+        if missing:
+            raise MissingFileError(f"folder {args.folder}: no {', '.join(missing)}; expected a conformance folder "
+                                   "with a trajectory (tests/data/conformance/README.md)")
+        return report_check_only(f"the {args.tier} tier of {args.folder}'s trajectory")
     set_cpu_threads(args.threads, tool="check_trajectory_conformance", load_aware=False)
     torch.backends.cuda.matmul.allow_tf32 = False
     report = check_trajectory(args.folder, args.tier)

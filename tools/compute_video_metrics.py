@@ -25,13 +25,14 @@ from pathlib import Path
 
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, report_check_only
 from predictor_training.video.folder_metrics import (
     OUTPUT_NAMES,
     compare_video_folders,
     pair_videos,
     resolve_device,
 )
+from predictor_training.video.metrics import resolve_alexnet_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "a per_frame entry per video in metrics.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out "
                         "(default: refuse)")
+    add_check_only_arg(parser, what="the video pairs it would compare and the folder it would write (the --device "
+                       "is not opened)")
     return parser
 
 
@@ -82,6 +85,8 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         if args.out.resolve().is_relative_to(getattr(args, name).resolve()):
             parser.error(f"--out {args.out}: inside {name.upper()} {getattr(args, name)}; expected a folder outside "
                          "the inputs")
+    if args.check_only:  # the device is the machine's: a GPU command is checked on any machine
+        return args
     try:
         args.device = resolve_device(args.device)
     except RuntimeError as error:
@@ -98,6 +103,10 @@ def main(argv=None) -> int:
         pairs = pair_videos(args.ref_dir, args.test_dir)
     except ValueError as error:  # REF_DIR and TEST_DIR do not match: a usage error, before anything is loaded
         parser.error(str(error))
+    if args.check_only:
+        if not args.lpips_random_backbone:
+            resolve_alexnet_weights(args.lpips_alexnet)
+        return report_check_only(f"{len(pairs)} video pairs of {args.ref_dir} and {args.test_dir} -> {args.out}")
     compare_video_folders(
         args.ref_dir, args.test_dir, args.out, device=args.device, lpips_alexnet=args.lpips_alexnet,
         lpips_random_backbone=args.lpips_random_backbone, lpips_random_seed=args.lpips_random_seed,

@@ -25,6 +25,7 @@ import torch
 
 from predictor_training.runtime.checkpoint import read_training_state
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.io import atomic_write, save_safetensors
 from predictor_training.runtime.sharded_checkpoint import (
     SHARDED_SUFFIX,
@@ -45,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of the floating tensors written (default %(default)s: the FP32 master weights)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file (default: refuse)")
+    add_check_only_arg(parser, what="the role and the sharded folder it would read, and the file it would write")
     args = parser.parse_args(argv)
     if args.out.suffix != ".safetensors":
         parser.error(f"--out {args.out}: expected a path ending in .safetensors")
@@ -83,6 +85,8 @@ def resolve(args) -> tuple[Path, str, dict]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     folder, role, metadata = resolve(args)
+    if args.check_only:
+        return report_check_only(f"role {role!r} of {folder} -> {args.out} ({args.dtype})")
     model = read_sharded_state(folder, role, optimizer=False)["model"]
     dtype = DTYPES[args.dtype]
     tensors = {name: (tensor.to(dtype) if torch.is_floating_point(tensor) else tensor).contiguous()

@@ -42,8 +42,8 @@ from predictor_training.runtime.distributed import (
     init_distributed,
     log0,
 )
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg, check_cuda_flag
+from predictor_training.runtime.errors import CommandParser, MissingFileError, UserInputError, command
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, check_cuda_flag, report_check_only
 from predictor_training.runtime.io import check_output_folder_kind
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -70,6 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--vision_crop", choices=VISION_CROPS, default="bucket",
                         help="crop SigLIP sees: 'bucket' = the 480p bucket nearest the image's aspect ratio (upstream "
                         "inference), 'target' = the same --height x --width crop as the VAE condition")
+    add_check_only_arg(parser, what="the cases it would encode and how many --out already holds")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     check_cuda_flag(parser, "--device", args.device)
@@ -88,6 +89,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     check_output_folder_kind(args.out, flag="--out", marker=None)  # a folder of encoder outputs, no other kind
+    if args.check_only:
+        jobs = jobs_from_cases(read_cases(args.cases))  # every image must exist
+        done = sum(encoded_path(args.out, job.case_id).is_file() for job in jobs)  # every case_id a file name
+        if not (args.encoders / "model_index.json").is_file():
+            raise MissingFileError(f"--encoders {args.encoders}: no model_index.json; expected the diffusers "
+                                   "HunyuanVideo-1.5 i2v folder (text_encoder/, image_encoder/, vae/, ...)")
+        if args.out.exists() and not args.out.is_dir():
+            raise UserInputError(f"--out {args.out}: a file; expected a folder for the {{case_id}}.pt files")
+        report_check_only(f"{len(jobs)} cases from {args.cases} -> {args.out} ({done} already encoded)")
+        return {"cases": len(jobs), "finished": done}
     set_cpu_threads(args.threads, tool="encode_cases", load_aware=False)
     env = init_distributed("nccl" if args.device == "cuda" else "gloo")
     try:

@@ -2,6 +2,7 @@
 
     python tools/estimate_memory.py --recipe v4 --context_frames 4 8 12 16 20 --json   # 8.6B config, batch 16
     python tools/estimate_memory.py --recipe rollout --replace_steps 1,2,3 --context_mode incremental
+    python tools/estimate_memory.py --recipe rollout --reuse_steps 1,2 --replace_steps 3              # F-R-R-P
     python tools/estimate_memory.py --recipe kd --train full --world_size 8             # --fit: v4, disca
 
 One loop for every recipe (predictor_training/recipes/rehearsal.py): the recipe's flags at its `real_size` preset,
@@ -31,9 +32,10 @@ from predictor_training.methods.rewards import FixedRewards, parse_reward_weight
 from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
 from predictor_training.recipes.rehearsal import Plan, last_chunks, recipe_flags, rehearse_recipe
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
 from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.memory_rehearsal import MemoryReport, card_gib, largest_batches, needed_gib
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.teacher import flops
@@ -62,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--chunks", type=int, default=8, help="chunks of one trajectory or clip (8)")
     add("--replace_steps", type=lambda t: _ints(t, "--replace_steps", None, ","), default=(1, 2, 3),
         help="the Predictor's steps (rollout, eval, adversarial --data rollout, dmd2 --generator predictor; 1,2,3)")
+    add("--reuse_steps", type=lambda t: _ints(t, "--reuse_steps", None, ","), default=(),
+        help="rollout: steps filled by velocity reuse, disjoint from --replace_steps (--reuse_steps 1,2 "
+             "--replace_steps 3: F-R-R-P, the rollout recipe's --preset frrp); default none")
     add("--context_mode", choices=("exact", "incremental"), default="exact", help="rollout, eval: context K/V")
     add("--data", choices=("offline", "rollout"), default="offline", help="adversarial: its --data")
     add("--world_size", type=int, default=8, help="ranks: DDP buckets if > 1; --train full: FSDP2's shard (8)")
@@ -76,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--fit", action="store_true", help="v4, disca: also the largest per-GPU batch on 80 GB and 141 GB cards")
     add("--json", action="store_true", help="one JSON object per estimate")
     add("--undo_cuts", nargs="+", choices=CUTS, default=[], help="these memory cuts undone (predictor/memory_cuts.py)")
+    add_check_only_arg(parser, what="the rehearsals it would run (the recipe's own flags are parsed; nothing runs)")
     args = parser.parse_args(argv)
     checks = [(args.fit and args.recipe not in ("v4", "disca"), f"--fit: for v4 and disca only, not {args.recipe}"),
               (args.data != "offline" and args.recipe != "adversarial", f"--data {args.data}: an adversarial mode"),
@@ -85,7 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
               (args.chunks < 2, f"--chunks {args.chunks}: expected >= 2 (chunk 0 plus a trained chunk)"),
               (min(args.batch_size, args.world_size, args.optimizer_steps) < 1,
                "--batch_size, --world_size, --optimizer_steps: expected >= 1"),
-              (not all(1 <= s <= 3 for s in args.replace_steps), f"--replace_steps {args.replace_steps}: 1..3")]
+              (not all(1 <= s <= 3 for s in args.replace_steps), f"--replace_steps {args.replace_steps}: 1..3"),
+              (args.reuse_steps and args.recipe != "rollout", f"--reuse_steps: a rollout setting, not {args.recipe}'s"),
+              (not all(1 <= s <= 3 for s in args.reuse_steps), f"--reuse_steps {args.reuse_steps}: 1..3"),
+              (set(args.reuse_steps) & set(args.replace_steps),
+               f"--reuse_steps {args.reuse_steps}: steps also in --replace_steps {args.replace_steps}")]
     for message in [message for failed, message in checks if failed][:1]:
         parser.error(message)
     return args
@@ -110,7 +120,7 @@ class Row(NamedTuple):
 def blocks(args): return ["--source_blocks", ",".join(map(str, args.source_blocks))]  # noqa: E704
 def steps(args): return ["--replace_steps", ",".join(map(str, args.replace_steps))]  # noqa: E704
 def pairs(args): return [*DATA, *blocks(args), "--batch_size", str(args.batch_size)]  # noqa: E704 (offline data)
-def letters(replace_steps): return "-".join(Schedule(tuple(replace_steps)).letters())  # noqa: E704
+def letters(replace_steps, reuse_steps=()): return StepPlan.from_steps(replace_steps, reuse_steps).text  # noqa: E704
 
 
 def offline_plan(variant: str):
@@ -131,8 +141,8 @@ def rollout_plan(args, flags, config, host, n_ctx) -> Plan:
     policy = precision_policy(flags.precision, torch.device("cpu"))
     rollout_config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                    context_mode=args.context_mode)
-    return Plan(f"rollout {letters(args.replace_steps)}, {args.chunks} chunks, context {args.context_mode}, blocks "
-                f"{list(args.source_blocks)}, one trajectory",
+    return Plan(f"rollout {letters(args.replace_steps, args.reuse_steps)}, {args.chunks} chunks, context "
+                f"{args.context_mode}, blocks {list(args.source_blocks)}, one trajectory",
                 {"teacher_source": UNUSED, "dataset": SimpleNamespace(load_case=lambda case_id: case),
                  "rollout_config": rollout_config, "resuming": True},  # as on resume: --init_from is not read
                 lambda: {**row, "case_id": "rehearsal", "key": ("rehearsal", 0)},
@@ -207,7 +217,9 @@ RECIPES = {
     "v4": Row("train_predictor_v4", pairs, offline_plan("v4")),
     "disca": Row("train_predictor_disca", pairs, offline_plan("disca")),
     "rollout": Row("train_predictor_v4_rollout",
-                   lambda a: [*DATA, *blocks(a), *steps(a), "--context_mode", a.context_mode], rollout_plan),
+                   lambda a: [*DATA, *blocks(a), *steps(a), "--context_mode", a.context_mode,
+                              *(["--reuse_steps", ",".join(map(str, a.reuse_steps))] if a.reuse_steps else [])],
+                   rollout_plan),
     "df_sft": Row("fvtools.train_df_sft", lambda a: ["--train", a.train], teacher_forced_plan("df_sft")),
     "kd": Row("fvtools.train_kd", lambda a: ["--train", a.train], teacher_forced_plan("kd")),
     "adversarial": Row("fvtools.train_adversarial", lambda a: [*pairs(a), *steps(a), "--data", a.data],
@@ -245,7 +257,8 @@ def flop_notes(args, recipe: str, context_frames: int | None, user: bool = True)
         flops.TeacherShape.from_config(preset_config(args.config)), recipe, context_frames=context_frames,
         user_seconds=user_seconds, tokens_per_frame=args.latent_grid[0] * args.latent_grid[1],
         text_tokens=args.text_tokens, batch_size=args.batch_size, chunks=args.chunks,
-        replace_steps=args.replace_steps, context_mode=args.context_mode)
+        replace_steps=args.replace_steps, context_mode=args.context_mode,
+        reuse_steps=args.reuse_steps if recipe == "rollout" else ())
 
 
 def rehearse_eval(args, *, fake: bool = True) -> MemoryReport:  # tools/eval_predictor.py's rollout, inference
@@ -267,6 +280,12 @@ def estimate(args) -> list[MemoryReport]:
 @command
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.check_only:
+        if args.recipe != "eval":  # the recipe's own flags at its real_size preset
+            recipe_flags(importlib.import_module(RECIPES[args.recipe].module), RECIPES[args.recipe].flags(args))
+        count = len(args.context_frames) if args.recipe == "v4" else 1
+        return report_check_only(f"{count} rehearsal(s) of {args.recipe} at the {args.config} config"
+                                 + (", then the largest batch per card" if args.fit else ""))
     torch.set_num_threads(1)
     for report in estimate(args):
         print(json.dumps(report.to_json()) if args.json else report.format(), flush=True)

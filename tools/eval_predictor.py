@@ -27,7 +27,8 @@ Real model, 8 GPUs, two checkpoints sharing the reference rollouts:
         --replace_steps 1,2,3 --lpips_alexnet ~/weights/alexnet-owt-7be5be79.pth
 
 Outputs go to <output_root>/<train_run>_ckptstep<N>_<schedule>_<split>/ (default output_root: eval/ in the
-repository): eval_config.json, videos/*.json (one per finished video; a rerun skips them), per_video.csv,
+repository; a name that would pass 255 characters keeps the first run's part and ends in __and<K>more_<sha8>_...;
+--check_only prints it and checks the inputs without running): eval_config.json, videos/*.json (one per finished video; a rerun skips them), per_video.csv,
 per_chunk.csv, aggregate.csv, timings.csv, aggregate.json, drift.png, table.md, side_by_side/*.mp4 (with ground
 truth also drift_ground_truth.png).
 """
@@ -38,18 +39,22 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from predictor_training.eval import (
     DTYPES,
     parse_context_modes,
     resolve_eval_settings,
     run_evaluation,
 )
+from predictor_training.eval.run import check_evaluation
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.run import EVAL_FLAGS
 from predictor_training.rollout.schedule import (
     DEFAULT_REPLACE_STEPS,
     Schedule,
+    StepPlan,
     parse_replace_steps,
 )
 from predictor_training.runtime.cpu_threads import set_cpu_threads
@@ -59,7 +64,7 @@ from predictor_training.runtime.distributed import (
     print0,
 )
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_threads_arg
+from predictor_training.runtime.flags import add_check_only_arg, add_threads_arg, report_check_only
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # default --output_root: eval/ in the repository
@@ -74,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "run (they share the reference and reuse rollouts)")
     method.add_argument("--replace_steps", type=str, default=",".join(map(str, DEFAULT_REPLACE_STEPS)), help="denoising steps replaced in every "
                         "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
+    method.add_argument("--reuse_steps", type=str, default="", help="steps every --ckpt fills by velocity reuse "
+                        "instead (no model call), disjoint from --replace_steps: --reuse_steps 1,2 --replace_steps 3 "
+                        "scores an F-R-R-P checkpoint at its own plan (the rollout recipe's --reuse_steps; the "
+                        "reuse baselines then fill steps 1,2,3: F-R-R-R, the 1-step sampler, and F-H-H-H). The "
+                        "automatic run name carries the plan (frrp). Default: none")
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
                         "and the schedule applies to chunks 1.. (docs/eval.md § What is compared); schedule: chunk 0 "
                         "follows it too (not possible for v4, which needs a previous chunk)")
@@ -111,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend "
                      "under torchrun")
     run.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_check_only_arg(run, what="the eval run name and directory and the videos it would evaluate")
     return parser
 
 
@@ -127,7 +138,13 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         if value < minimum:
             parser.error(f"--{flag} must be >= {minimum}, got {value}")
     try:
-        args.schedule = Schedule(parse_replace_steps(args.replace_steps), chunk0_full=args.chunk0 == "full")
+        replace_steps, reuse_steps = parse_replace_steps(args.replace_steps), parse_replace_steps(args.reuse_steps)
+        if reuse_steps and not replace_steps:
+            parser.error(f"--reuse_steps {args.reuse_steps}: needs --replace_steps, the steps the Predictors run")
+        StepPlan.from_steps(replace_steps, reuse_steps)  # disjoint, each step in 1..3
+        args.reuse_steps = reuse_steps
+        args.schedule = Schedule(tuple(sorted(set(replace_steps) | set(reuse_steps))),
+                                 chunk0_full=args.chunk0 == "full")
         args.context_modes = parse_context_modes(args.context_modes)
     except ValueError as error:
         parser.error(str(error))
@@ -139,13 +156,17 @@ def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(parser, argv)
+    if args.check_only:  # the same refusals as a run: a user's mistake is one line, a bug keeps its traceback
+        settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
+                                         device=torch.device("cpu"), reuse_steps=args.reuse_steps)
+        return report_check_only(*check_evaluation(settings))
     set_cpu_threads(args.threads, tool="eval", load_aware=True)
     env = init_distributed(args.backend)
     try:
         # --ckpt, --teacher, --dtype, --chunk0 problems are UserInputErrors (one line, exit 2); a bug keeps its
         # traceback
         settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
-                                         device=env.device)
+                                         device=env.device, reuse_steps=args.reuse_steps)
         report = run_evaluation(settings, env)
         if env.is_main:
             print0(report["table"])

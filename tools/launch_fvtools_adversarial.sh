@@ -44,7 +44,9 @@ if is_demo; then
     [[ -n "${OUTPUT_ROOT:-}" ]] && offline+=(--output_root "${OUTPUT_ROOT}")
     status=0
     plan_run train_predictor_v4.py "${offline[@]}" || status=$?
-    if (( status == 0 )); then
+    if (( status == 0 && CHECK_ONLY )); then
+      first "train the offline v4 demo run ${RUN_DIR:-} (tools/launch_predictor_v4_training.sh), this run's start"
+    elif (( status == 0 )); then
       echo "[launch] the offline demo checkpoint is not finished: running tools/launch_predictor_v4_training.sh first"
       env -u FUSION_LR -u BLOCKS_LR -u MAX_STEPS -u STOP_AT_STEP -u SCHEDULER_WARMUP_STEPS -u BLOCK_WARMUP_STEPS \
         -u CKPT_EVERY -u KEEP_LAST -u GRAD_ACCUM -u TRACKER -u NUM_WORKERS -u EXPERIMENT -u PRECISION \

@@ -48,7 +48,7 @@ if is_demo; then
   offline=(--preset demo --dataset_root "${DEMO_ROOT}/dataset")
   [[ -n "${OUTPUT_ROOT:-}" ]] && offline+=(--output_root "${OUTPUT_ROOT}")
   rollout_done() {
-    [[ -f "${DEMO_ROOT}/dataset/manifest.jsonl" ]] || return 1
+    [[ -f "${DEMO_ROOT}/dataset/manifest.jsonl" ]] && (( ! DEMO_PENDING )) || return 1
     plan_run train_predictor_v4.py "${offline[@]}" 2>/dev/null || [[ $? == 3 ]] || return 1
     [[ -f "${RUN_DIR}/training_latest.pt" ]] || return 1
     local status=0
@@ -56,7 +56,9 @@ if is_demo; then
       2>/dev/null || status=$?
     (( status == 3 ))
   }
-  if ! rollout_done; then
+  if (( CHECK_ONLY )) && ! rollout_done; then
+    first "run the main job's demo (tools/launch_predictor_v4_rollout_training.sh): its Predictor is this run's start"
+  elif ! rollout_done; then
     echo "[launch] the rollout demo Predictor is not finished: running tools/launch_predictor_v4_rollout_training.sh first"
     env -u MAX_STEPS -u STOP_AT_STEP -u CKPT_EVERY -u KEEP_LAST -u GRAD_ACCUM -u TRACKER -u NUM_WORKERS \
       -u EXPERIMENT -u PRECISION -u INIT_FROM -u FUSION_LR -u BLOCKS_LR -u SOURCE_BLOCKS -u TEACHER \

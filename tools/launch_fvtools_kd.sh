@@ -37,7 +37,9 @@ if [[ -z "${CACHE_ROOT:-}" ]] && (( NUM_GPUS == 0 )); then
   [[ -n "${OUTPUT_ROOT:-}" ]] && sft+=(--output_root "${OUTPUT_ROOT}")
   status=0
   plan_run fvtools/train_df_sft.py "${sft[@]}" || status=$?
-  if (( status == 0 )); then
+  if (( status == 0 && CHECK_ONLY )); then
+    first "train the df_sft demo model ${RUN_DIR:-} (tools/launch_fvtools_df_sft.sh)"
+  elif (( status == 0 )); then
     echo "[launch] the df_sft demo model is not finished: running tools/launch_fvtools_df_sft.sh first"
     env -u LR -u MAX_STEPS -u STOP_AT_STEP -u WARMUP_STEPS -u TRAIN -u INIT_WEIGHTS -u LORA_RANK -u LORA_ALPHA \
       -u CHUNKS_PER_CLIP -u CKPT_EVERY -u KEEP_LAST -u GRAD_ACCUM -u TRACKER -u NUM_WORKERS -u EXPERIMENT \
@@ -49,10 +51,14 @@ if [[ -z "${CACHE_ROOT:-}" ]] && (( NUM_GPUS == 0 )); then
   # 2. Its 32-step ODE states over the demo clips. The builder always runs: it keeps the samples already built
   #    (verified), resumes an interrupted build, and refuses a cache made by other teacher weights.
   cache="${DEMO_ROOT}/ode_cache"
-  echo "[launch] building (or checking) the demo ODE cache in ${cache}"
-  "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node 2 "${REPO_ROOT}/tools/build_ode_cache.py" \
-    --teacher "${teacher}" --video_latents "${DEMO_ROOT}/video_latents" --splits train,holdout --steps 32 \
-    --dtype float32 --storage_dtype float32 --out "${cache}"
+  if (( CHECK_ONLY )); then
+    first "build (or check) the demo ODE cache in ${cache} (tools/build_ode_cache.py)"
+  else
+    echo "[launch] building (or checking) the demo ODE cache in ${cache}"
+    "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node 2 "${REPO_ROOT}/tools/build_ode_cache.py" \
+      --teacher "${teacher}" --video_latents "${DEMO_ROOT}/video_latents" --splits train,holdout --steps 32 \
+      --dtype float32 --storage_dtype float32 --out "${cache}"
+  fi
   args+=(--preset demo --teacher "${teacher}" --cache_root "${cache}")
 fi
 flags_from_environment

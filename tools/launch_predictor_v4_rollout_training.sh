@@ -39,7 +39,9 @@ if is_demo; then
     [[ -n "${OUTPUT_ROOT:-}" ]] && offline+=(--output_root "${OUTPUT_ROOT}")
     status=0
     plan_run train_predictor_v4.py "${offline[@]}" || status=$?
-    if (( status == 0 )); then
+    if (( status == 0 && CHECK_ONLY )); then
+      first "train the offline v4 demo run ${RUN_DIR:-} (tools/launch_predictor_v4_training.sh), this run's start"
+    elif (( status == 0 )); then
       echo "[launch] the offline demo checkpoint is not finished: running tools/launch_predictor_v4_training.sh first"
       env -u FUSION_LR -u BLOCKS_LR -u MAX_STEPS -u STOP_AT_STEP -u SCHEDULER_WARMUP_STEPS -u BLOCK_WARMUP_STEPS \
         -u CKPT_EVERY -u KEEP_LAST -u GRAD_ACCUM -u TRACKER -u NUM_WORKERS -u EXPERIMENT -u PRECISION \
@@ -59,8 +61,9 @@ args+=("${FLAGS_FROM_ENV[@]}")
 [[ -n "${POSITIONAL[0]:-}" ]] && args+=(--output_dir "${POSITIONAL[0]}")
 [[ -n "${POSITIONAL[1]:-}" ]] && args+=(--resume "${POSITIONAL[1]}")
 launch_recipe "${SCRIPT}" "${args[@]}" "${EXTRA_ARGS[@]}"
-if [[ -n "${offline_dir:-}" ]]; then
+if [[ -n "${offline_dir:-}" && -n "${RUN_DIR:-}" ]]; then
   # What the demo made, and the eval that shows whether the rollout stage bought anything (docs/rollout.md).
+  (( CHECK_ONLY )) && echo "[launch] check only: a launch would end with these lines:"
   echo "[launch] demo finished."
   echo "[launch]   offline v4 run (the start): ${offline_dir}"
   echo "[launch]   rollout run:                ${RUN_DIR}"

@@ -43,6 +43,8 @@ import sys
 from pathlib import Path
 
 from predictor_training.data.sample_table import FINAL_SPLIT
+import torch
+
 from predictor_training.eval import DTYPES, resolve_eval_settings
 from predictor_training.eval.front import BOOTSTRAP_UNITS, Estimate
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
@@ -66,6 +68,7 @@ from predictor_training.eval.methods import parse_context_modes
 from predictor_training.eval.run import (
     EVAL_FLAGS,
     build_runtime,
+    check_evaluation,
     label_checkpoints,
     open_dataset,
     read_predictor_checkpoint,
@@ -76,7 +79,7 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule,
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.distributed import all_gather_objects, cleanup_distributed, init_distributed, print0
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import SEED, add_threads_arg
+from predictor_training.runtime.flags import SEED, add_check_only_arg, add_threads_arg, report_check_only
 from predictor_training.runtime.io import sha256_json, write_json_atomic
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher.source import load_teacher
@@ -147,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--warmup_chunks", type=int, default=2, help="chunks of every row run untimed first")
     run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend")
     run.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_check_only_arg(run, what="the run name and directory, the rows and the videos it would run")
     add_threads_arg(parser)
     return parser
 
@@ -245,32 +249,46 @@ def calibrated_rows(args, settings, specs, env) -> list:
     return [type(specs[0])(**row) for row in calibrated]
 
 
+def plan_rows(args: argparse.Namespace, argv: list[str], device) -> tuple[list, list, list, object]:
+    """(the checkpoints, short-labelled; the students, labelled; the rows; the eval's settings with the run name
+    leaderboard_<split>_<sha8 of the rows, checkpoints, students and seeds> unless --run_name) from the flags. Sets
+    args.baseline. A problem with what the user gave is a UserInputError (one line, exit 2); any other error is a
+    bug and keeps its traceback."""
+    checkpoints = with_short_labels(label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt]))
+    students = student_labels([read_student(path) for path in args.student])
+    specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
+                       caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
+                       predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes,
+                       students=students)
+    args.baseline = choose_baseline(specs, args.baseline)
+    eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
+                  "run_name": None, "num_side_by_side": 0}
+    settings = resolve_eval_settings(**eval_flags, argv=argv, device=device)
+    run_name = args.run_name or f"leaderboard_{args.split}_" + sha256_json(
+        {"rows": [spec.key for spec in specs], "ckpt": [str(path.resolve()) for path in args.ckpt],
+         "seeds": args.seeds, **({"student": [str(path.resolve()) for path in args.student]}
+                                 if args.student else {})})[:8]
+    settings = dataclasses.replace(settings, run_name=run_name, seeds=args.seeds, revisit_sheets=False,
+                                   num_side_by_side=0)
+    return checkpoints, students, specs, settings
+
+
 @command
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(parser, argv)
+    if args.check_only:
+        checkpoints, students, specs, settings = plan_rows(args, argv, torch.device("cpu"))
+        lines = check_evaluation(settings, LeaderboardRows(specs, students, settings.teacher_source))
+        return report_check_only(*lines, f"{len(specs)} rows (the baseline {args.baseline})")
     set_cpu_threads(args.threads, tool="leaderboard", load_aware=True)
     env = init_distributed(args.backend)
     try:
         # 1. Checkpoints, rows, the eval's settings (a problem with what the user gave is a UserInputError: one
         #    line, exit 2; any other error is a bug and keeps its traceback).
-        checkpoints = with_short_labels(label_checkpoints([read_predictor_checkpoint(path) for path in args.ckpt]))
-        students = student_labels([read_student(path) for path in args.student])
-        specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
-                           caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
-                           predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes,
-                           students=students)
-        args.baseline = choose_baseline(specs, args.baseline)
-        eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
-                      "run_name": None, "num_side_by_side": 0}
-        settings = resolve_eval_settings(**eval_flags, argv=argv, device=env.device)
-        run_name = args.run_name or f"leaderboard_{args.split}_" + sha256_json(
-            {"rows": [spec.key for spec in specs], "ckpt": [str(path.resolve()) for path in args.ckpt],
-             "seeds": args.seeds, **({"student": [str(path.resolve()) for path in args.student]}
-                                     if args.student else {})})[:8]
-        settings = dataclasses.replace(settings, run_name=run_name, seeds=args.seeds, revisit_sheets=False,
-                                       num_side_by_side=0)
+        checkpoints, students, specs, settings = plan_rows(args, argv, env.device)
+        run_name = settings.run_name
         # 2. TeaCache thresholds, then every row on every video (the eval's loop; resumable).
         specs = calibrated_rows(args, settings, specs, env)
         report = run_evaluation(settings, env, LeaderboardRows(specs, students, settings.teacher_source))

@@ -83,7 +83,7 @@ from predictor_training.data.sample_table import (
 from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import SEED, add_threads_arg
+from predictor_training.runtime.flags import SEED, add_check_only_arg, add_threads_arg, report_check_only
 from predictor_training.runtime.io import check_output_folder_kind
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.video.ground_truth import video_key
@@ -137,6 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=SEED, default=0, help="random: seed of the scenes, the split, the Teacher and "
                         "the encoders; world: seed of the rows' noise (the encoders keep the world's seed)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    add_check_only_arg(parser, what="the folder it would make and its splits")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     for flag in ("num_train", "num_holdout25", "num_holdout50"):
@@ -377,6 +378,14 @@ def build_demo_assets(out: Path, num_train: int, num_holdout25: int, num_holdout
 @command
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.check_only:
+        if args.kind == "world":  # the world has these many scenes per split
+            demo_split_clips(load_shipped_world(args.world_weights), args.num_train, args.num_holdout25,
+                             args.num_holdout50)
+        report_check_only(f"demo assets ({args.kind}) -> {args.out} ({'replaced' if args.out.exists() else 'new'}): "
+                          f"{args.num_train} train, {args.num_holdout25} holdout25, {args.num_holdout50} holdout50 "
+                          "cases")
+        return {}
     set_cpu_threads(args.threads, tool="make_demo_assets", load_aware=False)
     started = time.time()
     config = build_demo_assets(args.out, args.num_train, args.num_holdout25, args.num_holdout50, args.seed,

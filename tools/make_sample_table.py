@@ -44,7 +44,7 @@ from predictor_training.data.sample_table import (
     write_standard_pose_files,
 )
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
-from predictor_training.runtime.flags import SEED
+from predictor_training.runtime.flags import SEED, add_check_only_arg, report_check_only
 from predictor_training.runtime.io import check_output_folder_kind
 
 
@@ -73,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="latents every camera path must have (default %(default)s = 125 frames)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace existing tables whose content differs (default: refuse)")
+    add_check_only_arg(parser, what="the tables and their case and row counts")
     args = parser.parse_args(argv)
     for flag in ("train_size", "holdout25_size", "holdout50_size"):
         if getattr(args, flag) < 0:
@@ -118,6 +119,11 @@ def main(argv=None) -> dict[str, Path]:
     if changed and not args.overwrite:
         raise UserInputError(f"{', '.join(changed)} already exist with different content; pass --overwrite to "
                              "replace them")
+
+    if args.check_only:
+        report_check_only(*(f"{name}: {len(splits[name])} cases, {len(tables[name])} rows -> {paths[name]}"
+                            for name in tables))
+        return paths
 
     # 3. write poses, then the tables, then read them back as the trainers will
     write_standard_pose_files(args.out, args.action_ids)

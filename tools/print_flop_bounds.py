@@ -23,6 +23,7 @@ import torch
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.schedule import Schedule, parse_replace_steps
 from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.io import read_json_file
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
@@ -58,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default %(default)s; only their existence matters for the count)")
     parser.add_argument("--bytes_per_value", type=int, default=2, help="cache dtype size (default %(default)s: bf16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    add_check_only_arg(parser, what="what it would print (it writes nothing in any case)")
     args = parser.parse_args(argv)
     for flag in ("height", "width", "num_chunks", "memory_frames"):
         if getattr(args, flag) < 1:
@@ -78,6 +80,9 @@ def teacher_config(folder: Path | None) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     config = teacher_config(args.teacher)
+    if args.check_only:
+        return report_check_only(f"the FLOP bounds of {len(SCHEDULES)} schedules x {len(CONTEXT_MODES)} context modes "
+                                 f"of a {config['mm_double_blocks_depth']}-block Teacher, {args.num_chunks} chunks")
     shape = TeacherShape.from_config(config)
     with torch.device("meta"):
         predictor = build_predictor(WorldPlayTransformer(**config), "v4",

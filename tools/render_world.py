@@ -22,11 +22,14 @@ import time
 from pathlib import Path
 
 from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.world.clips import (
     VIDEO_FORMATS,
     WorldConfigError,
     WorldSettings,
+    check_existing_world,
     make_world,
+    plan_world,
     render_clip,
 )
 from predictor_training.world.render import contact_sheet
@@ -57,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--preview", type=Path, help="also save contact sheets (frames 0, 1/3, 2/3, last; x4 "
                         "nearest) of the first --preview_clips clips of each table into this folder")
     parser.add_argument("--preview_clips", type=int, default=2)
+    add_check_only_arg(parser, what="the clips it would render and whether --out is reused")
     return parser.parse_args(argv)
 
 
@@ -70,6 +74,12 @@ def main(argv=None) -> int:
     )
     start = time.perf_counter()
     try:
+        if args.check_only:  # the settings, the clips' plan and a world already in --out
+            settings.validate()
+            reused = args.out.exists() and check_existing_world(args.out, settings)
+            clips = plan_world(settings)
+            return report_check_only(f"{len(clips)} clips -> {args.out} "
+                                     f"({'reused: same settings' if reused else 'new'})")
         result = make_world(args.out, settings)
     except WorldConfigError as error:
         print(f"render_world: {error}", file=sys.stderr)

@@ -47,6 +47,7 @@ from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import (
     format_lr,
     plan_run,
+    report_check,
     report_run_start,
     run_config,
     write_train_config,
@@ -301,6 +302,11 @@ def main(argv=None) -> int:
     # 1. The run directory, named from the flags; a finished run whose vae/ is exported has nothing left to do.
     meta = {"method": "world_vae", "precision": args.precision}
     start = plan_run(args, meta=meta, naming=vae_run_name)
+    if args.check_only:
+        read_clip_table(args.clips)  # the clip tables read first
+        if args.holdout is not None:
+            read_clip_table(args.holdout)
+        return report_check(start)
     if args.print_run_dir:
         return report_run_start(start)
     if start.kind == "finished" and (start.run_dir / "vae" / "config.json").is_file():

@@ -53,6 +53,7 @@ from predictor_training.data.shards import (
     write_safetensors_atomic,
 )
 from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.flags import report_check_only
 from predictor_training.runtime.io import (
     CreatedPaths,
     canonical_json,
@@ -92,7 +93,8 @@ class BuildOptions:
     ``{case_id}.pt`` (None only for a dry run); out: dataset root to create or resume; num_latents: latents per
     trajectory; prefeature_layers: stored context pre-feature blocks (None = ``default_prefeature_layers``);
     dtype / storage_dtype: names in ``DTYPES``; device: "auto", "cuda" or "cpu"; dry_run with assume_grid (H, W) and
-    assume_text_tokens: print the size estimate only; stop_after: debug, stop each rank after that many trajectories.
+    assume_text_tokens: print the size estimate only; stop_after: debug, stop each rank after that many trajectories;
+    check_only: check the inputs and an existing --out, build nothing (`check_build`).
     """
 
     teacher: Path
@@ -109,6 +111,7 @@ class BuildOptions:
     assume_grid: tuple[int, int] | None = None
     assume_text_tokens: int | None = None
     stop_after: int | None = None
+    check_only: bool = False
 
 
 # =============================================================================================================
@@ -344,22 +347,27 @@ def dataset_config(options: BuildOptions, plan: BuildPlan, teacher_config: dict,
     }
 
 
-
-
 def write_or_check_config(root: Path, config: dict) -> None:
     """Write ``dataset_config.json``, or check that an existing one (resume) describes the same build."""
+    if not check_existing_config(root, config):
+        write_bytes_atomic(root / DATASET_CONFIG_NAME,
+                           (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def check_existing_config(root: Path, config: dict) -> bool:
+    """Whether ``root`` holds a ``dataset_config.json`` (a build to resume); one of other settings is refused."""
     path = root / DATASET_CONFIG_NAME
-    if path.is_file():
-        existing = read_json_file(path, DatasetInputError)
-        differing = sorted(key for key in set(existing) | set(config) if existing.get(key) != config.get(key))
-        if differing:
-            details = "; ".join(f"{key}: existing {existing.get(key)!r}, requested {config.get(key)!r}"
-                                for key in differing[:4])
-            raise DatasetInputError(
-                f"{path}: the dataset in --out was built with other settings ({details}); use a new --out"
-            )
-        return
-    write_bytes_atomic(path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    if not path.is_file():
+        return False
+    existing = read_json_file(path, DatasetInputError)
+    differing = sorted(key for key in set(existing) | set(config) if existing.get(key) != config.get(key))
+    if differing:
+        details = "; ".join(f"{key}: existing {existing.get(key)!r}, requested {config.get(key)!r}"
+                            for key in differing[:4])
+        raise DatasetInputError(
+            f"{path}: the dataset in --out was built with other settings ({details}); use a new --out"
+        )
+    return True
 
 
 @contextlib.contextmanager
@@ -536,6 +544,8 @@ def run(options: BuildOptions) -> int:
     if options.dry_run:
         dry_run(options, plan, teacher_config)
         return 0
+    if options.check_only:
+        return check_build(options, plan, teacher_config)
 
     env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
     try:
@@ -543,6 +553,25 @@ def run(options: BuildOptions) -> int:
             return build(options, plan, teacher_config, env)
     finally:
         cleanup_distributed()
+
+
+def check_build(options: BuildOptions, plan: BuildPlan, teacher_config: dict) -> int:
+    """--check_only after the plan (the tables, every encoder output, the Teacher's config): the action checkpoint
+    is a file, --out is a folder or absent, and a dataset there was built with the same settings; prints what a
+    build would do. Reads no weights and writes nothing."""
+    if options.action_ckpt is not None and not Path(options.action_ckpt).is_file():
+        raise DatasetInputError(f"--action_ckpt {options.action_ckpt}: no such file; expected the action "
+                                "checkpoint (.safetensors)")
+    root = Path(options.out)
+    if root.exists() and not root.is_dir():
+        raise DatasetInputError(f"--out {root}: a file; expected a dataset folder to create or resume")
+    grid = (teacher_config["in_channels"], *plan.grid)
+    resuming = check_existing_config(root, dataset_config(options, plan, teacher_config, grid))
+    done = sum(1 for entries in known_entries(root).values() if entries) if resuming else 0
+    return report_check_only(
+        f"{len(plan.cases)} cases, {len(plan.trajectories)} trajectories of splits "
+        f"{sorted({job.split for job in plan.trajectories})}, grid {grid}, {options.num_latents} latents",
+        f"dataset {root} ({f'resume: {done} files recorded' if resuming else 'new'})")
 
 
 def add_missing_checksums(root: Path, entry: dict, part_file: Path) -> None:

@@ -363,7 +363,9 @@ def split_cases(
             raise ValueError(f"split '{name}': size must be a non-negative int, got {size!r}")
     needed = sum(sizes.values())
     if needed > len(cases):
-        raise ValueError(f"split sizes {dict(sizes)} need {needed} cases, but only {len(cases)} were given")
+        raise SampleTableError(f"split sizes {dict(sizes)} need {needed} cases, but only {len(cases)} were given; "
+                               "give more cases or smaller splits (tools/make_sample_table.py --train-size, "
+                               "--holdout25-size, --holdout50-size)")
     _check_unique_cases(cases)
 
     order = sorted(cases, key=lambda case: case.case_id)

@@ -63,7 +63,8 @@ from predictor_training.data.video_latents import (
     VideoDatasetInputError,
     latents_for_frames,
 )
-from predictor_training.runtime.distributed import all_gather_objects, barrier, cleanup_distributed, init_distributed
+from predictor_training.runtime.distributed import barrier, cleanup_distributed, init_distributed
+from predictor_training.runtime.flags import report_check_only
 from predictor_training.video.io import VIDEO_SUFFIXES, list_frame_files, read_video
 
 BUILDER_VERSION = "1"
@@ -496,6 +497,8 @@ def run(options: VideoBuildOptions, prepare_demo=None) -> int:
     ``prepare_demo(demo, clips, holdout, seed)`` (``world.video_latent_demo.prepare_demo_inputs``).
     """
     check_output_folder_kind(options.out, flag="--out", marker=CONFIG_NAME, layout=VIDEO_DATASET_LAYOUT)
+    if options.check_only:  # one process checks every clip, under torchrun too: no process group is made
+        return check_build_inputs(options)
     env = init_distributed({"auto": "auto", "cpu": "gloo", "cuda": "nccl"}[options.device])
     try:
         if options.demo is not None:
@@ -505,24 +508,33 @@ def run(options: VideoBuildOptions, prepare_demo=None) -> int:
                 prepare_demo(options.demo, options.demo_clips, options.demo_holdout, options.demo_seed)
             barrier()
         plan = read_clip_plan(options.clips, options.num_frames)  # every rank, so every rank fails alike
-        if options.check_only:
-            return _check_only(plan, env)
         with taken_back_on_refusal(options.out, env):
             return build(options, plan, env)
     finally:
         cleanup_distributed()
 
 
-def _check_only(plan: ClipPlan, env) -> int:
-    problems = [message for part in all_gather_objects(check_inputs(plan, env.rank, env.world_size))
-                for message in part]
+def check_build_inputs(options: VideoBuildOptions) -> int:
+    """--check_only: every clip's table entry, pose and frame count, the encoders folder's kind and --out; loads no
+    encoder and writes nothing (with --demo and its inputs not made yet, says that a build makes them first)."""
+    if options.demo is not None and not all(Path(table).is_file() for table in options.clips):
+        return report_check_only(f"--demo {options.demo}: a build first makes its inputs there "
+                                 f"({options.demo_clips} procedural clips, tiny encoders), then encodes them -> "
+                                 f"{options.out}")
+    plan = read_clip_plan(options.clips, options.num_frames)
+    problems = check_inputs(plan, 0, 1)
     if problems:
         raise VideoDatasetInputError(f"{len(problems)} of {len(plan.clips)} clips fail the input check:\n  "
                                      + "\n  ".join(problems[:20]))
-    if env.is_main:
-        print(f"[build_video_latent_dataset] inputs ok: {len(plan.clips)} clips {plan.splits()}, "
-              f"{plan.num_frames} frames -> {plan.num_latents} latents each", flush=True)
-    return 0
+    if not (Path(options.encoders) / "model_index.json").is_file():
+        raise VideoDatasetInputError(f"--encoders {options.encoders}: no model_index.json; expected the diffusers "
+                                     "HunyuanVideo-1.5 i2v folder")
+    root = Path(options.out)
+    if root.exists() and not root.is_dir():
+        raise VideoDatasetInputError(f"--out {root}: a file; expected a dataset folder to create or resume")
+    print(f"[build_video_latent_dataset] inputs ok: {len(plan.clips)} clips {plan.splits()}, "
+          f"{plan.num_frames} frames -> {plan.num_latents} latents each", flush=True)
+    return report_check_only(f"dataset {root} ({'resume' if (root / CONFIG_NAME).is_file() else 'new'})")
 
 
 def build(options: VideoBuildOptions, plan: ClipPlan, env) -> int:

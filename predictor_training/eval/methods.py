@@ -301,10 +301,12 @@ def with_context_mode(method: Method, mode: str) -> Method:
 
 def add_context_modes(methods: Sequence[Method], modes: Sequence[str]) -> list[Method]:
     """`methods` (all exact) followed, for every mode of `modes` other than exact, by the reference and every
-    Predictor in that mode (grouped by mode); the reuse baselines are not repeated."""
+    Predictor (a `PredictorMethod`, or a `PlannedMethod` of a checkpoint) in that mode (grouped by mode); the reuse
+    baselines are not repeated."""
     out = list(methods)
     for mode in modes:
         if mode != EXACT_CONTEXT:
             out += [with_context_mode(method, mode) for method in methods
-                    if isinstance(method, (ReferenceMethod, PredictorMethod))]
+                    if isinstance(method, (ReferenceMethod, PredictorMethod))
+                    or isinstance(method, PlannedMethod) and method.ckpt is not None]
     return out

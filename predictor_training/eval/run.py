@@ -11,6 +11,7 @@ With `--context_modes` other than exact, the reference and every Predictor also 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import defaultdict
@@ -29,7 +30,7 @@ from predictor_training.runtime.checkpoint import (
     read_inference_metadata,
     read_training_state,
 )
-from predictor_training.runtime.errors import MissingFieldError, UserInputError
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import read_json_file, sha256_file, sha256_json
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
@@ -39,6 +40,7 @@ from predictor_training.eval.methods import (
     REPEAT_FIRST_FRAME,
     HiddenReuse,
     Method,
+    PlannedMethod,
     PredictorMethod,
     ReferenceMethod,
     VelocityReuse,
@@ -46,7 +48,7 @@ from predictor_training.eval.methods import (
     context_mode_name,
     parse_context_modes,
 )
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import Schedule, StepPlan
 from predictor_training.eval.reports import (
     aggregate_ground_truth,
     aggregate_results,
@@ -62,10 +64,10 @@ from predictor_training.video.ground_truth import find_ground_truth_videos, vide
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.predictor.model import Predictor, build_predictor_from_config
 from predictor_training.teacher import WorldPlayTransformer
-from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
+from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256, teacher_depth
 from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
-from predictor_training.video.metrics import LpipsScorer, jsonable
+from predictor_training.video.metrics import LpipsScorer, jsonable, resolve_alexnet_weights
 
 EVAL_CONFIG_NAME = "eval_config.json"
 MAX_RUN_NAME_LENGTH = 255  # NAME_MAX of Linux file systems
@@ -141,21 +143,43 @@ def context_modes_tag(context_modes: Sequence[str]) -> str:
     return f"_ctx-{'+'.join(others)}" if others else ""
 
 
+def schedule_tag(schedule: Schedule, reuse_steps: Sequence[int] = ()) -> str:
+    """Run-name part of what the Predictors run: the schedule's tag ('fppp'), or with --reuse_steps their plan's
+    ('frrp')."""
+    if not reuse_steps:
+        return schedule.tag
+    return StepPlan.from_steps(predictor_steps(schedule, reuse_steps), reuse_steps, schedule.num_steps,
+                               schedule.chunk0_full).tag
+
+
+def predictor_steps(schedule: Schedule, reuse_steps: Sequence[int]) -> tuple[int, ...]:
+    """The steps a Predictor runs: the schedule's replaced steps less the reused ones (the schedule holds both, so
+    that the reuse baselines fill every step a Predictor row does not run as Full)."""
+    return tuple(step for step in schedule.replace_steps if step not in reuse_steps)
+
+
 def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule, split: str,
-                     context_modes: Sequence[str] = (EXACT_CONTEXT,)) -> str:
+                     context_modes: Sequence[str] = (EXACT_CONTEXT,), reuse_steps: Sequence[int] = ()) -> str:
     """`<train_run>_ckptstep<N>[+<M>...]_<schedule>_<split>` (runs joined by '__'); `reuse_<schedule>_<split>`
-    without checkpoints; with context modes other than exact, `_ctx-<mode>[+<mode>...]` appended."""
-    suffix = context_modes_tag(context_modes)
+    without checkpoints; with context modes other than exact, `_ctx-<mode>[+<mode>...]` appended.
+
+    A name that would pass `MAX_RUN_NAME_LENGTH` (two runs of the recipes' long names do) keeps its first run's
+    part, cut to fit, and stands for the rest with `__and<K>more_<sha8>`: K more runs, the first 8 hex digits of
+    the sha256 of the full name. The same checkpoints, schedule and split give the same name, so a rerun resumes."""
+    tag, suffix = schedule_tag(schedule, reuse_steps), context_modes_tag(context_modes)
     if not checkpoints:
-        return f"reuse_{schedule.tag}_{split}{suffix}"
+        return f"reuse_{tag}_{split}{suffix}"
     steps_by_run: dict[str, list[int]] = defaultdict(list)
     for ckpt in checkpoints:
         steps_by_run[ckpt.run_name].append(ckpt.step)
     runs = [f"{run}_ckptstep{'+'.join(str(step) for step in sorted(steps))}" for run, steps in steps_by_run.items()]
-    name = f"{'__'.join(runs)}_{schedule.tag}_{split}{suffix}"
-    if len(name) > MAX_RUN_NAME_LENGTH:
-        raise UserInputError(f"the automatic eval run name is {len(name)} characters long; pass --run_name")
-    return name
+    tail = f"_{tag}_{split}{suffix}"
+    name = f"{'__'.join(runs)}{tail}"
+    if len(name) <= MAX_RUN_NAME_LENGTH:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+    stands_for = (f"__and{len(runs) - 1}more" if len(runs) > 1 else "") + f"_{digest}"
+    return runs[0][: MAX_RUN_NAME_LENGTH - len(stands_for) - len(tail)] + stands_for + tail
 
 
 # =============================================================================================================
@@ -255,7 +279,7 @@ def resolve_eval_settings(*, ckpt: Sequence[Path], schedule: Schedule, dtype: st
                           max_videos: int | None, num_side_by_side: int, side_by_side_scale: int, fps: float,
                           ground_truth: Path | None, lpips_alexnet: Path | None, lpips_random_backbone: bool,
                           warmup_chunks: int, vae_tiling: bool, no_progress: bool, argv: Sequence[str],
-                          device: torch.device) -> EvalSettings:
+                          device: torch.device, reuse_steps: Sequence[int] = ()) -> EvalSettings:
     """`EvalSettings` from the flags of tools/eval_predictor.py (`EVAL_FLAGS`, by name), after its own checks
     (--demo expanded into teacher, vae, samples_dir and encoded; `sample_table` and `schedule` set). Reads the
     checkpoints' metadata (Teacher, dtype, labels) and logs the chosen dtypes first. A problem with the flags is a
@@ -281,6 +305,7 @@ def resolve_eval_settings(*, ckpt: Sequence[Path], schedule: Schedule, dtype: st
         num_latents=num_latents,
         checkpoints=list(ckpt),
         schedule=schedule,
+        reuse_steps=tuple(reuse_steps),
         context_modes=parse_context_modes(context_modes),
         dtype=eval_dtype,
         vae_dtype=eval_vae_dtype,
@@ -320,6 +345,9 @@ class EvalSettings:
     vae_dtype: torch.dtype
     output_root: Path
     context_modes: tuple[str, ...] = (EXACT_CONTEXT,)  # parse_context_modes: exact first, then the others
+    # Steps of `schedule` the Predictors fill by velocity reuse (their plan, e.g. F-R-R-P); the reuse baselines
+    # fill every step of the schedule.
+    reuse_steps: tuple[int, ...] = ()
     run_name: str | None = None
     max_videos: int | None = None
     num_side_by_side: int = 2
@@ -376,6 +404,8 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
         record["context_modes"] = list(context_modes)
     if settings.seeds != 1:
         record["seeds"] = settings.seeds
+    if settings.reuse_steps:
+        record["reuse_steps"] = list(settings.reuse_steps)
     if rows is not None:
         record["rows"] = rows.record()
     return sha256_json(record), record
@@ -466,12 +496,70 @@ class MethodRows:
         return checkpoints
 
 
-def classic_methods(teacher: WorldPlayTransformer, predictors: dict, context_modes: Sequence[str]) -> list[Method]:
+def classic_methods(teacher: WorldPlayTransformer, predictors: dict, context_modes: Sequence[str],
+                    plan: StepPlan | None = None) -> list[Method]:
     """reference, reuse_velocity, reuse_hidden, every Predictor; then the reference and the Predictors once more per
-    context mode other than exact."""
+    context mode other than exact. `plan` (with --reuse_steps, e.g. F-R-R-P): each Predictor runs it, velocity
+    reuse at its R steps."""
     methods: list[Method] = [ReferenceMethod(), VelocityReuse(), HiddenReuse(teacher)]
-    methods += [PredictorMethod(predictor, ckpt) for predictor, ckpt in predictors.values()]
+    for predictor, ckpt in predictors.values():
+        method = PredictorMethod(predictor, ckpt)
+        if plan is not None:
+            method = PlannedMethod(method.name, plan, {"R": VelocityReuse(), "P": method}, method.panel, ckpt=ckpt)
+        methods.append(method)
     return add_context_modes(methods, context_modes)
+
+
+def describe_schedule(settings: EvalSettings) -> str:
+    """The schedule of the log line and the report header ('chunk 0 F-F-F-F, later chunks F-P-P-P'), with
+    --reuse_steps the Predictors' plan and the baselines' schedule."""
+    if not settings.reuse_steps:
+        return settings.schedule.describe()
+    plan = predictor_plan(settings)
+    return f"{settings.schedule.describe()} (reuse baselines); Predictors {plan.text}"
+
+
+def predictor_plan(settings: EvalSettings) -> StepPlan | None:
+    """The Predictors' plan with --reuse_steps (P at the steps left, R at the reused ones), else None."""
+    if not settings.reuse_steps:
+        return None
+    schedule = settings.schedule
+    return StepPlan.from_steps(predictor_steps(schedule, settings.reuse_steps), settings.reuse_steps,
+                               schedule.num_steps, schedule.chunk0_full)
+
+
+def check_evaluation(settings: EvalSettings, rows: MethodRows | None = None) -> list[str]:
+    """--check_only of tools/eval_predictor.py and tools/leaderboard.py: what `run_evaluation` checks before its
+    directory exists, from the files' kinds and headers (no model is loaded): the checkpoints' labels against the
+    schedule, the Teacher's config.json and action checkpoint, the VAE folder, the LPIPS weights file, every row's
+    case files and camera path, and every row's ground-truth video. Returns the lines to report: the run name, its
+    directory (new, or one whose fingerprint the eval compares when it starts) and the videos."""
+    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
+    if rows is not None:
+        checkpoints = rows.label(checkpoints)
+    check_schedule_fits(checkpoints, settings.schedule)
+    context_modes = parse_context_modes(settings.context_modes)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes,
+                                                     settings.reuse_steps)
+    out_dir = Path(settings.output_root) / run_name
+    source = settings.teacher_source
+    teacher_depth(source)  # its config.json
+    if source.action_ckpt is not None and not Path(source.action_ckpt).is_file():
+        raise MissingFileError(f"--action_ckpt {source.action_ckpt} ({source.origin}): no such file")
+    vae = Path(settings.vae)
+    if not ((vae / "config.json").is_file() or (vae / "vae" / "config.json").is_file()):
+        raise MissingFileError(f"--vae {vae}: no config.json (expected an AutoencoderKLHunyuanVideo15 folder or a "
+                               "pipeline folder with vae/)")
+    if not settings.lpips_random_backbone:
+        resolve_alexnet_weights(settings.lpips_alexnet)
+    dataset = open_dataset(settings)
+    selected = select_items(dataset, settings.max_videos)
+    if settings.ground_truth is not None:
+        find_ground_truth_videos(settings.ground_truth, [video_key(*dataset.keys()[index]) for index in selected])
+    state = ("exists: a start compares its settings, then skips its finished videos"
+             if (out_dir / EVAL_CONFIG_NAME).is_file() else "new")
+    return [f"eval run name {run_name}", f"eval directory {out_dir} ({state})",
+            f"{len(selected)} videos of {settings.sample_table}, {describe_schedule(settings)}"]
 
 
 def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None = None) -> dict:
@@ -486,7 +574,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
         checkpoints = rows.label(checkpoints)
     check_schedule_fits(checkpoints, settings.schedule)
     context_modes = parse_context_modes(settings.context_modes)
-    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes,
+                                                     settings.reuse_steps)
     out_dir = Path(settings.output_root) / run_name
     scorer = LpipsScorer.from_policy(settings.lpips_alexnet, random_backbone=settings.lpips_random_backbone,
                                      device=device)
@@ -512,7 +601,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
     seeds_note = "" if settings.seeds == 1 else f" x {settings.seeds} seeds"
     log0(f"eval {run_name}: {len(selected)} videos{seeds_note} of {settings.sample_table.name}, "
          f"{len(units) - len(pending)} already finished, {len(pending)} to run on {env.world_size} rank(s); schedule "
-         f"{settings.schedule.describe()}; LPIPS column '{scorer.metric_name}'"
+         f"{describe_schedule(settings)}; LPIPS column '{scorer.metric_name}'"
          + ("" if context_modes == (EXACT_CONTEXT,) else f"; context modes {', '.join(context_modes)}")
          + ("" if settings.ground_truth is None else f"; ground truth from {settings.ground_truth}"))
 
@@ -521,7 +610,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
     computed = []
     predictors = {ckpt.label: (load_predictor(teacher, ckpt), ckpt) for ckpt in checkpoints}
     if mine:
-        methods = (classic_methods(teacher, predictors, context_modes) if rows is None
+        methods = (classic_methods(teacher, predictors, context_modes, predictor_plan(settings)) if rows is None
                    else rows.build(teacher, predictors))
         runtime = build_runtime(settings, teacher, methods, dataset, device, scorer=scorer)
         runtime.warm_up(dataset[mine[0][0]], settings.warmup_chunks)
@@ -570,7 +659,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
                   for ckpt in checkpoints if ckpt.panel.startswith("#")]
         header = {"run_name": run_name, "split": settings.split, "num_videos": len(results),
                   "display_names": display_names, "legend": legend,
-                  "schedule": settings.schedule.describe(), "replace_steps": list(settings.schedule.replace_steps),
+                  "schedule": describe_schedule(settings), "replace_steps": list(settings.schedule.replace_steps),
                   "lpips": scorer.describe(), "checkpoints": {ckpt.method: str(ckpt.path) for ckpt in checkpoints},
                   "dtype": str(settings.dtype).removeprefix("torch."), "device": str(device),
                   "world_size": env.world_size,
@@ -581,6 +670,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
             header["ground_truth"] = str(Path(settings.ground_truth).resolve())
         if context_modes != (EXACT_CONTEXT,):  # likewise: the header of an exact-only run stays as it was
             header["context_modes"] = list(context_modes)
+        if settings.reuse_steps:  # likewise
+            header["reuse_steps"] = list(settings.reuse_steps)
         memory = aggregate_revisits(results)  # with ground truth whose poses revisit earlier cameras
         report["written"] = write_reports(out_dir, results, aggregate, method_names, header, aggregate_truth,
                                           memory)

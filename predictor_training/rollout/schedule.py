@@ -130,6 +130,19 @@ class StepPlan:
         return cls(patterns, chunk0_full)
 
     @classmethod
+    def from_steps(cls, replace_steps, reuse_steps=(), num_steps: int = DISTILLED_STEPS,
+                   chunk0_full: bool = True) -> "StepPlan":
+        """P at `replace_steps`, R at `reuse_steps`, F elsewhere: (3,), (1, 2) -> F-R-R-P (a rollout run's
+        --replace_steps / --reuse_steps, and the eval's)."""
+        overlap = sorted(set(replace_steps) & set(reuse_steps))
+        if overlap:
+            raise ValueError(f"--reuse_steps: steps {overlap} are also in --replace_steps; a step is either reused "
+                             "or run by the Predictor")
+        Schedule(tuple(sorted(set(replace_steps) | set(reuse_steps))), num_steps)  # each step in 1..num_steps-1
+        return cls(("".join("P" if step in replace_steps else "R" if step in reuse_steps else "F"
+                            for step in range(num_steps)),), chunk0_full)
+
+    @classmethod
     def from_schedule(cls, schedule: Schedule, letter: str) -> "StepPlan":
         """The plan that fills `schedule`'s replaced steps with `letter` (e.g. 'R' at F-P-P-P -> F-R-R-R)."""
         return cls(("".join(letter if step in schedule.replace_steps else "F" for step in range(schedule.num_steps)),),

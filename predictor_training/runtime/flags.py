@@ -215,15 +215,21 @@ def add_method_model_args(
     gradient_checkpointing: bool,
     context_grad: bool,
 ) -> None:
-    """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt, --train, --init_weights,
-    --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its parameter counts)."""
+    """The model a generic method trains (`method_model.py`): --teacher, --action_ckpt / --no_action_ckpt, --train,
+    --init_weights, --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its
+    parameter counts). `check_action_ckpt` is the rule of the first pair."""
     group = parser.add_argument_group("model")
     group.add_argument("--teacher", type=Path, default=None,
                        help="Teacher transformer folder (config.json + safetensors), required to train: the base of a "
                             "LoRA, the start of a full run with --init_weights teacher, or only the config with "
                             "--init_weights scratch")
     group.add_argument("--action_ckpt", type=Path, default=None,
-                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (default: none)")
+                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (the real model: "
+                            "ar_distilled_action_model/diffusion_pytorch_model.safetensors); required whenever the "
+                            "Teacher's weights are read, unless --no_action_ckpt")
+    group.add_argument("--no_action_ckpt", action="store_true",
+                       help="--teacher already holds the WorldPlay action weights (a df_sft run's model/ folder, the "
+                            "demo world's Teacher): load it alone")
     group.add_argument("--train", choices=("lora", "full"), default=train,
                        help="lora: a LoRA adapter on the frozen Teacher's image-stream linears; full: every parameter "
                             "(FSDP2-sharded under torchrun) (default %(default)s)")
@@ -244,6 +250,21 @@ def add_method_model_args(
                        help="print the parameter count of each role and of a LoRA adapter at --lora_rank for this "
                             "Teacher config (a preset such as worldplay_480p_i2v, or a config.json), built on the "
                             "meta device, and exit")
+
+
+def check_action_ckpt(parser: argparse.ArgumentParser, args: argparse.Namespace, *, reads_teacher_weights: bool
+                      ) -> None:
+    """A world-model method whose Teacher weights are read (`reads_teacher_weights`: a LoRA's base, the start of a
+    full run, the Full steps of a composite) needs the WorldPlay action model: the real --teacher folder is the base
+    HunyuanVideo-1.5 transformer, and without --action_ckpt the method would train on it silently. Refused (one
+    line, exit 2) unless --no_action_ckpt says the folder already holds the action weights."""
+    if args.action_ckpt is not None and args.no_action_ckpt:
+        parser.error(f"--action_ckpt={str(args.action_ckpt)!r} with --no_action_ckpt: give one or the other")
+    if args.teacher is not None and reads_teacher_weights and args.action_ckpt is None and not args.no_action_ckpt:
+        parser.error(f"--action_ckpt is missing: --teacher {args.teacher} alone would be trained on without "
+                     "WorldPlay's action weights; pass --action_ckpt FILE (the ar_distilled_action_model "
+                     "safetensors, $ACTION_CKPT in docs/walkthrough.md), or --no_action_ckpt when --teacher already "
+                     "holds them (a df_sft run's model/ folder, the demo world's Teacher)")
 
 
 def add_method_optimization_args(
@@ -295,6 +316,13 @@ def add_run_args(
                        help="folder that receives the run directory <output_root>/<run name> (default %(default)s)")
     group.add_argument("--output_dir", type=Path, default=None,
                        help="use this run directory instead of <output_root>/<run name>")
+    add_check_only_arg(group, what="the run name and directory and what a launch would do there (a fresh run, a "
+                       "continue, a finished run)")
+    group.add_argument("--allow_changed_settings", action="store_true",
+                       help="continue the run saved in the run directory with other batch settings (--batch_size, "
+                            "--grad_accum, --chunks_per_clip / --chunks_per_sample), e.g. half the batch and twice "
+                            "the accumulation after running out of memory; each change and its step go to "
+                            "train_config.json (derived.changed_settings). Without it such a launch is refused")
     group.add_argument("--print_run_dir", action="store_true",
                        help="print the run directory these flags give and whether it is new, unfinished or finished, "
                             "then exit (exit 0: start or continue; 3: already finished; 2: settings differ from the "
@@ -501,6 +529,23 @@ def check_cuda_flag(parser: argparse.ArgumentParser, flag: str, value: str) -> N
     if value in ("cuda", "nccl") and not torch.cuda.is_available():
         parser.error(f"{flag} {value}: no CUDA device is visible to torch on this machine; expected {flag} "
                      f"{'cpu' if value == 'cuda' else 'gloo'} or auto")
+def add_check_only_arg(parser, *, what: str) -> None:
+    """--check_only of every entry script (recipes, tools, the benchmarks the docs show): run the checks a real run
+    makes before it creates anything, print `what` it would write (`report_check_only`), exit 0 having created
+    nothing. A refusal is the real run's own: one line, exit 2. tests/test_doc_commands.py runs every command of
+    the docs with it."""
+    parser.add_argument("--check_only", action="store_true",
+                        help="check every flag and input as the real run would before it creates anything (each "
+                             "input path's kind, the files it reads first), print " + what + ", and exit 0 "
+                             "having created nothing; a refusal is the real run's own (one line, exit 2)")
+
+
+def report_check_only(*lines: str) -> int:
+    """--check_only's report: `check only: <line>` for each line (what the command would write or do) on stdout, as
+    the recipes' (`run_directory.report_check`); returns exit code 0."""
+    for line in lines:
+        print(f"check only: {line}", flush=True)
+    return 0
 
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:

@@ -35,11 +35,20 @@ from predictor_training.runtime.io import CreatedPaths
 from predictor_training.runtime.logger import MetricsLogger
 from predictor_training.runtime.loop import BatchStream, Validation, train_loop
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart, report_run_start
+from predictor_training.runtime.run_directory import (
+    RunLock,
+    RunLockedError,
+    RunStart,
+    report_check,
+    report_run_start,
+)
 
 
 def early_exit(args: argparse.Namespace, start: RunStart) -> int | None:
-    """The exit code when this launch has nothing to train (--print_run_dir; a finished run), else None."""
+    """The exit code when this launch has nothing to train (--check_only, --print_run_dir; a finished run), else
+    None."""
+    if args.check_only:
+        return report_check(start)
     if getattr(args, "print_run_dir", False):
         return report_run_start(start)
     if start.kind == "finished":
@@ -108,8 +117,19 @@ def resume_roles(start: RunStart, roles: Sequence[Role], batches: BatchStream | 
     saved = load_training_state(start.resume_path, roles=list(roles), expect=meta)
     run_state.__dict__.update(vars(saved))
     if batches is not None:
+        run_state.data = rescaled_position(run_state.data, start.changed.get("batch_size"))
         batches.load_state_dict(run_state.data)
     return run_state
+
+
+def rescaled_position(data: dict, batch_size_change: list | None) -> dict:
+    """The batch stream's saved state for a run whose --batch_size changed ([saved, now]): its position in the
+    epoch, counted in batches, becomes the same number of items in batches of the new size (rounded down, so at
+    most a batch of items is seen twice); the epoch and its order are kept."""
+    if batch_size_change is None or "position" not in data:
+        return data
+    saved, now = batch_size_change
+    return {**data, "position": int(data["position"]) * int(saved) // int(now)}
 
 
 def run_training(args: argparse.Namespace, start: RunStart, env: DistEnv, *, roles: Sequence[Role],

@@ -8,8 +8,11 @@ Run names (docs/launchers.md § Run names):
 
 A second launch of the same command finds its own directory again: a finished run says so and does nothing, an
 interrupted one continues from its `training_latest.pt`, and a directory whose saved settings differ is refused
-(`RunConflictError`, one line naming the differing flags). While a run trains, it holds `run.lock` in its directory
-(`RunLock`): a second launch of a live run is refused with the PIDs holding it, before it writes anything.
+(`RunConflictError`, one line naming the differing flags) unless the only differences are the batch settings
+(`CHANGEABLE_FLAGS`) and `--allow_changed_settings` asks for them: the run then continues with the new ones, and
+`derived.changed_settings` of its config records each change and its step. While a run trains, it holds
+`run.lock` in its directory (`RunLock`): a second launch of a live run is refused with the PIDs holding it, before
+it writes anything.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -45,7 +48,13 @@ RUN_CONTROL_FLAGS = frozenset({
     "resume", "stop_at_step", "output_dir", "output_root", "print_run_dir", "no_progress", "num_workers",
     "verify_dataset", "backend", "ckpt_every", "keep_last", "log_every", "swanlab_mode", "experiment_name",
     "preset", "config", "val_every", "val_split", "val_videos", "val_vae", "val_ground_truth",
+    "no_action_ckpt",  # an assertion about --teacher; --action_ckpt itself is compared
+    "check_only", "allow_changed_settings",
 })
+# Flags a run may continue with changed, on purpose (--allow_changed_settings): how a step's batch is split into
+# micro-batches, not the model, the schedule or the data order. A smaller --batch_size with a larger --grad_accum
+# keeps the global batch (after an out-of-memory crash, docs/troubleshooting.md).
+CHANGEABLE_FLAGS = ("batch_size", "grad_accum", "chunks_per_clip", "chunks_per_sample")
 # Folders a run reads; its run directory may not lie in one of them.
 INPUT_FOLDER_FLAGS = ("dataset_root", "cache_root", "teacher", "samples_dir", "val_vae", "val_ground_truth")
 
@@ -134,17 +143,29 @@ class RunStart:
     resume_path: Path | None
     saved_step: int
     stop_step: int
+    # The batch settings this launch changes ({flag: [saved, now]}, --allow_changed_settings) and every change of
+    # the run so far, this one included ([{"step", "flags"}]; what train_config.json records).
+    changed: dict = field(default_factory=dict)
+    changed_settings: tuple = ()
 
     def describe(self) -> str:
         """One line saying what this launch does."""
         stop_step = self.stop_step
+        changes = "" if not self.changed else " with changed settings " + ", ".join(
+            f"--{flag} {saved} -> {now}" for flag, (saved, now) in self.changed.items())
         if self.kind == "fresh":
             return f"new run in {self.run_dir}"
         if self.kind == "resume":
-            return f"resuming from {self.resume_path} (step {self.saved_step}) into {self.run_dir}"
+            return f"resuming from {self.resume_path} (step {self.saved_step}) into {self.run_dir}{changes}"
         if self.kind == "continue":
-            return f"continuing the interrupted run in {self.run_dir} from step {self.saved_step} to {stop_step}"
+            return (f"continuing the interrupted run in {self.run_dir} from step {self.saved_step} to "
+                    f"{stop_step}{changes}")
         return f"run {self.run_dir} already finished at step {self.saved_step}; nothing to do"
+
+    def recorded(self) -> dict:
+        """What the run's config records of its start besides the flags: `changed_settings` when the run's batch
+        settings ever changed (a recipe passes `**start.recorded()` to `run_config`)."""
+        return {"changed_settings": list(self.changed_settings)} if self.changed_settings else {}
 
 
 def comparable_flags(flags: dict) -> dict:
@@ -255,7 +276,8 @@ def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=r
         resume = Path(flags["resume"])
         saved = read_training_summary(resume, expect=meta)
         check_resume_belongs(resume, saved, run_dir)
-        return RunStart(run_dir, name, "resume", resume, saved["step"], stop_step)
+        changed, history = changed_batch_settings(saved, flags)
+        return RunStart(run_dir, name, "resume", resume, saved["step"], stop_step, changed, history)
     saved_path = run_dir / TRAINING_STATE_NAME
     if not saved_path.is_file():
         return RunStart(run_dir, name, "fresh", None, 0, stop_step)
@@ -264,13 +286,31 @@ def plan_run(args: argparse.Namespace, *, meta: dict, subset: str = "", naming=r
     current_flags = comparable_flags(flags)
     differing = sorted(name for name in saved_flags.keys() | current_flags.keys()
                        if saved_flags.get(name) != current_flags.get(name))
-    if differing:
+    unchangeable = [name for name in differing if name not in CHANGEABLE_FLAGS]
+    if unchangeable or (differing and not flags.get("allow_changed_settings")):
         details = ", ".join(f"--{name} saved {saved_flags.get(name)!r} now {current_flags.get(name)!r}"
                             for name in differing)
+        way = ("; --allow_changed_settings continues it with other batch settings "
+               f"(--{', --'.join(CHANGEABLE_FLAGS)}) only" if unchangeable else
+               "; or pass --allow_changed_settings to continue it with these batch settings, recorded in its "
+               "config")
         raise RunConflictError(f"{run_dir} holds a run with other settings ({details}); choose another "
-                               f"--output_dir, or pass --resume {saved_path} to continue it with these flags")
+                               f"--output_dir{way}")
     kind = "finished" if saved["step"] >= stop_step else "continue"
-    return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step)
+    changed, history = changed_batch_settings(saved, flags)
+    return RunStart(run_dir, name, kind, saved_path, saved["step"], stop_step, changed, history)
+
+
+def changed_batch_settings(saved: dict, flags: dict) -> tuple[dict, tuple]:
+    """({flag: [saved, now]} of the `CHANGEABLE_FLAGS` this launch changes against the training state `saved`, the
+    run's changes so far with this one appended as {"step", "flags"})."""
+    saved_flags = saved["config"]["flags"]
+    changed = {name: [saved_flags.get(name), flags.get(name)] for name in CHANGEABLE_FLAGS
+               if name in flags and saved_flags.get(name) != flags.get(name)}
+    history = list(saved["config"].get("derived", {}).get("changed_settings", []))
+    if changed:
+        history.append({"step": saved["step"], "flags": changed})
+    return changed, tuple(history)
 
 
 def recorded_init_meta(start: RunStart, loaded: dict | None) -> dict | None:
@@ -280,6 +320,19 @@ def recorded_init_meta(start: RunStart, loaded: dict | None) -> dict | None:
     if start.resume_path is None:
         return loaded
     return read_training_summary(start.resume_path)["config"]["derived"].get("init_meta")
+
+
+def report_check(start: RunStart) -> int:
+    """For --check_only: the run name, its directory and what a launch would do there, on stdout; exit code 0
+    (refusals, a run alive elsewhere included, raise before: one line, exit 2). Nothing is created."""
+    holders = RunLock(start.run_dir).holders()
+    if holders is not None:
+        raise RunLockedError(f"run {start.run_dir} is already running ({holders}); wait for it, or stop those "
+                             "processes first")
+    print(f"check only: run name {start.run_name}")
+    print(f"check only: run directory {start.run_dir}")
+    print(f"check only: a launch would do this: {start.describe()}", flush=True)
+    return 0
 
 
 def report_run_start(start: RunStart) -> int:

@@ -350,13 +350,15 @@ def predictor_training_step_flops(shape: TeacherShape, predictor_config: Mapping
 
 def recipe_micro_batch_flops(shape: TeacherShape, recipe: str, *, tokens_per_frame: int, text_tokens: int,
                              batch_size: int = 1, context_frames: int | None = None, chunks: int = 8,
-                             replace_steps: Sequence[int] = (1, 2, 3), context_mode: str = "exact") -> int:
+                             replace_steps: Sequence[int] = (1, 2, 3), context_mode: str = "exact",
+                             reuse_steps: Sequence[int] = ()) -> int:
     """DiT FLOPs of one micro-batch of a Predictor recipe (matmuls only).
 
     v4 / disca (offline): batch x (context K/V projection of the 2 source layers + the Predictor step's training);
     v4 with context_frames None: the mean over OFFLINE_CONTEXT_MIX. rollout: one trajectory of `chunks` chunks -
     chunk 0 F-F-F-F, then per chunk the context prefill, the Full steps, the Teacher targets of the Predictor steps
-    (forward only) and the Predictor steps' training."""
+    (forward only) and the Predictor steps' training; `reuse_steps` (F-R-R-P) run neither the Teacher nor the
+    Predictor after chunk 0."""
     v4 = {"variant": "v4", "hidden_size": shape.hidden_size, "fusion_streams": ["image", "anchor", "prev_chunk"]}
     if recipe in ("v4", "disca"):
         config = v4 if recipe == "v4" else {**v4, "variant": "disca", "fusion_streams": ["image", "anchor"]}
@@ -366,7 +368,8 @@ def recipe_micro_batch_flops(shape: TeacherShape, recipe: str, *, tokens_per_fra
             + predictor_training_step_flops(shape, config, tokens_per_frame, text_tokens, frames) for frames in mix]
         return int(batch_size * sum(per_item) / len(per_item))
     context = memory_context_frames(chunks)
-    teacher = rollout_flops(shape, tokens_per_frame, text_tokens, context, lambda chunk, step: "full",
+    teacher = rollout_flops(shape, tokens_per_frame, text_tokens, context,
+                            lambda chunk, step: "reuse_velocity" if chunk and step in reuse_steps else "full",
                             context_mode=context_mode)["total"]
     return int(teacher + sum(len(replace_steps) * predictor_training_step_flops(
         shape, v4, tokens_per_frame, text_tokens, frames) for frames in context[1:]))

@@ -280,7 +280,7 @@ def _config_bytes(config: dict) -> bytes:
     return (text + ',\n  "clips": [\n' + clip_lines + "\n  ]\n}\n").encode("utf-8")
 
 
-def _check_existing(out: Path, settings: WorldSettings) -> bool:
+def check_existing_world(out: Path, settings: WorldSettings) -> bool:
     """True when ``out`` holds a world with these settings (reuse it); raises when it cannot be used."""
     config_path = out / CONFIG_NAME
     if not config_path.is_file():
@@ -304,7 +304,7 @@ def make_world(out: str | Path, settings: WorldSettings = WorldSettings(), progr
     out = Path(out)
     tables = [out / f"{name}.jsonl" for name in TABLE_NAMES]
     if out.exists():
-        if _check_existing(out, settings):
+        if check_existing_world(out, settings):
             config = json.loads((out / CONFIG_NAME).read_text(encoding="utf-8"))
             return WorldOutput(out, tables, [WorldClip(**clip) for clip in config["clips"]], reused=True)
         out.rmdir()  # an empty folder

@@ -127,6 +127,19 @@ def test_run_names_follow_the_convention(world):
     assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("last_step", "incremental")) == (
         f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50_ctx-incremental+last_step")
     assert default_run_name([], Schedule((1, 2)), "train", ("exact", "last_step")) == "reuse_fppf_train_ctx-last_step"
+    # Two runs of the recipes' long names pass 255 characters: the first run's part, the count of the others and a
+    # digest of the full name stand for them, the same every time (a rerun resumes).
+    long_a = dataclasses.replace(ckpt, run_name="predictor_v4_prefeature_" + "x" * 110, step=2000)
+    long_b = dataclasses.replace(ckpt, run_name="predictor_v4_rollout_fppp_" + "y" * 110, step=2000)
+    name = default_run_name([long_a, long_b], Schedule((1, 2, 3)), "holdout25", ("exact", "incremental"))
+    assert len(name) <= 255 and name == default_run_name([long_a, long_b], Schedule((1, 2, 3)), "holdout25",
+                                                          ("exact", "incremental"))
+    assert re.fullmatch(rf"{long_a.run_name}_ckptstep2000__and1more_[0-9a-f]{{8}}_fppp_holdout25_ctx-incremental",
+                        name), name
+    single = dataclasses.replace(ckpt, run_name="r" * 300)
+    assert len(default_run_name([single], Schedule((1, 2)), "train")) == 255
+    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout25", reuse_steps=(1, 2)) == (
+        f"{RUN_DIR_NAME}_ckptstep{STEP}_frrp_holdout25")
     # exact is always run, first; the others in the order of CONTEXT_MODES, each once
     assert parse_context_modes("exact") == ("exact",) and parse_context_modes("incremental") == ("exact", "incremental")
     assert parse_context_modes(" last_step,exact,incremental,last_step") == ("exact", "incremental", "last_step")

@@ -562,7 +562,7 @@ def test_rollout_recipe(case, world, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 def method(w, *extra, dataset=None) -> list:
     return ["--dataset_root", dataset or w["method"]["videos"], "--teacher", w["method"]["teacher"],
-            "--output_dir", w["out"] / "method", "--precision", "fp32", "--backend", "gloo", "--num_workers", "0",
+            "--no_action_ckpt", "--output_dir", w["out"] / "method", "--precision", "fp32", "--backend", "gloo", "--num_workers", "0",
             "--tracker", "none", "--no_progress", "--max_steps", "2", "--warmup_steps", "1", *extra]
 
 
@@ -578,7 +578,8 @@ METHOD_CASES = {
     "df_sft_resume_other_method": (
         "df_sft", lambda w: method(w, "--resume", w["a"] / "training_latest.pt"), lambda w: "method"),
     "kd_cache_missing": ("kd", lambda w: ["--cache_root", w["out"] / "none", "--teacher", w["method"]["teacher"],
-                                          "--output_dir", w["out"] / "kd"], lambda w: "--cache_root"),
+                                          "--no_action_ckpt", "--output_dir", w["out"] / "kd"],
+                         lambda w: "--cache_root"),
     "dmd2_init_from_missing": ("dmd2", lambda w: method(w, "--real_score", w["method"]["teacher"], "--init_from",
                                                         w["out"] / "gone.pt", "--generator_every", "1"),
                                lambda w: "gone.pt"),
@@ -728,7 +729,8 @@ def base_argv(w, recipe: str) -> list:
         "df_sft": method(w, dataset=fake_videos),
         "nft": method(w, dataset=fake_videos),
         "dmd2": method(w, "--generator", "student", "--real_score", teacher, dataset=fake_videos),
-        "kd": ["--cache_root", w["root"] / "fake_cache", "--teacher", teacher, "--output_dir", w["out"] / "kd"],
+        "kd": ["--cache_root", w["root"] / "fake_cache", "--teacher", teacher, "--no_action_ckpt", "--output_dir",
+               w["out"] / "kd"],
     }[recipe]
 
 

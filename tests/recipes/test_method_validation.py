@@ -94,7 +94,8 @@ def test_df_sft_refuses_validation_on_teacher_samples(world, tmp_path, capsys):
     samples = tmp_path / "samples"
     samples.mkdir()
     (samples / "dataset_config.json").write_text("{}")  # parse_args only checks that the dataset is marked built
-    argv = ["--teacher", str(world["teacher"]), "--dataset_root", str(samples), "--data", "teacher_samples"]
+    argv = ["--teacher", str(world["teacher"]), "--no_action_ckpt", "--dataset_root", str(samples), "--data",
+            "teacher_samples"]
     assert df_sft.parse_args(argv).val_every == 0  # off by default
     with pytest.raises(SystemExit):
         df_sft.parse_args([*argv, "--val_every", "5"])

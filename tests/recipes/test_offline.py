@@ -150,6 +150,36 @@ def test_second_launch_finishes_continues_or_refuses(tiny_dataset, tmp_path, cap
     assert error.count("\n") == 0 and "--fusion_lr saved 0.001 now 0.0005" in error, error
 
 
+def test_a_run_continues_with_half_the_batch_and_twice_the_accumulation_only_when_asked(tiny_dataset, tmp_path,
+                                                                                       capsys):
+    """After an out-of-memory crash: the same run with --batch_size 1 --grad_accum 2 (the same global batch) is
+    refused naming the flags and the way on; with --allow_changed_settings it continues from its step, the data
+    position carried over in items, and the config records the change. Other settings stay refused."""
+    run_dir = tmp_path / "run"
+    assert train_predictor_v4.main(train_args(tiny_dataset, run_dir, "--stop_at_step", "2", steps=4)) == 0
+    smaller = ("--batch_size", "1", "--grad_accum", "2")
+    with pytest.raises(SystemExit) as refused:
+        train_predictor_v4.main(train_args(tiny_dataset, run_dir, *smaller, steps=4))
+    error = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and error.count("\n") == 0, error
+    assert "--batch_size saved 2 now 1" in error and "--allow_changed_settings" in error, error
+    with pytest.raises(SystemExit):  # the flag covers the batch settings only
+        train_predictor_v4.main(train_args(tiny_dataset, run_dir, *smaller, "--allow_changed_settings",
+                                           "--fusion_lr", "5e-4", steps=4))
+    assert "--batch_size, --grad_accum" in capsys.readouterr().err
+    assert train_predictor_v4.main(train_args(tiny_dataset, run_dir, *smaller, "--allow_changed_settings",
+                                              steps=4)) == 0
+    assert "with changed settings --batch_size 2 -> 1, --grad_accum 1 -> 2" in capsys.readouterr().out
+    config = json.loads((run_dir / "train_config.json").read_text())
+    assert config["flags"]["batch_size"] == 1 and config["derived"]["global_batch"] == 2
+    assert config["derived"]["changed_settings"] == [{"step": 2, "flags": {"batch_size": [2, 1],
+                                                                             "grad_accum": [1, 2]}}]
+    state = read_training_state(run_dir / "training_latest.pt")
+    assert state["run_state"]["global_step"] == 4
+    assert state["config"]["derived"]["changed_settings"] == config["derived"]["changed_settings"]
+    assert [record["step"] for record in read_log(run_dir)] == [1, 2, 3, 4]
+
+
 def test_two_rank_gloo_resume_matches_uninterrupted_run(tiny_dataset, tmp_path):
     """One torchrun launch (2 ranks, gloo): 4 uninterrupted steps; 2 steps then a resume to 4 from the checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}  # the file imports tests.helpers

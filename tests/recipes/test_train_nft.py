@@ -36,8 +36,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 
 def _argv(world, out: Path, *extra: str) -> list[str]:
-    return ["--teacher", str(world["teacher"]), "--dataset_root", str(world["videos"]), "--output_dir", str(out),
-            "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--precision", "fp32", "--lr", "1e-2",
+    return ["--teacher", str(world["teacher"]), "--no_action_ckpt", "--dataset_root", str(world["videos"]),
+            "--output_dir", str(out), "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--precision", "fp32", "--lr", "1e-2",
             "--max_steps", "4", "--warmup_steps", "0", "--samples_per_group", "2", "--chunks_per_sample", "1",
             "--monitor_every", "100", "--no-gradient_checkpointing", "--tracker", "none", "--num_workers", "0",
             "--no_progress", *extra]

@@ -14,7 +14,9 @@ from predictor_training.runtime.errors import CommandParser
 from predictor_training.runtime.flags import (
     CLIP_OR_OFF,
     UNIT_INTERVAL,
+    add_method_model_args,
     at_least,
+    check_action_ckpt,
     check_args,
     format_pairs,
     parse_pairs,
@@ -147,3 +149,30 @@ def test_flag_rules_and_cross_flag_rules_go_through_parser_error(tmp_path, capsy
     assert "--dataset_root=" in capsys.readouterr().err
     (tmp_path / "data" / "config.json").write_text("{}")
     check_args(parser, argparse.Namespace(dataset_root=tmp_path / "data"), dataset_config_name="config.json")
+
+
+def test_a_method_reading_the_teachers_weights_needs_an_action_checkpoint_or_the_word_that_it_has_one(tmp_path,
+                                                                                                    capsys):
+    """--teacher alone is the base transformer of the real checkpoints: a method that reads its weights is refused
+    in one line naming --action_ckpt, unless --no_action_ckpt says the folder holds the action weights."""
+    def check(*argv, reads=True):
+        parser = CommandParser(prog="method.py")
+        add_method_model_args(parser, train="lora", init_weights="teacher", lora_rank=4, lora_alpha=4.0,
+                              gradient_checkpointing=True, context_grad=True)
+        args = parser.parse_args([str(item) for item in argv])
+        check_action_ckpt(parser, args, reads_teacher_weights=reads)
+        return args
+
+    teacher, action = tmp_path / "teacher", tmp_path / "action.safetensors"
+    with pytest.raises(SystemExit) as exit_info:
+        check("--teacher", teacher)
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1
+    assert "error: --action_ckpt is missing" in error and "--no_action_ckpt" in error
+    assert check("--teacher", teacher, "--action_ckpt", action).action_ckpt == action
+    assert check("--teacher", teacher, "--no_action_ckpt").no_action_ckpt
+    assert check("--teacher", teacher, reads=False).action_ckpt is None  # from scratch: only the config is read
+    assert check("--dry_run", "tiny").teacher is None
+    with pytest.raises(SystemExit):
+        check("--teacher", teacher, "--action_ckpt", action, "--no_action_ckpt")
+    assert "give one or the other" in capsys.readouterr().err

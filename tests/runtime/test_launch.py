@@ -15,7 +15,7 @@ import torch
 
 from predictor_training.runtime.checkpoint import RunState, save_training_state
 from predictor_training.runtime.errors import UserInputError
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles
+from predictor_training.runtime.launch import distributed_run, early_exit, rescaled_position, resume_roles
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart
 from tests.helpers.toy_loop import META, SINGLE, setup_loop
@@ -34,17 +34,26 @@ def start(run_dir, kind="fresh", resume_path=None, saved_step=0, stop_step=6) ->
                     saved_step=saved_step, stop_step=stop_step)
 
 
-def test_nothing_to_train_for_print_run_dir_and_a_finished_run(tmp_path, capsys):
+def flags(**values) -> argparse.Namespace:
+    return argparse.Namespace(**{"check_only": False, "print_run_dir": False, **values})
+
+
+def test_nothing_to_train_for_check_only_print_run_dir_and_a_finished_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert early_exit(argparse.Namespace(print_run_dir=False), start(run_dir)) is None
-    assert early_exit(argparse.Namespace(), start(run_dir, "continue", run_dir / "t.pt", 2)) is None
-    assert early_exit(argparse.Namespace(print_run_dir=True), start(run_dir)) == 0
+    assert early_exit(flags(), start(run_dir)) is None
+    assert early_exit(flags(), start(run_dir, "continue", run_dir / "t.pt", 2)) is None
+    assert early_exit(flags(print_run_dir=True), start(run_dir)) == 0
     out, err = capsys.readouterr()
     assert out == f"{run_dir}\n" and err == f"new run in {run_dir}\n"
     finished = start(run_dir, "finished", run_dir / "training_latest.pt", 6)
-    assert early_exit(argparse.Namespace(print_run_dir=True), finished) == 3  # a launcher has nothing to start
-    assert early_exit(argparse.Namespace(print_run_dir=False), finished) == 0
+    assert early_exit(flags(print_run_dir=True), finished) == 3  # a launcher has nothing to start
+    assert early_exit(flags(), finished) == 0
     assert "already finished at step 6; nothing to do" in capsys.readouterr().out
+    # --check_only: the name, the directory and what a launch would do, exit 0, whatever the launch would do
+    for planned, what in ((start(run_dir), "new run in"), (finished, "already finished")):
+        assert early_exit(flags(check_only=True), planned) == 0
+        out = capsys.readouterr().out
+        assert f"check only: run name run\ncheck only: run directory {run_dir}\n" in out and what in out, out
     assert not run_dir.exists()  # nothing is made before the run starts
 
 
@@ -96,3 +105,12 @@ def test_resume_restores_the_roles_and_puts_the_batches_back(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(next(other_batches), expected_next))
     with pytest.raises(Exception, match="variant"):
         resume_roles(start(tmp_path, "continue", path, 3), roles, None, {**META, "variant": "other"})
+
+
+def test_a_changed_batch_size_keeps_the_items_seen_in_the_epoch():
+    """--allow_changed_settings with another --batch_size: 6 batches of 16 seen -> 12 batches of 8 (rounded down);
+    the epoch, the seed and an unchanged batch stay as saved."""
+    data = {"epoch": 3, "position": 6, "seed": 0}
+    assert rescaled_position(data, [16, 8]) == {"epoch": 3, "position": 12, "seed": 0}
+    assert rescaled_position(data, [4, 5])["position"] == 4  # 24 items: 4 whole batches of 5
+    assert rescaled_position(data, None) is data

@@ -117,6 +117,9 @@ def test_recipe_list():
         estimate_memory.parse_args(["--recipe", "v4", "--context_frames", "6"])
     with pytest.raises(SystemExit):
         estimate_memory.parse_args(["--recipe", "v4", "--data", "rollout"])
+    for refused in (["--recipe", "v4", "--reuse_steps", "1,2"], ["--recipe", "rollout", "--reuse_steps", "1,2"]):
+        with pytest.raises(SystemExit):  # a rollout setting; disjoint from --replace_steps (default 1,2,3)
+            estimate_memory.parse_args(refused)
 
 
 @pytest.mark.parametrize("recipe,extra", [
@@ -124,6 +127,7 @@ def test_recipe_list():
     ("disca", []),
     ("rollout", ["--chunks", "3"]),
     ("rollout", ["--chunks", "3", "--replace_steps", "1,2", "--context_mode", "incremental"]),
+    ("rollout", ["--chunks", "3", "--reuse_steps", "1,2", "--replace_steps", "3"]),
 ])
 def test_tool_runs_every_recipe_at_tiny_size(recipe, extra, capsys):
     argv = ["--recipe", recipe, "--config", "tiny", "--batch_size", "2", "--text_tokens", "8", "--latent_grid",
@@ -143,6 +147,8 @@ def test_tool_runs_every_recipe_at_tiny_size(recipe, extra, capsys):
     if recipe == "v4":
         backward = [report["phase_peaks_gib"]["backward"] for report in reports]
         assert backward[1] > backward[0]  # more context, more memory
+    if "--reuse_steps" in extra:  # the plan the rollout recipe trains with --reuse_steps 1,2 --replace_steps 3
+        assert reports[0]["name"].startswith("rollout F-R-R-P"), reports[0]["name"]
 
 
 # ---- the memory cuts lower the peak ---------------------------------------------------------------------------------

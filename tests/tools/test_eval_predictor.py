@@ -157,6 +157,27 @@ def test_rerun_skips_finished_videos_and_refuses_other_settings(world, fppp_run)
     assert [path.stat().st_mtime_ns for path in videos] == stamps
 
 
+def test_reuse_steps_score_an_frrp_checkpoint_at_its_own_plan(world, tmp_path):
+    """--reuse_steps 1,2 --replace_steps 3: the Predictor runs F-R-R-P (one Predictor call per scheduled chunk, two
+    velocity reuses), the reuse baselines fill steps 1-3 (F-R-R-R), and the run name carries the plan."""
+    result = _cli(world, tmp_path, "--replace_steps", "3", "--reuse_steps", "1,2", "--warmup_chunks", "0",
+                  "--num_side_by_side", "0", "--max_videos", "1")
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / f"{RUN_DIR_NAME}_ckptstep{STEP}_frrp_holdout25"
+    video = _json(run_dir / "videos" / "c000__a0.json")
+    predictor = video["methods"][f"predictor_ckptstep{STEP}"]["timings"]["calls"]
+    assert predictor["predictor_step"]["count"] == 1 and predictor["reuse_step"]["count"] == 2
+    assert predictor["full_step"]["count"] == 4 + 1
+    assert video["methods"][REUSE_VELOCITY]["timings"]["calls"]["reuse_step"]["count"] == 3
+    assert _json(run_dir / "eval_config.json")["settings"]["reuse_steps"] == [1, 2]
+    assert "Predictors F-R-R-P" in result.stdout
+    for extra, message in ((("--replace_steps", "2,3", "--reuse_steps", "1,2"), "steps [2] are also in"),
+                           (("--replace_steps", "", "--reuse_steps", "1,2"), "needs --replace_steps")):
+        refused = _cli(world, tmp_path / "refused", *extra)
+        assert refused.returncode == 2 and message in refused.stderr.splitlines()[-1], refused.stderr
+    assert not (tmp_path / "refused").exists()
+
+
 def test_without_ground_truth_nothing_is_added(fppp_run):
     """A run without ground truth writes exactly the files and keys it always did (the demo baseline compares
     aggregate.json); only the side-by-side panels are scaled up."""
