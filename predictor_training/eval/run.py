@@ -29,7 +29,7 @@ from predictor_training.runtime.checkpoint import (
     read_inference_metadata,
     read_training_state,
 )
-from predictor_training.runtime.errors import MissingFieldError, UserInputError
+from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import sha256_file, sha256_json
 from predictor_training.runtime.provenance import (
     describe_provenance,
@@ -230,9 +230,12 @@ def check_teacher_by_hash(source: TeacherSource, checkpoints: Sequence[Predictor
         if provenance is None or provenance["teacher_sha256"] is None:
             log0(f"{ckpt.label}: {describe_provenance(provenance)}; its Teacher is checked by config only")
             continue
+        recorded, name = provenance["teacher_sha256"], provenance["names"]["teacher"]
+        if not Path(source.folder).exists():
+            raise MissingFileError(f"Teacher {source.folder} ({source.origin}): no such folder; pass --teacher with "
+                                   f"the Teacher {ckpt.path} was trained on (weights sha256 {recorded}, {name})")
         if actual is None:
             actual = weights_sha256(source.folder)
-        recorded, name = provenance["teacher_sha256"], provenance["names"]["teacher"]
         if actual != recorded:
             files = ", ".join(str(file) for file in weight_files(source.folder))
             raise UserInputError(f"--ckpt {ckpt.path}: trained on the Teacher whose weights have sha256 {recorded} "
