@@ -22,6 +22,7 @@ import sys
 
 from predictor_training.data.batches import ResumableBatches
 from predictor_training.data.dataset_config import resolve_teacher_source
+from predictor_training.data.provenance import run_provenance
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
 from predictor_training.recipes.offline import OfflineSettings, build_offline, finish_offline_args, offline_config
 from predictor_training.runtime.checkpoint import checkpoint_meta
@@ -130,6 +131,9 @@ def main(argv=None) -> int:
         parts = build(args, env, policy, teacher_source=teacher_source, context_timestep=context_timestep,
                       run_dir=start.run_dir)
         run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
+        parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
+                                                     action_ckpt=teacher_source.action_ckpt, parent=None,
+                                                     data_root=args.dataset_root)
         # 6. Config and summary.
         config = offline_config(args, variant=VARIANT, start=start, env=env, policy=policy, dataset=dataset,
                                 batches=batches, parts=parts, context_timestep=context_timestep)

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
+from predictor_training.data.provenance import run_provenance
 from predictor_training.data.trajectory_dataset import (
     TrajectoryTableDataset,
     open_trajectory_table,
@@ -284,6 +285,9 @@ def main(argv=None) -> int:
                       rollout_config=data.rollout_config, run_dir=start.run_dir,
                       resuming=start.resume_path is not None)
         parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+        parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
+                                                     action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
+                                                     data_root=args.dataset_root)
         meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE_PREFIX + letters.lower())
         run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
         # 6. Config and summary.

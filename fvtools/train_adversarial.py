@@ -64,6 +64,7 @@ from torch import Tensor, nn
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
 from predictor_training.data.pair_dataset import v4_pair_batches, v4_pair_dataset
+from predictor_training.data.provenance import run_provenance
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset, open_trajectory_table, trajectory_batches
 from predictor_training.eval.validation import predictor_validation
 from predictor_training.methods.adversarial import (DISCRIMINATOR, PREDICTOR, Adversary, adversarial_metrics,
@@ -486,6 +487,9 @@ def main(argv=None) -> int:
                       dataset=data.dataset, rollout_config=data.rollout_config,
                       resuming=start.resume_path is not None, run_dir=start.run_dir)
         parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+        parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
+                                                     action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
+                                                     data_root=args.dataset_root)
         run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
         # 5. Config and summary.
         config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts)

@@ -70,6 +70,7 @@ from predictor_training.methods.flow_matching import (
 from predictor_training.runtime.fsdp import gradient_sync
 from predictor_training.runtime.logger import log_summary, method_summary_rows
 from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.data.provenance import run_provenance
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.methods.method_model import (
     MethodModel,
@@ -80,6 +81,7 @@ from predictor_training.methods.method_model import (
     method_meta,
 )
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.provenance import with_provenance
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.runtime.run_directory import (
@@ -326,7 +328,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
         num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
-        environment=environment_summary(), **start.recorded(),
+        provenance=parts.derived["provenance"], environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)
@@ -367,13 +369,15 @@ def main(argv=None) -> int:
         #    and the data position.
         parts = build(args, env, policy, rollout_config=rollout_config, run_dir=start.run_dir)
         run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
+        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
+                                                     parent=None, data_root=args.dataset_root)
         # 4. Config and summary.
         config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
         # 5. Train, then export the result (a LoRA file or a Teacher folder).
         run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
                                  run_state=run_state, config=config, meta=meta, validation=parts.validation)
         exported = export_method_model(parts.objects["method_model"], start.run_dir,
-                                       {**meta, "step": run_state.global_step}, env)
+                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
         log0(f"exported the trained {args.train} model: {exported}")
     return 0
 

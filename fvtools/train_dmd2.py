@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 
 from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.data.provenance import run_provenance
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.eval.validation import generator_validation, resolve_video_val_inputs
@@ -87,6 +88,7 @@ from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_lo
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.provenance import with_provenance
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.runtime.roles import Role
@@ -572,7 +574,8 @@ def export(args: argparse.Namespace, *, parts: RecipeParts, run_dir: Path, run_s
     EMA next to it."""
     generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
     if student_model is not None:
-        exported = export_method_model(student_model, run_dir, {**meta, "step": run_state.global_step}, env)
+        exported = export_method_model(student_model, run_dir,
+                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
         log0(f"exported the trained {args.train} student: {exported}")
     if generator_role.ema is not None:
         exported = export_generator_ema(generator_role, run_dir, run_state.global_step, meta=meta, config=config,
@@ -608,6 +611,8 @@ def main(argv=None) -> int:
                       run_dir=start.run_dir)
         if args.generator == "predictor":
             parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
+                                                     parent=args.init_from, data_root=args.dataset_root)
         run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
         # 4. Config and summary.
         config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)

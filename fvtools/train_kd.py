@@ -56,6 +56,7 @@ from predictor_training.methods.flow_matching import x0_from_velocity
 from predictor_training.runtime.fsdp import gradient_sync
 from predictor_training.runtime.logger import log_summary, method_summary_rows
 from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.data.provenance import run_provenance
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.methods.method_model import (
     MethodModel,
@@ -66,6 +67,7 @@ from predictor_training.methods.method_model import (
     method_meta,
 )
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.provenance import with_provenance
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator
 from predictor_training.runtime.run_directory import (
@@ -347,7 +349,7 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_samples=len(dataset),
         cache=dataset.config, trainable_parameters=method_model.trainable_parameter_count(),
-        environment=environment_summary(), **start.recorded(),
+        provenance=parts.derived["provenance"], environment=environment_summary(), **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)
@@ -389,6 +391,8 @@ def main(argv=None) -> int:
         parts = build(args, env, policy, state_indices=state_indices, run_dir=start.run_dir)
         run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
         student = parts.objects["method_model"]
+        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
+                                                     parent=None, data_root=args.cache_root)
         # 4. Config and summary; the student's distance to the teacher before training (a fresh run only).
         config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
         distance = StudentDistance(args, env, policy, eval_dataset, start.run_dir)
@@ -399,7 +403,8 @@ def main(argv=None) -> int:
         run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
                                  run_state=run_state, config=config, meta=meta, validation=parts.validation)
         distance.after(student.model, run_state.global_step)
-        exported = export_method_model(student, start.run_dir, {**meta, "step": run_state.global_step}, env)
+        exported = export_method_model(student, start.run_dir,
+                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
         log0(f"exported the trained {args.train} student: {exported}")
     return 0
 

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.data.provenance import run_provenance
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
 from predictor_training.eval.validation import reward_validation
 from predictor_training.methods.flow_matching import add_noise, add_sigma_args
@@ -68,6 +69,7 @@ from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, method_summary_rows
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.provenance import with_provenance
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.random_streams import ALL_RANKS, stream_generator, stream_seed
 from predictor_training.runtime.run_directory import RunStart, environment_summary, launch_world, method_run_name, \
@@ -384,7 +386,8 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
         backend=env.backend, global_batch=env.world_size * args.grad_accum, num_clips=len(dataset),
         num_latents=dataset.num_latents, trainable_parameters=method_model.trainable_parameter_count(),
-        vae=str(vae_folder), environment=environment_summary(), **start.recorded(),
+        vae=str(vae_folder), provenance=parts.derived["provenance"], environment=environment_summary(),
+        **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)
@@ -451,6 +454,8 @@ def main(argv=None) -> int:
         #      the step and the validation (see build). Resume restores the role and the data position.
         parts = build(args, env, policy, vae_folder=vae_folder, run_dir=start.run_dir)
         run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
+        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
+                                                     parent=None, data_root=args.dataset_root)
         # 5. Config and summary.
         config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, vae_folder=vae_folder,
                            parts=parts)
@@ -462,7 +467,7 @@ def main(argv=None) -> int:
             evaluate(args, step_fn=parts.step_fn, eval_dataset=eval_dataset, env=env, run_dir=start.run_dir,
                      step=run_state.global_step)
         exported = export_method_model(parts.objects["method_model"], start.run_dir,
-                                       {**meta, "step": run_state.global_step}, env)
+                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
         log0(f"exported the trained {args.train} policy: {exported}")
     return 0
 

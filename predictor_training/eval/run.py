@@ -32,6 +32,15 @@ from predictor_training.runtime.checkpoint import (
 )
 from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import read_json_file, sha256_file, sha256_json
+from predictor_training.runtime.provenance import (
+    describe_provenance,
+    expand_run_dir,
+    file_sha256,
+    recorded_provenance,
+    weight_files,
+    weights_sha256,
+    with_provenance,
+)
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, barrier, log0
 from predictor_training.eval.methods import (
     PredictorCheckpoint,
@@ -80,11 +89,13 @@ _STEP_NAME = re.compile(r"^predictor_step_(\d+)\.safetensors$")
 # 1. Predictor checkpoints
 # =============================================================================================================
 def read_predictor_checkpoint(path: str | Path) -> PredictorCheckpoint:
-    """Read a checkpoint's metadata and saved run config (no weights). Errors name the file and the field."""
+    """Read a checkpoint's metadata and saved run config (no weights). Errors name the file and the field. The
+    config's `$RUN_DIR/...` paths (runtime/provenance.py) are made paths under the file's folder; a training
+    state's provenance (`derived.provenance`) joins its meta, as an inference file's is there."""
     path = Path(path).resolve()
     if path.suffix == ".safetensors":
         meta = read_inference_metadata(path)
-        config = read_inference_config(path)
+        config = expand_run_dir(read_inference_config(path), path.parent)
         if "step" not in meta:
             raise MissingFieldError(f"{path}: inference metadata has no 'step' (keys {sorted(meta)})")
         step = int(meta["step"])
@@ -93,7 +104,7 @@ def read_predictor_checkpoint(path: str | Path) -> PredictorCheckpoint:
             raise UserInputError(f"{path}: the file name says step {int(name_match.group(1))}, its metadata step {step}")
     elif path.suffix == ".pt":
         payload = read_training_state(path)
-        meta, config = payload["meta"], payload["config"]
+        meta, config = with_provenance(payload["meta"], payload["config"]), payload["config"]
         step = int(payload["run_state"]["global_step"])
     else:
         raise UserInputError(f"--ckpt {path}: expected predictor_step_XXXXX.safetensors or training_latest.pt")
@@ -213,26 +224,64 @@ def resolve_dtype(choice: str, checkpoint_meta: Sequence[dict], device: torch.de
 
 
 def recorded_teacher_config_sha256(ckpt: PredictorCheckpoint, teacher: Path, action_ckpt: Path | None) -> str | None:
-    """The Teacher config sha256 that `ckpt`'s training checked its Teacher against: the `teacher.config_sha256` of
-    the dataset its run trained on (`flags.dataset_root` -> dataset_config.json). The run config records no Teacher
-    config of its own, so None when the run records no dataset (runs on the light sample table); also None, with a
-    warning, when that dataset's config cannot be read here (e.g. the dataset is not mounted on this machine)."""
+    """The Teacher config sha256 that `ckpt`'s training checked its Teacher against: its provenance's
+    `teacher_config_sha256` when it records one, else the `teacher.config_sha256` of the dataset its run trained on
+    (`flags.dataset_root` -> dataset_config.json). None when neither is recorded (runs on the light sample table);
+    also None, with a warning, when that dataset's config cannot be read here (e.g. the dataset is not mounted on
+    this machine)."""
+    provenance = recorded_provenance(ckpt.meta)
+    if provenance is not None and provenance["teacher_config_sha256"] is not None:
+        return provenance["teacher_config_sha256"]
     dataset_root = ckpt.run_flags.get("dataset_root")
     if dataset_root is None:
         return None
     try:
         return resolve_teacher_source(teacher, action_ckpt, Path(dataset_root)).expected_config_sha256
     except (FileNotFoundError, KeyError) as error:
-        log0(f"WARNING: {ckpt.path}: the Teacher config recorded by its training dataset cannot be read ({error}); "
-             f"the Teacher {teacher} is not checked against it")
+        log0(f"WARNING: {ckpt.path}: {describe_provenance(provenance)}, and the Teacher config recorded by its "
+             f"training dataset cannot be read ({error}); the Teacher {teacher} is not checked against it")
         return None
+
+
+def check_teacher_by_hash(source: TeacherSource, checkpoints: Sequence[PredictorCheckpoint]) -> None:
+    """The Teacher's weights against each checkpoint's provenance (runtime/provenance.py): a checkpoint that
+    records `teacher_sha256` must have been trained on exactly the weights in `source` (and on the action checkpoint
+    it records, or none), else UserInputError naming both hashes and files. A checkpoint without it keeps the
+    config check (`recorded_teacher_config_sha256`, `load_teacher`); one line per checkpoint says which applies."""
+    actual = None
+    for ckpt in checkpoints:
+        provenance = recorded_provenance(ckpt.meta)
+        if provenance is None or provenance["teacher_sha256"] is None:
+            log0(f"{ckpt.label}: {describe_provenance(provenance)}; its Teacher is checked by config only")
+            continue
+        recorded, name = provenance["teacher_sha256"], provenance["names"]["teacher"]
+        if not Path(source.folder).exists():
+            raise MissingFileError(f"Teacher {source.folder} ({source.origin}): no such folder; pass --teacher with "
+                                   f"the Teacher {ckpt.path} was trained on (weights sha256 {recorded}, {name})")
+        if actual is None:
+            actual = weights_sha256(source.folder)
+        if actual != recorded:
+            files = ", ".join(str(file) for file in weight_files(source.folder))
+            raise UserInputError(f"--ckpt {ckpt.path}: trained on the Teacher whose weights have sha256 {recorded} "
+                                 f"({name}), but the Teacher {source.folder} ({source.origin}) has {actual} ({files}); "
+                                 "pass --teacher with the Teacher it was trained on")
+        recorded_action = provenance["teacher_action_ckpt_sha256"]
+        actual_action = None if source.action_ckpt is None else file_sha256(source.action_ckpt)
+        if actual_action != recorded_action:
+            raise UserInputError(f"--ckpt {ckpt.path}: trained with Teacher action checkpoint sha256 "
+                                 f"{recorded_action}, but this eval loads {source.action_ckpt} (sha256 "
+                                 f"{actual_action}); pass --action_ckpt with the one it was trained with")
+        log0(f"{ckpt.label}: Teacher checked by hash (weights sha256 {actual[:12]}... as its provenance records); "
+             f"{describe_provenance(provenance)}")
 
 
 def resolve_teacher(teacher: Path | None, action_ckpt: Path | None, origin: str,
                     checkpoints: Sequence[PredictorCheckpoint]) -> TeacherSource:
     """An explicit Teacher (`origin`: "--teacher" or "--demo"), else the Teacher every checkpoint's run recorded (they
     must agree). An explicit Teacher gets the check training made: its config must match the Teacher config recorded
-    by the checkpoints' training datasets (see `recorded_teacher_config_sha256`; unchecked when none records one)."""
+    by the checkpoints' provenance or training datasets (see `recorded_teacher_config_sha256`; unchecked when none
+    records one). Either Teacher is then checked by hash where a checkpoint's provenance records its weights
+    (`check_teacher_by_hash`)."""
     if teacher is not None:
         recorded: dict[str, list[str]] = defaultdict(list)
         for ckpt in checkpoints:
@@ -243,7 +292,9 @@ def resolve_teacher(teacher: Path | None, action_ckpt: Path | None, origin: str,
             groups = "; ".join(f"{sha[:12]}...: {labels}" for sha, labels in recorded.items())
             raise UserInputError(f"the checkpoints were trained on datasets made by Teachers of different configs "
                              f"({groups}); evaluate them in separate runs")
-        return TeacherSource(Path(teacher), action_ckpt, origin, next(iter(recorded), None))
+        source = TeacherSource(Path(teacher), action_ckpt, origin, next(iter(recorded), None))
+        check_teacher_by_hash(source, checkpoints)
+        return source
     if not checkpoints:
         raise UserInputError("no Teacher: pass --teacher DIR (or --demo D, or a --ckpt whose run records its Teacher)")
     sources = []
@@ -258,6 +309,7 @@ def resolve_teacher(teacher: Path | None, action_ckpt: Path | None, origin: str,
     folders = {(str(source.folder), str(source.action_ckpt)) for source in sources}
     if len(folders) != 1:
         raise UserInputError(f"the checkpoints were trained on different Teachers {sorted(folders)}; pass --teacher")
+    check_teacher_by_hash(sources[0], checkpoints)
     return sources[0]
 
 

@@ -34,6 +34,7 @@ from predictor_training.runtime.checkpoint import (inference_weights_name, load_
 from predictor_training.runtime.distributed import DistEnv, wrap_ddp
 from predictor_training.runtime.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.precision import PrecisionPolicy
+from predictor_training.runtime.provenance import with_provenance
 from predictor_training.runtime.roles import EMA, Role
 from predictor_training.teacher.adapters import (
     AdapterWeights,
@@ -259,8 +260,8 @@ def export_generator_ema(role: Role, run_dir: Path, step: int, *, meta: dict, co
     shadow is copied into the student for the export and the trained weights are put back after it."""
     if role.ema is None:
         raise ValueError(f"role {role.name!r} has no EMA to export")
-    ema_meta = {**meta, "role": role.name, "step": step,
-                "ema": {"decay": role.ema.decay, "start_update": role.ema.start_update, "updates": role.ema.updates}}
+    ema_meta = with_provenance({**meta, "role": role.name, "step": step, "ema": {
+        "decay": role.ema.decay, "start_update": role.ema.start_update, "updates": role.ema.updates}}, config)
     run_dir = Path(run_dir)
     if student_model is None:
         path = run_dir / inference_weights_name(step, f"{role.name}_ema")

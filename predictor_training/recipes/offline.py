@@ -84,7 +84,8 @@ def offline_config(args: argparse.Namespace, *, variant: str, start: RunStart, e
         backend=env.backend, global_batch=global_batch, num_pairs=len(dataset),
         num_trajectories=len(dataset.trajectories), micro_batches_per_epoch=batches.batches_per_epoch(),
         predictor=parts.derived["predictor"], teacher_double_blocks=parts.derived["teacher_double_blocks"],
-        context_timestep=context_timestep, environment=environment_summary(), **start.recorded(),
+        context_timestep=context_timestep, provenance=parts.derived["provenance"], environment=environment_summary(),
+        **start.recorded(),
     )
     if env.is_main:
         write_train_config(start.run_dir, config)

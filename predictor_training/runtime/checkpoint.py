@@ -41,6 +41,7 @@ from predictor_training.runtime.distributed import all_gather_objects, barrier, 
 from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import atomic_write, load_safetensors, open_safetensors, save_safetensors
 from predictor_training.runtime.io import redact_secrets
+from predictor_training.runtime.provenance import portable_paths, with_provenance
 from predictor_training.runtime.roles import module_is_fsdp
 from predictor_training.runtime.state_dicts import StateDictMismatchError, mismatch_report
 from predictor_training.runtime.sharded_checkpoint import (
@@ -588,6 +589,11 @@ def save_inference_weights(
     what `save_training_state` returns). `metadata` (e.g. meta + step) and `config` (the run config, secrets
     redacted, so eval can rebuild the model) are stored as JSON strings in the file header. Non-finite weights raise
     NonFiniteError and write nothing. Call on one rank only.
+
+    Provenance (runtime/provenance.py): the run config's `derived.provenance` (the hashes of the run's Teacher,
+    parent weights and dataset config) goes into the metadata as `provenance`, and every absolute path in the
+    stored config is written relative to the file's folder (`$RUN_DIR/...`), so the file names no path of this
+    machine.
     """
     if isinstance(model_state_or_module, nn.Module):
         if module_is_fsdp(unwrap_model(model_state_or_module)):
@@ -604,6 +610,8 @@ def save_inference_weights(
         # clone: safetensors refuses tensors that share storage
         tensors[name] = tensor.to("cpu").contiguous().clone()
     check_finite_tensors(tensors, f"save_inference_weights({path})")
+    metadata = with_provenance(metadata, config)
+    config = portable_paths(config or {}, Path(path).absolute().parent)
     file_metadata = {
         "format": INFERENCE_FORMAT,
         "dtype": str(dtype).removeprefix("torch."),

@@ -8,6 +8,7 @@ equivalence (one torchrun launch running this file as its driver, see `resume_dr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import torch
 import train_predictor_disca
 import train_predictor_v4
 from predictor_training.runtime.checkpoint import read_training_state
+from predictor_training.runtime.provenance import absolute_paths_in
 from tests.helpers.offline_dataset import ACTIONS, CASES, NUM_CHUNKS, read_log, train_args, write_tiny_dataset
 
 
@@ -72,6 +74,21 @@ def test_entry_script_writes_a_complete_run_dir(tiny_dataset, tmp_path, script, 
         assert {handle.get_tensor(key).dtype for key in handle.keys()} == {torch.bfloat16}
     stream_count = {"v4": 3, "disca": 2}[variant]  # image, anchor (+ previous chunk)
     assert state["roles"]["predictor"]["model"]["fusion.proj.weight"].shape[1] == stream_count * 64
+    # Provenance (runtime/provenance.py): the Teacher and the dataset config by hash, no path of this machine.
+    provenance = json.loads(handle_metadata(run_dir / "predictor_step_00003.safetensors")["meta"])["provenance"]
+    teacher_weights = tiny_dataset.parent / "teacher" / "diffusion_pytorch_model.safetensors"
+    assert provenance["teacher_sha256"] == hashlib.sha256(teacher_weights.read_bytes()).hexdigest()
+    assert provenance["dataset_config_sha256"] == hashlib.sha256(
+        (tiny_dataset / "dataset_config.json").read_bytes()).hexdigest()
+    assert provenance["parent_sha256"] is None and config["derived"]["provenance"] == provenance
+    assert absolute_paths_in({key: json.loads(value) if key in ("meta", "config") else value
+                              for key, value in handle_metadata(run_dir / "predictor_step_00003.safetensors").items()}
+                             ) == []
+
+
+def handle_metadata(path: Path) -> dict:
+    with safetensors.safe_open(str(path), framework="pt") as handle:
+        return handle.metadata()
 
 
 def test_disca_include_chunk0_adds_the_first_chunk(tiny_dataset, tmp_path):

@@ -22,6 +22,7 @@ from predictor_training.runtime.distributed import DistEnv
 from predictor_training.methods.method_model import MethodSettings, build_method_model
 from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.runtime.precision import precision_policy
+from predictor_training.runtime.provenance import weights_sha256
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.adapters import load_lora, read_lora_header
 from predictor_training.teacher.source import TeacherSource
@@ -120,6 +121,9 @@ def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
     saved = read_training_state(out / "training_latest.pt")["roles"]["student"]["model"]
     assert set(saved) == lora_names
     assert read_lora_header(out / "lora_student.safetensors")["lora_config"]["rank"] == 4
+    provenance = read_lora_header(out / "lora_student.safetensors")["metadata"]["provenance"]  # runtime/provenance.py
+    assert provenance["teacher_sha256"] == weights_sha256(world["teacher"]) and provenance["parent_sha256"] is None
+    assert provenance["names"]["dataset_config"].endswith("video_dataset_config.json")
     fresh = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
     load_lora(fresh, out / "lora_student.safetensors")
     tensors = safetensors.torch.load_file(str(out / "lora_student.safetensors"))

@@ -381,6 +381,8 @@ def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):
     assert saved["ema"]["updates"] == 3 and saved["ema"]["decay"] == 0.5 and saved["ema"]["start_update"] == 1
     ckpt = read_predictor_checkpoint(out / "predictor_ema_step_00003.safetensors")
     assert ckpt.step == 3 and ckpt.meta["ema"] == {"decay": 0.5, "start_update": 1, "updates": 3}
+    assert ckpt.meta["provenance"] == read_training_state(out / "training_latest.pt")["config"]["derived"][
+        "provenance"] and ckpt.meta["provenance"]["teacher_sha256"] is not None  # runtime/provenance.py
     teacher = WorldPlayTransformer.from_pretrained(str(world["teacher"]))
     loaded = load_predictor(teacher, ckpt).state_dict()
     assert loaded.keys() == saved["model"].keys()
