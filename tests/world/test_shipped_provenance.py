@@ -53,9 +53,11 @@ def test_the_shipped_predictor_records_the_shipped_teacher_by_hash():
     assert provenance["teacher_sha256"] == hashlib.sha256(teacher_weights.read_bytes()).hexdigest()
     assert provenance["teacher_config_sha256"] == teacher_folder_config_sha256(WORLD_WEIGHTS / "teacher")
     assert provenance["names"]["teacher"] == "teacher/diffusion_pytorch_model.safetensors"
-    # Unknown, and said so, rather than a guessed hash: the files are not in the repository.
-    assert provenance["parent_sha256"] is None and provenance["dataset_config_sha256"] is None
-    assert set(provenance["unknown"]) == {"parent_sha256", "dataset_config_sha256"}
+    # The parent is git 8bd6098's predictor_step_01920 (hashed from that commit); the dataset config is unknown,
+    # and said so, rather than a guessed hash: it is not in the repository.
+    assert len(provenance["parent_sha256"]) == 64 and int(provenance["parent_sha256"], 16) >= 0
+    assert provenance["names"]["parent"] == "git_8bd6098/predictor_step_01920.safetensors"
+    assert provenance["dataset_config_sha256"] is None and set(provenance["unknown"]) == {"dataset_config_sha256"}
     read_inference_weights(SHIPPED_PREDICTOR)  # its tensors still match the tensors_sha256 it was written with
     ckpt = read_predictor_checkpoint(SHIPPED_PREDICTOR)
     assert ckpt.step == 480 and ckpt.run_flags["output_dir"] == str(SHIPPED_PREDICTOR.parent)  # $RUN_DIR expanded
