@@ -133,7 +133,8 @@ def test_hidden_reuse_rows_carry_the_last_hidden_through_the_final_layer():
 def test_a_student_row_runs_its_own_model_in_every_chunk(world):
     """A 4-step "student" that is the Teacher itself, at S-S-S-S in every chunk, is the reference bit for bit (its
     text K/V and context are the rollout model's own); a student whose text-embedding weights alone differ changes
-    every chunk, chunk 0 too, through its own text prefill; the evaluation scores the row from its own text K/V."""
+    every chunk, chunk 0 too, through its own text prefill; one whose image-stream MLP alone differs (the same text
+    K/V) through its own steps; the evaluation scores each row from its own model and text K/V."""
     import copy
 
     from predictor_training.eval.methods import PlannedMethod
@@ -148,13 +149,19 @@ def test_a_student_row_runs_its_own_model_in_every_chunk(world):
         for name, parameter in other.named_parameters():
             if name.startswith("txt_in."):
                 parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(4)))
+    steps = copy.deepcopy(teacher)
+    with torch.no_grad():
+        for name, parameter in steps.named_parameters():
+            if name.startswith("double_blocks.0.img_mlp."):
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(5)))
     plan = StepPlan.parse("S-S-S-S", chunk0_full=False)
     twin = PlannedMethod("student_twin", plan, {}, "twin", model=same)
     shifted = PlannedMethod("student_other", plan, {}, "other", model=other)
+    own_steps = PlannedMethod("student_steps", plan, {}, "steps", model=steps)
     dataset = TrajectoryTableDataset(root / "samples" / "holdout50.jsonl", encoded_dir=root / "encoded",
                                      num_latents=LONG_LATENTS)
     runtime = EvalRuntime(
-        teacher=teacher, methods=[ReferenceMethod(), twin, shifted], schedule=Schedule((1, 2, 3)),
+        teacher=teacher, methods=[ReferenceMethod(), twin, shifted, own_steps], schedule=Schedule((1, 2, 3)),
         rollout_config=rollout_config_for(torch.float32),
         decoder=VaeDecoder.from_folder(root / "vae", torch.device("cpu"), torch.float32, tiling=False),
         scorer=LpipsScorer.from_policy(random_backbone=True), dataset=dataset, case_source="encoded",
@@ -165,6 +172,7 @@ def test_a_student_row_runs_its_own_model_in_every_chunk(world):
     assert result["methods"]["student_twin"]["step_kinds"] == result["methods"][REFERENCE]["step_kinds"]
     chunk0 = slice(0, 4)  # decoded frames of chunk 0 (temporal compression 4: latent 0 is one frame)
     assert not torch.equal(frames["student_other"][chunk0], frames[REFERENCE][chunk0])
+    assert not torch.equal(frames["student_steps"][chunk0], frames[REFERENCE][chunk0])
     item = dataset[0]
     case = dataset.load_case(item["case_id"])
     own_text, _ = runtime.text_kv(case, other)
