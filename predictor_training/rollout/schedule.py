@@ -81,7 +81,8 @@ class Schedule:
 #   F Full Teacher step        R velocity reuse (= the fewer-step Euler sampler)     H hidden reuse
 #   P Predictor step           T first-order forecast of the hidden (TaylorSeer)     C previous-chunk reuse
 #   A adaptive: Full or a cached residual, decided at run time (TeaCache)
-PLAN_LETTERS = "FRHPTCA"
+#   B block-residual cache: a few Teacher blocks run, the others' residual from the chunk's last Full step (Delta-DiT)
+PLAN_LETTERS = "FRHPTCAB"
 PLAN_MIXTURE_SEPARATOR = "|"  # "F-R-R-R|F-R-R-F": chunks 1, 3, 5, ... use the first pattern, chunks 2, 4, ... the second
 
 
