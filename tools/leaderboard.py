@@ -4,14 +4,18 @@ Predictor given, on the same videos and seeds, at matched cost, with paired boot
 
 Rows (predictor_training/eval/leaderboard.py): the reference F-F-F-F; the k-step Euler samplers (--samplers: every
 choice of steps that keeps step 0; velocity reuse at a schedule is exactly such a sampler); the training-free
-caches (--caches: hidden reuse, a TaylorSeer first-order forecast, previous-chunk reuse at the same plans, and
-TeaCache adaptive skipping calibrated on --calibration_split to --teacache_full_steps); per-chunk mixtures (--plans);
-each --ckpt at each plan of --predictor_plans (and every P plan of --plans, e.g. F-R-R-P); each --student (the Teacher
-distilled to fewer steps per chunk) at its own steps. The rows run through the
+caches (--caches: hidden reuse, a TaylorSeer first-order forecast, previous-chunk reuse and the block-residual cache
+at the same plans, and TeaCache adaptive skipping calibrated on --calibration_split to --teacache_full_steps);
+per-chunk mixtures (--plans); each --ckpt at each plan of --predictor_plans (and every P plan of --plans, e.g.
+F-R-R-P), each such plan also with hidden reuse and the block-residual cache for P (--counterparts: F-R-R-H, F-R-R-B,
+the training-free rows at the Predictor's exact schedule); each --student (the Teacher distilled to fewer steps per
+chunk) at its own steps. The rows run through the
 eval's own per-video loop (tools/eval_predictor.py's outputs are written too), then:
 
     leaderboard.md / .csv / .json   per row: Full steps per chunk, speedups (FLOP bound on the config that ran and at
-                                    the real 8.6B config, measured DiT and end-to-end), PSNR vs F-F-F-F with its 95 %
+                                    the real 8.6B config, measured DiT - median of --timing_repeats interleaved
+                                    rollouts, with the interquartile range over the videos - and end-to-end), PSNR vs
+                                    F-F-F-F with its 95 %
                                     interval, the paired difference from --baseline, SSIM, LPIPS, last chunk,
                                     temporal-delta error, ground truth (chunks 1..) and revisit figures; for each
                                     Predictor its margin over the baselines' front on three cost axes
@@ -48,9 +52,12 @@ import torch
 from predictor_training.eval import DTYPES, resolve_eval_settings
 from predictor_training.eval.front import BOOTSTRAP_UNITS, Estimate
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
+from predictor_training.eval.caches import spread_rows
 from predictor_training.eval.leaderboard import (
     CACHES,
+    COUNTERPART_LETTERS,
     DEFAULT_BASELINE,
+    DEFAULT_RESIDUAL_BLOCKS,
     LeaderboardRows,
     analyse,
     read_student,
@@ -75,6 +82,7 @@ from predictor_training.eval.run import (
     run_evaluation,
 )
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
+from predictor_training.eval.timing import TIMING_STATISTICS
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, StepPlan
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.distributed import all_gather_objects, cleanup_distributed, init_distributed, print0
@@ -105,16 +113,26 @@ def build_parser() -> argparse.ArgumentParser:
     rows.add_argument("--samplers", default="1,2,3", help="k of the k-step samplers, every subset of steps that keeps "
                       "step 0 ('' = none; default: %(default)s)")
     rows.add_argument("--caches", default=",".join(CACHES), help="comma list of the training-free caches: "
-                      "reuse_hidden, taylor, prev_chunk (each at every sampler plan), teacache (one row per "
-                      "--teacache_full_steps); '' = none (default: %(default)s)")
-    rows.add_argument("--teacache_full_steps", default="1.5,2,2.5", help="target Full steps per chunk of the "
-                      "TeaCache rows (default: %(default)s)")
-    rows.add_argument("--calibration_split", default="train", help="sample table whose first "
-                      "--calibration_videos rows calibrate TeaCache's threshold and rescaling (default: %(default)s; "
+                      "reuse_hidden, taylor, prev_chunk, block_residual (each at every sampler plan), teacache (one "
+                      "row per --teacache_full_steps); '' = none (default: %(default)s)")
+    rows.add_argument("--counterparts", default=",".join(COUNTERPART_LETTERS), help="letters that stand in for P in "
+                      "every Predictor plan as baseline rows at its exact schedule: H hidden reuse (F-R-R-H, what an "
+                      "untrained F-R-R-P Predictor computes), B the block-residual cache (F-R-R-B); a plan another "
+                      "row already runs is not repeated; '' = none (default: %(default)s)")
+    rows.add_argument("--block_residual_blocks", default=",".join(map(str, DEFAULT_RESIDUAL_BLOCKS)),
+                      help="the Teacher double blocks a block-residual (B) step runs, as many as a Predictor step "
+                      "runs (2); negative counts from the last: 0,-1 the first and the last (one skipped span), 1,-2 "
+                      "a Predictor's default source blocks (default: %(default)s)")
+    rows.add_argument("--teacache_full_steps", default="1.1,1.2,1.3,2", help="target Full steps per chunk of the "
+                      "TeaCache rows; a target between whole numbers is reached only through the chunks' spread, "
+                      "the table says what each ran (default: %(default)s)")
+    rows.add_argument("--calibration_split", default="train", help="sample table whose --calibration_videos rows, "
+                      "spread over its scenes, calibrate TeaCache's threshold and rescaling (default: %(default)s; "
                       "must not be the evaluated --split, nor final)")
-    rows.add_argument("--calibration_videos", type=int, default=2, help="(default: %(default)s)")
-    rows.add_argument("--plans", default=DEFAULT_PLANS, help="comma list of extra plans, letters F R H P T C per step "
-                      "and '|' between the patterns of a per-chunk mixture (chunks 1, 2, ... take them in turn): "
+    rows.add_argument("--calibration_videos", type=int, default=8, help="rows of --calibration_split, one per "
+                      "scene at evenly spaced scenes first (default: %(default)s)")
+    rows.add_argument("--plans", default=DEFAULT_PLANS, help="comma list of extra plans, letters F R H P T C B per "
+                      "step and '|' between the patterns of a per-chunk mixture (chunks 1, 2, ... take them in turn): "
                       "plans without P are baselines, plans with P run once per --ckpt (e.g. F-R-R-P). '' = none "
                       "(default: %(default)s)")
     rows.add_argument("--context_modes", default="exact", help="comma list: the reference and every Predictor row "
@@ -148,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lpips_random_backbone", action="store_true", help="no real AlexNet: a random one, reported "
                      "as lpips_random_backbone_NOT_LPIPS (demo / tests only)")
     run.add_argument("--warmup_chunks", type=int, default=2, help="chunks of every row run untimed first")
+    run.add_argument("--timing_repeats", type=int, default=3, help="rollouts timed per row and video: the scored "
+                     "one, then K-1 interleaved rounds of every row in rotated order; the measured columns take "
+                     "--timing_statistic of the K (1 = the scored rollout alone; default: %(default)s)")
+    run.add_argument("--timing_statistic", choices=TIMING_STATISTICS, default="median", help="of the "
+                     "--timing_repeats rollout times of a row on a video (default: %(default)s)")
     run.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="process-group backend")
     run.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_check_only_arg(run, what="the run name and directory, the rows and the videos it would run")
@@ -166,7 +189,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     if args.lpips_alexnet is not None and args.lpips_random_backbone:
         parser.error("--lpips_alexnet and --lpips_random_backbone exclude each other")
     for flag, minimum in (("seeds", 1), ("resamples", 100), ("calibration_videos", 1), ("num_side_by_side", 0),
-                          ("side_by_side_scale", 0), ("warmup_chunks", 0)):
+                          ("side_by_side_scale", 0), ("warmup_chunks", 0), ("timing_repeats", 1)):
         if getattr(args, flag) < minimum:
             parser.error(f"--{flag} must be >= {minimum}, got {getattr(args, flag)}")
     try:
@@ -175,6 +198,15 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     except ValueError as error:
         parser.error(f"--samplers / --teacache_full_steps: expected comma-separated numbers ({error})")
     args.caches = comma_list(args.caches)
+    args.counterparts = [letter.upper() for letter in comma_list(args.counterparts)]
+    try:
+        args.block_residual_blocks = [int(part) for part in comma_list(args.block_residual_blocks)]
+    except ValueError as error:
+        parser.error(f"--block_residual_blocks {args.block_residual_blocks!r}: expected comma-separated block "
+                     f"indices like 0,-1 ({error})")
+    if not args.block_residual_blocks or len(set(args.block_residual_blocks)) != len(args.block_residual_blocks):
+        parser.error(f"--block_residual_blocks {','.join(map(str, args.block_residual_blocks))}: expected distinct "
+                     "block indices like 0,-1")
     args.plans = comma_list(args.plans)
     try:
         for plan in args.plans:
@@ -229,7 +261,8 @@ def calibrated_rows(args, settings, specs, env) -> list:
     out_dir = Path(settings.output_root) / settings.run_name
     path = out_dir / "calibration.json"
     key = sha256_json({"rows": [dataclasses.asdict(spec) for spec in specs], "table": str(args.calibration_table),
-                       "videos": args.calibration_videos, "teacher": str(settings.teacher_source.folder),
+                       "videos": args.calibration_videos, "selection": "spread_rows",
+                       "teacher": str(settings.teacher_source.folder),
                        "dtype": str(settings.dtype)})
     calibrated = None
     if env.is_main:
@@ -241,7 +274,7 @@ def calibrated_rows(args, settings, specs, env) -> list:
             teacher = load_teacher(settings.teacher_source, env.device, settings.dtype)
             dataset = open_dataset(settings, args.calibration_table)
             runtime = build_runtime(settings, teacher, [], dataset, env.device, decoder=False)
-            items = [dataset[index] for index in range(min(args.calibration_videos, len(dataset)))]
+            items = [dataset[index] for index in spread_rows(dataset.keys(), args.calibration_videos)]
             calibrated = [dataclasses.asdict(spec) for spec in calibrate_adaptive(specs, runtime, items, log=print0)]
             out_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, {"key": key, "rows": calibrated})
@@ -259,7 +292,7 @@ def plan_rows(args: argparse.Namespace, argv: list[str], device) -> tuple[list, 
     specs = build_rows(num_steps=DISTILLED_STEPS, shift=DISTILLED_SHIFT, samplers=args.samplers,
                        caches=args.caches, teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
                        predictor_plans=predictor_plans(args, checkpoints), context_modes=args.context_modes,
-                       students=students)
+                       counterparts=args.counterparts, residual_blocks=args.block_residual_blocks, students=students)
     args.baseline = choose_baseline(specs, args.baseline)
     eval_flags = {**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, "context_modes": "exact",
                   "run_name": None, "num_side_by_side": 0}
@@ -269,7 +302,8 @@ def plan_rows(args: argparse.Namespace, argv: list[str], device) -> tuple[list, 
          "seeds": args.seeds, **({"student": [str(path.resolve()) for path in args.student]}
                                  if args.student else {})})[:8]
     settings = dataclasses.replace(settings, run_name=run_name, seeds=args.seeds, revisit_sheets=False,
-                                   num_side_by_side=0)
+                                   num_side_by_side=0, timing_repeats=args.timing_repeats,
+                                   timing_statistic=args.timing_statistic)
     return checkpoints, students, specs, settings
 
 
@@ -301,6 +335,8 @@ def main(argv=None) -> int:
                       "world_size": env.world_size, "dtype": str(settings.dtype).removeprefix("torch."),
                       "seeds": args.seeds, "lpips": analysis["lpips_key"],
                       "bootstrap": f"{analysis['num_clusters']} {args.bootstrap_unit}s resampled",
+                      "measured timing": f"{args.timing_statistic} of {args.timing_repeats} interleaved rollouts per "
+                                         "row and video; bracket: interquartile range of the per-video speedups",
                       "checkpoints": {ckpt.label: str(ckpt.path) for ckpt in checkpoints},
                       "students": {student.label: str(student.path) for student in students},
                       "command": " ".join(["tools/leaderboard.py", *argv])}

@@ -16,6 +16,13 @@ step).
                            threshold; a skipped step adds the residual cached at the last Full step (hidden out minus
                            embedded input) to its own embedded input. The threshold is calibrated to a target number
                            of Full steps per chunk (`calibrate_threshold`).
+    B  BlockResidual       a block-residual cache at the Predictor's block count (Delta-DiT, Chen et al., "Delta-DiT:
+                           A Training-Free Acceleration Method Tailored for Diffusion Transformers", 2024; FORA,
+                           Selvaraju et al., 2024): the input embedding and b chosen Teacher double blocks run on
+                           this step's input with the chunk's text and context K/V, exactly as in a Full step; each
+                           skipped span of blocks a..b is stood in for by the residual it added at the chunk's last
+                           Full step, x_out(b) - x_in(a); then the final layer. With b = 2 it costs what a Predictor
+                           step's two blocks cost (teacher/flops.py `block_residual_step_flops`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from predictor_training.eval.methods import DoneStep, Method
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.ar_rollout import StepCall, StepOutput
 from predictor_training.teacher import WorldPlayTransformer
+from predictor_training.teacher.model import skipped_block_spans
 
 
 def _final_layer_velocity(teacher: WorldPlayTransformer, hidden: Tensor, call: StepCall) -> Tensor:
@@ -94,6 +102,65 @@ class PreviousChunkReuse(Method):
         return StepOutput(velocity=previous.velocity, final_hidden=previous.final_hidden)
 
 
+def resolve_blocks(blocks: Sequence[int], depth: int) -> tuple[int, ...]:
+    """Block indices with Python's negative indexing resolved against `depth` (0,-1 -> 0, depth-1), ascending; a
+    repeated or out-of-range index is a ValueError."""
+    resolved = [int(index) + depth if int(index) < 0 else int(index) for index in blocks]
+    if not resolved or len(set(resolved)) != len(resolved) or any(not 0 <= index < depth for index in resolved):
+        raise ValueError(f"block-residual blocks {list(blocks)}: expected distinct indices of the Teacher's {depth} "
+                         "double blocks (negative counts from the last)")
+    return tuple(sorted(resolved))
+
+
+class BlockResidual(Method):
+    """B: the block-residual cache (see the module docstring). blocks: the Teacher double blocks a B step runs
+    (negative indices count from the last; default in the leaderboard: 0,-1).
+
+    Why the first and the last block by default: with the Predictor's budget of two blocks, one contiguous skipped
+    span keeps one cached residual per chunk (Delta-DiT's form: the offset of a run of consecutive blocks), the
+    first block computes on the step's own input at its own timestep (where TeaCache's indicator says a step's
+    change enters), and the last block writes the hidden the final layer reads. The Predictor's source blocks
+    (1, depth-2; three spans) are the other natural choice and one setting away (`--block_residual_blocks 1,-2`).
+
+    Every Full step of a plan with B runs through `full_step`, which is the Teacher's Full step
+    (`chunk_step_blocks` over every block, same inputs, text and context K/V and RoPE start as `run_teacher`) that
+    also keeps the hiddens at the spans' ends, so the residuals come from the chunk's last Full step. A B step
+    with no Full step before it in its chunk is an error (step 0 is always Full). Exact context only: the Full step
+    here keeps no raw K/V for the cached context modes (baseline rows never run in them)."""
+
+    name = "block_residual"
+    kind = "block_residual"
+    timer = "block_residual_step"
+    panel = "block residual"
+
+    def __init__(self, teacher: WorldPlayTransformer, blocks: Sequence[int]):
+        self.teacher = teacher
+        self.blocks = resolve_blocks(blocks, teacher.num_layers)
+        self.spans = skipped_block_spans(teacher.num_layers, self.blocks)
+        self.boundaries = sorted({first for first, _ in self.spans} | {last + 1 for _, last in self.spans})
+        self.residuals: dict[int, Tensor] | None = None
+        self.residual_chunk = -1  # the chunk whose Full step the residuals come from
+
+    def _inputs(self, call: StepCall) -> tuple:
+        return (call.model_input, call.timestep, call.action, call.viewmats, call.Ks, call.text_kv,
+                call.context.kv, call.rope_start)
+
+    def full_step(self, call: StepCall) -> StepOutput:
+        """The Full Teacher step of `call` that also caches x_out(b) - x_in(a) of every skipped span a..b."""
+        output, hiddens = self.teacher.chunk_step_blocks(*self._inputs(call), keep_hidden=self.boundaries)
+        self.residuals = {first: hiddens[last + 1] - hiddens[first] for first, last in self.spans}
+        self.residual_chunk = call.chunk_index
+        return StepOutput(velocity=output.velocity, final_hidden=output.final_hidden)
+
+    def fill(self, call: StepCall, history: Sequence[DoneStep]) -> StepOutput:
+        if self.residuals is None or self.residual_chunk != call.chunk_index:
+            raise RuntimeError(f"chunk {call.chunk_index} step {call.step_index}: a block-residual step needs a Full "
+                               "step of its chunk before it (run by `BlockResidual.full_step`)")
+        output, _ = self.teacher.chunk_step_blocks(*self._inputs(call), run_blocks=self.blocks,
+                                                   span_residuals=self.residuals)
+        return StepOutput(velocity=output.velocity, final_hidden=output.final_hidden)
+
+
 def relative_l1(current: Tensor, previous: Tensor) -> float:
     """|current - previous|_1 / |previous|_1 (float64)."""
     return float((current.double() - previous.double()).abs().mean() / previous.double().abs().mean())
@@ -145,6 +212,28 @@ class AdaptiveSkip:
             velocity = self.teacher.unpatchify(self.teacher.final_projection(hidden, vec, height * width), frames,
                                                height, width)
         return StepOutput(velocity=velocity, final_hidden=hidden), self.kind
+
+
+def spread_rows(keys: Sequence[tuple[str, int]], count: int) -> list[int]:
+    """Indices of `count` rows of a sample table spread over its scenes: the scenes (case ids, in table order) taken
+    at evenly spaced positions, one row each (scene j of the table its row j mod its rows, so that the paths vary
+    too), then another row of each, and so on (`keys`: (case_id, action_id) per row). TeaCache's calibration videos: the first rows of a table are one scene's paths, whose distances need
+    not be the split's (docs/leaderboard.md § TeaCache's targets)."""
+    by_scene: dict[str, list[int]] = {}
+    for index, (case_id, _) in enumerate(keys):
+        by_scene.setdefault(case_id, []).append(index)
+    scenes = list(by_scene)
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < min(count, len(keys)):
+        open_scenes = [scene for scene in scenes if depth < len(by_scene[scene])]
+        wanted = min(count - len(chosen), len(open_scenes))
+        positions = np.linspace(0, len(open_scenes) - 1, wanted).round().astype(int) if wanted > 1 else [0]
+        for position in positions:
+            rows = by_scene[open_scenes[position]]
+            chosen.append(rows[(scenes.index(open_scenes[position]) + depth) % len(rows)])
+        depth += 1
+    return chosen
 
 
 def fit_rescale(observed: Sequence[tuple[float, float]], degree: int = 1) -> tuple[float, ...]:

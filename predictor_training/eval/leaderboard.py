@@ -7,7 +7,11 @@ Rows (each a `PlannedMethod` of eval/methods.py run by the eval's own per-video 
     sampler_<k>step_*    the k-step Euler sampler on the Teacher's sigma grid = velocity reuse at the steps it skips
                          (F-R-R-R is the 1-step sampler; F-R-R-F the 2-step one at sigma 1 and 0.625); every subset
                          of the steps that keeps step 0
-    reuse_hidden_*       hidden reuse at the same plans (H)
+    reuse_hidden_*       hidden reuse at the same plans (H), and at each Predictor plan with H for P (F-R-R-H: what
+                         an untrained F-R-R-P Predictor computes)
+    block_residual_*     the block-residual cache (B; eval/caches.py): the Predictor's count of Teacher blocks run,
+                         the rest stood in for by their residual at the chunk's last Full step; at the same plans,
+                         and at each Predictor plan with B for P (F-R-R-B: the Predictor's exact cost, training-free)
     taylor_*             TaylorSeer-style first-order forecast of the hidden (T; eval/caches.py)
     prev_chunk_*         the previous chunk's output of the same step (C)
     teacache_nfe<n>      TeaCache-style adaptive skipping (A), its threshold calibrated to n Full steps per chunk on
@@ -24,8 +28,10 @@ something): the **front** of the baselines (eval/front.py; mixtures interpolated
 MSE) is what a Predictor must beat at its own cost. Costs on four axes: the FLOP bound on the config that ran, the
 FLOP bound of the same work at the real 8.6B config (54 blocks, 30 x 52 latents, 1000 text tokens; text prefill not
 counted), and the measured DiT and end-to-end speedups (every method of a video in one process, order rotated per
-video). Quality against F-F-F-F (PSNR with a paired bootstrap interval, SSIM, LPIPS, last chunk, temporal-delta
-error) and, where given, against the ground truth (chunks 1..) and at revisited cameras.
+video; each row's time the median of --timing_repeats rollouts in interleaved rounds, the measured DiT speedup with
+the interquartile range of its per-video speedups). Quality against F-F-F-F (PSNR with a paired bootstrap
+interval, SSIM, LPIPS, last chunk, temporal-delta error) and, where given, against the ground truth (chunks 1..)
+and at revisited cameras.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from peft.tuners.lora import LoraLayer
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.eval.caches import (
     AdaptiveSkip,
+    BlockResidual,
     PreviousChunkReuse,
     TaylorForecast,
     calibrate_threshold,
@@ -76,7 +83,7 @@ from predictor_training.eval.methods import (
 from predictor_training.eval.reports import write_side_by_side
 from predictor_training.eval.run import MethodRows, build_runtime, load_predictor, open_dataset
 from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRuntime
-from predictor_training.eval.timing import Stopwatch
+from predictor_training.eval.timing import Stopwatch, speedup_spread
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.runtime.errors import UserInputError
@@ -94,9 +101,12 @@ from predictor_training.teacher.flops import (
     rollout_flops,
 )
 
-CACHE_LETTERS = {"reuse_hidden": "H", "taylor": "T", "prev_chunk": "C"}
+CACHE_LETTERS = {"reuse_hidden": "H", "taylor": "T", "prev_chunk": "C", "block_residual": "B"}
 CACHES = (*CACHE_LETTERS, "teacache")
-CACHE_TITLES = {"reuse_hidden": "hidden reuse", "taylor": "TaylorSeer forecast", "prev_chunk": "previous-chunk reuse"}
+CACHE_TITLES = {"reuse_hidden": "hidden reuse", "taylor": "TaylorSeer forecast", "prev_chunk": "previous-chunk reuse",
+                "block_residual": "block-residual cache"}
+DEFAULT_RESIDUAL_BLOCKS = (0, -1)  # the B steps' Teacher blocks: the first and the last (eval/caches.BlockResidual)
+COUNTERPART_LETTERS = ("H", "B")  # letters that stand in for P in every Predictor plan, as baseline rows
 PREDICTOR_FAMILY = "predictor"
 DEFAULT_BASELINE = "sampler_1step_frrr"  # the cheapest honest alternative: one Full step per chunk
 COST_AXES = {  # key -> what the axis measures
@@ -106,6 +116,11 @@ COST_AXES = {  # key -> what the axis measures
     "measured_end_to_end": "measured end-to-end",
 }
 MARGIN_AXES = ("flops_run", "flops_real", "measured_dit")
+# the spread of the measured DiT speedup over the videos (eval/timing.speedup_spread): figures
+# speedup_measured_dit_q25 / _q75 (printed beside the pooled speedup) / _min / _max
+MEASURED_SPREAD_PREFIX = "speedup_measured_dit_"
+MEASURED_SPREAD_PARTS = ("q25", "q75", "min", "max")
+TEACACHE_TOLERANCE = 0.1  # Full steps per chunk: a TeaCache row within this of its target reached it
 
 
 # =============================================================================================================
@@ -118,7 +133,8 @@ class RowSpec:
     key: the method key in the results; family: reference | sampler | cache | mixture | student | predictor; plan:
     the `StepPlan` text; checkpoint: the Predictor's label (P rows); adaptive: {"target_full_steps", "threshold",
     "rescale"} of an A row (threshold None until calibrated); student: the student's label (S rows, whose plan runs
-    in every chunk, chunk 0 too)."""
+    in every chunk, chunk 0 too); blocks: the Teacher blocks a B row's block-residual steps run (negative indices
+    count from the last)."""
 
     key: str
     family: str
@@ -129,6 +145,7 @@ class RowSpec:
     context_mode: str = EXACT_CONTEXT
     adaptive: dict | None = None
     student: str | None = None
+    blocks: tuple[int, ...] | None = None
 
     @property
     def baseline(self) -> bool:
@@ -141,10 +158,11 @@ class RowSpec:
                               num_steps=len(self.plan.split("|")[0].replace("-", "")))
 
     def record(self) -> dict:
-        """The row as it joins the eval fingerprint (a row without a student records as before students existed)."""
+        """The row as it joins the eval fingerprint."""
         record = asdict(self)
-        if record["student"] is None:
-            del record["student"]
+        for optional in ("student", "blocks"):  # rows without them record as before these fields existed
+            if record[optional] is None:
+                del record[optional]
         return record
 
 
@@ -262,18 +280,28 @@ def load_student(student: StudentSource, teacher_source, device, dtype):
 
 def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches: Sequence[str],
                teacache_full_steps: Sequence[float], mixtures: Sequence[str], predictor_plans: dict[str, Sequence[str]],
-               context_modes: Sequence[str] = (EXACT_CONTEXT,),
+               context_modes: Sequence[str] = (EXACT_CONTEXT,), counterparts: Sequence[str] = COUNTERPART_LETTERS,
+               residual_blocks: Sequence[int] = DEFAULT_RESIDUAL_BLOCKS,
                students: Sequence[StudentSource] = ()) -> list[RowSpec]:
     """The rows of one leaderboard, in table order.
 
     samplers: the k of the k-step samplers; caches: of `CACHES` (the letter caches run at every sampler plan);
     teacache_full_steps: one adaptive row per target of Full steps per chunk; mixtures: extra baseline plans (with
     '|'); predictor_plans: {checkpoint label: plans to run it at}; context_modes: exact first, then the modes whose
-    reference and Predictor rows run once more; students: labelled `StudentSource`s, one row each at its own
-    steps."""
+    reference and Predictor rows run once more; counterparts: letters of `COUNTERPART_LETTERS` that stand in for P
+    in every Predictor plan (and every P plan of `mixtures`) as a baseline row at that plan's exact schedule (H:
+    F-R-R-H, what an untrained F-R-R-P Predictor computes; B: F-R-R-B, the block-residual cache), unless a row
+    already runs that plan; residual_blocks: the Teacher blocks of the B rows' block-residual steps; students:
+    labelled `StudentSource`s, one row each at its own steps."""
     unknown = sorted(set(caches) - set(CACHES))
     if unknown:
         raise UserInputError(f"--caches: unknown {unknown}; expected some of {', '.join(CACHES)}")
+    wrong = sorted(set(counterparts) - set(COUNTERPART_LETTERS))
+    if wrong:
+        raise UserInputError(f"--counterparts: unknown letter(s) {wrong}; expected some of "
+                             f"{', '.join(COUNTERPART_LETTERS)}")
+    blocks = tuple(int(index) for index in residual_blocks)
+    cache_of = {letter: cache for cache, letter in CACHE_LETTERS.items()}
     sigmas = sampler_sigmas(num_steps, shift)
     rows = [RowSpec(REFERENCE, "reference", "-".join("F" * num_steps), "reference F-F-F-F", "reference")]
     plans = sampler_plans(num_steps, samplers)
@@ -289,7 +317,7 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
         for _, plan in plans:
             cached = plan.replace("R", letter)
             rows.append(RowSpec(f"{cache}_{_tag(cached)}", "cache", cached, f"{CACHE_TITLES[cache]} {cached}",
-                                f"{cache} {cached}"))
+                                f"{cache} {cached}", blocks=blocks if letter == "B" else None))
     if "teacache" in caches:
         for target in teacache_full_steps:
             if not 1 <= target <= num_steps:
@@ -303,7 +331,21 @@ def build_rows(*, num_steps: int, shift: float, samplers: Sequence[int], caches:
         if "P" in parsed.letters_used:
             continue
         family = "mixture" if len(parsed.patterns) > 1 else "cache"
-        rows.append(RowSpec(f"plan_{parsed.tag}", family, parsed.text, f"{family} {parsed.text}", parsed.text))
+        rows.append(RowSpec(f"plan_{parsed.tag}", family, parsed.text, f"{family} {parsed.text}", parsed.text,
+                            blocks=blocks if "B" in parsed.letters_used else None))
+    mixed = [StepPlan.parse(plan, num_steps=num_steps) for plan in mixtures]
+    predictor_texts = [StepPlan.parse(plan, num_steps=num_steps).text for plans_of in predictor_plans.values()
+                       for plan in plans_of] + [plan.text for plan in mixed if "P" in plan.letters_used]
+    for plan in dict.fromkeys(predictor_texts):
+        for letter in counterparts:
+            stand_in = StepPlan.parse(plan.replace("P", letter), num_steps=num_steps)
+            if any(row.plan == stand_in.text for row in rows):
+                continue
+            cache = cache_of[letter]
+            family = "mixture" if len(stand_in.patterns) > 1 else "cache"
+            rows.append(RowSpec(f"{cache}_{stand_in.tag}", family, stand_in.text,
+                                f"{CACHE_TITLES[cache]} {stand_in.text}", f"{cache} {stand_in.text}",
+                                blocks=blocks if letter == "B" else None))
     for student in students:
         plan = student_plan(student.steps, student.shift, num_steps, shift)
         tag = plan.replace("-", "").lower()
@@ -373,6 +415,8 @@ def build_method(spec: RowSpec, teacher, predictors: dict, students: dict | None
         return with_context_mode(ReferenceMethod(), spec.context_mode)
     fillers: dict[str, Method] = {"R": VelocityReuse(), "H": HiddenReuse(teacher), "T": TaylorForecast(teacher),
                                   "C": PreviousChunkReuse()}
+    if spec.blocks is not None:
+        fillers["B"] = BlockResidual(teacher, spec.blocks)
     ckpt = None
     if spec.checkpoint is not None:
         predictor, ckpt = predictors[spec.checkpoint]
@@ -425,8 +469,13 @@ def full_steps_per_chunk(step_kinds: dict[tuple[int, int], str], first_chunk: in
 def calibrate_adaptive(specs: Sequence[RowSpec], runtime: EvalRuntime, items: Sequence[dict],
                        log=print) -> list[RowSpec]:
     """Thresholds (and TeaCache's rescaling polynomial) of the adaptive rows, on `items` (rows of a calibration
-    split, never the evaluated one): the rescaling is fitted on their all-Full rollouts, then each threshold is
-    bisected until the mean Full steps per scheduled chunk is closest to its target."""
+    split, never the evaluated one; `caches.spread_rows` picks them across its scenes): the rescaling is fitted on
+    their all-Full rollouts, then each threshold is bisected until the mean Full steps per scheduled chunk is
+    closest to its target (a threshold tried for one target is not rolled out again for another).
+
+    A target between two whole numbers of Full steps is reached only through the chunk-to-chunk spread of the
+    accumulated distance (docs/leaderboard.md § TeaCache's targets): the row records the count reached on the
+    calibration videos (`calibration_full_steps`) and the leaderboard the count it ran on the evaluated split."""
     targets = [spec for spec in specs if spec.adaptive is not None]
     if not targets:
         return list(specs)
@@ -435,7 +484,15 @@ def calibrate_adaptive(specs: Sequence[RowSpec], runtime: EvalRuntime, items: Se
     cases = [(item, case, runtime.text_kv(case)[0]) for item, case in cases]
     plan = StepPlan.parse(targets[0].plan)
 
+    tried: dict[tuple, tuple[float, list]] = {}
+
     def rollouts(threshold: float, rescale) -> tuple[float, list]:
+        key = (float(threshold), tuple(float(c) for c in rescale))
+        if key not in tried:
+            tried[key] = roll_out(threshold, rescale)
+        return tried[key]
+
+    def roll_out(threshold: float, rescale) -> tuple[float, list]:
         rule = AdaptiveSkip(teacher, threshold, tuple(rescale))
         method = PlannedMethod("calibration", plan, {}, "calibration", adaptive=rule)
         full = []
@@ -463,9 +520,11 @@ def calibrate_adaptive(specs: Sequence[RowSpec], runtime: EvalRuntime, items: Se
 # =============================================================================================================
 # 3. The analysis: costs, qualities, intervals, the front
 # =============================================================================================================
-def real_config_flops(result: dict, method: str, predictor_config: dict | None) -> int:
+def real_config_flops(result: dict, method: str, predictor_config: dict | None,
+                      residual_blocks: int | None = None) -> int:
     """DiT FLOPs of `method`'s recorded steps of one result, at the real config (REAL_LATENT_GRID, REAL_TEXT_TOKENS,
-    the same context frames per chunk; no text prefill)."""
+    the same context frames per chunk; no text prefill). residual_blocks: the Teacher blocks of its block-residual
+    steps (B rows)."""
     config = preset_config("worldplay_480p_i2v")
     shape = TeacherShape.from_config(config)
     letters = result["methods"][method]["step_kinds"]
@@ -474,7 +533,8 @@ def real_config_flops(result: dict, method: str, predictor_config: dict | None) 
     mode = EXACT_CONTEXT if "@" not in method else method.split("@", 1)[1]
     height, width = REAL_LATENT_GRID
     return rollout_flops(shape, height * width, REAL_TEXT_TOKENS, result["context_frames_per_chunk"], kind,
-                         num_steps=len(letters[0]), predictor_config=real_predictor, context_mode=mode)["total"]
+                         num_steps=len(letters[0]), predictor_config=real_predictor, context_mode=mode,
+                         residual_blocks=residual_blocks)["total"]
 
 
 def _unit_values(results: Sequence[dict], method: str, path: Sequence[str]) -> np.ndarray:
@@ -546,9 +606,10 @@ def analyse(results: Sequence[dict], specs: Sequence[RowSpec], predictor_configs
     rows: list[RowResult] = []
     for spec in specs:
         config = predictor_configs.get(spec.checkpoint) if spec.checkpoint else None
+        blocks = None if spec.blocks is None else len(spec.blocks)
         costs = {
             "flops_run": total(spec.key, ("flops", "total")) / reference_cost["flops_run"],
-            "flops_real": sum(real_config_flops(result, spec.key, config) for result in results)
+            "flops_real": sum(real_config_flops(result, spec.key, config, blocks) for result in results)
             / reference_cost["flops_real"],
             "measured_dit": total(spec.key, ("timings", "dit_s")) / reference_cost["measured_dit"],
             "measured_end_to_end": total(spec.key, ("timings", "end_to_end_s"))
@@ -559,6 +620,9 @@ def analyse(results: Sequence[dict], specs: Sequence[RowSpec], predictor_configs
         else:
             psnr = _unit_values(results, spec.key, ("metrics", "psnr_full"))
         row = RowResult(spec, costs, psnr, Estimate.from_samples(weighted_mean(weights, psnr)))
+        spread = speedup_spread(videos, _unit_values(results, REFERENCE, ("timings", "dit_s")),
+                                _unit_values(results, spec.key, ("timings", "dit_s")))
+        row.figures.update({f"{MEASURED_SPREAD_PREFIX}{part}": spread[part] for part in MEASURED_SPREAD_PARTS})
         if spec.key != REFERENCE:
             figures = {
                 "ssim": np.nanmean(_unit_values(results, spec.key, ("metrics", "ssim"))),
@@ -615,7 +679,7 @@ def _fmt(value, digits: int = 2, suffix: str = "") -> str:
 def row_record(row: RowResult) -> dict:
     return {"key": row.spec.key, "family": row.spec.family, "plan": row.spec.plan, "display": row.spec.display,
             "checkpoint": row.spec.checkpoint, "context_mode": row.spec.context_mode, "adaptive": row.spec.adaptive,
-            "speedup": {axis: 1.0 / cost for axis, cost in row.costs.items()},
+            "blocks": row.spec.blocks, "speedup": {axis: 1.0 / cost for axis, cost in row.costs.items()},
             "psnr_vs_reference": row.quality.to_dict(), "figures": row.figures,
             "vs_baseline": None if row.vs_baseline is None else row.vs_baseline.to_dict(),
             "margin_over_front": {axis: {**estimate.to_dict(), "front": front}
@@ -665,6 +729,39 @@ def headline_lines(analysis: dict) -> list[str]:
     return lines
 
 
+def speedup_cell(row: RowResult, axis: str) -> str:
+    """'1.64×'; on the measured DiT axis with the interquartile range of the per-video speedups: '1.73× [1.65, 1.80]'
+    (what to quote on a shared machine, docs/leaderboard.md § Measured speed)."""
+    text = f"{row.speedup(axis):.2f}×"
+    low, high = (row.figures.get(f"{MEASURED_SPREAD_PREFIX}{part}") for part in ("q25", "q75"))
+    if axis != "measured_dit" or low is None or high is None:
+        return text
+    return f"{text} [{low:.2f}, {high:.2f}]"
+
+
+def teacache_notes(rows: Sequence[RowResult]) -> list[str]:
+    """Markdown lines on the TeaCache rows: each one's target, its threshold, the Full steps per chunk it reached on
+    the calibration videos and the ones it ran here, and whether it reached its target (within
+    TEACACHE_TOLERANCE); nothing without such rows."""
+    adaptive = [row for row in rows if row.spec.adaptive is not None and row.spec.adaptive.get("threshold") is not None]
+    if not adaptive:
+        return []
+    lines = ["", "## TeaCache: the targets and what ran", "",
+             "A fixed threshold reaches a count between two whole numbers of Full steps only through the chunk-to-chunk "
+             "spread of the accumulated distance, so a fractional target may land elsewhere on another split "
+             "(docs/leaderboard.md § TeaCache's targets).", "",
+             "| row | target | threshold | on the calibration videos | here | reached |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for row in adaptive:
+        setting = row.spec.adaptive
+        target, here = setting["target_full_steps"], row.figures.get("full_steps_per_chunk")
+        calibration = setting.get("calibration_full_steps")
+        reached = here is not None and abs(here - target) <= TEACACHE_TOLERANCE
+        lines.append(f"| {row.spec.display} | {target:g} | {setting['threshold']:.4g} | {_fmt(calibration)} | "
+                     f"{_fmt(here)} | {'yes' if reached else f'no: ran {here - target:+.2f} from its target'} |")
+    return lines
+
+
 def markdown(analysis: dict, header: dict) -> str:
     rows: list[RowResult] = analysis["rows"]
     baseline = analysis["baseline"]
@@ -680,8 +777,9 @@ def markdown(analysis: dict, header: dict) -> str:
               f"once; bracket: paired bootstrap 95 % interval resampling {unit}s, a {unit}'s "
               f"videos and seeds together, {analysis['resamples']} resamples). Speedups: FLOP bound on the config "
               "that ran / at the real 8.6B config (a projection: the demo's quality at the real model's per-step "
-              "costs, not a measurement of the real model) / measured DiT / measured end-to-end. ★: on the "
-              "quality-cost front of all rows on the real-config FLOP axis. Δ: difference from "
+              "costs, not a measurement of the real model) / measured DiT [interquartile range of the per-video "
+              "speedups] / measured end-to-end. ★: on the quality-cost front of all rows on the real-config FLOP "
+              "axis. Δ: difference from "
               f"`{baseline}` (paired; **bold** where the interval excludes 0).", "",
               "## Cost and quality against F-F-F-F", "",
               "| row | plan | Full steps/chunk | speedup FLOP run | FLOP real (projection) | measured DiT | e2e | "
@@ -697,7 +795,7 @@ def markdown(analysis: dict, header: dict) -> str:
         figures = row.figures
         lines.append(
             f"| {row.spec.display} | {row.spec.plan} | {_fmt(figures.get('full_steps_per_chunk'))} | "
-            + " | ".join(f"{row.speedup(axis):.2f}×" for axis in COST_AXES)
+            + " | ".join(speedup_cell(row, axis) for axis in COST_AXES)
             + f" | {quality} | {delta} | {_fmt(figures.get('ssim'), 3)} | {_fmt(figures.get('lpips'), 3)} | "
             f"{_fmt(figures.get('last_chunk_psnr'))} | {_fmt(figures.get('temporal_delta_mse'), 5)} | "
             f"{'★' if row.on_front else ''} |")
@@ -730,6 +828,7 @@ def markdown(analysis: dict, header: dict) -> str:
                          f"{_fmt(figures.get('gt_ssim_after_first_chunk'), 3)} | "
                          f"{_fmt(figures.get('revisit_self_psnr'))} | "
                          f"{_fmt(figures.get('revisit_return_minus_first_visit'))} |")
+    lines += teacache_notes(rows)
     return "\n".join(lines) + "\n"
 
 
@@ -738,7 +837,8 @@ CSV_FIELDS = ("key", "family", "plan", "checkpoint", "context_mode", "full_steps
               "delta_low", "delta_high", *(f"margin_{axis}{part}" for axis in MARGIN_AXES
                                            for part in ("", "_low", "_high")),
               "ssim", "lpips", "last_chunk_psnr", "temporal_delta_mse", "gt_psnr_after_first_chunk",
-              "gt_ssim_after_first_chunk", "revisit_self_psnr", "revisit_return_minus_first_visit", "on_front")
+              "gt_ssim_after_first_chunk", "revisit_self_psnr", "revisit_return_minus_first_visit", "on_front",
+              *(f"{MEASURED_SPREAD_PREFIX}{part}" for part in MEASURED_SPREAD_PARTS))
 
 
 def csv_text(analysis: dict) -> str:

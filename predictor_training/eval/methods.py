@@ -19,7 +19,7 @@ baseline that is no rollout at all:
                          than a still image?")
 
 A `PlannedMethod` (the leaderboard's rows, predictor_training/eval/leaderboard.py) carries its own `StepPlan`: one
-letter per step naming what fills it (F Full, R velocity reuse, H hidden reuse, P a Predictor, T / C / A the
+letter per step naming what fills it (F Full, R velocity reuse, H hidden reuse, P a Predictor, T / C / A / B the
 training-free caches of predictor_training/eval/caches.py), so one run compares methods of different schedules.
 
 `make_step_fn` turns a method into the `ar_rollout.ARRollout` step hook and records the FLOP-count step kind of
@@ -87,7 +87,8 @@ class Method:
     """A way to fill the replaced steps. name: output key; kind: the FLOP-count step kind; timer: stopwatch name;
     panel: side-by-side label; context_mode: how the rollout obtains each chunk's context K/V (`RolloutConfig.
     context_mode`; "exact" unless the method is a `with_context_mode` copy); model: the transformer the method's
-    rollout runs (its text and context prefills and its Full steps), None for the Teacher (a student row's own)."""
+    rollout runs (its text and context prefills and its Full steps), None for the Teacher (a student row's own);
+    residual_blocks: the Teacher blocks its block-residual steps run (the FLOP count's; None when it has none)."""
 
     name: str
     kind: str
@@ -95,6 +96,7 @@ class Method:
     panel: str
     context_mode: str = EXACT_CONTEXT
     model: WorldPlayTransformer | None = None
+    residual_blocks: int | None = None
 
     def replaced_step(self, call: StepCall) -> StepOutput:
         raise NotImplementedError
@@ -206,9 +208,11 @@ class PlannedMethod(Method):
     """A method with its own `StepPlan`: each step's letter picks what fills it (see `rollout.schedule.PLAN_LETTERS`).
 
     fillers: letter -> a method whose `fill(call, history)` computes that step (R `VelocityReuse`, H `HiddenReuse`,
-    P a `PredictorMethod`, T / C from eval/caches.py); adaptive: the rule of the letter A (`caches.AdaptiveSkip`),
+    P a `PredictorMethod`, T / C / B from eval/caches.py); adaptive: the rule of the letter A (`caches.AdaptiveSkip`),
     which sees every step of the chunks it runs in; model: the transformer of the row's rollout (a student's, for a
-    plan of S steps; None: the Teacher). The eval's schedule is ignored: the plan is the schedule.
+    plan of S steps; None: the Teacher). In a plan with B the Full steps run through the B filler's `full_step`
+    (the same Full step, which also caches the residuals B reads). The eval's schedule is ignored: the plan is the
+    schedule.
     """
 
     kind = "planned"
@@ -225,6 +229,8 @@ class PlannedMethod(Method):
         if ("S" in plan.letters_used) != (model is not None):
             raise ValueError(f"{name}: the letter S needs the row's own model, and a model of its own the letter S")
         self.adaptive, self.ckpt, self.model = adaptive, ckpt, model
+        self.block_cache = self.fillers["B"] if "B" in plan.letters_used else None
+        self.residual_blocks = None if self.block_cache is None else len(self.block_cache.blocks)
         self.history: list[DoneStep] = []
 
     def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
@@ -235,6 +241,9 @@ class PlannedMethod(Method):
         pattern_adaptive = self.adaptive is not None and (not self.plan.chunk0_full or call.chunk_index > 0)
         if pattern_adaptive:  # the rule sees every step of its chunks: it probes Full steps too
             output, kind = self.adaptive.step(call, letter == "F", stopwatch, autocast)
+        elif letter == "F" and self.block_cache is not None:
+            with stopwatch.measure("full_step"), autocast():
+                output, kind = self.block_cache.full_step(call), "full"
         elif letter in FULL_STEP_LETTERS:  # the rollout's own model: the Teacher's, or the student's for S
             with stopwatch.measure("full_step"):
                 output, kind = call.run_teacher(), "full"

@@ -412,6 +412,8 @@ class EvalSettings:
     vae_tiling: bool = False
     progress: bool = True
     seeds: int = 1  # every video under this many noise seeds (`seed_for`); 1 = the sample table's seed alone
+    timing_repeats: int = 1  # rollouts timed per method and video (EvalRuntime.timing_repeats); 1 = the scored one
+    timing_statistic: str = "median"  # of the repeated rollout times: median | min
     revisit_sheets: bool = True  # a revisit_sheet/<key>.png for every row whose path revisits a camera
     extra: dict = field(default_factory=dict)
 
@@ -458,6 +460,8 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
         record["seeds"] = settings.seeds
     if settings.reuse_steps:
         record["reuse_steps"] = list(settings.reuse_steps)
+    if settings.timing_repeats != 1:  # likewise: one timing per rollout keeps the fingerprint of older runs
+        record["timing"] = {"repeats": settings.timing_repeats, "statistic": settings.timing_statistic}
     if rows is not None:
         record["rows"] = rows.record()
     return sha256_json(record), record
@@ -517,6 +521,7 @@ def build_runtime(settings: EvalSettings, teacher: WorldPlayTransformer, methods
         decoder=VaeDecoder.from_folder(settings.vae, device, settings.vae_dtype, settings.vae_tiling)
         if decoder else None,
         scorer=scorer, dataset=dataset, case_source=settings.case_source, device=device, state_dtype=settings.dtype,
+        timing_repeats=settings.timing_repeats, timing_statistic=settings.timing_statistic,
     )
 
 

@@ -2,8 +2,10 @@
 
 Timings (CUDA synchronised around every timed call; perf_counter on the CPU; a warm-up rollout runs first and is
 not counted): text prefill, context prefill, Full step, Predictor / reuse step, VAE decode, the rollout, and the
-end-to-end time of each method (text prefill + rollout + VAE decode). Next to the measured speedups stands the
-FLOP-count bound of `predictor_training.teacher.flops` (DiT work only: the VAE decode is the same for every method).
+end-to-end time of each method (text prefill + rollout + VAE decode); with `timing_repeats` K > 1 each method's
+rollout is timed K - 1 more times in interleaved rounds of every method (order rotated on from the video's) and its
+rollout time is the median (or min) of the K (`eval/timing.repeated_timings`). Next to the measured speedups stands
+the FLOP-count bound of `predictor_training.teacher.flops` (DiT work only: the VAE decode is the same for every method).
 
 A method of another context mode (`Method.context_mode`, predictor_training/teacher/frame_kv_cache.py) rolls out with that
 mode; its context is then assembled from cached K/V (timed as "context_assembly" instead of "context_prefill") and
@@ -41,7 +43,8 @@ from predictor_training.runtime.precision import autocast, synchronize
 from predictor_training.teacher import TextKV, WorldPlayTransformer
 from predictor_training.data.trajectory_dataset import TrajectoryTableDataset
 from predictor_training.eval.revisits import revisit_scores
-from predictor_training.eval.timing import Stopwatch, TimedRollout, method_timings
+from predictor_training.eval.timing import Stopwatch, TimedRollout, method_timings, repeated_timings
+from predictor_training.runtime.timing import interleaved
 from predictor_training.video.ground_truth import load_ground_truth, repeat_first_frame, video_key
 from predictor_training.video.vae_decoder import VaeDecoder
 from predictor_training.world.revisits import revisit_frames
@@ -59,7 +62,7 @@ GROUND_TRUTH = "ground_truth"  # key of the ground-truth frames next to the meth
 
 # one letter per FLOP-count step kind (teacher/flops.py STEP_KINDS) in a result's "step_kinds": one string per chunk
 KIND_LETTERS = {"full": "F", "predictor": "P", "reuse_velocity": "R", "reuse_hidden": "H", "forecast": "T",
-                "cache_residual": "A"}
+                "cache_residual": "A", "block_residual": "B"}
 LETTER_KINDS = {letter: kind for kind, letter in KIND_LETTERS.items()}
 
 
@@ -98,6 +101,8 @@ class EvalRuntime:
     device: torch.device
     state_dtype: torch.dtype
     chunk_latents: int = 4
+    timing_repeats: int = 1  # rollouts timed per method and video: the scored one, then interleaved rounds
+    timing_statistic: str = "median"  # of those (eval/timing.py TIMING_STATISTICS)
 
     def autocast(self):
         """The Teacher's (and Predictor's) autocast of this eval (a null context without one)."""
@@ -219,8 +224,20 @@ class EvalRuntime:
                 lambda chunk, step, kinds=rollout.step_kinds: kinds[(chunk, step)],
                 num_steps=self.rollout_config.num_steps, chunk_frames=self.chunk_latents,
                 predictor_config=predictor_config, text_prefill=text_flops, context_mode=method.context_mode,
+                residual_blocks=method.residual_blocks,
             )
-        # 3. Metrics vs the reference, whole video and per chunk.
+        # 3. With --timing_repeats K > 1: every method's rollout timed K - 1 times more, in interleaved rounds whose
+        #    order rotates on from this video's (so load changes on a shared machine hit every method alike); each
+        #    method's rollout time is then the median (or min) of its K samples.
+        if self.timing_repeats > 1:
+            order = run_order[1:] + run_order[:1]
+            calls = {method.name: (lambda method=method: self.rollout(method, text_kv, item, case,
+                                                                      Stopwatch(self.device)))
+                     for method in order}
+            rounds = interleaved(calls, self.timing_repeats - 1, warmup=0, device=self.device, rotate=True)
+            for name, record in rounds.items():
+                timings[name] = repeated_timings(timings[name], record["times_s"], self.timing_statistic)
+        # 4. Metrics vs the reference, whole video and per chunk.
         reference = frames[REFERENCE]
         if tuple(reference.shape[:3]) != decoded_shape:
             raise RuntimeError(f"the VAE decoded {tuple(reference.shape[:3])} (frames, height, width) from "
@@ -242,7 +259,7 @@ class EvalRuntime:
             "lpips_metric": self.scorer.metric_name, "run_order": [method.name for method in run_order],
             "methods": methods_out,
         }
-        # 4. With ground truth: every method (the reference included) and the still first frame against it.
+        # 5. With ground truth: every method (the reference included) and the still first frame against it.
         if truth is not None:
             against = {method.name: score_video(truth, frames[method.name], self.scorer, ranges, self.device)
                        for method in self.methods}

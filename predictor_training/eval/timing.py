@@ -1,12 +1,14 @@
 """Timing of an evaluation rollout: named wall-clock durations (CUDA synchronised) and the rollout that times its
-context work; and one AR chunk's model calls on synthetic inputs with their FLOP counts (`chunk_calls`,
-`chunk_call_flops`: benchmarks/gpu_acceptance.py's per-call timings)."""
+context work; repeated rollout timings and the spread of per-video speedups (`repeated_timings`, `speedup_spread`:
+the leaderboard's measured columns on a shared machine); and one AR chunk's model calls on synthetic inputs with
+their FLOP counts (`chunk_calls`, `chunk_call_flops`: benchmarks/gpu_acceptance.py's per-call timings)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections import defaultdict
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -98,6 +100,51 @@ def method_timings(stopwatch: Stopwatch, text_prefill_s: float | None) -> dict:
         "end_to_end_s": text_s + rollout_s + decode_s,
         "calls": summary,
     }
+
+
+TIMING_STATISTICS = ("median", "min")  # of a method's repeated rollout times on one video
+
+
+def timing_statistic(samples: Sequence[float], statistic: str) -> float:
+    """The median or the minimum of repeated timings (seconds)."""
+    if not samples:
+        raise ValueError("no timings to summarise")
+    if statistic == "median":
+        return float(np.median(samples))
+    if statistic == "min":
+        return float(min(samples))
+    raise ValueError(f"timing statistic must be one of {TIMING_STATISTICS}, got {statistic!r}")
+
+
+def repeated_timings(record: dict, repeats_s: Sequence[float], statistic: str) -> dict:
+    """`method_timings`' record of a video's scored rollout, with its rollout time replaced by `statistic` over that
+    rollout and `repeats_s` (the same rollout timed again in interleaved rounds): rollout_s, dit_s and end_to_end_s
+    follow it; "rollout_repeats_s" keeps every sample (scored pass first) and "timing" says how it was summarised.
+    The text prefill and the VAE decode are timed once."""
+    samples = [record["rollout_s"], *[float(value) for value in repeats_s]]
+    rollout_s = timing_statistic(samples, statistic)
+    text_s = record["text_prefill_s"] or 0.0
+    return {**record, "rollout_s": rollout_s, "dit_s": text_s + rollout_s,
+            "end_to_end_s": text_s + rollout_s + record["vae_decode_s"], "rollout_repeats_s": samples,
+            "timing": {"repeats": len(samples), "statistic": statistic}}
+
+
+def speedup_spread(video_keys: Sequence[str], reference_s: Sequence[float], row_s: Sequence[float]) -> dict:
+    """The spread of a row's measured speedup over the videos: per video (its units - seeds - summed) the reference
+    time over the row's, then {"median", "q25", "q75", "min", "max", "videos"} of those ratios (the interquartile
+    range is what the leaderboard prints beside the pooled speedup)."""
+    if not (len(video_keys) == len(reference_s) == len(row_s)) or not video_keys:
+        raise ValueError(f"one time per unit: {len(video_keys)} keys, {len(reference_s)} reference and {len(row_s)} "
+                         "row times")
+    totals: dict[str, list[float]] = {}
+    for key, reference, row in zip(video_keys, reference_s, row_s):
+        pair = totals.setdefault(key, [0.0, 0.0])
+        pair[0] += float(reference)
+        pair[1] += float(row)
+    ratios = np.asarray([reference / row for reference, row in totals.values()])
+    q25, median, q75 = np.percentile(ratios, [25, 50, 75])
+    return {"median": float(median), "q25": float(q25), "q75": float(q75), "min": float(ratios.min()),
+            "max": float(ratios.max()), "videos": len(ratios)}
 
 
 def chunk_calls(teacher, predictor, text_kv, context_frames: int, grid: tuple[int, int], device: torch.device

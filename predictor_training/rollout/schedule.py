@@ -81,9 +81,10 @@ class Schedule:
 #   F Full Teacher step        R velocity reuse (= the fewer-step Euler sampler)     H hidden reuse
 #   P Predictor step           T first-order forecast of the hidden (TaylorSeer)     C previous-chunk reuse
 #   A adaptive: Full or a cached residual, decided at run time (TeaCache)
+#   B block-residual cache: a few Teacher blocks run, the others' residual from the chunk's last Full step (Delta-DiT)
 #   S a Full step of the row's own model instead of the Teacher: a student distilled to fewer steps per chunk
 #     (S-R-R-S is a 2-step student at sigma 1 and 0.625; its chunks, chunk 0 too, run on the student)
-PLAN_LETTERS = "FRHPTCAS"
+PLAN_LETTERS = "FRHPTCABS"
 FULL_STEP_LETTERS = "FS"  # a whole-model step: the Teacher's (F) or a student's (S)
 PLAN_MIXTURE_SEPARATOR = "|"  # "F-R-R-R|F-R-R-F": chunks 1, 3, 5, ... use the first pattern, chunks 2, 4, ... the second
 

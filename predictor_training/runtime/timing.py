@@ -16,13 +16,18 @@ from predictor_training.runtime.precision import synchronize
 
 
 def interleaved(calls: dict[str, Callable[[], object]], repeats: int, *, warmup: int = 1,
-                device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter) -> dict[str, dict]:
+                device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter,
+                rotate: bool = False) -> dict[str, dict]:
     """`warmup` untimed rounds of every call, then `repeats` timed rounds, the calls interleaved in each round (CUDA
     synchronised around each call on a GPU `device`; seconds read from `clock`): {name: {"times_s", "min_s",
-    "median_s"}}."""
+    "median_s"}}. rotate: round r starts at the call r mod #calls of `calls`' order (then wraps), so no call always
+    runs first (right after a pause or another kind of work); times_s stay in round order."""
     times = {name: [] for name in calls}
+    names = list(calls)
     for round_index in range(warmup + repeats):
-        for name, call in calls.items():
+        shift = round_index % len(names) if rotate else 0
+        for name in names[shift:] + names[:shift]:
+            call = calls[name]
             synchronize(device)
             start = clock()
             call()

@@ -22,6 +22,10 @@ S = n*HW context tokens, L the text tokens kept by the text prefill.
     forecast        (a TaylorSeer-style forecast of the hidden) frame vec + final layer, as hidden reuse
     cache residual  (a TeaCache-style skipped step) embed(N) + the first block's modulation + final layer; on a Full
                     step the same probe is the start of the forward, so it is not counted twice
+    block residual  (a block-residual cache step, Delta-DiT / FORA style) embed(N) + b * block(N, K = L + S + N) +
+                    final layer, b the Teacher blocks it runs (the Predictor's 2); the cached residuals of the
+                    skipped spans are added element-wise (not counted). A v4 Predictor step is this plus its fusion
+                    Linear and residual head: 2N*streams*D*D + 2*2N*D*D more
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ REFINER_DEPTH = 2  # txt_in.individual_token_refiner blocks
 # 480 x 832 pixels / 16 = 30 x 52 latent tokens per frame; SigLIP's 729 tokens plus a prompt
 REAL_LATENT_GRID = (30, 52)
 REAL_TEXT_TOKENS = 1000
-STEP_KINDS = ("full", "predictor", "reuse_velocity", "reuse_hidden", "forecast", "cache_residual")
+STEP_KINDS = ("full", "predictor", "reuse_velocity", "reuse_hidden", "forecast", "cache_residual", "block_residual")
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,18 @@ def predictor_step_flops(
     return embed + fusion + blocks + head + final
 
 
+def block_residual_step_flops(shape: TeacherShape, num_blocks: int, tokens_per_frame: int, text_tokens: int,
+                              context_frames: int, chunk_frames: int = 4) -> int:
+    """One block-residual cache step: the input embedding, `num_blocks` Teacher double blocks on the chunk with its
+    text and context K/V (K = L + S + N keys, as in a Full step), and the final layer."""
+    if not 1 <= num_blocks <= shape.depth:
+        raise ValueError(f"a block-residual step runs 1..{shape.depth} blocks, got {num_blocks}")
+    queries = chunk_frames * tokens_per_frame
+    keys = text_tokens + context_frames * tokens_per_frame + queries
+    blocks = num_blocks * image_block_flops(shape, chunk_frames, queries, keys)
+    return embed_flops(shape, queries, chunk_frames) + blocks + final_layer_flops(shape, queries, chunk_frames)
+
+
 REUSE_KINDS = ("reuse_velocity", "reuse_hidden", "forecast", "cache_residual")
 
 
@@ -265,19 +281,21 @@ def rollout_flops(
     predictor_config: Mapping | None = None,
     text_prefill: int = 0,
     context_mode: str = "exact",
+    residual_blocks: int | None = None,
 ) -> dict[str, int]:
     """FLOPs of one video's DiT work: {"text_prefill", "context_prefill", "full_step", "predictor_step",
-    "reuse_step", "total"}, plus "context_cache" in the cached context modes.
+    "reuse_step", "block_residual_step", "total"}, plus "context_cache" in the cached context modes.
 
     context_frames_per_chunk[c]: context frames of chunk c (0 for chunk 0). step_kind(chunk, step) -> one of
-    STEP_KINDS. predictor_config: required when a step is "predictor". text_prefill: the (schedule-independent)
+    STEP_KINDS. predictor_config: required when a step is "predictor"; residual_blocks: the Teacher blocks a
+    "block_residual" step runs (required when one is). text_prefill: the (schedule-independent)
     text prefill FLOPs to include (0 when the text K/V are read from disk). context_mode: "exact" re-prefills the
     context of every chunk; "incremental" and "last_step" place cached K/V instead (context_cache), incremental
     after one K/V pass over every chunk but the last.
     """
     check_context_mode(context_mode)
     parts = {"text_prefill": int(text_prefill), "context_prefill": 0, "full_step": 0, "predictor_step": 0,
-             "reuse_step": 0, **({} if context_mode == "exact" else {"context_cache": 0})}
+             "reuse_step": 0, "block_residual_step": 0, **({} if context_mode == "exact" else {"context_cache": 0})}
     last_chunk = len(context_frames_per_chunk) - 1
     for chunk, context_frames in enumerate(context_frames_per_chunk):
         if context_mode == "exact":
@@ -301,6 +319,13 @@ def rollout_flops(
                 )
             elif kind in REUSE_KINDS:
                 parts["reuse_step"] += reuse_step_flops(shape, kind, tokens_per_frame, chunk_frames)
+            elif kind == "block_residual":
+                if residual_blocks is None:
+                    raise ValueError(f"chunk {chunk} step {step} is a block-residual step but no residual_blocks "
+                                     "was given")
+                parts["block_residual_step"] += block_residual_step_flops(
+                    shape, residual_blocks, tokens_per_frame, text_tokens, context_frames, chunk_frames
+                )
             else:
                 raise ValueError(f"step kind of chunk {chunk} step {step} is {kind!r}; expected one of {STEP_KINDS}")
     parts["total"] = sum(parts.values())

@@ -48,6 +48,25 @@ TEXT_TIMESTEP = 0.0  # the AR text stream is always modulated by time_in(0)
 COND_TYPE_LLM, COND_TYPE_BYT5, COND_TYPE_SIGLIP = 0, 1, 2
 
 
+def skipped_block_spans(depth: int, run_blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """The maximal runs (first, last) of the double blocks 0..depth-1 that are not in `run_blocks`, in order:
+    skipped_block_spans(12, (0, 11)) = [(1, 10)]; skipped_block_spans(12, (1, 10)) = [(0, 0), (2, 9), (11, 11)].
+    `run_blocks` must be distinct indices in [0, depth)."""
+    run = sorted(int(index) for index in run_blocks)
+    if len(set(run)) != len(run) or any(not 0 <= index < depth for index in run):
+        raise ValueError(f"run_blocks must be distinct double-block indices in [0, {depth}), got {list(run_blocks)}")
+    spans: list[tuple[int, int]] = []
+    start = None
+    for index in range(depth + 1):
+        skipped = index < depth and index not in run
+        if skipped and start is None:
+            start = index
+        elif not skipped and start is not None:
+            spans.append((start, index - 1))
+            start = None
+    return spans
+
+
 def _require_batch_one(name: str, tensor: Tensor) -> None:
     if tensor.shape[0] != 1:
         raise ValueError(
@@ -656,6 +675,67 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         if return_final_hidden:
             return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0], raw_kv=raw_kv if return_raw_kv else None)
         return velocity
+
+    def chunk_step_blocks(
+        self,
+        hidden_states: Tensor,
+        timestep: Tensor,
+        action: Tensor,
+        viewmats: Tensor,
+        Ks: Tensor,
+        text_kv: TextKV,
+        context_kv: ContextKV | None = None,
+        rope_start: int | None = None,
+        *,
+        run_blocks: Sequence[int] | None = None,
+        span_residuals: Mapping[int, Tensor] | None = None,
+        keep_hidden: Sequence[int] = (),
+    ) -> tuple[ChunkOutput, dict[int, Tensor]]:
+        """A chunk step that runs only the double blocks `run_blocks` and stands in for each skipped span of blocks
+        a..b (`skipped_block_spans`) with a residual: x_out(b) = x_in(a) + span_residuals[a] (the block-residual
+        cache of predictor_training/eval/caches.py). Inputs, text K/V, context K/V and RoPE positions are
+        `chunk_step`'s, so with run_blocks None (every block) this is the Full step.
+
+        hidden_states [1, 2C+1, T, H, W]; timestep [T]; action [1, T]; viewmats [1, T, 4, 4]; Ks [1, T, 3, 3].
+        span_residuals: {first block of a skipped span: [1, T*H*W, hidden]}, one per span. keep_hidden: block
+        boundaries i in 0..depth whose hidden is returned, i < depth the hidden entering block i (0: the embedded
+        input), depth the final hidden. Returns (ChunkOutput without raw K/V, {i: hidden}). No gradient
+        checkpointing: an eval path.
+        """
+        self._check_text_kv(text_kv)
+        if context_kv is not None and context_kv.num_layers != self.num_layers:
+            raise ValueError(f"context_kv has {context_kv.num_layers} layers, the model has {self.num_layers}")
+        depth = self.num_layers
+        run = set(range(depth)) if run_blocks is None else {int(index) for index in run_blocks}
+        spans = skipped_block_spans(depth, sorted(run))
+        residuals = dict(span_residuals or {})
+        if sorted(residuals) != [first for first, _ in spans]:
+            raise ValueError(f"chunk_step_blocks: skipped spans {spans} need one residual each, keyed by the span's "
+                             f"first block; got residuals for {sorted(residuals)}")
+        keep = {int(index) for index in keep_hidden}
+        if any(not 0 <= index <= depth for index in keep):
+            raise ValueError(f"keep_hidden must lie in [0, {depth}], got {sorted(keep)}")
+        if rope_start is None:
+            rope_start = 0 if context_kv is None else context_kv.num_frames
+        x, vec, camera, (frames, height, width) = self._image_inputs(
+            "chunk_step_blocks", hidden_states, timestep, action, viewmats, Ks
+        )
+        tokens_per_frame = height * width
+        rope = self.rope_table(frames, height, width, start=rope_start)
+        hiddens: dict[int, Tensor] = {}
+        for index, block in enumerate(self.double_blocks):
+            if index in keep:
+                hiddens[index] = x
+            if index in run:
+                text_k, text_v = text_kv.layer(index)
+                context = None if context_kv is None else context_kv.layer(index)
+                x = block.image_forward(x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_kv.mask, context)
+            elif index in residuals:  # the span's first block: the whole span at once
+                x = x + residuals[index]
+        if depth in keep:
+            hiddens[depth] = x
+        velocity = self.unpatchify(self.final_projection(x, vec, tokens_per_frame), frames, height, width)
+        return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0]), hiddens
 
     def frame_kv_pass(
         self,

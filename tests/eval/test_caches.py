@@ -238,3 +238,49 @@ def test_calibration_ties_go_to_more_full_steps():
     threshold, reached = calibrate_threshold(count, 2.0)
     assert reached == 2.0 and 0.3 <= threshold < 0.6
     assert fit_rescale([(0.1, 0.3), (0.2, 0.5), (0.4, 0.9)]) == pytest.approx((2.0, 0.1), abs=1e-9)  # y = 2 x + 0.1
+
+
+def test_calibration_videos_are_spread_over_the_scenes():
+    """12 scenes x 4 paths in table order (as the demo's train split): the first rows of the table are one scene's
+    paths; spread_rows takes evenly spaced scenes first, scene j at its row j mod 4 (so the paths vary), and a
+    second row of a scene only once every scene has one."""
+    from predictor_training.eval.caches import spread_rows
+
+    keys = [(f"s{row // 4:03d}", row % 4) for row in range(48)]
+    assert spread_rows(keys, 2) == [0, 47]  # s000 path 0, s011 path 3 (the old choice was s000 paths 0 and 1)
+    eight = spread_rows(keys, 8)
+    assert eight == [0, 10, 15, 21, 26, 32, 37, 47] and len({keys[index][0] for index in eight}) == 8
+    assert {keys[index][1] for index in eight} == {0, 1, 2, 3}
+    fourteen = spread_rows(keys, 14)
+    assert len({keys[index][0] for index in fourteen[:12]}) == 12 and len(set(fourteen)) == 14
+    assert sorted(spread_rows(keys, 100)) == list(range(48))
+    assert spread_rows([("a", 0), ("b", 0), ("b", 1)], 3) == [0, 2, 1]
+
+
+def test_calibration_rolls_out_each_threshold_once_across_targets():
+    """Three targets bisected on one scripted video: a threshold tried for one target (0, 1, 0.5, ...) is not rolled
+    out again for the next, and every target still gets its own threshold."""
+    from types import SimpleNamespace
+
+    from tests.helpers.scripted_chunks import ScriptedTeacher, run_chunks
+
+    tried = []
+
+    class Runtime:
+        teacher, device = ScriptedTeacher(), torch.device("cpu")
+        dataset = SimpleNamespace(load_case=lambda case_id: {})
+
+        def text_kv(self, case):
+            return None, {}
+
+        def rollout(self, method, text_kv, item, case, stopwatch):
+            tried.append((method.adaptive.threshold, tuple(method.adaptive.rescale)))
+            _, kinds, _ = run_chunks(method, model_input=lambda chunk, step: 1.1 ** (step * (chunk + 1)),
+                                     hidden=lambda chunk, step: 1.2 ** (step * (chunk + 1)))
+            return SimpleNamespace(step_kinds=kinds)
+
+    rows = build_rows(num_steps=4, shift=5.0, samplers=(), caches=("teacache",), teacache_full_steps=(1.2, 1.5, 3),
+                      mixtures=(), predictor_plans={})
+    calibrated = calibrate_adaptive(rows, Runtime(), [{"case_id": "c"}], log=lambda *_: None)
+    assert len(tried) == len(set(tried)) < 1 + 3 * 14
+    assert len({spec.adaptive["threshold"] for spec in calibrated[1:]}) == 3

@@ -48,7 +48,7 @@ def test_samplers_are_every_step_subset_that_keeps_step_zero():
                                            "F-R-F-F"]
     rows = build_rows(num_steps=4, shift=5.0, samplers=(2,), caches=("taylor", "teacache"), teacache_full_steps=(2,),
                       mixtures=("F-R-R-R|F-R-R-F", "F-R-R-P"), predictor_plans={"ck": ["F-P-P-P", "F-R-R-P"]},
-                      context_modes=("exact", "incremental"))
+                      context_modes=("exact", "incremental"), counterparts=())
     keys = [row.key for row in rows]
     assert keys == ["reference", "sampler_2step_ffrr", "sampler_2step_frfr", "sampler_2step_frrf", "taylor_fftt",
                     "taylor_ftft", "taylor_fttf", "teacache_full2", "plan_frrr+frrf", "predictor_ck_fppp",
@@ -58,6 +58,40 @@ def test_samplers_are_every_step_subset_that_keeps_step_zero():
     assert by_key["sampler_2step_frrf"].display == "2-step sampler σ{1, 0.625}"
     assert by_key["sampler_2step_frfr"].display == "2-step sampler σ{1, 0.8333}"
     assert not by_key["predictor_ck_frrp"].baseline and by_key["plan_frrr+frrf"].baseline
+
+
+def test_every_predictor_plan_has_its_exact_cost_training_free_rows():
+    """With H and B for P (the default --counterparts): F-R-R-P gets F-R-R-H (what the untrained Predictor computes)
+    and F-R-R-B (the block-residual cache, blocks 0,-1), a mixture with P its mixture; a plan another row already
+    runs (F-H-H-H, F-B-B-B at the 1-step sampler's plan) is not repeated. The tool's defaults: both letters, the
+    block-residual cache among the caches, TeaCache at 1.1, 1.2, 1.3 and 2 Full steps per chunk."""
+    from predictor_training.eval.leaderboard import CACHES, COUNTERPART_LETTERS, DEFAULT_RESIDUAL_BLOCKS
+
+    assert COUNTERPART_LETTERS == ("H", "B") and DEFAULT_RESIDUAL_BLOCKS == (0, -1) and "block_residual" in CACHES
+    rows = build_rows(num_steps=4, shift=5.0, samplers=(1,), caches=("reuse_hidden", "block_residual"),
+                      teacache_full_steps=(), mixtures=("F-R-R-R|F-R-R-P",),
+                      predictor_plans={"a": ["F-R-R-P", "F-P-P-P"], "b": ["F-R-R-P"]})
+    by_key = {row.key: row for row in rows}
+    assert [row.key for row in rows if row.family != "predictor"] == [
+        "reference", "sampler_1step_frrr", "reuse_hidden_fhhh", "block_residual_fbbb", "reuse_hidden_frrh",
+        "block_residual_frrb", "reuse_hidden_frrr+frrh", "block_residual_frrr+frrb"]
+    assert by_key["reuse_hidden_frrh"].plan == "F-R-R-H" and by_key["reuse_hidden_frrh"].baseline
+    assert by_key["block_residual_frrb"].blocks == (0, -1) and by_key["reuse_hidden_frrh"].blocks is None
+    assert by_key["block_residual_fbbb"].blocks == (0, -1) and by_key["block_residual_frrr+frrb"].family == "mixture"
+    only_h = build_rows(num_steps=4, shift=5.0, samplers=(1,), caches=(), teacache_full_steps=(), mixtures=(),
+                        predictor_plans={"a": ["F-R-R-P"]}, counterparts=("H",), residual_blocks=(1, -2))
+    assert [row.key for row in only_h if row.family == "cache"] == ["reuse_hidden_frrh"]
+    with pytest.raises(Exception, match="--counterparts"):
+        build_rows(num_steps=4, shift=5.0, samplers=(1,), caches=(), teacache_full_steps=(), mixtures=(),
+                   predictor_plans={}, counterparts=("T",))
+    method = LeaderboardRows([by_key["block_residual_frrb"]]).build(_StubTeacher(), {})[0]
+    assert method.residual_blocks == 2 and method.block_cache.blocks == (0, 11)
+
+
+class _StubTeacher:
+    """What the rows' fillers read at construction: the number of double blocks (12, as the demo Teacher)."""
+
+    num_layers = 12
 
 
 def test_two_step_sampler_on_the_grid_equals_the_two_step_euler_solver(world):
@@ -355,7 +389,9 @@ def test_figures_of_hand_made_results():
     assert figures["sampler_1step_frrr"] == pytest.approx({
         "ssim": 0.6, "lpips": 0.2, "temporal_delta_mse": 0.01, "last_chunk_psnr": 22.0,
         "gt_psnr_after_first_chunk": 26.0, "gt_ssim_after_first_chunk": 0.7, "revisit_self_psnr": 17.0,
-        "revisit_return_minus_first_visit": -2.5, "full_steps_per_chunk": 1.0}, rel=1e-12)
+        "revisit_return_minus_first_visit": -2.5, "full_steps_per_chunk": 1.0, "speedup_measured_dit_q25": 1.0,
+        "speedup_measured_dit_q75": 1.0, "speedup_measured_dit_min": 1.0, "speedup_measured_dit_max": 1.0},
+        rel=1e-12)
     assert figures["teacache_full1.5"]["full_steps_per_chunk"] == pytest.approx(1.5)  # (2 + 1) / 2
     assert figures["reference"]["full_steps_per_chunk"] == 4.0
 
@@ -522,3 +558,85 @@ def test_videos_of_one_scene_are_resampled_together():
     assert (scene["num_clusters"], video["num_clusters"]) == (1, 2)
     row, other = scene["rows"][1].quality, video["rows"][1].quality
     assert row.low == row.value == row.high and other.low < other.value < other.high
+
+
+def test_the_measured_speedup_carries_the_spread_of_its_per_video_speedups():
+    """Four videos (video a under two seeds): reference DiT seconds 10, 10 | 12 | 8 | 10, the 1-step sampler's
+    5, 5 | 4 | 8 | 2: per-video speedups 20/10 = 2, 3, 1, 5 (a video's seeds summed); pooled 50 / 24; quartiles of
+    (1, 2, 3, 5): 1.75, 3.5. The table prints the interquartile range beside the pooled speedup, the CSV and JSON
+    every part."""
+    from predictor_training.eval.leaderboard import analyse, csv_text, markdown, row_record, speedup_cell
+
+    reference_s, sampler_s = [10.0, 10.0, 12.0, 8.0, 10.0], [5.0, 5.0, 4.0, 8.0, 2.0]
+    results = []
+    for unit, video in enumerate("aabcd"):
+        methods = {"reference": _entry(["FFFF", "FFFF"], 100.0, reference_s[unit], reference_s[unit] + 1),
+                   "sampler_1step_frrr": _entry(["FFFF", "FRRR"], 40.0, sampler_s[unit], sampler_s[unit] + 1,
+                                                30.0)}
+        results.append({"key": f"{video}{unit}", "video_key": video, "case_id": video,
+                        "context_frames_per_chunk": [0, 4], "methods": methods})
+    specs = [_spec("reference", "F-F-F-F"), _spec("sampler_1step_frrr", "F-R-R-R")]
+    analysis = analyse(results, specs, {}, baseline="sampler_1step_frrr", resamples=100)
+    row = analysis["rows"][1]
+    assert row.speedup("measured_dit") == pytest.approx(50 / 24)
+    assert {key: value for key, value in row.figures.items() if key.startswith("speedup_measured_dit_")} == \
+        pytest.approx({"speedup_measured_dit_q25": 1.75, "speedup_measured_dit_q75": 3.5,
+                       "speedup_measured_dit_min": 1.0, "speedup_measured_dit_max": 5.0})
+    assert speedup_cell(row, "measured_dit") == "2.08× [1.75, 3.50]" and speedup_cell(row, "flops_run") == "2.50×"
+    assert "| 2.08× [1.75, 3.50] |" in markdown(analysis, {"split": "s"})
+    assert row_record(row)["figures"]["speedup_measured_dit_q75"] == pytest.approx(3.5)
+    header, line = csv_text(analysis).splitlines()[0::2]
+    assert "speedup_measured_dit_q25" in header.split(",") and "1.75" in line
+
+
+def test_the_teacache_rows_say_what_they_reached_here_and_on_the_calibration_videos():
+    """A TeaCache row calibrated to 1.2 (1.21 on the calibration videos) that ran 1.92 Full steps per chunk here is
+    marked as not reaching its target; one at 2 that ran 2.05 reached it (within 0.1)."""
+    from predictor_training.eval.leaderboard import RowResult, teacache_notes
+    from predictor_training.eval.front import Estimate
+
+    def row(target, calibration, here):
+        spec = RowSpec(f"teacache_full{target:g}", "cache", "F-A-A-A", f"TeaCache {target:g}", "t",
+                       adaptive={"target_full_steps": target, "threshold": 0.0884, "rescale": [1.0, 0.0],
+                                 "calibration_full_steps": calibration})
+        return RowResult(spec, {}, None, Estimate(1.0, 0.0, 2.0), figures={"full_steps_per_chunk": here})
+
+    lines = teacache_notes([row(1.2, 1.214, 1.915), row(2.0, 2.0, 2.05)])
+    assert "| TeaCache 1.2 | 1.2 | 0.0884 | 1.21 | 1.92 | no: ran +0.72 from its target |" in lines
+    assert "| TeaCache 2 | 2 | 0.0884 | 2.00 | 2.05 | yes |" in lines
+    assert teacache_notes([]) == []
+
+
+def test_rows_are_timed_k_times_in_rotated_rounds_and_a_b_row_runs_in_the_eval(world, tmp_path):
+    """The eval's loop on one video of the tiny world (2 chunks) with --timing_repeats 3 and the median: every row's
+    rollout time is the median of the scored rollout and two interleaved rounds (all three kept), DiT = text prefill
+    + that, the fingerprint records the timing; the block-residual row (one block run of the world's two) records
+    F-R-R-B in chunk 1 and counts its B step's FLOPs at one block."""
+    import dataclasses
+    import json
+
+    from predictor_training.eval.run import run_evaluation
+    from predictor_training.runtime.distributed import init_distributed
+    from predictor_training.teacher.flops import block_residual_step_flops
+    from tests.helpers.eval_world import HEIGHT, WIDTH, eval_settings
+
+    rows = build_rows(num_steps=4, shift=5.0, samplers=(1,), caches=(), teacache_full_steps=(),
+                      mixtures=("F-R-R-B",), predictor_plans={}, residual_blocks=(0,))
+    assert [row.key for row in rows] == ["reference", "sampler_1step_frrr", "plan_frrb"]
+    settings = dataclasses.replace(eval_settings(world, tmp_path, checkpoints=[], max_videos=1),
+                                   timing_repeats=3, timing_statistic="median", lpips_random_backbone=True)
+    report = run_evaluation(settings, init_distributed("gloo"), LeaderboardRows(rows))
+    result = report["results"][0]
+    for key in ("reference", "sampler_1step_frrr", "plan_frrb"):
+        timings = result["methods"][key]["timings"]
+        assert len(timings["rollout_repeats_s"]) == 3 and timings["timing"] == {"repeats": 3, "statistic": "median"}
+        assert timings["rollout_s"] == pytest.approx(sorted(timings["rollout_repeats_s"])[1])
+        assert timings["dit_s"] == pytest.approx((timings["text_prefill_s"] or 0.0) + timings["rollout_s"])
+    config = json.loads((report["out_dir"] / "eval_config.json").read_text())
+    assert config["settings"]["timing"] == {"repeats": 3, "statistic": "median"}
+    entry = result["methods"]["plan_frrb"]
+    assert entry["step_kinds"] == ["FFFF", "FRRB"]
+    teacher = _teacher(world)
+    shape = TeacherShape.from_config(teacher.config)
+    assert entry["flops"]["block_residual_step"] == block_residual_step_flops(
+        shape, 1, HEIGHT * WIDTH, result["text_tokens"], result["context_frames_per_chunk"][1])

@@ -21,7 +21,7 @@ def test_step_kinds_read_as_one_string_of_letters_per_chunk():
     kinds.update({(2, 0): "full", (2, 1): "forecast", (2, 2): "cache_residual", (2, 3): "reuse_hidden"})
     assert step_kind_letters(kinds, num_chunks=3, num_steps=4) == ["FFFF", "FRRP", "FTAH"]
     assert step_kind_letters(kinds, num_chunks=2, num_steps=2) == ["FF", "FR"]
-    assert {LETTER_KINDS[letter] for letter in "FPRHTA"} == set(KIND_LETTERS)  # one letter per kind, both ways
+    assert {LETTER_KINDS[letter] for letter in "FPRHTAB"} == set(KIND_LETTERS)  # one letter per kind, both ways
     with pytest.raises(KeyError):
         step_kind_letters({(0, 0): "full"}, num_chunks=1, num_steps=2)
 

@@ -9,7 +9,14 @@ import time
 import pytest
 import torch
 
-from predictor_training.eval.timing import Stopwatch, TimedRollout, method_timings
+from predictor_training.eval.timing import (
+    Stopwatch,
+    TimedRollout,
+    method_timings,
+    repeated_timings,
+    speedup_spread,
+    timing_statistic,
+)
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig
 from tests.helpers.tiny_teacher import make_tiny_teacher, tiny_rollout_inputs, tiny_text_kv
 
@@ -52,6 +59,34 @@ def test_a_methods_record_keeps_rollout_and_decode_apart_and_sums_end_to_end():
     without_text = method_timings(stopwatch, text_prefill_s=None)  # stored text K/V: no prefill to count
     assert without_text["text_prefill_s"] is None and without_text["dit_s"] == 2.0
     assert without_text["end_to_end_s"] == 2.25
+
+
+def test_repeated_timings_take_the_median_or_the_min_of_the_scored_rollout_and_the_repeats():
+    """Scored rollout 2.0 s, repeats 3.0 and 1.0: median 2.0, min 1.0; DiT and end to end follow the rollout time,
+    the text prefill and the decode (timed once) stay."""
+    stopwatch = Stopwatch(CPU)
+    stopwatch.add("rollout", 2.0)
+    stopwatch.add("vae_decode", 0.25)
+    record = method_timings(stopwatch, text_prefill_s=0.125)
+    median = repeated_timings(record, [3.0, 1.0], "median")
+    assert median["rollout_s"] == 2.0 and median["rollout_repeats_s"] == [2.0, 3.0, 1.0]
+    assert median["timing"] == {"repeats": 3, "statistic": "median"}
+    least = repeated_timings(record, [3.0, 1.0], "min")
+    assert (least["rollout_s"], least["dit_s"], least["end_to_end_s"]) == (1.0, 1.125, 1.375)
+    assert least["text_prefill_s"] == 0.125 and least["vae_decode_s"] == 0.25
+    assert repeated_timings(method_timings(stopwatch, None), [4.0, 6.0], "median")["dit_s"] == 4.0
+    assert timing_statistic([4.0, 1.0, 3.0, 2.0], "median") == 2.5
+    with pytest.raises(ValueError):
+        timing_statistic([1.0], "mean")
+
+
+def test_the_spread_of_per_video_speedups():
+    """Per video the reference time over the row's, a video's seeds summed first: a (10 + 10) / (5 + 5) = 2,
+    b 12 / 4 = 3, c 8 / 8 = 1, d 10 / 2 = 5; quartiles of (1, 2, 3, 5) by linear interpolation: 1.75, 2.5, 3.5."""
+    spread = speedup_spread(list("aabcd"), [10.0, 10.0, 12.0, 8.0, 10.0], [5.0, 5.0, 4.0, 8.0, 2.0])
+    assert spread == pytest.approx({"median": 2.5, "q25": 1.75, "q75": 3.5, "min": 1.0, "max": 5.0, "videos": 4})
+    with pytest.raises(ValueError):
+        speedup_spread(["a"], [1.0, 2.0], [1.0])
 
 
 @pytest.fixture(scope="module")

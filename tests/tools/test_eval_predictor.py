@@ -210,7 +210,7 @@ def test_without_context_modes_nothing_is_added(fppp_run):
     for path in (run_dir / "videos").iterdir():
         for entry in _json(path)["methods"].values():
             assert set(entry["flops"]) == {"text_prefill", "context_prefill", "full_step", "predictor_step",
-                                           "reuse_step", "total"}
+                                           "reuse_step", "block_residual_step", "total"}
             assert not {"context_cache", "context_assembly"} & set(entry["timings"]["calls"])
     for name in ("per_video.csv", "per_chunk.csv", "aggregate.csv", "timings.csv", "table.md"):
         text = (run_dir / name).read_text()

@@ -66,6 +66,33 @@ def test_every_checkpoint_runs_at_its_trained_plan_and_every_predictor_plan():
                                                               "fppp_run": ["F-P-P-P", "F-R-R-P"]}
 
 
+def test_by_default_an_f_r_r_p_predictor_faces_the_training_free_rows_at_its_exact_schedule(tmp_path):
+    """The tool's defaults: a checkpoint trained at F-R-R-P is on the board beside F-R-R-H (hidden reuse: what it
+    computes untrained) and F-R-R-B (the block-residual cache, the first and the last block); every cache runs at
+    every sampler plan (the block-residual cache among them), TeaCache at 1.1, 1.2, 1.3 and 2 Full steps per chunk
+    calibrated on 8 videos, and the measured columns take the median of 3 interleaved rollouts."""
+    argv = _argv(tmp_path, "--caches", leaderboard.build_parser().get_default("caches"))
+    (tmp_path / "samples" / "train.jsonl").write_text("")
+    args = leaderboard.parse_args(leaderboard.build_parser(), argv)
+    assert args.counterparts == ["H", "B"] and args.block_residual_blocks == [0, -1]
+    assert args.teacache_full_steps == [1.1, 1.2, 1.3, 2.0] and args.calibration_videos == 8
+    assert args.timing_repeats == 3 and args.timing_statistic == "median"
+    assert "block_residual" in args.caches
+    frrp = SimpleNamespace(label="frrp_run", run_flags={"replace_steps": [3], "reuse_steps": [1, 2]})
+    rows = leaderboard.build_rows(num_steps=4, shift=5.0, samplers=args.samplers, caches=args.caches,
+                                  teacache_full_steps=args.teacache_full_steps, mixtures=args.plans,
+                                  predictor_plans=leaderboard.predictor_plans(args, [frrp]),
+                                  counterparts=args.counterparts, residual_blocks=args.block_residual_blocks)
+    plans = {row.plan: row for row in rows if row.baseline}
+    assert plans["F-R-R-H"].key == "reuse_hidden_frrh" and plans["F-R-R-B"].key == "block_residual_frrb"
+    assert plans["F-R-R-B"].blocks == (0, -1) and "F-B-B-F" in plans and "predictor_frrp_run_frrp" in {
+        row.key for row in rows}
+    assert [row.key for row in rows if row.adaptive] == ["teacache_full1.1", "teacache_full1.2", "teacache_full1.3",
+                                                          "teacache_full2"]
+    with pytest.raises(SystemExit):
+        leaderboard.parse_args(leaderboard.build_parser(), _argv(tmp_path, "--block_residual_blocks", "0,0"))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The error path: a user's mistake is one line and exit code 2, a bug keeps its traceback
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,8 +165,19 @@ def test_leaderboard_writes_its_table_intervals_and_plots(leaderboard_run):
     label = next(key for key in rows if key.startswith("predictor_") and key.endswith("_fppp")).split("_fppp")[0]
     assert set(rows) == {"reference", "sampler_1step_frrr", "sampler_2step_ffrr", "sampler_2step_frfr",
                          "sampler_2step_frrf", "reuse_hidden_fhhh", "reuse_hidden_ffhh", "reuse_hidden_fhfh",
-                         "reuse_hidden_fhhf", "teacache_full2", "plan_frrr+frrf", f"{label}_fppp", f"{label}_frrp"}
+                         "reuse_hidden_fhhf", "teacache_full2", "plan_frrr+frrf", "block_residual_fbbb",
+                         "reuse_hidden_frrh", "block_residual_frrb", f"{label}_fppp", f"{label}_frrp"}
     assert board["num_videos"] == 2 and board["num_units"] == 4
+    # the world's Teacher has 2 blocks: the block-residual cache at blocks 0,-1 runs both, so F-R-R-B is F-R-R-F
+    frrb, frrf = rows["block_residual_frrb"], rows["sampler_2step_frrf"]
+    assert frrb["blocks"] == [0, -1] and frrb["speedup"]["flops_run"] == pytest.approx(frrf["speedup"]["flops_run"])
+    assert frrb["psnr_vs_reference"]["value"] == pytest.approx(frrf["psnr_vs_reference"]["value"], abs=1e-9)
+    # measured columns: 3 timed rollouts per row and video, the bracket the per-video interquartile range
+    video = json.loads(next((run_dir / "videos").glob("*.json")).read_text())
+    assert len(video["methods"]["reference"]["timings"]["rollout_repeats_s"]) == 3
+    spread = rows["sampler_1step_frrr"]["figures"]
+    assert spread["speedup_measured_dit_min"] <= spread["speedup_measured_dit_q25"] <= spread[
+        "speedup_measured_dit_q75"] <= spread["speedup_measured_dit_max"]
     # the untrained Predictor is hidden reuse: same PSNR at F-P-P-P as F-H-H-H, cost a Predictor step more
     predictor, hidden = rows[f"{label}_fppp"], rows["reuse_hidden_fhhh"]
     assert predictor["psnr_vs_reference"]["value"] == pytest.approx(hidden["psnr_vs_reference"]["value"], abs=1e-9)
@@ -156,6 +194,7 @@ def test_leaderboard_writes_its_table_intervals_and_plots(leaderboard_run):
         assert len(list(csv.DictReader(handle))) == len(rows)
     text = (run_dir / "leaderboard.md").read_text()
     assert "Predictors against the front" in text and "1-step sampler σ{1}" in text
+    assert "## TeaCache: the targets and what ran" in text and "interquartile range" in text
     assert "over the baselines' front" in leaderboard_run["stdout"]
 
 
