@@ -160,6 +160,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                           "(fvtools/train_dmd2.py --student_sampler): renoise = Self-Forcing's (the x0 estimate "
                           "noised again with fresh noise), euler = along the velocity; the shipped Teacher samples "
                           "with Euler steps either way, as the real one does (default %(default)s)")
+    dmd.add_argument("--dmd_score_sigma_min", type=float, default=0.02,
+                     help="the lowest noise level the real and fake scores see (fvtools/train_dmd2.py "
+                          "--score_sigma_min); 0.6 keeps them where a real score trained by a last df_sft_continue "
+                          "round at --df_sft_continue_sigma_min 0.6 was trained last (default %(default)g)")
     dmd.add_argument("--dmd_val_every", type=int, default=250,
                      help="validate the student's own rollout of held-out clips against their truth every N steps; "
                           "0 = never (default %(default)s)")
@@ -207,6 +211,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name}={getattr(args, name)}: expected an integer >= 1")
     if not 0 <= args.dmd_warmup_steps < args.dmd_steps:
         parser.error(f"--dmd_warmup_steps={args.dmd_warmup_steps}: expected 0 <= it < --dmd_steps ({args.dmd_steps})")
+    if not 0 <= args.dmd_score_sigma_min < 0.98:
+        parser.error(f"--dmd_score_sigma_min={args.dmd_score_sigma_min}: expected 0 <= it < 0.98 (the scores' highest "
+                     "level)")
     if args.dmd_val_every < 0:
         parser.error(f"--dmd_val_every={args.dmd_val_every}: expected an integer >= 0")
     for name in ("dmd_lr", "dmd_fake_score_lr"):
@@ -435,7 +442,7 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  str(out / "video_latents"), "--real_score", str(distilled_model(args, out)),
                  "--generator", "student", "--train", "full", "--init_weights", "teacher",
                  "--fake_score_train", "full", "--rollout", "self", "--exit_step", "uniform", "--precision", "fp32",
-                 "--student_sampler", args.dmd_student_sampler,
+                 "--student_sampler", args.dmd_student_sampler, "--score_sigma_min", f"{args.dmd_score_sigma_min:g}",
                  "--lr", f"{args.dmd_lr:g}", "--fake_score_lr", f"{args.dmd_fake_score_lr:g}", "--adam_beta1", "0",
                  "--generator_every", str(args.dmd_generator_every), "--max_steps", str(args.dmd_steps),
                  "--warmup_steps", str(args.dmd_warmup_steps), "--no-gradient_checkpointing",

@@ -200,6 +200,8 @@ def test_dmd_stage_distils_a_student_against_the_many_step_model_and_ships_its_e
     assert [flag(command, name) for name in ("--max_steps", "--lr", "--output_dir", "--student_sampler")] == [
         "300", "3e-05", str(out / "dmd"), "renoise"]
     assert build_demo_world.shipped_teacher(chained, out) == out / "dmd" / "ema" / "model"
+    floor = build_demo_world.parse_args(["--out", str(out), "--teacher_from", "dmd", "--dmd_score_sigma_min", "0.6"])
+    assert flag(build_demo_world.stage_commands("dmd", floor, out)[0], "--score_sigma_min") == "0.6"
 
     student = tmp_path / "kd_teacher"
     student.mkdir()
@@ -214,6 +216,7 @@ def test_dmd_stage_distils_a_student_against_the_many_step_model_and_ships_its_e
     command = build_demo_world.stage_commands("dmd", given, out)[0]
     assert flag(command, "--teacher") == str(student.resolve())
     assert flag(command, "--real_score") == str(weights.resolve() / "teacher")
-    for bad in (["--dmd_from", str(tmp_path)], ["--dmd_steps", "0"], ["--dmd_warmup_steps", "2000"]):
+    for bad in (["--dmd_from", str(tmp_path)], ["--dmd_steps", "0"], ["--dmd_warmup_steps", "2000"],
+                ["--dmd_score_sigma_min", "0.99"]):
         with pytest.raises(SystemExit):
             build_demo_world.parse_args(["--out", str(out), "--teacher_from", "dmd", *bad])
