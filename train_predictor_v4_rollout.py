@@ -39,9 +39,9 @@ from predictor_training.data.trajectory_dataset import (
     trajectory_batches,
 )
 from predictor_training.eval.leaderboard import leaderboard_command
+from predictor_training.recipes.flags import add_plan_args, check_plan
 from predictor_training.recipes.rollout import VARIANT, RolloutSettings, build_rollout
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
 from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
@@ -72,7 +72,6 @@ from predictor_training.runtime.run_directory import (
     subset_tag,
     write_train_config,
 )
-from predictor_training.teacher.config import DISTILLED_STEPS
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES
 from predictor_training.teacher.source import TeacherSource, check_source_blocks, load_teacher
 
@@ -129,14 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "--subset_seed) or comma-separated case ids; default: every case (overfit8: 8)")
     rollout.add_argument("--subset_seed", type=SEED, default=20260721,
                          help="seed of the --subset_cases choice (default %(default)s, the overfit8 run's)")
-    rollout.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
-                         help="steps the Predictor runs in every trained chunk, as the eval's --replace_steps: "
-                              "1,2,3 = F-P-P-P (default), 1,2 = F-P-P-F, 1,3 = F-P-F-P; the others are Full "
-                              "Teacher steps, where gradients stop. The run name and checkpoints record it")
-    rollout.add_argument("--reuse_steps", type=parse_replace_steps, default=(),
-                         help="steps filled by velocity reuse in every trained chunk (the fewer-step sampler's skipped "
-                              "steps: no model call, no label), disjoint from --replace_steps: --reuse_steps 1,2 "
-                              "--replace_steps 3 = F-R-R-P. Default: none. The run name and checkpoints record it")
+    add_plan_args(parser, group=rollout, reuse=True,
+                  note=", where gradients stop; as the eval's --replace_steps. The run name and "
+                  "checkpoints record the plan")
     rollout.add_argument("--context_mode", choices=CONTEXT_MODES, default="exact",
                          help="how each chunk's context K/V are built: exact (a Teacher prefill of the selected "
                               "frames, default), incremental (per-frame K/V cached once after each chunk), last_step "
@@ -169,18 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     # Rules only this recipe has.
-    if not args.replace_steps:
-        parser.error("--replace_steps is empty: a rollout run trains the Predictor on at least one step")
-    try:
-        Schedule(args.replace_steps)
-        Schedule(args.reuse_steps)
-    except ValueError as error:
-        parser.error(f"--replace_steps / --reuse_steps: {error}")
-    overlap = sorted(set(args.replace_steps) & set(args.reuse_steps))
-    if overlap:
-        parser.error(f"--reuse_steps {','.join(map(str, args.reuse_steps))}: steps {overlap} are also in "
-                     "--replace_steps; a step is either reused or run by the Predictor")
-    args.experiment = args.experiment.replace("{schedule}", plan_letters(args.replace_steps, args.reuse_steps).lower())
+    check_plan(parser, args.plan)  # F-P-P-P, F-R-R-P, ...: what the run trains
+    args.experiment = args.experiment.replace("{schedule}", args.plan.tag)
     if args.resume is None and args.init_from is None:
         parser.error("--init_from is missing: a rollout run starts from an offline v4 checkpoint "
                      "(training_latest.pt or predictor_step_XXXXX.safetensors)")
@@ -197,11 +181,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if isinstance(args.subset_cases, int) and args.subset_cases < 1:
         parser.error(f"--subset_cases={args.subset_cases}: expected >= 1")
     return args
-
-
-def plan_letters(replace_steps, reuse_steps, num_steps: int = DISTILLED_STEPS) -> str:
-    """'FPPP', or 'FRRP' with --reuse_steps 1,2 --replace_steps 3."""
-    return "".join("P" if step in replace_steps else "R" if step in reuse_steps else "F" for step in range(num_steps))
 
 
 def run_tags(args) -> str:
@@ -222,13 +201,13 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, te
                          load_teacher=load_teacher)
 
 
-def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: PrecisionPolicy, data, parts: RecipeParts,
-              letters: str) -> dict:
+def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: PrecisionPolicy, data,
+              parts: RecipeParts) -> dict:
     """Step 6: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
     dataset, batches, rollout_config = data.dataset, data.batches, data.rollout_config
     trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
     config = run_config(
-        args, run_name=start.run_name, variant=VARIANT, recipe=RECIPE_PREFIX + letters.lower(),
+        args, run_name=start.run_name, variant=VARIANT, recipe=RECIPE_PREFIX + args.plan.tag,
         world_size=env.world_size, device=str(env.device), backend=env.backend,
         global_batch=env.world_size * args.grad_accum, sample_table=str(data.sample_table),
         num_trajectories=len(dataset), cases=dataset.case_ids, num_latents=dataset.num_latents,
@@ -236,14 +215,14 @@ def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: Precisio
     )
     if env.is_main:
         write_train_config(start.run_dir, config)
-    log_summary(f"self-rollout {'-'.join(letters)} Predictor training (v4)", {
+    log_summary(f"self-rollout {args.plan.text} Predictor training (v4)", {
         **recipe_summary_rows(args, run_dir=start.run_dir, precision=policy.describe(),
                               optimizer=parts.roles[0].optimizer, first_step=parts.run_state.global_step + 1,
                               stop_step=start.stop_step),
         "init": f"{start.resume_path} (training state)" if start.resume_path else
                 f"{args.init_from} (model only; fresh optimizer)",
         "model": f"v4, source blocks {list(args.source_blocks)}, gradient checkpointing "
-                 f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. {'-'.join(letters)}; "
+                 f"{args.gradient_checkpointing}; chunk 0 F-F-F-F (no grad), chunks 1.. {args.plan.text}; "
                  f"context {args.context_mode}",
         "data": f"{data.sample_table}: {len(dataset)} trajectories of {len(dataset.case_ids)} cases, "
                 f"{dataset.num_latents} latents ({trained_chunks} trained chunks); "
@@ -278,7 +257,6 @@ def main(argv=None) -> int:
                                   state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                   subset_cases=args.subset_cases, subset_seed=args.subset_seed,
                                   context_mode=args.context_mode)
-        letters = plan_letters(args.replace_steps, args.reuse_steps, data.rollout_config.num_steps)
         # 3-5. Teacher, Predictor, AdamW, the role, the trajectory step (see build). Resume (--resume, or the run
         #      directory's own unfinished run) restores the role and the data position.
         parts = build(args, env, policy, teacher_source=teacher_source, dataset=data.dataset,
@@ -288,10 +266,10 @@ def main(argv=None) -> int:
         parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
                                                      action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
                                                      data_root=args.dataset_root)
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE_PREFIX + letters.lower())
+        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE_PREFIX + args.plan.tag)
         run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
         # 6. Config and summary.
-        config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts, letters=letters)
+        config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts)
         # 7. Train: the trajectory step and the shared loop.
         run_training(args, start, env, roles=parts.roles, batches=data.batches, step_fn=parts.step_fn,
                      run_state=run_state, config=config, meta=meta, validation=parts.validation,

@@ -38,7 +38,7 @@ from predictor_training.predictor.model import as_trained_, build_predictor
 from predictor_training.recipes.offline import OfflineSettings, build_offline
 from predictor_training.recipes.rollout import RolloutSettings, build_rollout
 from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.flags import add_check_only_arg, at_least, positive, report_check_only
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
@@ -196,9 +196,10 @@ def run_rollouts(teacher, predictor, text_kv, size: Size, device: torch.device) 
         inputs = RolloutInputs.from_seed(row["seed"], image_cond, row["viewmats"], row["Ks"], row["action"],
                                          state_dtype=config.state_dtype)
         loop = TimedRollout(teacher, text_kv, inputs, config, device=device, stopwatch=stopwatch)
+        plan = StepPlan.from_steps(replace_steps, (), config.num_steps)
         with torch.no_grad():
-            loop.run(make_step_fn(methods[bool(replace_steps)], Schedule.for_rollout(replace_steps, config),
-                                  stopwatch, lambda: autocast(device, torch.bfloat16)))
+            loop.run(make_step_fn(methods[bool(replace_steps)], plan, stopwatch,
+                                  lambda: autocast(device, torch.bfloat16)))
         last[name] = (loop.context_frames, stopwatch.summary())
 
     times = interleaved({name: partial(rollout, name) for name in ROLLOUTS}, 1, device=device)
@@ -234,7 +235,7 @@ def recipe_step(recipe: str, teacher, size: Size, batch_size: int, device: torch
         case = {**case_text_kv(teacher.config, text_tokens=size.text_tokens, host=device), "image_cond": image_cond}
         config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                context_mode=REAL_SIZE_CONTEXT_MODE)
-        settings = RolloutSettings(**values, init_from=None, replace_steps=REAL_SIZE_REPLACE_STEPS, reuse_steps=(),
+        settings = RolloutSettings(**values, init_from=None, plan=StepPlan.from_steps(REAL_SIZE_REPLACE_STEPS),
                                    revisit_weight=0.0)
         parts = build_rollout(settings, env, policy, dataset=SimpleNamespace(load_case=lambda case_id: case),
                               rollout_config=config, resuming=True, **seams)  # resuming: no --init_from to read

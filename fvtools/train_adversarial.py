@@ -75,7 +75,8 @@ from predictor_training.predictor.pair_step import move_batch, predict_pairs_wit
 from predictor_training.predictor.self_rollout import (ChunkGraph, SelfRolloutSettings, train_trajectory,
                                                        trajectory_for_row)
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
+from predictor_training.recipes.flags import add_plan_args, check_plan
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
 from predictor_training.runtime.errors import CommandParser, command
@@ -95,6 +96,7 @@ from predictor_training.teacher.source import TeacherSource, check_source_blocks
 
 VARIANT = "v4"
 DATA_MODES = ("offline", "rollout")
+OFFLINE_PLAN = StepPlan.from_steps(DEFAULT_REPLACE_STEPS)  # what --data offline is validated at (it trains every step)
 
 # The CPU demo on the demo world: blocks 1,10 of its 12-block Teacher (as 1,52 of the real 54); fp32, no tracker;
 # fine-tuning of the offline v4 demo Predictor (--init_from, given by the launcher), as DisCa adds its
@@ -126,9 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Predictor weights to start from: a v4 training_latest.pt (its 'predictor' role) or a "
                            "predictor_step_XXXXX.safetensors; optional with --data offline (default: a fresh "
                            "Predictor, as train_predictor_v4.py), required with --data rollout; not with --resume")
-    data.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
-                      help="--data rollout: the steps the Predictor runs in every trained chunk (1,2,3 = F-P-P-P, "
-                           "default; as the eval's --replace_steps)")
+    add_plan_args(parser, group=data, reuse=False,
+                  note=" (--data rollout; as the eval's --replace_steps)")
     data.add_argument("--sample_table", type=Path, default=None,
                       help="--data rollout: sample table (JSONL) of the trajectories to roll out; default: the table "
                            "of --split recorded in the dataset's dataset_config.json")
@@ -183,6 +184,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parse_recipe_args(parser, argv, PRESETS)
     check_args(parser, args, dataset_config_name=DATASET_CONFIG_NAME)
     check_adversarial_args(parser, args)
+    if args.data == "rollout":  # the plan the Predictor trains
+        check_plan(parser, args.plan)
     return args
 
 
@@ -193,8 +196,6 @@ def check_adversarial_args(parser: argparse.ArgumentParser, args: argparse.Names
         problems.append(f"--discriminator_every={args.discriminator_every!r}: expected in [1, max_steps="
                         f"{args.max_steps}]")
     if args.data == "rollout":
-        if not args.replace_steps:
-            problems.append("--replace_steps is empty: a rollout run trains the Predictor on at least one step")
         if args.resume is None and args.init_from is None:
             problems.append("--data rollout needs --init_from (an offline v4 training_latest.pt or "
                             "predictor_step_XXXXX.safetensors): an untrained Predictor gives no latent gradients")
@@ -215,7 +216,7 @@ def check_adversarial_args(parser: argparse.ArgumentParser, args: argparse.Names
 def run_tag(args: argparse.Namespace) -> str:
     """The run-name part after the blocks: data mode (+ rollout schedule), adversarial weight, discriminator LR,
     e.g. "offline_adv0.01_dlr1e-4" or "rolloutfppp_adv0.01_dlr1e-4"."""
-    data = args.data if args.data == "offline" else f"rollout{Schedule(args.replace_steps).letters().lower()}"
+    data = args.data if args.data == "offline" else f"rollout{args.plan.tag}"
     return f"{data}_adv{args.adv_weight:g}_dlr{format_lr(args.discriminator_lr)}"
 
 
@@ -358,7 +359,7 @@ def build_data(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy) 
                               num_workers=args.num_workers, verify=args.verify_dataset,
                               state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype)
     text = (f"{data.sample_table}: {len(data.dataset)} trajectories, chunks 1.. "
-            f"{'-'.join(Schedule(args.replace_steps).letters())}; {data.batches.batches_per_epoch()} per rank per "
+            f"{args.plan.text}; {data.batches.batches_per_epoch()} per rank per "
             "epoch")
     return AdversarialData(data.dataset, data.batches, None, data.rollout_config, text, "1 trajectory")
 
@@ -383,8 +384,7 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, te
     validation = predictor_validation(  # held-out F-P-P-P (offline) or the rollout's schedule, vs F-F-F-F
         every=args.val_every, split=args.val_split, videos=args.val_videos, vae=args.val_vae,
         ground_truth=args.val_ground_truth, dataset_root=args.dataset_root, teacher=teacher, predictor=predictor,
-        teacher_folder=teacher_source.folder,
-        replace_steps=DEFAULT_REPLACE_STEPS if args.data == "offline" else args.replace_steps,
+        teacher_folder=teacher_source.folder, plan=args.plan if args.data == "rollout" else OFFLINE_PLAN,
         rollout_config=None, autocast_dtype=policy.autocast_dtype, env=env, run_dir=run_dir)
     if args.data == "offline":
         del teacher
@@ -416,7 +416,7 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, te
     else:
         settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                        predictor_autocast_dtype=policy.autocast_dtype,
-                                       replace_steps=tuple(args.replace_steps))
+                                       plan=args.plan)
         step_fn = AdversarialRolloutStep(model=model, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                                          settings=settings, adversary=adversary, source_blocks=args.source_blocks,
                                          env=env)

@@ -75,7 +75,8 @@ from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.self_rollout import SelfRolloutSettings
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, parse_replace_steps
+from predictor_training.recipes.flags import add_plan_args, check_plan
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR, flow_match_sigmas
 from predictor_training.rollout.teacher_forcing import draw_training_chunks
 from predictor_training.runtime.checkpoint import RunState, checkpoint_meta
@@ -153,9 +154,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     gen.add_argument("--source_blocks", type=parse_source_blocks, default=parse_source_blocks("1,52"),
                      help="--generator predictor: the Predictor's two source blocks (default 1,52; must match "
                           "--init_from)")
-    gen.add_argument("--replace_steps", type=parse_replace_steps, default=DEFAULT_REPLACE_STEPS,
-                     help="--generator predictor: steps the Predictor runs in every chunk after chunk 0 (default "
-                          "1,2,3 = F-P-P-P); the chunk's sample is its final latent, what the user sees")
+    add_plan_args(parser, group=gen, reuse=False,
+                  note=" (--generator predictor; the chunk's sample is its final latent, what the "
+                  "user sees)")
     gen.add_argument("--fusion_lr", type=float, default=1e-5,
                      help="--generator predictor: peak LR of its fusion + head group (default %(default)g)")
     gen.add_argument("--blocks_lr", type=float, default=1e-6,
@@ -286,12 +287,7 @@ def check_dmd2_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(error))
     # The generator (check_args has checked --fusion_lr and --blocks_lr > 0).
     if args.generator == "predictor":
-        if not args.replace_steps:
-            parser.error("--replace_steps is empty: the Predictor must run at least one step")
-        try:
-            Schedule(args.replace_steps)
-        except ValueError as error:
-            parser.error(f"--replace_steps: {error}")
+        check_plan(parser, args.plan)
         if args.resume is None and args.init_from is None:
             parser.error("--generator predictor needs --init_from (a trained v4 Predictor: training_latest.pt or "
                          "predictor_step_XXXXX.safetensors)")
@@ -305,8 +301,8 @@ def run_name(flags: dict, *, world_size: int, device_type: str, subset: str = ""
     """The run directory's name from the flags (`plain_flags`): generator (and what trains), rollout, cadence, fake
     score, LRs."""
     if flags["generator"] == "predictor":
-        letters = Schedule(flags["replace_steps"]).letters().lower()
-        model = f"predictor-{letters}-blocks{'-'.join(str(block) for block in flags['source_blocks'])}"
+        blocks = "-".join(str(block) for block in flags["source_blocks"])
+        model = f"predictor-{StepPlan.from_flags(flags).tag}-blocks{blocks}"
         lrs = [f"flr{format_lr(flags['fusion_lr'])}", f"blr{format_lr(flags['blocks_lr'])}"]
     else:
         trained = f"lora{flags['lora_rank']}" if flags["train"] == "lora" else f"full-{flags['init_weights']}"
@@ -341,7 +337,7 @@ class DistributionMatchingStep:
         self.mark = mark or (lambda part: None)  # names the part of the step that runs next (a memory rehearsal)
         self.settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                             predictor_autocast_dtype=rollout_config.autocast_dtype,
-                                            replace_steps=tuple(args.replace_steps))
+                                            plan=args.plan)
         self.student_sigmas = flow_match_sigmas(args.student_steps, args.student_shift)
         self.trace: list[dict] | None = None
 
@@ -467,7 +463,7 @@ def generator_meta(args: argparse.Namespace) -> dict:
     """The checkpoint meta of a dmd2 run: what its generator is and how it trains (a resume must match it)."""
     if args.generator == "predictor":
         return checkpoint_meta(PREDICTOR_VARIANT, args.source_blocks, args.precision,
-                               recipe=f"dmd2_{Schedule(args.replace_steps).letters().lower()}", method=METHOD,
+                               recipe=f"dmd2_{args.plan.tag}", method=METHOD,
                                generator="predictor", rollout=args.rollout, fake_score=args.fake_score_train)
     return {"method": METHOD, "generator": "student", "train": args.train, "precision": args.precision,
             "lora_rank": args.lora_rank if args.train == "lora" else None, "rollout": args.rollout,
@@ -512,7 +508,7 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, ro
     validation = generator_validation(
         every=args.val_every, dataset_root=args.dataset_root, split=args.val_split, videos=args.val_videos,
         vae=args.val_vae, seed=args.seed, teacher=teacher, generator_role=generator_role, student=student,
-        replace_steps=args.replace_steps, student_steps=args.student_steps, student_shift=args.student_shift,
+        plan=args.plan, student_steps=args.student_steps, student_shift=args.student_shift,
         rollout_config=rollout_config, env=env, run_dir=run_dir)
     return RecipeParts(
         roles=[generator_role, fake_role], step_fn=step_fn, run_state=run_state, validation=validation,
@@ -526,9 +522,8 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
     """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
     generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
     if args.generator == "predictor":
-        letters = Schedule(args.replace_steps).letters()
         generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "
-                          f"{'-'.join(letters)}; from {args.init_from if start.resume_path is None else start.resume_path}")
+                          f"{args.plan.text}; from {args.init_from if start.resume_path is None else start.resume_path}")
     else:
         generator_text = f"{student_model.describe()}; {args.student_steps} steps at shift " \
                          f"{args.student_shift:g}, exit step {args.exit_step}, {args.student_sampler} rollout"

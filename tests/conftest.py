@@ -65,7 +65,6 @@ SLOW_TESTS = frozenset({
     "methods/test_dmd2_models.py::test_a_student_ema_is_exported_as_its_own_adapter_and_the_trained_weights_stay",
     "methods/test_nft.py::test_old_policy_follows_its_schedule",
     "recipes/test_run_names.py::test_bad_flag_on_the_command_line_has_no_traceback",
-    "rollout/test_schedule.py::test_schedule_letters_and_chunk0_rule",
     "runtime/test_checkpoint.py::test_training_state_survives_sigkill_during_write",
     "runtime/test_loop.py::test_ddp_two_ranks_resume_matches_uninterrupted",
     "runtime/test_loop.py::test_ddp_two_ranks_unsynchronised_role_is_refused_at_the_checkpoint",

@@ -30,9 +30,9 @@ from predictor_training.data.synthetic import case_text_kv, clip_item, lora_file
 from predictor_training.eval.rehearsal import rehearse_eval_rollout
 from predictor_training.methods.rewards import FixedRewards, parse_reward_weights
 from predictor_training.predictor.memory_cuts import CUTS, cuts_undone
+from predictor_training.recipes.flags import add_plan_args, check_plan
 from predictor_training.recipes.rehearsal import Plan, last_chunks, recipe_flags, rehearse_recipe
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_check_only_arg, report_check_only
@@ -62,11 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--latent_grid", type=lambda t: _ints(t.lower(), "--latent_grid", 2, "x"), default=(30, 52),
         help="latent HxW (480x832 -> 30x52)")
     add("--chunks", type=int, default=8, help="chunks of one trajectory or clip (8)")
-    add("--replace_steps", type=lambda t: _ints(t, "--replace_steps", None, ","), default=(1, 2, 3),
-        help="the Predictor's steps (rollout, eval, adversarial --data rollout, dmd2 --generator predictor; 1,2,3)")
-    add("--reuse_steps", type=lambda t: _ints(t, "--reuse_steps", None, ","), default=(),
-        help="rollout: steps filled by velocity reuse, disjoint from --replace_steps (--reuse_steps 1,2 "
-             "--replace_steps 3: F-R-R-P, the rollout recipe's --preset frrp); default none")
+    add_plan_args(parser, reuse=True,
+                  note=" (rollout, eval, adversarial --data rollout, dmd2 --generator predictor; "
+                  "--reuse_steps: rollout only, e.g. --reuse_steps 1,2 --replace_steps 3, its --preset frrp)")
     add("--context_mode", choices=("exact", "incremental"), default="exact", help="rollout, eval: context K/V")
     add("--data", choices=("offline", "rollout"), default="offline", help="adversarial: its --data")
     add("--world_size", type=int, default=8, help="ranks: DDP buckets if > 1; --train full: FSDP2's shard (8)")
@@ -83,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--undo_cuts", nargs="+", choices=CUTS, default=[], help="these memory cuts undone (predictor/memory_cuts.py)")
     add_check_only_arg(parser, what="the rehearsals it would run (the recipe's own flags are parsed; nothing runs)")
     args = parser.parse_args(argv)
+    check_plan(parser, args.plan)
     checks = [(args.fit and args.recipe not in ("v4", "disca"), f"--fit: for v4 and disca only, not {args.recipe}"),
               (args.data != "offline" and args.recipe != "adversarial", f"--data {args.data}: an adversarial mode"),
               (any(not 0 <= n <= MAX_CONTEXT_FRAMES or n % 4 for n in args.context_frames),
@@ -91,11 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
               (args.chunks < 2, f"--chunks {args.chunks}: expected >= 2 (chunk 0 plus a trained chunk)"),
               (min(args.batch_size, args.world_size, args.optimizer_steps) < 1,
                "--batch_size, --world_size, --optimizer_steps: expected >= 1"),
-              (not all(1 <= s <= 3 for s in args.replace_steps), f"--replace_steps {args.replace_steps}: 1..3"),
-              (args.reuse_steps and args.recipe != "rollout", f"--reuse_steps: a rollout setting, not {args.recipe}'s"),
-              (not all(1 <= s <= 3 for s in args.reuse_steps), f"--reuse_steps {args.reuse_steps}: 1..3"),
-              (set(args.reuse_steps) & set(args.replace_steps),
-               f"--reuse_steps {args.reuse_steps}: steps also in --replace_steps {args.replace_steps}")]
+              (args.reuse_steps and args.recipe != "rollout", f"--reuse_steps: a rollout setting, not {args.recipe}'s")]
     for message in [message for failed, message in checks if failed][:1]:
         parser.error(message)
     return args
@@ -120,7 +115,6 @@ class Row(NamedTuple):
 def blocks(args): return ["--source_blocks", ",".join(map(str, args.source_blocks))]  # noqa: E704
 def steps(args): return ["--replace_steps", ",".join(map(str, args.replace_steps))]  # noqa: E704
 def pairs(args): return [*DATA, *blocks(args), "--batch_size", str(args.batch_size)]  # noqa: E704 (offline data)
-def letters(replace_steps, reuse_steps=()): return StepPlan.from_steps(replace_steps, reuse_steps).text  # noqa: E704
 
 
 def offline_plan(variant: str):
@@ -141,7 +135,7 @@ def rollout_plan(args, flags, config, host, n_ctx) -> Plan:
     policy = precision_policy(flags.precision, torch.device("cpu"))
     rollout_config = RolloutConfig(state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
                                    context_mode=args.context_mode)
-    return Plan(f"rollout {letters(args.replace_steps, args.reuse_steps)}, {args.chunks} chunks, context "
+    return Plan(f"rollout {args.plan.text}, {args.chunks} chunks, context "
                 f"{args.context_mode}, blocks {list(args.source_blocks)}, one trajectory",
                 {"teacher_source": UNUSED, "dataset": SimpleNamespace(load_case=lambda case_id: case),
                  "rollout_config": rollout_config, "resuming": True},  # as on resume: --init_from is not read
@@ -178,7 +172,7 @@ def teacher_forced_plan(recipe: str):
 def adversarial_plan(args, flags, config, host, n_ctx) -> Plan:
     rollout = args.data == "rollout"
     inputs = (rollout_plan if rollout else offline_plan("v4"))(args, flags, config, host, n_ctx)
-    data = (f"rollout {letters(args.replace_steps)}, {args.chunks} chunks, one trajectory" if rollout else
+    data = (f"rollout {args.plan.text}, {args.chunks} chunks, one trajectory" if rollout else
             f"offline, batch {args.batch_size}, {n_ctx} context frames")
 
     def notes(parts) -> dict:
@@ -202,7 +196,7 @@ def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
     df_sft = recipe_flags(importlib.import_module("fvtools.train_df_sft"), [])  # what a df_sft LoRA file holds
     flags.real_score_kind, flags.real_score_path = args.real_score, {"teacher": None}.get(args.real_score, Path("unused"))
     trained = "full" if args.train == "full" else f"LoRA rank {flags.lora_rank}"
-    generator = f"Predictor {letters(flags.replace_steps)} blocks {list(flags.source_blocks)}" \
+    generator = f"Predictor {flags.plan.text} blocks {list(flags.source_blocks)}" \
         if args.generator == "predictor" else f"{trained} student, {flags.student_steps} steps"
     real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher"}.get(
         args.real_score, "a second BF16 model")

@@ -36,6 +36,7 @@ truth also drift_ground_truth.png).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -51,12 +52,7 @@ from predictor_training.eval.run import check_evaluation
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.run import EVAL_FLAGS
-from predictor_training.rollout.schedule import (
-    DEFAULT_REPLACE_STEPS,
-    Schedule,
-    StepPlan,
-    parse_replace_steps,
-)
+from predictor_training.recipes.flags import add_plan_args, check_plan
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.distributed import (
     cleanup_distributed,
@@ -77,13 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     method.add_argument("--ckpt", type=Path, action="append", default=[], help="Predictor checkpoint "
                         "(predictor_step_XXXXX.safetensors or training_latest.pt); repeat to compare several in one "
                         "run (they share the reference and reuse rollouts)")
-    method.add_argument("--replace_steps", type=str, default=",".join(map(str, DEFAULT_REPLACE_STEPS)), help="denoising steps replaced in every "
-                        "scheduled chunk: 1,2,3 = F-P-P-P, 1,2 = F-P-P-F, 1,3 = F-P-F-P; '' = none")
-    method.add_argument("--reuse_steps", type=str, default="", help="steps every --ckpt fills by velocity reuse "
-                        "instead (no model call), disjoint from --replace_steps: --reuse_steps 1,2 --replace_steps 3 "
-                        "scores an F-R-R-P checkpoint at its own plan (the rollout recipe's --reuse_steps; the "
-                        "reuse baselines then fill steps 1,2,3: F-R-R-R, the 1-step sampler, and F-H-H-H). The "
-                        "automatic run name carries the plan (frrp). Default: none")
+    add_plan_args(parser, group=method, reuse=True,
+                  note="; '' = none. Every --ckpt runs the plan (with --reuse_steps its R steps "
+                  "by velocity reuse: an F-R-R-P checkpoint at its own plan, the rollout recipe's --reuse_steps); the "
+                  "reuse baselines fill every step that is not Full (F-R-R-R, the 1-step sampler, and F-H-H-H). The "
+                  "automatic run name carries the plan (fppp, frrp)")
     method.add_argument("--chunk0", choices=("full", "schedule"), default="full", help="full: chunk 0 stays F-F-F-F "
                         "and the schedule applies to chunks 1.. (docs/eval.md § What is compared); schedule: chunk 0 "
                         "follows it too (not possible for v4, which needs a previous chunk)")
@@ -137,14 +131,9 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         value = getattr(args, flag)
         if value < minimum:
             parser.error(f"--{flag} must be >= {minimum}, got {value}")
+    args.plan = dataclasses.replace(args.plan, chunk0_full=args.chunk0 == "full")  # what every --ckpt runs
+    check_plan(parser, args.plan, predictor_step=False)  # '' = none: every method then equals the reference
     try:
-        replace_steps, reuse_steps = parse_replace_steps(args.replace_steps), parse_replace_steps(args.reuse_steps)
-        if reuse_steps and not replace_steps:
-            parser.error(f"--reuse_steps {args.reuse_steps}: needs --replace_steps, the steps the Predictors run")
-        StepPlan.from_steps(replace_steps, reuse_steps)  # disjoint, each step in 1..3
-        args.reuse_steps = reuse_steps
-        args.schedule = Schedule(tuple(sorted(set(replace_steps) | set(reuse_steps))),
-                                 chunk0_full=args.chunk0 == "full")
         args.context_modes = parse_context_modes(args.context_modes)
     except ValueError as error:
         parser.error(str(error))
@@ -158,7 +147,7 @@ def main(argv=None) -> int:
     args = parse_args(parser, argv)
     if args.check_only:  # the same refusals as a run: a user's mistake is one line, a bug keeps its traceback
         settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
-                                         device=torch.device("cpu"), reuse_steps=args.reuse_steps)
+                                         device=torch.device("cpu"))
         return report_check_only(*check_evaluation(settings))
     set_cpu_threads(args.threads, tool="eval", load_aware=True)
     env = init_distributed(args.backend)
@@ -166,7 +155,7 @@ def main(argv=None) -> int:
         # --ckpt, --teacher, --dtype, --chunk0 problems are UserInputErrors (one line, exit 2); a bug keeps its
         # traceback
         settings = resolve_eval_settings(**{flag: getattr(args, flag) for flag in EVAL_FLAGS}, argv=argv,
-                                         device=env.device, reuse_steps=args.reuse_steps)
+                                         device=env.device)
         report = run_evaluation(settings, env)
         if env.is_main:
             print0(report["table"])

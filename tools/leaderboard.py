@@ -83,7 +83,7 @@ from predictor_training.eval.run import (
 )
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.timing import TIMING_STATISTICS
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, Schedule, StepPlan
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.cpu_threads import set_cpu_threads
 from predictor_training.runtime.distributed import all_gather_objects, cleanup_distributed, init_distributed, print0
 from predictor_training.runtime.errors import CommandParser, command
@@ -226,21 +226,8 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
                          "train, holdout25 or holdout50")
         args.calibration_table = sample_table_path(parser, args.samples_dir, args.calibration_split,
                                                    "--calibration_split")
-    args.schedule = Schedule(DEFAULT_REPLACE_STEPS)  # unused by the rows (each carries its plan); the eval needs one
-    args.replace_steps = ",".join(map(str, DEFAULT_REPLACE_STEPS))
+    args.plan = StepPlan.from_steps(DEFAULT_REPLACE_STEPS)  # unused by the rows (each has its own); the eval needs one
     return args
-
-
-def trained_plan(run_flags: dict) -> str:
-    """The plan a checkpoint's run trained: P at its --replace_steps (1,2,3 without the flag: the offline recipes
-    train every step), R at its --reuse_steps, F elsewhere."""
-
-    def steps(name: str, default) -> list[int]:
-        value = run_flags.get(name, default)
-        return [int(part) for part in value.split(",") if part.strip()] if isinstance(value, str) else list(value)
-
-    replaced, reused = steps("replace_steps", DEFAULT_REPLACE_STEPS), steps("reuse_steps", ())
-    return "-".join("P" if step in replaced else "R" if step in reused else "F" for step in range(DISTILLED_STEPS))
 
 
 def predictor_plans(args: argparse.Namespace, checkpoints) -> dict[str, list[str]]:
@@ -248,7 +235,8 @@ def predictor_plans(args: argparse.Namespace, checkpoints) -> dict[str, list[str
     wanted = comma_list(args.predictor_plans) + [plan for plan in args.plans if "P" in StepPlan.parse(plan).letters_used]
     plans = {}
     for ckpt in checkpoints:
-        texts = [trained_plan(ckpt.run_flags) if plan == TRAINED else StepPlan.parse(plan).text for plan in wanted]
+        texts = [StepPlan.from_flags(ckpt.run_flags).text if plan == TRAINED else StepPlan.parse(plan).text
+                 for plan in wanted]
         plans[ckpt.label] = list(dict.fromkeys(texts))
     return plans
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from predictor_training.predictor.model import build_predictor
-from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.rollout.schedule import StepPlan, parse_replace_steps
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.io import read_json_file
@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     contexts = [min(4 * chunk, args.memory_frames) for chunk in range(args.num_chunks)]
 
     def flops(replace: str, mode: str) -> dict:
-        schedule = Schedule(parse_replace_steps(replace) if replace else (), chunk0_full=True)
-        kind = lambda chunk, step: "predictor" if schedule.replaces(chunk, step) else "full"  # noqa: E731
+        plan = StepPlan.from_steps(parse_replace_steps(replace))
+        kind = lambda chunk, step: "predictor" if plan.replaces(chunk, step) else "full"  # noqa: E731
         return rollout_flops(shape, tokens, args.text_tokens, contexts, kind, predictor_config=predictor_config,
                              context_mode=mode)
 

@@ -12,8 +12,10 @@ frame by frame with the reference:
                      v4 also gets this rollout's previous-chunk hidden of the same step and the exact context K/V of
                      its source layers from the Teacher's prefill of this chunk
 
-The schedule (`Schedule`) replaces `replace_steps` in chunks 1.. and, by default, runs chunk 0 F-F-F-F
-(docs/eval.md § What is compared; `chunk0_full=False` applies it to chunk 0 as well). Every method uses the same schedule, so the reuse baselines are
+The plan (`StepPlan`, from --replace_steps / --reuse_steps) replaces its steps in chunks 1.. and, by default, runs
+chunk 0 F-F-F-F (docs/eval.md § What is compared; `chunk0_full=False` applies it to chunk 0 as well). Every method
+replaces the same steps (a Predictor with --reuse_steps runs its plan's R steps by velocity reuse), so the reuse
+baselines are
 exactly "the Predictor replaced by a copy".
 
 Context modes (`EvalSettings.context_modes`, `--context_modes`; predictor_training/teacher/frame_kv_cache.py): the methods
@@ -62,7 +64,7 @@ from predictor_training.eval.methods import (
     parse_context_modes,
     with_context_mode,
 )
-from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.rollout.schedule import StepPlan, parse_replace_steps
 from predictor_training.eval.reports import (
     aggregate_results,
     format_markdown_table,
@@ -100,7 +102,7 @@ __all__ = [
     "DTYPES", "EVAL_CONFIG_NAME", "EXACT_CONTEXT", "PRECISION_DTYPES", "PREDICTOR_PREFIX", "REFERENCE", "RESULT_FORMAT",
     "RESULT_VERSION", "REUSE_HIDDEN", "REUSE_VELOCITY",
     "EvalRuntime", "EvalSettings", "HiddenReuse", "Method", "PredictorCheckpoint", "PredictorMethod",
-    "ReferenceMethod", "Schedule", "Stopwatch", "TimedRollout", "VaeDecoder", "VelocityReuse",
+    "ReferenceMethod", "StepPlan", "Stopwatch", "TimedRollout", "VaeDecoder", "VelocityReuse",
     "add_context_modes", "aggregate_results", "check_or_write_eval_config", "check_schedule_fits",
     "context_mode_name", "context_modes_tag", "default_run_name",
     "format_markdown_table", "label_checkpoints", "load_predictor", "make_step_fn",

@@ -38,7 +38,7 @@ from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, check_conte
 from predictor_training.predictor.model import Predictor
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.schedule import FULL_STEP_LETTERS, Schedule, StepPlan
+from predictor_training.rollout.schedule import FULL_STEP_LETTERS, StepPlan
 
 REFERENCE = "reference"
 REUSE_VELOCITY = "reuse_velocity"
@@ -105,10 +105,11 @@ class Method:
         """The step as one letter of a `PlannedMethod` (history: this chunk's earlier steps; unused here)."""
         return self.replaced_step(call)
 
-    def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
+    def run_step(self, call: StepCall, plan: StepPlan, stopwatch: Stopwatch,
                  autocast: Callable) -> tuple[StepOutput, str]:
-        """One step under the eval's `schedule`: (output, FLOP-count step kind)."""
-        if not schedule.replaces(call.chunk_index, call.step_index):
+        """One step under the eval's `plan` (the method fills every step it does not run Full): (output, FLOP-count
+        step kind)."""
+        if not plan.replaces(call.chunk_index, call.step_index):
             with stopwatch.measure("full_step"):
                 return call.run_teacher(), "full"
         with stopwatch.measure(self.timer), autocast():
@@ -124,7 +125,7 @@ class ReferenceMethod(Method):
     def replaced_step(self, call: StepCall) -> StepOutput:
         raise RuntimeError("the reference never replaces a step")
 
-    def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
+    def run_step(self, call: StepCall, plan: StepPlan, stopwatch: Stopwatch,
                  autocast: Callable) -> tuple[StepOutput, str]:
         with stopwatch.measure("full_step"):
             return call.run_teacher(), "full"
@@ -211,8 +212,8 @@ class PlannedMethod(Method):
     P a `PredictorMethod`, T / C / B from eval/caches.py); adaptive: the rule of the letter A (`caches.AdaptiveSkip`),
     which sees every step of the chunks it runs in; model: the transformer of the row's rollout (a student's, for a
     plan of S steps; None: the Teacher). In a plan with B the Full steps run through the B filler's `full_step`
-    (the same Full step, which also caches the residuals B reads). The eval's schedule is ignored: the plan is the
-    schedule.
+    (the same Full step, which also caches the residuals B reads). The eval's plan is ignored: the method's own is
+    its schedule.
     """
 
     kind = "planned"
@@ -233,7 +234,7 @@ class PlannedMethod(Method):
         self.residual_blocks = None if self.block_cache is None else len(self.block_cache.blocks)
         self.history: list[DoneStep] = []
 
-    def run_step(self, call: StepCall, schedule: Schedule, stopwatch: Stopwatch,
+    def run_step(self, call: StepCall, plan: StepPlan, stopwatch: Stopwatch,
                  autocast: Callable) -> tuple[StepOutput, str]:
         if call.step_index == 0:
             self.history = []
@@ -255,13 +256,13 @@ class PlannedMethod(Method):
         return output, kind
 
 
-def make_step_fn(method: Method, schedule: Schedule, stopwatch: Stopwatch, autocast: Callable,
+def make_step_fn(method: Method, plan: StepPlan | None, stopwatch: Stopwatch, autocast: Callable,
                  kinds: dict[tuple[int, int], str] | None = None) -> StepFn:
-    """The ARRollout hook of `method` (`Method.run_step`: Full steps where the schedule or the method's own plan keeps
-    them). `kinds`, when given, receives the FLOP-count step kind of every (chunk, step) that ran."""
+    """The ARRollout hook of `method` (`Method.run_step`: Full steps where the eval's `plan` or the method's own
+    plan keeps them; None: a method that replaces nothing, the reference). `kinds`, when given, receives the FLOP-count step kind of every (chunk, step) that ran."""
 
     def step_fn(call: StepCall) -> StepOutput:
-        output, kind = method.run_step(call, schedule, stopwatch, autocast)
+        output, kind = method.run_step(call, plan, stopwatch, autocast)
         if kinds is not None:
             kinds[(call.chunk_index, call.step_index)] = kind
         return output

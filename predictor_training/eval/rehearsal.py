@@ -21,7 +21,7 @@ from predictor_training.eval.run import rollout_config_for
 from predictor_training.eval.runtime import EvalRuntime
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.predictor.model import build_predictor
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.memory_rehearsal import MemoryReport, Rehearsal
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.source import TeacherSource, preset_teacher_loader
@@ -36,8 +36,8 @@ def rehearse_eval_rollout(preset: str, *, chunks: int, grid: tuple[int, int], te
     config = SimpleNamespace(**preset_config(preset))
     item, image_cond = trajectory_row(chunks, grid, config.out_channels)
     case = {**case_text_kv(config, text_tokens=text_tokens, host="meta" if fake else "cpu"), "image_cond": image_cond}
-    letters = "-".join(Schedule(tuple(replace_steps)).letters())
-    name = (f"eval rollout {letters}, {chunks} chunks, context {context_mode}, blocks {list(source_blocks)}, "
+    plan = StepPlan.from_steps(replace_steps)
+    name = (f"eval rollout {plan.text}, {chunks} chunks, context {context_mode}, blocks {list(source_blocks)}, "
             "inference")
     with Rehearsal(name, cuda_autocast=cuda_autocast, fake=fake) as rehearsal:
         load = preset_teacher_loader(preset, on_load=lambda teacher: rehearsal.label_parameters([teacher]))
@@ -50,7 +50,7 @@ def rehearse_eval_rollout(preset: str, *, chunks: int, grid: tuple[int, int], te
                                    predictor_config=predictor.predictor_config(), run_flags={}, label="rehearsal",
                                    panel="rehearsal")
         method = with_context_mode(PredictorMethod(predictor, ckpt), context_mode)
-        runtime = EvalRuntime(teacher=teacher, methods=[method], schedule=Schedule(tuple(replace_steps)),
+        runtime = EvalRuntime(teacher=teacher, methods=[method], plan=plan,
                               rollout_config=rollout_config_for(torch.bfloat16), decoder=None, scorer=None,
                               dataset=None, case_source="dataset", device=torch.device("cpu"),
                               state_dtype=torch.bfloat16)

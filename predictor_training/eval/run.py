@@ -57,7 +57,7 @@ from predictor_training.eval.methods import (
     context_mode_name,
     parse_context_modes,
 )
-from predictor_training.rollout.schedule import Schedule, StepPlan
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.eval.reports import (
     aggregate_ground_truth,
     aggregate_results,
@@ -154,30 +154,21 @@ def context_modes_tag(context_modes: Sequence[str]) -> str:
     return f"_ctx-{'+'.join(others)}" if others else ""
 
 
-def schedule_tag(schedule: Schedule, reuse_steps: Sequence[int] = ()) -> str:
-    """Run-name part of what the Predictors run: the schedule's tag ('fppp'), or with --reuse_steps their plan's
-    ('frrp')."""
-    if not reuse_steps:
-        return schedule.tag
-    return StepPlan.from_steps(predictor_steps(schedule, reuse_steps), reuse_steps, schedule.num_steps,
-                               schedule.chunk0_full).tag
+def baseline_plan(plan: StepPlan) -> StepPlan:
+    """What the reuse baselines replace: every step of `plan` that is not Full, written P (F-R-R-P -> F-P-P-P; the
+    eval's schedule record and header name it so)."""
+    return plan.with_letter("P")
 
 
-def predictor_steps(schedule: Schedule, reuse_steps: Sequence[int]) -> tuple[int, ...]:
-    """The steps a Predictor runs: the schedule's replaced steps less the reused ones (the schedule holds both, so
-    that the reuse baselines fill every step a Predictor row does not run as Full)."""
-    return tuple(step for step in schedule.replace_steps if step not in reuse_steps)
-
-
-def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule, split: str,
-                     context_modes: Sequence[str] = (EXACT_CONTEXT,), reuse_steps: Sequence[int] = ()) -> str:
+def default_run_name(checkpoints: Sequence[PredictorCheckpoint], plan: StepPlan, split: str,
+                     context_modes: Sequence[str] = (EXACT_CONTEXT,)) -> str:
     """`<train_run>_ckptstep<N>[+<M>...]_<schedule>_<split>` (runs joined by '__'); `reuse_<schedule>_<split>`
     without checkpoints; with context modes other than exact, `_ctx-<mode>[+<mode>...]` appended.
 
     A name that would pass `MAX_RUN_NAME_LENGTH` (two runs of the recipes' long names do) keeps its first run's
     part, cut to fit, and stands for the rest with `__and<K>more_<sha8>`: K more runs, the first 8 hex digits of
     the sha256 of the full name. The same checkpoints, schedule and split give the same name, so a rerun resumes."""
-    tag, suffix = schedule_tag(schedule, reuse_steps), context_modes_tag(context_modes)
+    tag, suffix = plan.tag, context_modes_tag(context_modes)
     if not checkpoints:
         return f"reuse_{tag}_{split}{suffix}"
     steps_by_run: dict[str, list[int]] = defaultdict(list)
@@ -196,9 +187,9 @@ def default_run_name(checkpoints: Sequence[PredictorCheckpoint], schedule: Sched
 # =============================================================================================================
 # 2. Settings from the flags of tools/eval_predictor.py
 # =============================================================================================================
-def check_schedule_fits(checkpoints: Sequence[PredictorCheckpoint], schedule: Schedule) -> None:
+def check_schedule_fits(checkpoints: Sequence[PredictorCheckpoint], plan: StepPlan) -> None:
     """A v4 Predictor needs the previous chunk's hidden and context K/V: refuse replaced steps in chunk 0 for it."""
-    if not schedule.chunk0_full and schedule.replace_steps:
+    if not plan.chunk0_full and plan.replaced_steps:
         v4 = [ckpt.label for ckpt in checkpoints if ckpt.variant == "v4"]
         if v4:
             raise UserInputError(f"checkpoints {v4} are v4 Predictors: they need the previous chunk's hidden and context "
@@ -318,28 +309,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 # The flags of tools/eval_predictor.py (and tools/leaderboard.py) that `resolve_eval_settings` takes by name.
-EVAL_FLAGS = ("ckpt", "schedule", "dtype", "vae_dtype", "demo", "teacher", "action_ckpt", "vae", "sample_table",
+EVAL_FLAGS = ("ckpt", "plan", "dtype", "vae_dtype", "demo", "teacher", "action_ckpt", "vae", "sample_table",
               "split", "encoded", "dataset_root", "num_latents", "context_modes", "output_root", "run_name",
               "max_videos", "num_side_by_side", "side_by_side_scale", "fps", "ground_truth", "lpips_alexnet",
               "lpips_random_backbone", "warmup_chunks", "vae_tiling", "no_progress")
 
 
-def resolve_eval_settings(*, ckpt: Sequence[Path], schedule: Schedule, dtype: str, vae_dtype: str, demo: Path | None,
+def resolve_eval_settings(*, ckpt: Sequence[Path], plan: StepPlan, dtype: str, vae_dtype: str, demo: Path | None,
                           teacher: Path | None, action_ckpt: Path | None, vae: Path, sample_table: Path, split: str,
                           encoded: Path | None, dataset_root: Path | None, num_latents: int,
                           context_modes: str | Sequence[str], output_root: Path, run_name: str | None,
                           max_videos: int | None, num_side_by_side: int, side_by_side_scale: int, fps: float,
                           ground_truth: Path | None, lpips_alexnet: Path | None, lpips_random_backbone: bool,
                           warmup_chunks: int, vae_tiling: bool, no_progress: bool, argv: Sequence[str],
-                          device: torch.device, reuse_steps: Sequence[int] = ()) -> EvalSettings:
+                          device: torch.device) -> EvalSettings:
     """`EvalSettings` from the flags of tools/eval_predictor.py (`EVAL_FLAGS`, by name), after its own checks
-    (--demo expanded into teacher, vae, samples_dir and encoded; `sample_table` and `schedule` set). Reads the
+    (--demo expanded into teacher, vae, samples_dir and encoded; `sample_table` and `plan` set). Reads the
     checkpoints' metadata (Teacher, dtype, labels) and logs the chosen dtypes first. A problem with the flags is a
     `UserInputError` (the tool's one-line error); anything else is a bug."""
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in ckpt])
     for checkpoint in checkpoints:  # readable, finite, its checksum: refused before the eval directory exists
         check_weights_file(checkpoint.path)
-    check_schedule_fits(checkpoints, schedule)
+    check_schedule_fits(checkpoints, plan)
     eval_dtype, dtype_reason = resolve_dtype(dtype, [ckpt.meta for ckpt in checkpoints], device)
     if vae_dtype == "auto":
         eval_vae_dtype, vae_reason = eval_dtype, "--vae_dtype auto = --dtype"
@@ -356,8 +347,7 @@ def resolve_eval_settings(*, ckpt: Sequence[Path], schedule: Schedule, dtype: st
         case_root=encoded if encoded is not None else dataset_root,
         num_latents=num_latents,
         checkpoints=list(ckpt),
-        schedule=schedule,
-        reuse_steps=tuple(reuse_steps),
+        plan=plan,
         context_modes=parse_context_modes(context_modes),
         dtype=eval_dtype,
         vae_dtype=eval_vae_dtype,
@@ -392,14 +382,13 @@ class EvalSettings:
     case_root: Path  # encoded dir or dataset root
     num_latents: int
     checkpoints: list[Path]
-    schedule: Schedule
+    # What the Predictors run (F-P-P-P; with --reuse_steps e.g. F-R-R-P); the reuse baselines replace every step
+    # of it that is not Full (`baseline_plan`).
+    plan: StepPlan
     dtype: torch.dtype
     vae_dtype: torch.dtype
     output_root: Path
     context_modes: tuple[str, ...] = (EXACT_CONTEXT,)  # parse_context_modes: exact first, then the others
-    # Steps of `schedule` the Predictors fill by velocity reuse (their plan, e.g. F-R-R-P); the reuse baselines
-    # fill every step of the schedule.
-    reuse_steps: tuple[int, ...] = ()
     run_name: str | None = None
     max_videos: int | None = None
     num_side_by_side: int = 2
@@ -423,6 +412,13 @@ def rollout_config_for(dtype: torch.dtype) -> RolloutConfig:
     return RolloutConfig(state_dtype=dtype, autocast_dtype=None if dtype == torch.float32 else dtype)
 
 
+def schedule_record(plan: StepPlan) -> dict:
+    """The fingerprint's "schedule": the steps the baselines replace (`baseline_plan`), as every eval recorded it."""
+    baselines = baseline_plan(plan)
+    return {"replace_steps": list(baselines.replaced_steps), "num_steps": baselines.num_steps,
+            "chunk0_full": baselines.chunk0_full, "letters": baselines.pattern}
+
+
 def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[PredictorCheckpoint], teacher_sha: str,
                          scorer: LpipsScorer, device: torch.device, rows: "MethodRows | None" = None
                          ) -> tuple[str, dict]:
@@ -443,7 +439,7 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
         "num_latents": settings.num_latents,
         "checkpoints": [{"path": str(ckpt.path), "label": ckpt.label, "sha256": sha256_file(ckpt.path)}
                         for ckpt in checkpoints],
-        "schedule": settings.schedule.to_dict(),
+        "schedule": schedule_record(settings.plan),
         "dtype": str(settings.dtype).removeprefix("torch."),
         "vae_dtype": str(settings.vae_dtype).removeprefix("torch."),
         "vae_tiling": settings.vae_tiling,
@@ -458,8 +454,8 @@ def settings_fingerprint(settings: EvalSettings, checkpoints: Sequence[Predictor
         record["context_modes"] = list(context_modes)
     if settings.seeds != 1:
         record["seeds"] = settings.seeds
-    if settings.reuse_steps:
-        record["reuse_steps"] = list(settings.reuse_steps)
+    if settings.plan.reuse_steps:
+        record["reuse_steps"] = list(settings.plan.reuse_steps)
     if settings.timing_repeats != 1:  # likewise: one timing per rollout keeps the fingerprint of older runs
         record["timing"] = {"repeats": settings.timing_repeats, "statistic": settings.timing_statistic}
     if rows is not None:
@@ -516,7 +512,7 @@ def build_runtime(settings: EvalSettings, teacher: WorldPlayTransformer, methods
                   decoder: bool = True) -> EvalRuntime:
     """The per-rank runtime of `methods` on `dataset` (no VAE decoder with decoder=False: rollouts only)."""
     return EvalRuntime(
-        teacher=teacher, methods=list(methods), schedule=settings.schedule,
+        teacher=teacher, methods=list(methods), plan=settings.plan,
         rollout_config=rollout_config_for(settings.dtype),
         decoder=VaeDecoder.from_folder(settings.vae, device, settings.vae_dtype, settings.vae_tiling)
         if decoder else None,
@@ -570,19 +566,15 @@ def classic_methods(teacher: WorldPlayTransformer, predictors: dict, context_mod
 def describe_schedule(settings: EvalSettings) -> str:
     """The schedule of the log line and the report header ('chunk 0 F-F-F-F, later chunks F-P-P-P'), with
     --reuse_steps the Predictors' plan and the baselines' schedule."""
-    if not settings.reuse_steps:
-        return settings.schedule.describe()
-    plan = predictor_plan(settings)
-    return f"{settings.schedule.describe()} (reuse baselines); Predictors {plan.text}"
+    baselines = baseline_plan(settings.plan).describe()
+    if not settings.plan.reuse_steps:
+        return baselines
+    return f"{baselines} (reuse baselines); Predictors {settings.plan.text}"
 
 
 def predictor_plan(settings: EvalSettings) -> StepPlan | None:
     """The Predictors' plan with --reuse_steps (P at the steps left, R at the reused ones), else None."""
-    if not settings.reuse_steps:
-        return None
-    schedule = settings.schedule
-    return StepPlan.from_steps(predictor_steps(schedule, settings.reuse_steps), settings.reuse_steps,
-                               schedule.num_steps, schedule.chunk0_full)
+    return settings.plan if settings.plan.reuse_steps else None
 
 
 def check_evaluation(settings: EvalSettings, rows: MethodRows | None = None) -> list[str]:
@@ -594,10 +586,9 @@ def check_evaluation(settings: EvalSettings, rows: MethodRows | None = None) -> 
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
     if rows is not None:
         checkpoints = rows.label(checkpoints)
-    check_schedule_fits(checkpoints, settings.schedule)
+    check_schedule_fits(checkpoints, settings.plan)
     context_modes = parse_context_modes(settings.context_modes)
-    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes,
-                                                     settings.reuse_steps)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.plan, settings.split, context_modes)
     out_dir = Path(settings.output_root) / run_name
     source = settings.teacher_source
     teacher_depth(source)  # its config.json
@@ -629,10 +620,9 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
     if rows is not None:
         checkpoints = rows.label(checkpoints)
-    check_schedule_fits(checkpoints, settings.schedule)
+    check_schedule_fits(checkpoints, settings.plan)
     context_modes = parse_context_modes(settings.context_modes)
-    run_name = settings.run_name or default_run_name(checkpoints, settings.schedule, settings.split, context_modes,
-                                                     settings.reuse_steps)
+    run_name = settings.run_name or default_run_name(checkpoints, settings.plan, settings.split, context_modes)
     out_dir = Path(settings.output_root) / run_name
     scorer = LpipsScorer.from_policy(settings.lpips_alexnet, random_backbone=settings.lpips_random_backbone,
                                      device=device)
@@ -716,7 +706,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
                   for ckpt in checkpoints if ckpt.panel.startswith("#")]
         header = {"run_name": run_name, "split": settings.split, "num_videos": len(results),
                   "display_names": display_names, "legend": legend,
-                  "schedule": describe_schedule(settings), "replace_steps": list(settings.schedule.replace_steps),
+                  "schedule": describe_schedule(settings), "replace_steps": list(settings.plan.replaced_steps),
                   "lpips": scorer.describe(), "checkpoints": {ckpt.method: str(ckpt.path) for ckpt in checkpoints},
                   "dtype": str(settings.dtype).removeprefix("torch."), "device": str(device),
                   "world_size": env.world_size,
@@ -727,8 +717,8 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
             header["ground_truth"] = str(Path(settings.ground_truth).resolve())
         if context_modes != (EXACT_CONTEXT,):  # likewise: the header of an exact-only run stays as it was
             header["context_modes"] = list(context_modes)
-        if settings.reuse_steps:  # likewise
-            header["reuse_steps"] = list(settings.reuse_steps)
+        if settings.plan.reuse_steps:  # likewise
+            header["reuse_steps"] = list(settings.plan.reuse_steps)
         memory = aggregate_revisits(results)  # with ground truth whose poses revisit earlier cameras
         report["written"] = write_reports(out_dir, results, aggregate, method_names, header, aggregate_truth,
                                           memory)

@@ -36,7 +36,7 @@ from predictor_training.eval.methods import (
     PredictorMethod,
     make_step_fn,
 )
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.teacher.flops import TeacherShape, rollout_flops, text_prefill_flops
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.precision import autocast, synchronize
@@ -92,7 +92,7 @@ class EvalRuntime:
 
     teacher: WorldPlayTransformer
     methods: list[Method]
-    schedule: Schedule
+    plan: StepPlan  # the steps every method replaces (a `PlannedMethod` runs its own plan)
     rollout_config: RolloutConfig
     decoder: VaeDecoder
     scorer: LpipsScorer
@@ -144,7 +144,7 @@ class EvalRuntime:
         rollout = TimedRollout(method.model or self.teacher, text_kv, inputs, config, device=self.device,
                                stopwatch=stopwatch)
         rollout.step_kinds = {}
-        step_fn = make_step_fn(method, self.schedule, stopwatch, self.autocast, rollout.step_kinds)
+        step_fn = make_step_fn(method, self.plan, stopwatch, self.autocast, rollout.step_kinds)
         with stopwatch.measure("rollout"):
             rollout.run(step_fn, chunks)
         return rollout

@@ -20,7 +20,6 @@ import dataclasses
 import random
 import time
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ from predictor_training.eval.timing import Stopwatch
 from predictor_training.methods.monitors import collapse_monitors
 from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.rollout.schedule import Schedule, StepPlan
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, unwrap_model
 from predictor_training.runtime.errors import MissingFileError
@@ -95,9 +94,8 @@ class PredictorValidation:
 
     best_metric = "val/psnr_vs_reference"
 
-    def __init__(self, *, teacher, predictor, schedule: Schedule, rollout_config: RolloutConfig, dataset_root: Path,
-                 split: str, num_videos: int, vae: Path, ground_truth: Path | None, env: DistEnv, run_dir: Path,
-                 reuse_steps: Sequence[int] = ()):
+    def __init__(self, *, teacher, predictor, plan: StepPlan, rollout_config: RolloutConfig, dataset_root: Path,
+                 split: str, num_videos: int, vae: Path, ground_truth: Path | None, env: DistEnv, run_dir: Path):
         self.env = env
         self.run_dir = Path(run_dir)
         dataset = TrajectoryTableDataset(
@@ -111,13 +109,11 @@ class PredictorValidation:
                                     label="training", panel="training")
         self.predictor = raw
         self.method = PredictorMethod(raw, label)
-        if reuse_steps:  # F-R-R-P: the Predictor's steps and velocity reuse, as the leaderboard runs it
-            plan = StepPlan(("".join("P" if schedule.replaces(1, k) else "R" if k in reuse_steps else "F"
-                                     for k in range(schedule.num_steps)),))
+        if plan.reuse_steps:  # F-R-R-P: the Predictor's steps and velocity reuse, as the leaderboard runs it
             self.method = PlannedMethod("predictor_training", plan, {"P": self.method, "R": VelocityReuse()},
                                         "training", ckpt=label)
         self.runtime = EvalRuntime(
-            teacher=teacher, methods=[ReferenceMethod(), self.method], schedule=schedule,
+            teacher=teacher, methods=[ReferenceMethod(), self.method], plan=plan,
             rollout_config=rollout_config, decoder=VaeDecoder.from_folder(vae, env.device, torch.float32, False),
             scorer=None, dataset=dataset, case_source="dataset", device=env.device,
             state_dtype=rollout_config.state_dtype, chunk_latents=rollout_config.chunk_latents,
@@ -227,11 +223,10 @@ def contact_sheet(videos: list) -> Image.Image:
 
 def predictor_validation(*, every: int, split: str | None, videos: int, vae: Path | None,
                          ground_truth: Path | None, dataset_root: Path, teacher, predictor, teacher_folder: Path,
-                         replace_steps, rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path,
-                         autocast_dtype: torch.dtype | None = None,
-                         reuse_steps: Sequence[int] = ()) -> PredictorValidation | None:
-    """A Predictor recipe's validation (None with every 0: its --val_every, --val_split, --val_videos, --val_vae,
-    --val_ground_truth). Without `vae` the VAE is the `encoders/vae` folder beside the Teacher's folder, and without
+                         plan: StepPlan, rollout_config: RolloutConfig | None, env: DistEnv, run_dir: Path,
+                         autocast_dtype: torch.dtype | None = None) -> PredictorValidation | None:
+    """A Predictor recipe's validation of its `plan` (None with every 0: its --val_every, --val_split, --val_videos,
+    --val_vae, --val_ground_truth). Without `vae` the VAE is the `encoders/vae` folder beside the Teacher's folder, and without
     `ground_truth` the truth is its `ground_truth` folder, when they exist (the demo assets' layout).
     `rollout_config`: the recipe's AR loop (None: the dataset's, running latents in the Teacher's dtype,
     `autocast_dtype` for its calls). Built without touching any random state."""
@@ -249,13 +244,18 @@ def predictor_validation(*, every: int, split: str | None, videos: int, vae: Pat
         rollout_config = RolloutConfig.from_dataset_config(
             read_dataset_config(dataset_root), str(Path(dataset_root) / DATASET_CONFIG_NAME),
             state_dtype=teacher.dtype, autocast_dtype=autocast_dtype)
-    schedule = Schedule.for_rollout(replace_steps, rollout_config)
+    check_plan_fits(plan, rollout_config)
     split = split or default_val_split(dataset_root)
     with restored_random_state():
-        return PredictorValidation(teacher=teacher, predictor=predictor, schedule=schedule,
-                                   rollout_config=rollout_config, dataset_root=Path(dataset_root), split=split,
-                                   num_videos=videos, vae=vae, ground_truth=truth, env=env, run_dir=run_dir,
-                                   reuse_steps=tuple(reuse_steps))
+        return PredictorValidation(teacher=teacher, predictor=predictor, plan=plan, rollout_config=rollout_config,
+                                   dataset_root=Path(dataset_root), split=split, num_videos=videos, vae=vae,
+                                   ground_truth=truth, env=env, run_dir=run_dir)
+
+
+def check_plan_fits(plan: StepPlan, rollout_config: RolloutConfig) -> None:
+    """A plan has one letter per step of the rollout it runs in."""
+    if plan.num_steps != rollout_config.num_steps:
+        raise ValueError(f"plan {plan.text} has {plan.num_steps} steps; the rollout runs {rollout_config.num_steps}")
 
 
 def default_video_val_split(dataset_root: Path, train_split: str = "train") -> str:
@@ -288,11 +288,11 @@ def resolve_video_val_inputs(parser, method: str, *, val_every: int, val_vae: Pa
 
 
 def generator_validation(*, every: int, dataset_root: Path, split: str, videos: int, vae: Path, seed: int, teacher,
-                         generator_role, student, replace_steps, student_steps: int, student_shift: float,
+                         generator_role, student, plan: StepPlan | None, student_steps: int, student_shift: float,
                          rollout_config: RolloutConfig, env: DistEnv, run_dir: Path) -> ClipRolloutValidation | None:
     """DMD2's validation (fvtools/train_dmd2.py; its --val_every, --dataset_root, --val_split, --val_videos,
     --val_vae, --seed): the generator's rollout on the first `videos` clips of `split` (the composite of
-    `replace_steps` through the eval's own step hook on the frozen Teacher, or the student's own `student_steps`
+    `plan` through the eval's own step hook on the frozen Teacher, or the student's own `student_steps`
     rollout at `student_shift`) against the clip's decoded latents (val/*_vs_truth) and the Teacher's F-F-F-F of the
     same noise (val/*_vs_teacher), plus the collapse monitors of the generator's latents against the Teacher's
     (val/monitor/*). `student`: the student's ScoreModel, or None for the Predictor. None with every 0."""
@@ -300,8 +300,7 @@ def generator_validation(*, every: int, dataset_root: Path, split: str, videos: 
         return None
     dataset = VideoLatentDataset(dataset_root, split)
     autocast_dtype = rollout_config.autocast_dtype
-    schedule = Schedule.for_rollout(replace_steps, rollout_config)
-    teacher_rollout = composite_rollout(teacher, None, schedule, rollout_config, env.device, autocast_dtype, run_dir)
+    teacher_rollout = composite_rollout(teacher, None, None, rollout_config, env.device, autocast_dtype, run_dir)
 
     def reference(item, noise, memory_seed):
         with adapter(teacher, None):
@@ -310,8 +309,8 @@ def generator_validation(*, every: int, dataset_root: Path, split: str, videos: 
     if student is None:  # the Predictor
         predictor = unwrap_model(generator_role.module)
         modules = [predictor]
-        composite = composite_rollout(teacher, predictor, schedule, rollout_config, env.device, autocast_dtype,
-                                      run_dir)
+        check_plan_fits(plan, rollout_config)
+        composite = composite_rollout(teacher, predictor, plan, rollout_config, env.device, autocast_dtype, run_dir)
 
         def generate(item, noise, memory_seed):
             with adapter(teacher, None):
@@ -372,11 +371,11 @@ def own_rollout(model, rollout_config: RolloutConfig, device: torch.device, auto
     return generate
 
 
-def composite_rollout(teacher, predictor, schedule: Schedule, rollout_config: RolloutConfig, device: torch.device,
-                      autocast_dtype, run_dir: Path):
+def composite_rollout(teacher, predictor, plan: StepPlan | None, rollout_config: RolloutConfig,
+                      device: torch.device, autocast_dtype, run_dir: Path):
     """`generate` of the F-P-P-P composite: the frozen Teacher's AR loop with the eval's own step hook
-    (`PredictorMethod` + `make_step_fn` under `schedule`); `predictor=None` gives the Teacher's own F-F-F-F
-    (`ReferenceMethod`)."""
+    (`PredictorMethod` + `make_step_fn` under `plan`); `predictor=None` (and plan None) gives the Teacher's own
+    F-F-F-F (`ReferenceMethod`)."""
     if predictor is None:
         method = ReferenceMethod()
     else:
@@ -390,7 +389,7 @@ def composite_rollout(teacher, predictor, schedule: Schedule, rollout_config: Ro
     def generate(item, noise, memory_seed):
         text_kv = clip_text_kv(teacher, item, device, autocast_dtype, grad=False)
         inputs = RolloutInputs.from_clip(item, noise, memory_seed)
-        step_fn = make_step_fn(method, schedule, Stopwatch(device), scope)
+        step_fn = make_step_fn(method, plan, Stopwatch(device), scope)
         return ARRollout(teacher, text_kv, inputs, config, device=device).run(step_fn).float().cpu()
 
     return generate

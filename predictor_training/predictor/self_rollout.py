@@ -1,12 +1,12 @@
 """On-policy self-rollout of one trajectory under a schedule (F-P-P-P by default; docs/rollout.md): what runs, and where
 gradients stop.
 
-The schedule is `SelfRolloutSettings.replace_steps` (the eval's `--replace_steps`): the Predictor runs those steps
-of every trained chunk, the Teacher every other step. Step 0 is always Full. A Full step k >= 1 inside a trained
+The schedule is `SelfRolloutSettings.plan` (a `StepPlan`, the flags' `--replace_steps` / `--reuse_steps` as the
+eval's): the Predictor runs its P steps of every trained chunk, the Teacher every other step. Step 0 is always Full. A Full step k >= 1 inside a trained
 chunk is a Teacher step on the detached student latent: its velocity advances the latent (no graph), its hidden is
-the next anchor, and gradients stop there. A step of `reuse_steps` repeats the previous step's velocity (the eval's
+the next anchor, and gradients stop there. An R step repeats the previous step's velocity (the eval's
 velocity reuse; F-R-R-P = reuse 1, 2 and the Predictor at 3): no model call, no label, the anchor unchanged.
-Below, F-P-P-P (replace_steps 1, 2, 3).
+Below, F-P-P-P (--replace_steps 1,2,3).
 
 One trajectory of T latents = T / 4 chunks. Chunk 0 is the Teacher's F-F-F-F (no gradients): it seeds the
 self-generated history and gives the previous-chunk hidden of steps 1, 2, 3 for chunk 1. Every later chunk c is
@@ -59,6 +59,7 @@ from predictor_training.rollout.ar_rollout import (
     StepOutput,
     TrainingPolicy,
 )
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.distributed import maybe_no_sync, unwrap_model
 from predictor_training.predictor.loss import predictor_loss
 from predictor_training.runtime.precision import autocast
@@ -71,18 +72,16 @@ class SelfRolloutSettings:
 
     velocity_weight / hidden_weight: per-step loss = velocity_weight * mse_v + hidden_weight * mse_h (the recipe's
     --velocity_weight / --hidden_weight). predictor_autocast_dtype: autocast of the Predictor forwards (bf16 in the
-    real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``. replace_steps: the
-    steps the Predictor runs in every trained chunk (ascending, within 1..num_steps-1); reuse_steps: steps that reuse
-    the previous step's velocity, as the eval's velocity reuse (the fewer-step sampler's skipped steps), disjoint
-    from replace_steps. revisit_weight: adds revisit_weight * mse(v_pred, v_return) at the latents whose camera the
+    real recipe; None = off). The Teacher's own autocast is ``RolloutConfig.autocast_dtype``. plan: what fills
+    each step of every trained chunk (`StepPlan.from_steps`, the flags' one check): P the Predictor, R velocity reuse
+    as the eval's (the fewer-step sampler's skipped steps: no model call, no label), F the Teacher. revisit_weight: adds revisit_weight * mse(v_pred, v_return) at the latents whose camera the
     trajectory saw before (`SelfRolloutTrajectory.revisit_target`; the recipe's --revisit_weight).
     """
 
     velocity_weight: float
     hidden_weight: float
     predictor_autocast_dtype: torch.dtype | None = None
-    replace_steps: tuple[int, ...] = (1, 2, 3)
-    reuse_steps: tuple[int, ...] = ()  # steps filled by velocity reuse (no model call, no label): F-R-R-P = (1, 2)
+    plan: StepPlan = StepPlan.from_steps(DEFAULT_REPLACE_STEPS)  # F-P-P-P; F-R-R-P = from_steps((3,), (1, 2))
     revisit_weight: float = 0.0  # the return term's weight (`revisit_target`); 0 = off
 
 
@@ -185,15 +184,9 @@ class SelfRolloutTrajectory:
                              f"got variant {raw_predictor.variant!r}")
         if rollout_config.num_steps < 2:
             raise ValueError(f"F-P-P-P needs at least 2 denoising steps, got num_steps={rollout_config.num_steps}")
-        steps = tuple(settings.replace_steps)
-        if not steps or list(steps) != sorted(set(steps)) or not all(1 <= k < rollout_config.num_steps for k in steps):
-            raise ValueError(f"replace_steps {list(steps)} must be ascending, without repeats, within "
-                             f"1..{rollout_config.num_steps - 1} (step 0 is always Full)")
-        reuse = tuple(settings.reuse_steps)
-        if list(reuse) != sorted(set(reuse)) or not all(1 <= k < rollout_config.num_steps for k in reuse) or \
-                set(reuse) & set(steps):
-            raise ValueError(f"reuse_steps {list(reuse)} must be ascending, within 1..{rollout_config.num_steps - 1} "
-                             f"and disjoint from replace_steps {list(steps)}")
+        if settings.plan.num_steps != rollout_config.num_steps or not settings.plan.predictor_steps:
+            raise ValueError(f"plan {settings.plan.text}: expected a Predictor step among the rollout's "
+                             f"{rollout_config.num_steps} steps")
         self.rollout = ARRollout(teacher, text_kv, inputs, rollout_config, recorder=None, device=device)
         if self.rollout.num_chunks < 2:
             raise ValueError(f"{inputs.num_latents} latents make {self.rollout.num_chunks} chunk(s); self-rollout "
@@ -206,6 +199,7 @@ class SelfRolloutTrajectory:
         self.prev_chunk_hidden: dict[int, Tensor] | None = None
         self.next_chunk = 0
         # x_k made by the Predictor step before it keeps its .grad (the latent path of BPTT must be alive)
+        steps = settings.plan.predictor_steps
         self.tracked_steps = {k + 1 for k in steps if k + 1 in steps}
         # the Predictor steps (and tracked latents) of the chunk being run, taken by `chunk_graph`
         self.pending_steps: list[PredictorStep] = []
@@ -228,15 +222,15 @@ class SelfRolloutTrajectory:
 
     @property
     def predictor_steps(self) -> list[int]:
-        return list(self.settings.replace_steps)
+        return list(self.settings.plan.predictor_steps)
 
     def policy(self, *, trained_scope: Callable[[int], ContextManager] | None = None,
                on_chunk_end: Callable[[ChunkRun], None] | None = None,
                on_commit: Callable[[ChunkRun], None] | None = None) -> TrainingPolicy:
         """The rollout's `TrainingPolicy` of this schedule (chunk 0 F-F-F-F without gradients; Predictor steps
-        `replace_steps`, velocity reuse `reuse_steps`, Full elsewhere) with the Predictor step as its student;
+        at its P steps, velocity reuse at its R steps, Full elsewhere) with the Predictor step as its student;
         trained_scope / on_chunk_end / on_commit: as `TrainingPolicy`."""
-        return TrainingPolicy(self.predictor_steps, self.predictor_step, reuse_steps=self.settings.reuse_steps,
+        return TrainingPolicy(self.settings.plan, self.predictor_step,
                               trained_scope=trained_scope, on_chunk_end=on_chunk_end, on_commit=on_commit)
 
     # ---- chunk 0 -----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.pair_step import pair_step
 from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
-from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS
+from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything
 from predictor_training.runtime.flags import (
     check_args,
@@ -61,7 +61,7 @@ def build_offline(settings: OfflineSettings, env: DistEnv, policy: PrecisionPoli
     # dataset's AR loop.
     validation = held_out_validation(settings, teacher=teacher, predictor=predictor,
                                      teacher_folder=teacher_source.folder, env=env, run_dir=run_dir,
-                                     replace_steps=DEFAULT_REPLACE_STEPS, rollout_config=None,
+                                     plan=StepPlan.from_steps(DEFAULT_REPLACE_STEPS), rollout_config=None,
                                      autocast_dtype=policy.autocast_dtype)
     del teacher
     seed_everything(settings.seed, rank=env.rank)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor_training.eval.validation import PredictorValidation, predictor_validation
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.distributed import DistEnv, wrap_ddp
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.roles import Role
@@ -59,10 +60,10 @@ def predictor_role(predictor, settings: PredictorSettings, env: DistEnv) -> Role
 
 
 def held_out_validation(settings: PredictorSettings, *, teacher, predictor, teacher_folder: Path, env: DistEnv,
-                        run_dir, **schedule) -> PredictorValidation | None:
-    """`eval.validation.predictor_validation` at the settings' validation values (None with val_every 0);
-    `schedule`: the recipe's replace_steps, rollout_config and, as it needs them, autocast_dtype and reuse_steps."""
+                        run_dir, plan: StepPlan, **rollout) -> PredictorValidation | None:
+    """`eval.validation.predictor_validation` at the settings' validation values (None with val_every 0) of the
+    recipe's `plan`; `rollout`: its rollout_config and, as it needs it, autocast_dtype."""
     return predictor_validation(
         every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
         ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
-        predictor=predictor, teacher_folder=teacher_folder, env=env, run_dir=run_dir, **schedule)
+        predictor=predictor, teacher_folder=teacher_folder, env=env, run_dir=run_dir, plan=plan, **rollout)

@@ -16,6 +16,7 @@ from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, train_trajectory, trajectory_for_row
 from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
 from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.checkpoint import load_model_weights
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0
 from predictor_training.runtime.precision import PrecisionPolicy
@@ -29,12 +30,12 @@ VARIANT = "v4"
 @dataclass(frozen=True)
 class RolloutSettings(PredictorSettings):
     """What `build_rollout` builds from, named as the rollout script's flags (`flags.settings_from_flags`): the
-    Predictor recipes' values (`PredictorSettings`), the Predictor's weights (init_from, unless resuming) and the
-    schedule it trains (replace_steps, reuse_steps) and the return term's weight (revisit_weight)."""
+    Predictor recipes' values (`PredictorSettings`), the Predictor's weights (init_from, unless resuming), the
+    schedule it trains (plan: `recipes.flags.add_plan_args`, from --replace_steps / --reuse_steps) and the return
+    term's weight (revisit_weight)."""
 
     init_from: Path | None
-    replace_steps: tuple[int, ...]
-    reuse_steps: tuple[int, ...]
+    plan: StepPlan
     revisit_weight: float
 
 
@@ -42,10 +43,10 @@ class DuplicateTrajectoryError(RuntimeError):
     """Two ranks (or two micro-batches of one step) got the same (case_id, action_id)."""
 
 
-def latent_grad_check(replace_steps) -> Callable[[int, dict], None] | None:
-    """`check_latent_grads` when the schedule has two consecutive Predictor steps (whose latent path can be checked),
+def latent_grad_check(plan: StepPlan) -> Callable[[int, dict], None] | None:
+    """`check_latent_grads` when the plan has two consecutive Predictor steps (whose latent path can be checked),
     else None (F-P-F-P: every Predictor step starts from a Teacher-made latent, no latent path to check)."""
-    consecutive = any(step + 1 in replace_steps for step in replace_steps)
+    consecutive = any(step + 1 in plan.predictor_steps for step in plan.predictor_steps)
     return check_latent_grads if consecutive else None
 
 
@@ -136,16 +137,14 @@ def build_rollout(settings: RolloutSettings, env: DistEnv, policy: PrecisionPoli
     role = predictor_role(predictor, settings, env)
     step_settings = SelfRolloutSettings(
         velocity_weight=settings.velocity_weight, hidden_weight=settings.hidden_weight,
-        predictor_autocast_dtype=policy.autocast_dtype, replace_steps=tuple(settings.replace_steps),
-        reuse_steps=tuple(settings.reuse_steps), revisit_weight=settings.revisit_weight)
+        predictor_autocast_dtype=policy.autocast_dtype, plan=settings.plan, revisit_weight=settings.revisit_weight)
     step_fn = RolloutStep(model=role.module, teacher=teacher, dataset=dataset, rollout_config=rollout_config,
                           settings=step_settings, env=env)
     validation = held_out_validation(settings, teacher=teacher, predictor=predictor,
                                      teacher_folder=teacher_source.folder, env=env, run_dir=run_dir,
-                                     replace_steps=settings.replace_steps, reuse_steps=settings.reuse_steps,
-                                     rollout_config=rollout_config)
+                                     plan=settings.plan, rollout_config=rollout_config)
     return RecipeParts(
         roles=[role], step_fn=step_fn, models=[teacher, predictor], validation=validation,
         derived={"init_meta": init_meta, "predictor": predictor.predictor_config(),
                  "teacher_double_blocks": teacher.num_layers},
-        loop_options={"extra_step_check": latent_grad_check(settings.replace_steps)})
+        loop_options={"extra_step_check": latent_grad_check(settings.plan)})

@@ -48,6 +48,7 @@ from predictor_training.rollout.camera import make_retrieval_points, select_alig
 from predictor_training.runtime.memory_rehearsal import real_values
 from predictor_training.teacher.frame_kv_cache import FrameKVCache, check_context_mode
 from predictor_training.runtime.precision import autocast
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
@@ -337,6 +338,7 @@ class ChunkPolicy:
 
 
 StudentFn = Callable[[StepCall, Tensor, StepOutput], StepOutput]
+TRAINED_LETTERS = "FPR"  # what a trainer's plan may hold: Full (a label), the student (P), velocity reuse (R)
 
 
 class TrainingPolicy(ChunkPolicy):
@@ -344,26 +346,28 @@ class TrainingPolicy(ChunkPolicy):
     calls carry a graph and where it is cut (docs/rollout.md).
 
     Chunks before `first_trained_chunk` are the Teacher's F-F-F-F without gradients (the history seed). In a trained
-    chunk (grad mode: the caller's) step k is
-    * in `reuse_steps`: the previous step's output again (velocity and hidden; no model call, no label);
+    chunk (grad mode: the caller's) step k is what `plan` (a `StepPlan` of F, P and R) says:
+    * R: the previous step's output again (velocity and hidden; no model call, no label);
     * otherwise the Teacher's step on the detached latent, without a graph: a label on the state the student
-      visits. At step 0 it is the step's output. At any other Full step too, and the next latent is advanced from
-      the detached latent (`StepOutput.graph_stops`): gradients stop there. At a step of `student_steps` it goes
-      to `student(call, label_input, label)` (label_input [1, 2C+1, 4, H, W]: the detached input the label was
+      visits. At step 0 it is the step's output. At any other F step too, and the next latent is advanced from
+      the detached latent (`StepOutput.graph_stops`): gradients stop there. At a P step it goes to
+      `student(call, label_input, label)` (label_input [1, 2C+1, 4, H, W]: the detached input the label was
       computed on), whose output, with its graph, advances the latent.
     trained_scope(chunk_index): the context a trained chunk's steps and `end_chunk` run in (default none: e.g. a
     trainer's DDP `no_sync`); on_chunk_end(run): every chunk's `ChunkRun` before its commit (a trainer's backward);
     on_commit(run): every chunk's right after its commit.
     """
 
-    def __init__(self, student_steps: Sequence[int], student: StudentFn, *, reuse_steps: Sequence[int] = (),
-                 first_trained_chunk: int = 1, trained_scope: Callable[[int], ContextManager] | None = None,
+    def __init__(self, plan: StepPlan, student: StudentFn, *, first_trained_chunk: int = 1,
+                 trained_scope: Callable[[int], ContextManager] | None = None,
                  on_chunk_end: Callable[[ChunkRun], None] | None = None,
                  on_commit: Callable[[ChunkRun], None] | None = None):
         super().__init__(None, on_chunk_end, on_commit)
-        self.student_steps = tuple(student_steps)
+        unknown = sorted(plan.letters_used - set(TRAINED_LETTERS))
+        if unknown:
+            raise ValueError(f"a trainer's plan {plan.text} holds {unknown}; expected letters of {TRAINED_LETTERS}")
+        self.plan = plan
         self.student = student
-        self.reuse_steps = tuple(reuse_steps)
         self.first_trained_chunk = first_trained_chunk
         self.trained_scope = trained_scope
 
@@ -378,7 +382,8 @@ class TrainingPolicy(ChunkPolicy):
     def trained_step(self, call: StepCall) -> StepOutput:
         """Step ``call.step_index`` of a trained chunk (the class docstring)."""
         k = call.step_index
-        if k in self.reuse_steps:  # the eval's velocity reuse: the anchor is handed on unchanged
+        letter = self.plan.letter(call.chunk_index, k)
+        if letter == "R":  # the eval's velocity reuse: the anchor is handed on unchanged
             return StepOutput(velocity=call.previous.velocity, final_hidden=call.previous.final_hidden)
         label_input = call.model_input.detach()
         with torch.no_grad():
@@ -387,7 +392,7 @@ class TrainingPolicy(ChunkPolicy):
             if call.context.kv is None:
                 raise RuntimeError(f"chunk {call.chunk_index} got no context frames; a trained chunk needs history")
             return label
-        if k not in self.student_steps:
+        if letter != "P":
             return dataclasses.replace(label, graph_stops=True)
         return self.student(call, label_input, label)
 

@@ -1,8 +1,11 @@
-"""Which denoising steps of which chunks a Predictor replaces (F-P-P-P and the other schedules), by step index."""
+"""What fills each denoising step of each chunk: the one type of a schedule (F-P-P-P, F-R-R-P, the leaderboard's
+plans), `StepPlan`, from the flags (`--replace_steps` / `--reuse_steps`: `StepPlan.from_steps`, their one check) to
+the trainer's policy, the validation, the eval and the leaderboard."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from predictor_training.teacher.config import DISTILLED_STEPS
 
@@ -11,7 +14,8 @@ DEFAULT_REPLACE_STEPS = (1, 2, 3)
 
 
 def parse_replace_steps(text: str) -> tuple[int, ...]:
-    """"1,2,3" -> (1, 2, 3); "" or "none" -> () (every method then equals the reference)."""
+    """"1,2,3" -> (1, 2, 3); "" or "none" -> () (the `type` of --replace_steps / --reuse_steps; an empty plan runs
+    every step Full)."""
     text = str(text).strip()
     if text in ("", "none"):
         return ()
@@ -20,61 +24,6 @@ def parse_replace_steps(text: str) -> tuple[int, ...]:
     except ValueError as error:
         raise ValueError(f"--replace_steps {text!r}: expected comma-separated step indices like '1,2,3'") from error
     return steps
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Which denoising steps of which chunks are replaced.
-
-    replace_steps: steps k in 1..num_steps-1 (step 0 has no previous step to reuse or anchor on), ascending.
-    chunk0_full: chunk 0 stays F-F-F-F (docs/eval.md § What is compared) when True; otherwise chunk 0 follows the
-    schedule too.
-    """
-
-    replace_steps: tuple[int, ...]
-    num_steps: int = DISTILLED_STEPS
-    chunk0_full: bool = True
-
-    def __post_init__(self):
-        steps = tuple(self.replace_steps)
-        if list(steps) != sorted(set(steps)):
-            raise ValueError(f"replace_steps {list(steps)} must be ascending without repeats")
-        bad = [step for step in steps if not 1 <= step < self.num_steps]
-        if bad:
-            raise ValueError(
-                f"replace_steps {list(steps)}: {bad} outside 1..{self.num_steps - 1} (step 0 is always Full: "
-                "the replaced steps need the previous step's output)"
-            )
-
-    @classmethod
-    def for_rollout(cls, replace_steps, config, chunk0_full: bool = True) -> "Schedule":
-        """The schedule of an AR loop: its step count is the rollout config's (`RolloutConfig.num_steps`)."""
-        return cls(tuple(replace_steps), num_steps=config.num_steps, chunk0_full=chunk0_full)
-
-    def replaces(self, chunk_index: int, step_index: int) -> bool:
-        if chunk_index == 0 and self.chunk0_full:
-            return False
-        return step_index in self.replace_steps
-
-    def letters(self) -> str:
-        """'FPPP' for (1, 2, 3)."""
-        return "".join("P" if step in self.replace_steps else "F" for step in range(self.num_steps))
-
-    @property
-    def tag(self) -> str:
-        """Run-name part: 'fppp' (chunk 0 Full) or 'fppp_allchunks'."""
-        letters = self.letters().lower()
-        return letters if self.chunk0_full or not self.replace_steps else f"{letters}_allchunks"
-
-    def describe(self) -> str:
-        letters = "-".join(self.letters())
-        if self.chunk0_full:
-            return f"chunk 0 F-F-F-F, later chunks {letters}"
-        return f"every chunk {letters}"
-
-    def to_dict(self) -> dict:
-        return {"replace_steps": list(self.replace_steps), "num_steps": self.num_steps,
-                "chunk0_full": self.chunk0_full, "letters": self.letters()}
 
 
 # A step plan names, per denoising step, what fills it (the leaderboard's rows, SPEC § 13):
@@ -133,21 +82,39 @@ class StepPlan:
     @classmethod
     def from_steps(cls, replace_steps, reuse_steps=(), num_steps: int = DISTILLED_STEPS,
                    chunk0_full: bool = True) -> "StepPlan":
-        """P at `replace_steps`, R at `reuse_steps`, F elsewhere: (3,), (1, 2) -> F-R-R-P (a rollout run's
-        --replace_steps / --reuse_steps, and the eval's)."""
+        """P at `replace_steps`, R at `reuse_steps`, F elsewhere: (3,), (1, 2) -> F-R-R-P (the flags --replace_steps /
+        --reuse_steps of the rollout recipe, the methods and the eval). The one check of those step lists: each
+        ascending without repeats, within 1..num_steps-1 (step 0 is always Full), and no step in both."""
+        for flag, steps in (("--replace_steps", tuple(replace_steps)), ("--reuse_steps", tuple(reuse_steps))):
+            if list(steps) != sorted(set(steps)):
+                raise ValueError(f"{flag} {list(steps)}: expected steps in ascending order without repeats")
+            bad = [step for step in steps if not 1 <= step < num_steps]
+            if bad:
+                raise ValueError(f"{flag} {list(steps)}: {bad} outside 1..{num_steps - 1} (step 0 is always Full: "
+                                 "the replaced steps need the previous step's output)")
         overlap = sorted(set(replace_steps) & set(reuse_steps))
         if overlap:
-            raise ValueError(f"--reuse_steps: steps {overlap} are also in --replace_steps; a step is either reused "
-                             "or run by the Predictor")
-        Schedule(tuple(sorted(set(replace_steps) | set(reuse_steps))), num_steps)  # each step in 1..num_steps-1
+            raise ValueError(f"--reuse_steps {','.join(map(str, reuse_steps))}: steps {overlap} are also in "
+                             "--replace_steps; a step is either reused or run by the Predictor")
         return cls(("".join("P" if step in replace_steps else "R" if step in reuse_steps else "F"
                             for step in range(num_steps)),), chunk0_full)
 
     @classmethod
-    def from_schedule(cls, schedule: Schedule, letter: str) -> "StepPlan":
-        """The plan that fills `schedule`'s replaced steps with `letter` (e.g. 'R' at F-P-P-P -> F-R-R-R)."""
-        return cls(("".join(letter if step in schedule.replace_steps else "F" for step in range(schedule.num_steps)),),
-                   schedule.chunk0_full)
+    def from_flags(cls, flags: Mapping) -> "StepPlan":
+        """The plan of a run's flags (the parsed namespace's `vars`, or the flags its train_config.json recorded):
+        --replace_steps (1,2,3 when the recipe has none: the offline recipes train every step) and --reuse_steps
+        (none when the recipe has none), each a list of steps or their comma text."""
+
+        def steps(name: str, default) -> tuple[int, ...]:
+            value = flags.get(name, default)
+            return parse_replace_steps(value) if isinstance(value, str) else tuple(int(step) for step in value)
+
+        return cls.from_steps(steps("replace_steps", DEFAULT_REPLACE_STEPS), steps("reuse_steps", ()))
+
+    def with_letter(self, letter: str) -> "StepPlan":
+        """This plan with every step that is not Full filled by `letter` (F-P-P-P, 'H' -> F-H-H-H)."""
+        return StepPlan(tuple("".join(step if step in FULL_STEP_LETTERS else letter for step in pattern)
+                              for pattern in self.patterns), self.chunk0_full)
 
     @property
     def num_steps(self) -> int:
@@ -160,9 +127,48 @@ class StepPlan:
 
     @property
     def tag(self) -> str:
-        """File-name part: 'frrp', 'frrr+frrf' (mixtures), '_allchunks' appended without chunk0_full."""
+        """File- and run-name part: 'fppp', 'frrp', 'frrr+frrf' (mixtures); '_allchunks' appended without
+        chunk0_full, unless every step is Full (chunk 0 then runs as any other chunk)."""
         tag = "+".join(pattern.lower() for pattern in self.patterns)
-        return tag if self.chunk0_full else f"{tag}_allchunks"
+        return tag if self.chunk0_full or not self.replaced_steps else f"{tag}_allchunks"
+
+    @property
+    def pattern(self) -> str:
+        """The letters of a one-pattern plan, 'FRRP' (a mixture has no single pattern: ValueError)."""
+        if len(self.patterns) != 1:
+            raise ValueError(f"step plan {self.text!r} is a mixture of {len(self.patterns)} patterns; expected one")
+        return self.patterns[0]
+
+    def steps_of(self, letter: str) -> tuple[int, ...]:
+        """The steps of a one-pattern plan that `letter` fills: F-R-R-P, 'R' -> (1, 2)."""
+        return tuple(step for step, filled in enumerate(self.pattern) if filled == letter)
+
+    @property
+    def predictor_steps(self) -> tuple[int, ...]:
+        """The steps a Predictor (or a trainer's student) runs: the P steps ((3,) for F-R-R-P)."""
+        return self.steps_of("P")
+
+    @property
+    def reuse_steps(self) -> tuple[int, ...]:
+        """The steps velocity reuse fills: the R steps ((1, 2) for F-R-R-P)."""
+        return self.steps_of("R")
+
+    @property
+    def replaced_steps(self) -> tuple[int, ...]:
+        """The steps of any pattern that no whole-model step fills (not F or S), ascending: what the eval's reuse
+        baselines replace ((1, 2, 3) for F-R-R-P)."""
+        return tuple(step for step in range(self.num_steps)
+                     if any(pattern[step] not in FULL_STEP_LETTERS for pattern in self.patterns))
+
+    def replaces(self, chunk_index: int, step_index: int) -> bool:
+        """Whether the step is filled by something other than a whole-model step (F or S)."""
+        return self.letter(chunk_index, step_index) not in FULL_STEP_LETTERS
+
+    def describe(self) -> str:
+        """'chunk 0 F-F-F-F, later chunks F-P-P-P', or 'every chunk F-P-P-P' without chunk0_full."""
+        if self.chunk0_full:
+            return f"chunk 0 F-F-F-F, later chunks {self.text}"
+        return f"every chunk {self.text}"
 
     @property
     def letters_used(self) -> set[str]:

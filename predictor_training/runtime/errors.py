@@ -106,7 +106,17 @@ def command(main: Callable) -> Callable:
 
 class CommandParser(argparse.ArgumentParser):
     """argparse whose errors are one line, `<prog>: error: <message> (see --help)`, and exit code 2 (argparse's own
-    prints the usage block first). A float flag given as nan or inf (which `float()` accepts) is refused."""
+    prints the usage block first). A float flag given as nan or inf (which `float()` accepts) is refused. A flag
+    group may `derive` a value from its flags, set on every parse (e.g. `args.plan`, recipes/flags.py)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.derived: list[tuple[str, Callable[[argparse.Namespace], object]]] = []
+
+    def derive(self, name: str, value: Callable[[argparse.Namespace], object]) -> None:
+        """After every parse, `args.<name> = value(args)`; a ValueError is a refusal of the flags (one line, exit
+        2). The value is no flag: `run_directory.plain_flags` records the flags it comes from, not it."""
+        self.derived.append((name, value))
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
@@ -115,6 +125,11 @@ class CommandParser(argparse.ArgumentParser):
             values = value if isinstance(value, (list, tuple)) else [value]
             if action.option_strings and any(isinstance(item, float) and not math.isfinite(item) for item in values):
                 self.error(f"{action.option_strings[0]}={value!r}: expected a finite number")
+        for name, value in self.derived:
+            try:
+                setattr(namespace, name, value(namespace))
+            except ValueError as error:
+                self.error(str(error))
         return namespace, extras
 
     def error(self, message: str) -> NoReturn:

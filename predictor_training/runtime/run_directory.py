@@ -361,9 +361,15 @@ def _plain(value):
     return value
 
 
+# Values a recipe derives from its flags into the namespace (`args.plan`, the StepPlan of --replace_steps /
+# --reuse_steps: recipes/flags.py): recorded through the flags they come from, not again.
+DERIVED_VALUES = ("plan",)
+
+
 def plain_flags(args: argparse.Namespace) -> dict:
-    """Every flag as plain JSON data (paths as strings, tuples as lists), secrets removed."""
-    return redact_secrets(_plain(vars(args)))
+    """Every flag as plain JSON data (paths as strings, tuples as lists), secrets removed (`DERIVED_VALUES` left
+    out)."""
+    return redact_secrets(_plain({name: value for name, value in vars(args).items() if name not in DERIVED_VALUES}))
 
 
 def run_config(args: argparse.Namespace, **derived) -> dict:

@@ -14,7 +14,7 @@ from predictor_training.eval.leaderboard import real_config_flops
 from predictor_training.eval.methods import PlannedMethod, VelocityReuse, make_step_fn
 from predictor_training.eval.timing import Stopwatch, TimedRollout
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig
-from predictor_training.rollout.schedule import Schedule, StepPlan
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.teacher import WorldPlayTransformer, preset_config, randomize_zero_initialised_
 from predictor_training.teacher.flops import (
     REAL_LATENT_GRID,
@@ -163,7 +163,7 @@ def test_a_block_residual_row_runs_b_steps_after_the_chunks_full_step_and_counts
     def run(method):
         kinds: dict = {}
         stopwatch = Stopwatch(torch.device("cpu"))
-        step_fn = make_step_fn(method, Schedule((1, 2, 3)), stopwatch, torch.no_grad, kinds)
+        step_fn = make_step_fn(method, StepPlan.from_steps((1, 2, 3)), stopwatch, torch.no_grad, kinds)
         rollout = TimedRollout(teacher, text_kv, inputs, RolloutConfig(), device=torch.device("cpu"),
                                stopwatch=stopwatch)
         latents = rollout.run(step_fn)

@@ -15,7 +15,7 @@ from predictor_training.eval.methods import PlannedMethod
 from predictor_training.eval.run import EvalSettings, build_runtime, open_dataset
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
-from predictor_training.rollout.schedule import Schedule, StepPlan
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.flops import REAL_LATENT_GRID, REAL_TEXT_TOKENS, TeacherShape, teacher_chunk_step_flops
@@ -38,7 +38,7 @@ def _settings(world, split: str = "holdout50") -> EvalSettings:
     return EvalSettings(
         teacher_source=TeacherSource(root / "teacher", None, "--teacher", None), vae=root / "vae",
         sample_table=root / "samples" / f"{split}.jsonl", split=split, case_source="encoded",
-        case_root=root / "encoded", num_latents=num_latents, checkpoints=[], schedule=Schedule((1, 2, 3)),
+        case_root=root / "encoded", num_latents=num_latents, checkpoints=[], plan=StepPlan.from_steps((1, 2, 3)),
         dtype=torch.float32, vae_dtype=torch.float32, output_root=root / "unused")
 
 

@@ -22,7 +22,7 @@ from predictor_training.eval import (
     rollout_config_for,
 )
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.video.vae_decoder import VaeDecoder
 from tests.helpers.eval_world import LONG_LATENTS, SOURCE_BLOCKS, write_eval_world
@@ -46,7 +46,7 @@ def test_untrained_predictor_rollout_equals_hidden_reuse_bitwise(world):
     dataset = TrajectoryTableDataset(root / "samples" / "holdout50.jsonl", encoded_dir=root / "encoded",
                                      num_latents=LONG_LATENTS)
     runtime = EvalRuntime(
-        teacher=teacher, methods=methods, schedule=Schedule((1, 2, 3)),
+        teacher=teacher, methods=methods, plan=StepPlan.from_steps((1, 2, 3)),
         rollout_config=rollout_config_for(torch.float32),
         decoder=VaeDecoder.from_folder(root / "vae", torch.device("cpu"), torch.float32, tiling=False),
         scorer=None, dataset=dataset, case_source="encoded", device=torch.device("cpu"), state_dtype=torch.float32,
@@ -83,7 +83,7 @@ def test_predictor_inputs_come_from_this_rollout(world):
     dataset = TrajectoryTableDataset(root / "samples" / "holdout50.jsonl", encoded_dir=root / "encoded",
                                      num_latents=LONG_LATENTS)
     runtime = EvalRuntime(
-        teacher=recording, methods=[PredictorMethod(predictor, ckpt)], schedule=Schedule((1, 2, 3)),
+        teacher=recording, methods=[PredictorMethod(predictor, ckpt)], plan=StepPlan.from_steps((1, 2, 3)),
         rollout_config=rollout_config_for(torch.float32),
         decoder=VaeDecoder.from_folder(root / "vae", torch.device("cpu"), torch.float32, tiling=False),
         scorer=None, dataset=dataset, case_source="encoded", device=torch.device("cpu"), state_dtype=torch.float32,
@@ -161,7 +161,7 @@ def test_a_student_row_runs_its_own_model_in_every_chunk(world):
     dataset = TrajectoryTableDataset(root / "samples" / "holdout50.jsonl", encoded_dir=root / "encoded",
                                      num_latents=LONG_LATENTS)
     runtime = EvalRuntime(
-        teacher=teacher, methods=[ReferenceMethod(), twin, shifted, own_steps], schedule=Schedule((1, 2, 3)),
+        teacher=teacher, methods=[ReferenceMethod(), twin, shifted, own_steps], plan=StepPlan.from_steps((1, 2, 3)),
         rollout_config=rollout_config_for(torch.float32),
         decoder=VaeDecoder.from_folder(root / "vae", torch.device("cpu"), torch.float32, tiling=False),
         scorer=LpipsScorer.from_policy(random_backbone=True), dataset=dataset, case_source="encoded",

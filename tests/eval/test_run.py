@@ -26,7 +26,7 @@ from predictor_training.eval import (
     run_evaluation,
 )
 from predictor_training.eval.run import MethodRows
-from predictor_training.rollout.schedule import Schedule, parse_replace_steps
+from predictor_training.rollout.schedule import StepPlan, parse_replace_steps
 from predictor_training.runtime.distributed import init_distributed
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource, load_teacher, teacher_config_sha256
@@ -57,7 +57,7 @@ def test_no_replaced_steps_reproduce_the_reference(world, tmp_path):
         teacher_source=TeacherSource(root / "teacher", None, "--teacher", None), vae=root / "vae",
         sample_table=root / "samples" / "holdout25.jsonl", split="holdout25", case_source="encoded",
         case_root=root / "encoded", num_latents=CLI_LATENTS, checkpoints=[world["ckpt"]],
-        schedule=Schedule(parse_replace_steps("")), dtype=torch.float32, vae_dtype=torch.float32,
+        plan=StepPlan.from_steps(parse_replace_steps("")), dtype=torch.float32, vae_dtype=torch.float32,
         output_root=tmp_path, max_videos=1, num_side_by_side=0, lpips_random_backbone=True, warmup_chunks=1,
         progress=False,
     )
@@ -119,26 +119,26 @@ def test_run_names_follow_the_convention(world):
     ckpt = read_predictor_checkpoint(world["ckpt"])
     other = dataclasses.replace(ckpt, step=300)
     foreign = dataclasses.replace(ckpt, run_name="disca_run", step=300)
-    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50") == f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50"
-    assert default_run_name([ckpt, other], Schedule((1, 2)), "train") == f"{RUN_DIR_NAME}_ckptstep5+300_fppf_train"
-    assert default_run_name([], Schedule((1, 2, 3)), "holdout25") == "reuse_fppp_holdout25"
-    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("exact",)) == (
+    fppp, fppf = StepPlan.from_steps((1, 2, 3)), StepPlan.from_steps((1, 2))
+    assert default_run_name([ckpt], fppp, "holdout50") == f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50"
+    assert default_run_name([ckpt, other], fppf, "train") == f"{RUN_DIR_NAME}_ckptstep5+300_fppf_train"
+    assert default_run_name([], fppp, "holdout25") == "reuse_fppp_holdout25"
+    assert default_run_name([ckpt], fppp, "holdout50", ("exact",)) == (
         f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50")
-    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout50", ("last_step", "incremental")) == (
+    assert default_run_name([ckpt], fppp, "holdout50", ("last_step", "incremental")) == (
         f"{RUN_DIR_NAME}_ckptstep{STEP}_fppp_holdout50_ctx-incremental+last_step")
-    assert default_run_name([], Schedule((1, 2)), "train", ("exact", "last_step")) == "reuse_fppf_train_ctx-last_step"
+    assert default_run_name([], fppf, "train", ("exact", "last_step")) == "reuse_fppf_train_ctx-last_step"
     # Two runs of the recipes' long names pass 255 characters: the first run's part, the count of the others and a
     # digest of the full name stand for them, the same every time (a rerun resumes).
     long_a = dataclasses.replace(ckpt, run_name="predictor_v4_prefeature_" + "x" * 110, step=2000)
     long_b = dataclasses.replace(ckpt, run_name="predictor_v4_rollout_fppp_" + "y" * 110, step=2000)
-    name = default_run_name([long_a, long_b], Schedule((1, 2, 3)), "holdout25", ("exact", "incremental"))
-    assert len(name) <= 255 and name == default_run_name([long_a, long_b], Schedule((1, 2, 3)), "holdout25",
-                                                          ("exact", "incremental"))
+    name = default_run_name([long_a, long_b], fppp, "holdout25", ("exact", "incremental"))
+    assert len(name) <= 255 and name == default_run_name([long_a, long_b], fppp, "holdout25", ("exact", "incremental"))
     assert re.fullmatch(rf"{long_a.run_name}_ckptstep2000__and1more_[0-9a-f]{{8}}_fppp_holdout25_ctx-incremental",
                         name), name
     single = dataclasses.replace(ckpt, run_name="r" * 300)
-    assert len(default_run_name([single], Schedule((1, 2)), "train")) == 255
-    assert default_run_name([ckpt], Schedule((1, 2, 3)), "holdout25", reuse_steps=(1, 2)) == (
+    assert len(default_run_name([single], fppf, "train")) == 255
+    assert default_run_name([ckpt], StepPlan.from_steps((3,), (1, 2)), "holdout25") == (
         f"{RUN_DIR_NAME}_ckptstep{STEP}_frrp_holdout25")
     # exact is always run, first; the others in the order of CONTEXT_MODES, each once
     assert parse_context_modes("exact") == ("exact",) and parse_context_modes("incremental") == ("exact", "incremental")

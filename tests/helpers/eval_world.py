@@ -15,7 +15,7 @@ import torch
 from predictor_training.eval import EvalSettings
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.camera import pose_string_to_json
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.checkpoint import save_inference_weights
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource
@@ -114,7 +114,7 @@ def eval_settings(world: dict, output_root: Path, **overrides) -> EvalSettings:
         teacher_source=TeacherSource(root / "teacher", None, "--teacher", None), vae=root / "vae",
         sample_table=root / "samples" / "holdout25.jsonl", split="holdout25", case_source="encoded",
         case_root=root / "encoded", num_latents=CLI_LATENTS, checkpoints=[world["ckpt"]],
-        schedule=Schedule((1, 2, 3)), dtype=torch.float32, vae_dtype=torch.float32, output_root=output_root,
+        plan=StepPlan.from_steps((1, 2, 3)), dtype=torch.float32, vae_dtype=torch.float32, output_root=output_root,
         num_side_by_side=0, lpips_random_backbone=True, warmup_chunks=0, progress=False,
     )
     return dataclasses.replace(settings, **overrides)

@@ -18,7 +18,7 @@ import torch
 
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.ar_rollout import StepOutput
-from predictor_training.rollout.schedule import Schedule
+from predictor_training.rollout.schedule import StepPlan
 
 # The distilled grid (shift 5, 4 steps): sigma(s) = 5 s / (1 + 4 s) at s = 1, 3/4, 1/2, 1/4.
 SIGMAS = (1.0, 15 / 16, 5 / 6, 5 / 8)
@@ -58,7 +58,7 @@ def run_chunks(method, num_chunks: int = 3, *, hidden: Callable[[int, int], floa
     (chunk, step) returns hidden(chunk, step) and velocity(chunk, step) (default: -hidden). Returns
     (outputs[chunk][step], {(chunk, step): FLOP-count kind}, the (chunk, step) of every Full step that ran)."""
     velocity = velocity or (lambda chunk, step: -hidden(chunk, step))
-    schedule = Schedule((1, 2, 3))  # a PlannedMethod ignores it: its plan is its schedule
+    plan = StepPlan.from_steps((1, 2, 3))  # a PlannedMethod ignores it: its own plan is its schedule
     outputs, kinds, teacher_calls, previous_chunk = [], {}, [], None
     for chunk in range(num_chunks):
         done: list[StepOutput] = []
@@ -71,7 +71,7 @@ def run_chunks(method, num_chunks: int = 3, *, hidden: Callable[[int, int], floa
                 chunk_index=chunk, step_index=step, timestep=torch.full((4,), 1000.0 * SIGMAS[step]), action=None,
                 latent=torch.zeros(1, 1, 4, 1, 1), model_input=value(model_input(chunk, step)),
                 previous=done[-1] if done else None, previous_chunk=previous_chunk, run_teacher=run_teacher)
-            output, kind = method.run_step(call, schedule, Stopwatch(torch.device("cpu")), contextlib.nullcontext)
+            output, kind = method.run_step(call, plan, Stopwatch(torch.device("cpu")), contextlib.nullcontext)
             done.append(output)
             kinds[(chunk, step)] = kind
         outputs.append(done)

@@ -16,6 +16,7 @@ import torch
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs, build_cond_latents
 from predictor_training.rollout.camera import select_aligned_memory_frames
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
 from predictor_training.teacher import TextKV
 from tests.helpers.rollout_setup import (
@@ -319,7 +320,7 @@ def test_10_per_chunk_backward_equals_one_backward_over_all_chunks(teacher, text
 def test_fppf_runs_the_teacher_at_step_3_where_gradients_stop(teacher, text_kv):
     """F-P-P-F: the Predictor runs steps 1, 2 (losses, x2 tracked); step 3 is a Teacher step on the detached x3,
     so the chunk's final latent carries no graph and the next chunk's previous hiddens are those of steps 1, 2."""
-    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, replace_steps=(1, 2))
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, plan=StepPlan.from_steps((1, 2)))
     predictor = RecordingPredictor(make_predictor(teacher))
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
     trajectory.run_chunk_zero()
@@ -336,7 +337,7 @@ def test_fppf_runs_the_teacher_at_step_3_where_gradients_stop(teacher, text_kv):
 
 
 def test_fpfp_anchors_step_3_on_the_teachers_step_2(teacher, text_kv):
-    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, replace_steps=(1, 3))
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, plan=StepPlan.from_steps((1, 3)))
     predictor = RecordingPredictor(make_predictor(teacher))
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=settings)
     trajectory.run_chunk_zero()
@@ -345,10 +346,10 @@ def test_fpfp_anchors_step_3_on_the_teachers_step_2(teacher, text_kv):
     step3 = graph.steps[1]
     assert step3.anchor is graph.full_outputs[1].final_hidden and not step3.anchor.requires_grad
     assert not step3.latent.requires_grad  # made by the Teacher's step 2 from the detached x2
-    with pytest.raises(ValueError, match="replace_steps"):
+    with pytest.raises(ValueError, match="expected a Predictor step"):  # a plan with no P trains nothing
         SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(),
                               settings=SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1,
-                                                           replace_steps=(0, 1)))
+                                                           plan=StepPlan.from_steps((), (1,))))
 
 
 def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent(teacher, text_kv):
@@ -357,9 +358,8 @@ def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent
     the leaderboard's F-R-R-P plan (velocity reuse, eval/methods.py) hands its step 3."""
     from predictor_training.eval.methods import PlannedMethod, PredictorMethod, VelocityReuse, make_step_fn
     from predictor_training.eval.timing import Stopwatch
-    from predictor_training.rollout.schedule import Schedule, StepPlan
 
-    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,), reuse_steps=(1, 2))
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, plan=StepPlan.from_steps((3,), (1, 2)))
     predictor = RecordingPredictor(make_predictor(teacher))
     recording = RecordingTeacher(teacher, "chunk_step")
     trajectory = SelfRolloutTrajectory(recording, predictor, text_kv, make_inputs(), settings=settings)
@@ -389,11 +389,8 @@ def test_frrp_reuses_v0_for_steps_1_2_and_trains_step_3_on_the_eval_plans_latent
     label = PredictorCheckpoint(Path("."), "t", 0, {}, raw.predictor_config(), {}, label="t", panel="t")
     method = PlannedMethod("p", StepPlan.parse("F-R-R-P"), {"R": VelocityReuse(), "P": Spy(raw, label)}, "p")
     rollout = ARRollout(teacher, text_kv, make_inputs(), RolloutConfig())
-    rollout.run(make_step_fn(method, Schedule((1, 2, 3)), Stopwatch("cpu"), torch.no_grad), chunks=[0, 1])
+    rollout.run(make_step_fn(method, StepPlan.from_steps((1, 2, 3)), Stopwatch("cpu"), torch.no_grad), chunks=[0, 1])
     torch.testing.assert_close(seen[0], expected, rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="disjoint"):
-        SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(), settings=SelfRolloutSettings(
-            velocity_weight=1.0, hidden_weight=0.0, replace_steps=(2, 3), reuse_steps=(2,)))
 
 
 def test_incremental_context_trains_like_exact_where_they_must_agree(teacher, text_kv):
@@ -421,7 +418,7 @@ def test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit(teacher, 
     from types import SimpleNamespace
 
     pairs = {5: 1, 7: 4, 9: 6}  # chunk 1: latent 5 revisits latent 1 (chunk 0); 7's first visit is in chunk 1 itself
-    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,), reuse_steps=(1, 2),
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, plan=StepPlan.from_steps((3,), (1, 2)),
                                    revisit_weight=0.5)
     trajectory = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), settings=settings,
                                        revisit_pairs=pairs)
@@ -453,8 +450,8 @@ def test_the_return_term_pulls_a_revisited_latent_onto_its_first_visit(teacher, 
     torch.testing.assert_close(graph.steps[0].loss.detach(), graph.steps[0].metrics["velocity_mse"])
     # weight 0: no term, whatever the pairs
     off = SelfRolloutTrajectory(teacher, make_predictor(teacher), text_kv, make_inputs(), revisit_pairs=pairs,
-                                settings=SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0, replace_steps=(3,),
-                                                             reuse_steps=(1, 2)))
+                                settings=SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.0,
+                                                             plan=StepPlan.from_steps((3,), (1, 2))))
     off.run_chunk_zero()
     assert "revisit_mse" not in off.run_trained_chunk(1).steps[0].metrics
 
@@ -465,7 +462,7 @@ def test_the_return_terms_gradient_reaches_the_predictor(teacher, text_kv):
     of the hand-written loss
         1.0 mse(v, v_teacher) + 0.1 mse(h, h_teacher) + 0.5 mse(v[slot 1], (x_3[slot 1] - x[1]) / sigma_3),
     sigma_3 = 5 (1/4) / (1 + 4 (1/4)) = 0.625 (shift 5, 4 steps), and its return term alone moves the weights."""
-    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, replace_steps=(3,), reuse_steps=(1, 2),
+    settings = SelfRolloutSettings(velocity_weight=1.0, hidden_weight=0.1, plan=StepPlan.from_steps((3,), (1, 2)),
                                    revisit_weight=0.5)
     predictor = make_predictor(teacher)
     trajectory = SelfRolloutTrajectory(teacher, predictor, text_kv, make_inputs(num_latents=8), settings=settings,

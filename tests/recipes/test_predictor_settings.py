@@ -16,6 +16,7 @@ import train_predictor_v4_rollout
 from predictor_training.recipes.offline import OfflineSettings
 from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
 from predictor_training.recipes.rollout import RolloutSettings
+from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.errors import MissingFileError
 from predictor_training.runtime.flags import settings_from_flags
@@ -35,7 +36,8 @@ SETTINGS = PredictorSettings(
                                                     (train_predictor_disca, OfflineSettings),
                                                     (train_predictor_v4_rollout, RolloutSettings)])
 def test_each_predictor_script_gives_its_settings(script, settings_class):
-    """Every field, common or the recipe's own, is a flag of the script's: its default reaches the settings."""
+    """Every field, common or the recipe's own, is a flag of the script's (or the plan its flags give): its default
+    reaches the settings."""
     args = script.build_parser().parse_args(["--dataset_root", "unused"])
     settings = settings_from_flags(settings_class, args)
     assert isinstance(settings, PredictorSettings)
@@ -61,7 +63,7 @@ def test_the_validation_follows_the_settings(tmp_path):
     none beside the Teacher's folder either)."""
     teacher = make_teacher()
     common = dict(teacher=teacher, predictor=make_predictor(teacher), teacher_folder=tmp_path / "teacher", env=ENV,
-                  run_dir=tmp_path / "run", replace_steps=(1, 2, 3), rollout_config=None)
+                  run_dir=tmp_path / "run", plan=StepPlan.from_steps((1, 2, 3)), rollout_config=None)
     assert held_out_validation(SETTINGS, **common) is None
     with pytest.raises(MissingFileError, match="--val_every 2: no VAE"):
         held_out_validation(dataclasses.replace(SETTINGS, val_every=2), **common)

@@ -8,13 +8,14 @@ import math
 import pytest
 
 from predictor_training.recipes.rollout import check_latent_grads, latent_grad_check
+from predictor_training.rollout.schedule import StepPlan
 
 
 @pytest.mark.parametrize("replace_steps, checked", [((1, 2, 3), True), ((1, 2), True), ((2, 3), True),
                                                     ((1, 3), False), ((3,), False), ((1,), False)])
 def test_the_latent_path_is_checked_only_with_consecutive_predictor_steps(replace_steps, checked):
     """F-P-P-P, F-P-P-F, F-F-P-P have a Predictor-made latent entering a Predictor step; F-P-F-P and F-R-R-P do not."""
-    assert (latent_grad_check(replace_steps) is check_latent_grads) == checked
+    assert (latent_grad_check(StepPlan.from_steps(replace_steps)) is check_latent_grads) == checked
 
 
 @pytest.mark.parametrize("value", [0.0, math.nan, -1.0])

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from predictor_training.rollout.schedule import StepPlan
 from tests.helpers.eval_world import REPO_ROOT, write_eval_world
 
 
@@ -49,11 +50,11 @@ def test_a_runs_trained_plan_is_read_back_from_its_flags():
     """P at the run's --replace_steps, R at its --reuse_steps, F elsewhere: an F-R-R-P run (--preset frrp: reuse 1,2,
     replace 3) goes on the board at F-R-R-P; a run without the flags (the offline recipes train every step) at
     F-P-P-P."""
-    assert leaderboard.trained_plan(_run_flags("--preset", "frrp")) == "F-R-R-P"
-    assert leaderboard.trained_plan(_run_flags("--replace_steps", "1,2")) == "F-P-P-F"
-    assert leaderboard.trained_plan(_run_flags()) == "F-P-P-P"
-    assert leaderboard.trained_plan({}) == "F-P-P-P"
-    assert leaderboard.trained_plan({"replace_steps": "3", "reuse_steps": "1,2"}) == "F-R-R-P"
+    assert StepPlan.from_flags(_run_flags("--preset", "frrp")).text == "F-R-R-P"
+    assert StepPlan.from_flags(_run_flags("--replace_steps", "1,2")).text == "F-P-P-F"
+    assert StepPlan.from_flags(_run_flags()).text == "F-P-P-P"
+    assert StepPlan.from_flags({}).text == "F-P-P-P"
+    assert StepPlan.from_flags({"replace_steps": "3", "reuse_steps": "1,2"}).text == "F-R-R-P"
 
 
 def test_every_checkpoint_runs_at_its_trained_plan_and_every_predictor_plan():
