@@ -30,7 +30,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 _aten = torch.ops.aten
 # matmul-like op names: an op among these without a formula is listed in `uncounted`, never silently skipped
-_MATMUL_LIKE = re.compile(r"mm|matmul|conv|attention|einsum|linear|dot|addmv|addr")
+_MATMUL_LIKE = re.compile(r"mm|^mv$|addmv|matmul|conv|attention|einsum|linear|dot|^addr$")
 
 
 def _cpu_flash_forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
