@@ -46,17 +46,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from predictor_training.runtime.checkpoint import (INFERENCE_FORMAT, TRAINING_STATE_NAME, read_training_summary)
+from predictor_training.methods.method_model import WEIGHTS_NAME
+from predictor_training.runtime.checkpoint import INFERENCE_FORMAT, TRAINING_STATE_NAME, read_training_summary
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.logger import DISCARDED_LOG_NAME
 from predictor_training.runtime.run_directory import TRAIN_CONFIG_NAME
+from predictor_training.teacher.adapters import LORA_FILE_FORMAT
 from predictor_training.teacher.flops import REAL_LATENT_GRID, REAL_TEXT_TOKENS
 
 STEP_FLOPS_TABLE = Path(__file__).with_name("step_flops.json")
 LOG_NAME = "train_log.jsonl"
-MODEL_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # an exported model folder's (methods/method_model.py)
-LORA_FORMAT = "predictor_training.teacher_lora"  # teacher/adapters.py LORA_FILE_FORMAT (a lower layer's value)
 REAL_CONFIG = {"teacher": "worldplay_480p_i2v", "latent_grid": list(REAL_LATENT_GRID), "text_tokens": REAL_TEXT_TOKENS,
                "chunks": 8}
 MEASURE_COMMAND = "python tools/measure_step_flops.py --run {run} --write"
@@ -213,8 +213,8 @@ def locate(path: str | Path) -> Trained:
     path = Path(path)
     if not path.exists():
         raise UserInputError(f"{path}: no such file or folder; expected a run directory or trained weights")
-    if path.is_dir() and (path / MODEL_WEIGHTS_NAME).is_file():  # an exported model folder (or a Teacher folder)
-        header = _header(path / MODEL_WEIGHTS_NAME)
+    if path.is_dir() and (path / WEIGHTS_NAME).is_file():  # an exported model folder (or a Teacher folder)
+        header = _header(path / WEIGHTS_NAME)
         metadata = json.loads(header.get("metadata", "{}"))
         run_dir = _run_dir_of(path.parent)
         return Trained(path, run_dir, _run_config(run_dir), metadata.get("step"), metadata)
@@ -236,10 +236,10 @@ def locate(path: str | Path) -> Trained:
             metadata = json.loads(header["meta"])
             return Trained(path, run_dir, _run_config(run_dir) or json.loads(header["config"]), metadata.get("step"),
                            metadata)
-        if header.get("format") == LORA_FORMAT:
+        if header.get("format") == LORA_FILE_FORMAT:
             metadata = json.loads(header.get("metadata", "{}"))
             return Trained(path, run_dir, _run_config(run_dir), metadata.get("step"), metadata)
-        if path.name == MODEL_WEIGHTS_NAME:
+        if path.name == WEIGHTS_NAME:
             return locate(path.parent)
     raise UserInputError(f"{path}: not a training state, inference weights, LoRA file or model folder of this "
                          "toolkit")
@@ -284,7 +284,7 @@ def own_cost(trained: Trained, first: int, entries: list[dict]) -> tuple[dict, l
         run.update(recipe=None, core_hours=None, flops=None)
         run["notes"].append("no run config or step recorded with these weights")
         return run, missing
-    recipe, world_size = recipe_of(config), int(config["derived"].get("world_size", 1))
+    recipe, world_size = recipe_of(config), int(config["derived"]["world_size"])
     run.update(recipe=recipe, world_size=world_size, global_batch=int(config["derived"]["global_batch"]))
     # Measured core-hours: the run's records of steps first+1..last.
     if trained.run_dir is None:
@@ -345,7 +345,7 @@ def same_model(first: Path, second: Path) -> bool:
     first, second = Path(first), Path(second)
     if first.resolve() == second.resolve():
         return True
-    files = [path / MODEL_WEIGHTS_NAME if path.is_dir() else path for path in (first, second)]
+    files = [path / WEIGHTS_NAME if path.is_dir() else path for path in (first, second)]
     if not all(path.is_file() for path in files) or files[0].stat().st_size != files[1].stat().st_size:
         return False
     return _file_sha256(files[0]) == _file_sha256(files[1])
@@ -396,9 +396,11 @@ def _walk(trained: Trained, first: int, link: str, entries: list[dict], shared: 
                          "training is counted by no row")
             continue
         if path is None or not path.exists():
+            what = "the weights this run started from, and their training" + (
+                "" if path is not None else " (their path is not recorded: a run continued with --resume records "
+                "no --init_from, only its metadata)")
             missing.append({"link": parent["link"], "path": None if path is None else str(path),
-                            "needed_by": str(trained.path), "recorded": parent["recorded"],
-                            "what": "the weights this run started from, and their training"})
+                            "needed_by": str(trained.path), "recorded": parent["recorded"], "what": what})
             continue
         located = locate(path)
         if located.config is None and not located.metadata.get("method"):
