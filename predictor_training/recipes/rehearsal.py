@@ -111,16 +111,17 @@ def rehearse_recipe(build: Callable[..., RecipeParts], plan: Plan, *, precision:
             rehearsal.watch_gradients(role.parameters)
             if role.ema is not None and hasattr(role.ema, "shadow"):  # an FP32 EMA shadow: training state
                 rehearsal.tracker.label(role.ema.shadow.values(), "optimizer_state")
-        buckets = (DDPBuckets(parts.roles[0].parameters, rehearsal.tracker)
-                   if parts.roles[0].grad_sync == "ddp" and world_size > 1 and not plan.sharded else None)
-        parts.run_state.global_step = plan.step - 1
-        for role in parts.roles:
-            for _ in range(plan.updates):
-                role.lr_schedule.step()
         due = frozenset(role.name for role in parts.roles) if plan.due is None else plan.due
         unknown = sorted(due - {role.name for role in parts.roles})
         if unknown:
             raise ValueError(f"plan {plan.name!r}: due roles {unknown} are not among {[r.name for r in parts.roles]}")
+        first = parts.roles[0]
+        buckets = (DDPBuckets(first.parameters, rehearsal.tracker) if first.grad_sync == "ddp" and world_size > 1
+                   and not plan.sharded and first.name in due else None)
+        parts.run_state.global_step = plan.step - 1
+        for role in parts.roles:
+            for _ in range(plan.updates):
+                role.lr_schedule.step()
         step_flops = []
         for step in range(1, optimizer_steps + 1):
             for role in parts.roles:
