@@ -58,18 +58,19 @@ from predictor_training.runtime.errors import CommandParser, UserInputError, com
 from predictor_training.teacher.flops import OFFLINE_CONTEXT_MIX, memory_context_frames  # noqa: E402
 
 # The keys the table ships with: the Predictor recipes the leaderboard's Predictors come from and the students of
-# issue 48 (kd and dmd2, 1 and 2 steps per chunk, every parameter as the demo's students train).
-STUDENT = {"train": "full", "context_grad": False}
+# issue 48 (kd and dmd2, 1 and 2 steps per chunk, every parameter as the demo's students train; kd with and without
+# the gradient through the context prefill, --context_grad being its default; dmd2 at its defaults and the demo's
+# full fake score and renoise sampler).
 DMD2_STUDENT = {"recipe": "dmd2", "generator": "student", "rollout": "self", "real_score": "model",
-                "fake_score_train": "full", "anchor": False, "recompute_context": True, **STUDENT,
-                "exit_step": "uniform", "student_sampler": "renoise"}
+                "fake_score_train": "full", "anchor": False, "recompute_context": True, "train": "full",
+                "context_grad": False, "exit_step": "uniform", "student_sampler": "renoise"}
 STANDARD_KEYS = [
     {"recipe": "v4"},
     {"recipe": "disca"},
     {"recipe": "rollout", "replace_steps": [1, 2, 3], "reuse_steps": [], "context_mode": "exact"},
     {"recipe": "rollout", "replace_steps": [3], "reuse_steps": [1, 2], "context_mode": "exact"},
-    {"recipe": "kd", **STUDENT, "student_steps": 1},
-    {"recipe": "kd", **STUDENT, "student_steps": 2},
+    *({"recipe": "kd", "train": "full", "student_steps": steps, "context_grad": context_grad}
+      for context_grad in (True, False) for steps in (1, 2)),
     {**DMD2_STUDENT, "student_steps": 1},
     {**DMD2_STUDENT, "student_steps": 2},
 ]
@@ -81,8 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--run", type=Path, help="a run directory or trained weights: measure its step key")
     what.add_argument("--key", type=json.loads, help="a step key as JSON (eval/training_cost.py step_key)")
     what.add_argument("--standard", action="store_true", help="every key the table ships with (STANDARD_KEYS)")
-    parser.add_argument("--write", action="store_true", help=f"add the entries to {STEP_FLOPS_TABLE} (replacing an "
-                                                             "entry of the same key)")
+    parser.add_argument("--write", action="store_true", help="add the entries to --table (replacing an entry of the "
+                                                             "same key)")
+    parser.add_argument("--table", type=Path, default=STEP_FLOPS_TABLE, help="the table --write adds to (default "
+                        "the one the training cost reads, %(default)s)")
     parser.add_argument("--config", default=REAL_CONFIG["teacher"], help="Teacher preset (default %(default)s; "
                         "another one is for tests and is never written to the table)")
     parser.add_argument("--text_tokens", type=int, default=REAL_CONFIG["text_tokens"], help=argparse.SUPPRESS)
@@ -255,7 +258,7 @@ def main(argv=None) -> int:
         print(json.dumps({"key": entry["key"], "item": entry["item"], "model": entry["model"],
                           "parts": entry["parts"]}), flush=True)
         if args.write:
-            write_entries([entry])  # one at a time: a long --standard run keeps what it measured
+            write_entries([entry], args.table)  # one at a time: a long --standard run keeps what it measured
     return 0
 
 
