@@ -318,6 +318,12 @@ def run_name(flags: dict, *, world_size: int, device_type: str, subset: str = ""
     return "_".join(parts)
 
 
+def uniform_exit_steps(num_chunks: int, student_steps: int, shared_generator: torch.Generator) -> list[int]:
+    """`--exit_step uniform`: each chunk's exit step, uniform over the student's steps, drawn from
+    `shared_generator` (the same on every rank, so every rank runs the same steps)."""
+    return torch.randint(0, student_steps, (num_chunks,), generator=shared_generator).tolist()
+
+
 class DistributionMatchingStep:
     """`step_fn` of the loop: one clip per call; per generated chunk one sample shared by the critic and (when due)
     the generator, one critic backward and one generator backward.
@@ -329,11 +335,12 @@ class DistributionMatchingStep:
 
     def __init__(self, *, args, env: DistEnv, run_state: RunState, rollout_config: RolloutConfig, teacher,
                  real: ScoreModel, fake: ScoreModel, generator_role: Role, student: ScoreModel | None,
-                 draw_chunks=draw_training_chunks, mark=None):
+                 draw_chunks=draw_training_chunks, draw_exit_steps=uniform_exit_steps, mark=None):
         self.args, self.env, self.run_state, self.config = args, env, run_state, rollout_config
         self.teacher, self.real, self.fake = teacher, real, fake
         self.generator_role, self.student = generator_role, student
         self.draw_chunks = draw_chunks
+        self.draw_exit_steps = draw_exit_steps
         self.mark = mark or (lambda part: None)  # names the part of the step that runs next (a memory rehearsal)
         self.settings = SelfRolloutSettings(velocity_weight=args.velocity_weight, hidden_weight=args.hidden_weight,
                                             predictor_autocast_dtype=rollout_config.autocast_dtype,
@@ -352,7 +359,7 @@ class DistributionMatchingStep:
         chunks = (list(range(num_chunks)) if args.rollout == "self" else
                   self.draw_chunks(num_chunks, args.chunks_per_clip, generator, shared))
         exit_steps = ([args.student_steps - 1] * num_chunks if args.exit_step == "last" else
-                      torch.randint(0, args.student_steps, (num_chunks,), generator=shared).tolist())
+                      self.draw_exit_steps(num_chunks, args.student_steps, shared))
         history = noise.clone() if args.rollout == "self" else data
         anchor_target = ScoreModel(self.teacher, None, "teacher")  # the Teacher's x0 estimate at the same state
         teacher_clip = (anchor_target.clip(history, item, self.config, self.env.device, memory_seed=memory_seed)
@@ -473,15 +480,17 @@ def generator_meta(args: argparse.Namespace) -> dict:
 
 def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, rollout_config: RolloutConfig,
           resuming: bool = False, run_dir: Path | None = None, load_teacher=load_teacher, load_lora=load_lora,
-          draw_chunks=draw_training_chunks, mark=None, wrap_score=None) -> RecipeParts:
+          draw_chunks=draw_training_chunks, draw_exit_steps=uniform_exit_steps, mark=None,
+          wrap_score=None) -> RecipeParts:
     """Step 3: the frozen Teacher; the generator, built on the Teacher before any adapter is added to it (the
     Predictor from --init_from unless a training state is resumed: `resuming`; or the student); the real and fake
     scores; the DMD step on clips under `rollout_config` and the validation. Seams: `load_teacher` (the loader of a
     Teacher-shaped model folder: the Teacher, a model-folder real score, a full student or fake score),
     `load_lora` (the real score's adapter file), `draw_chunks` (which chunks of a clip a data-rollout student
-    trains), `mark` (called with the name of each part of the step as it starts: where a rehearsal's peak is),
-    `wrap_score` (ScoreModel -> what the step calls as that score, with its `label` and `clip`: a test's recorder
-    of the score calls; default the score itself)."""
+    trains), `draw_exit_steps` (each chunk's exit step under --exit_step uniform: `uniform_exit_steps`), `mark`
+    (called with the name of each part of the step as it starts: where a rehearsal's peak is), `wrap_score`
+    (ScoreModel -> what the step calls as that score, with its `label` and `clip`: a test's recorder of the score
+    calls; default the score itself)."""
     source = TeacherSource(args.teacher, args.action_ckpt, "--teacher", None)
     teacher = load_teacher(source, env.device, policy.frozen_dtype)
     log0(describe_teacher(source, teacher))
@@ -504,7 +513,7 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, ro
     step_fn = DistributionMatchingStep(args=args, env=env, run_state=run_state, rollout_config=rollout_config,
                                        teacher=teacher, real=as_called(real), fake=as_called(fake),
                                        generator_role=generator_role, student=student, draw_chunks=draw_chunks,
-                                       mark=mark)
+                                       draw_exit_steps=draw_exit_steps, mark=mark)
     validation = generator_validation(
         every=args.val_every, dataset_root=args.dataset_root, split=args.val_split, videos=args.val_videos,
         vae=args.val_vae, seed=args.seed, teacher=teacher, generator_role=generator_role, student=student,

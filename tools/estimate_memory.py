@@ -22,7 +22,7 @@ import sys
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -200,7 +200,8 @@ def dmd2_plan(args, flags, config, host, n_ctx) -> Plan:
         if args.generator == "predictor" else f"{trained} student, {flags.student_steps} steps"
     real = {"teacher": "the raw Teacher", "lora": f"a LoRA rank {df_sft.lora_rank} on the Teacher"}.get(
         args.real_score, "a second BF16 model")
-    return Plan(f"dmd2 {generator}, real score {real}, fake score LoRA, {args.chunks} chunks, rollout {flags.rollout}, "
+    fake = "LoRA" if flags.fake_score_train == "lora" else "a full copy"
+    return Plan(f"dmd2 {generator}, real score {real}, fake score {fake}, {args.chunks} chunks, rollout {flags.rollout}, "
                 "both roles due, monitor step", {"rollout_config": fp32_states(flags), "resuming": True,
                 "draw_chunks": last_chunks, "load_lora": lora_file_stand_in(df_sft.lora_rank, df_sft.lora_alpha)},
                 method_clip(args, config, host), segments=True, step=flags.monitor_every)
@@ -227,15 +228,20 @@ RECIPES = {
 
 
 def rehearse(args, recipe: str | None = None, *, fake: bool = True, host: str | None = None,
-             n_ctx: int | None = None) -> MemoryReport:
+             n_ctx: int | None = None, extra_flags: Sequence[str] = (),
+             adjust: Callable[[Plan, argparse.Namespace], Plan] | None = None) -> MemoryReport:
     """`--optimizer_steps` loop steps of `recipe` (default --recipe) with every role due (predictor_training/recipes/
     rehearsal.py). fake=False: real CPU tensors (tiny configs only). host: where the loader's batch lies before the
-    step moves it to the device: "meta" (host memory, not counted; fake runs) or "cpu" (counted throughout)."""
+    step moves it to the device: "meta" (host memory, not counted; fake runs) or "cpu" (counted throughout).
+    extra_flags: more of the recipe's own flags, after the row's (the last of a flag wins: tools/
+    measure_step_flops.py passes a run's); adjust(plan, flags) -> the plan rehearsed (its draws, due roles, step)."""
     recipe = recipe or args.recipe
     row, module = RECIPES[recipe], importlib.import_module(RECIPES[recipe].module)
-    flags = recipe_flags(module, row.flags(args))
+    flags = recipe_flags(module, [*row.flags(args), *extra_flags])
     plan = row.plan(args, flags, SimpleNamespace(**preset_config(args.config)), host or ("meta" if fake else "cpu"),
                     max(args.context_frames) if n_ctx is None else n_ctx)
+    if adjust is not None:
+        plan = adjust(plan, flags)
     notes = plan.notes
     plan.notes = lambda parts: {"shapes": f"text {args.text_tokens} tokens, latents 4x{args.latent_grid[0]}x"
                                           f"{args.latent_grid[1]} per chunk", **notes(parts)}

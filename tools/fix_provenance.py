@@ -33,6 +33,7 @@ from predictor_training.data.provenance import input_provenance, teacher_folder_
 from predictor_training.predictor.model import build_predictor_from_config
 from predictor_training.runtime.checkpoint import INFERENCE_FORMAT, read_inference_weights, tensors_sha256
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.provenance import (
     PROVENANCE_KEY,
     absolute_paths_in,
@@ -72,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run_dir", type=Path, default=None,
                         help="the folder the file was written in, absolute paths are made relative to (default: "
                              "its run config's --output_dir)")
-    parser.add_argument("--dry_run", action="store_true", help="print the new metadata and write nothing")
+    add_check_only_arg(parser, what="the new metadata (after the Teacher checks)")
     args = parser.parse_args(argv)
     if not args.path.is_file():
         parser.error(f"{args.path}: no such file")
@@ -167,6 +168,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     metadata, meta, config = read_header(args.path)
     if args.show:
+        if args.check_only:
+            return report_check_only(f"what {args.path} records (--show writes nothing in any case)")
         print(describe_provenance(recorded_provenance(meta)))
         print(json.dumps(recorded_provenance(meta), indent=2))
         return 0
@@ -182,10 +185,9 @@ def main(argv=None) -> int:
         print(f"architecture: {check_predictor_fits(args.path, config, args.teacher)}")
     # 2. The new header; the tensors before.
     updated = new_metadata(args, metadata, meta, config)
-    if args.dry_run:
-        print(json.dumps({key: json.loads(value) if key in ("meta", "config") else value
+    if args.check_only:
+        return report_check_only(json.dumps({key: json.loads(value) if key in ("meta", "config") else value
                           for key, value in updated.items()}, indent=2))
-        return 0
     # (read as the eval reads it: the tensors against their recorded tensors_sha256, finite)
     before = tensor_bytes_sha256(args.path), tensors_sha256(read_inference_weights(args.path))
     # 3. Write the header only; the tensors after.

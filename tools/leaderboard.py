@@ -69,6 +69,7 @@ from predictor_training.eval.leaderboard import (
     choose_baseline,
     with_short_labels,
     write_front_side_by_side,
+    training_costs,
     write_leaderboard,
 )
 from predictor_training.eval.methods import parse_context_modes
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "Teacher (fvtools/train_kd.py or train_dmd2.py --generator student): its model folder (RUN/model, "
                       "RUN/ema/model) or LoRA file (RUN/lora_student.safetensors); a baseline row at its own steps on "
                       "the Teacher's sigma grid, every chunk on the student; repeat for several")
+    rows.add_argument("--shared_model", type=Path, action="append", default=[], help="a model every row shares "
+                      "whose training no row's training cost counts, besides the Teacher (e.g. the demo's "
+                      "flow-matching Teacher, the dmd2 students' real score; docs/leaderboard.md § Training cost); "
+                      "repeat for several")
     rows.add_argument("--predictor_plans", default=f"{TRAINED},F-P-P-P,F-P-P-F,F-P-F-P", help="comma list of the "
                       f"plans every --ckpt runs at; '{TRAINED}' = the schedule its run trained (its --replace_steps, "
                       "F-P-P-P when the run has none); duplicates are run once (default: %(default)s)")
@@ -207,6 +212,10 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     if not args.block_residual_blocks or len(set(args.block_residual_blocks)) != len(args.block_residual_blocks):
         parser.error(f"--block_residual_blocks {','.join(map(str, args.block_residual_blocks))}: expected distinct "
                      "block indices like 0,-1")
+    for model in args.shared_model:
+        if not model.exists():
+            parser.error(f"--shared_model {model}: no such file or folder; expected a model folder or weights file "
+                         "every row shares")
     args.plans = comma_list(args.plans)
     try:
         for plan in args.plans:
@@ -295,6 +304,14 @@ def plan_rows(args: argparse.Namespace, argv: list[str], device) -> tuple[list, 
     return checkpoints, students, specs, settings
 
 
+def trained_row_costs(args, checkpoints, students, settings) -> dict[str, dict]:
+    """The training cost of every --ckpt and --student (eval/training_cost.py), read before the eval runs so a
+    problem with one is found before hours of rollouts; the Teacher and --shared_model counted by none."""
+    return training_costs({**{ckpt.label: ckpt.path for ckpt in checkpoints},
+                           **{student.label: student.path for student in students}},
+                          shared=[settings.teacher_source.folder, *args.shared_model])
+
+
 @command
 def main(argv=None) -> int:
     parser = build_parser()
@@ -303,13 +320,16 @@ def main(argv=None) -> int:
     if args.check_only:
         checkpoints, students, specs, settings = plan_rows(args, argv, torch.device("cpu"))
         lines = check_evaluation(settings, LeaderboardRows(specs, students, settings.teacher_source))
-        return report_check_only(*lines, f"{len(specs)} rows (the baseline {args.baseline})")
+        costs = trained_row_costs(args, checkpoints, students, settings)
+        return report_check_only(*lines, f"{len(specs)} rows (the baseline {args.baseline}); the training cost of "
+                                 f"{len(costs)} trained sources read")
     set_cpu_threads(args.threads, tool="leaderboard", load_aware=True)
     env = init_distributed(args.backend)
     try:
         # 1. Checkpoints, rows, the eval's settings (a problem with what the user gave is a UserInputError: one
         #    line, exit 2; any other error is a bug and keeps its traceback).
         checkpoints, students, specs, settings = plan_rows(args, argv, env.device)
+        costs = trained_row_costs(args, checkpoints, students, settings)
         run_name = settings.run_name
         # 2. TeaCache thresholds, then every row on every video (the eval's loop; resumable).
         specs = calibrated_rows(args, settings, specs, env)
@@ -319,6 +339,7 @@ def main(argv=None) -> int:
             configs = {ckpt.label: ckpt.predictor_config for ckpt in checkpoints}
             analysis = analyse(report["results"], specs, configs, baseline=args.baseline, resamples=args.resamples,
                                seed=args.bootstrap_seed, unit=args.bootstrap_unit)
+            analysis["training_costs"] = costs
             header = {"split": args.split, "run_name": run_name, "device": str(env.device),
                       "world_size": env.world_size, "dtype": str(settings.dtype).removeprefix("torch."),
                       "seeds": args.seeds, "lpips": analysis["lpips_key"],

@@ -84,6 +84,7 @@ from predictor_training.eval.reports import write_side_by_side
 from predictor_training.eval.run import MethodRows, build_runtime, load_predictor, open_dataset
 from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRuntime
 from predictor_training.eval.timing import Stopwatch, speedup_spread
+from predictor_training.eval.training_cost import cost_columns, training_cost
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.runtime.errors import UserInputError
@@ -678,13 +679,48 @@ def _fmt(value, digits: int = 2, suffix: str = "") -> str:
 
 def row_record(row: RowResult) -> dict:
     return {"key": row.spec.key, "family": row.spec.family, "plan": row.spec.plan, "display": row.spec.display,
-            "checkpoint": row.spec.checkpoint, "context_mode": row.spec.context_mode, "adaptive": row.spec.adaptive,
+            "checkpoint": row.spec.checkpoint, "student": row.spec.student, "context_mode": row.spec.context_mode, "adaptive": row.spec.adaptive,
             "blocks": row.spec.blocks, "speedup": {axis: 1.0 / cost for axis, cost in row.costs.items()},
             "psnr_vs_reference": row.quality.to_dict(), "figures": row.figures,
             "vs_baseline": None if row.vs_baseline is None else row.vs_baseline.to_dict(),
             "margin_over_front": {axis: {**estimate.to_dict(), "front": front}
                                   for axis, (estimate, front) in row.margins.items()},
             "on_front_flops_real": row.on_front}
+
+
+def training_costs(trained: dict[str, Path], shared: Sequence[Path]) -> dict[str, dict]:
+    """{label: `training_cost`} of each trained source {label: its weights path} (the leaderboard's --ckpt and
+    --student), the models in `shared` (the Teacher every row serves) counted by none."""
+    return {label: training_cost(path, shared=list(shared)) for label, path in trained.items()}
+
+
+def trained_source(spec: RowSpec) -> str | None:
+    """The label of what a row trained (its Predictor or student; None for a training-free row)."""
+    return spec.checkpoint or spec.student
+
+
+def training_cost_section(analysis: dict) -> list[str]:
+    """The markdown section that puts each trained row's training cost beside its quality and inference cost
+    (`analysis["training_costs"]`: {trained label: eval/training_cost.py's `training_cost`}); empty without any."""
+    costs = analysis.get("training_costs") or {}
+    rows = [row for row in analysis["rows"] if trained_source(row.spec) in costs]
+    if not rows:
+        return []
+    lines = ["", "## Training cost of the trained rows", "",
+             "What each trained row cost to train, over its lineage (docs/leaderboard.md § Training cost): CPU "
+             "core-hours measured on the machine that trained it, and the FLOPs its optimizer steps take at the real "
+             "config; ≥ marks a lower bound (a parent run not on this machine), ? a cost not known.", "",
+             "| row | PSNR | Full steps/chunk | speedup FLOP real (projection) | train core-h (demo CPU) | "
+             "train FLOPs (real config) | optimizer steps | lineage |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        cost = costs[trained_source(row.spec)]
+        cells = cost_columns(cost)
+        lines.append(f"| {row.spec.display} | {row.quality.value:.2f} | "
+                     f"{_fmt(row.figures.get('full_steps_per_chunk'))} | {row.speedup('flops_real'):.3f}x | "
+                     f"{cells['train core-h (demo CPU)']} | {cells['train FLOPs (real config)']} | {cost['steps']} | "
+                     f"{cells['lineage']} |")
+    return lines
 
 
 def extra_teacher_steps(rows: Sequence[RowResult], axis: str = "flops_run") -> dict[str, float]:
@@ -828,6 +864,7 @@ def markdown(analysis: dict, header: dict) -> str:
                          f"{_fmt(figures.get('gt_ssim_after_first_chunk'), 3)} | "
                          f"{_fmt(figures.get('revisit_self_psnr'))} | "
                          f"{_fmt(figures.get('revisit_return_minus_first_visit'))} |")
+    lines += training_cost_section(analysis)
     lines += teacache_notes(rows)
     return "\n".join(lines) + "\n"
 
@@ -838,6 +875,7 @@ CSV_FIELDS = ("key", "family", "plan", "checkpoint", "context_mode", "full_steps
                                            for part in ("", "_low", "_high")),
               "ssim", "lpips", "last_chunk_psnr", "temporal_delta_mse", "gt_psnr_after_first_chunk",
               "gt_ssim_after_first_chunk", "revisit_self_psnr", "revisit_return_minus_first_visit", "on_front",
+              "train_core_hours", "train_flops_real", "train_lineage_complete",
               *(f"{MEASURED_SPREAD_PREFIX}{part}" for part in MEASURED_SPREAD_PARTS))
 
 
@@ -858,6 +896,10 @@ def csv_text(analysis: dict) -> str:
             record.update({f"margin_{axis}": estimate.value, f"margin_{axis}_low": estimate.low,
                            f"margin_{axis}_high": estimate.high})
         record.update({key: value for key, value in row.figures.items() if key in CSV_FIELDS})
+        cost = (analysis.get("training_costs") or {}).get(trained_source(row.spec))
+        if cost is not None:
+            record.update(train_core_hours=cost["core_hours"], train_flops_real=cost["flops"],
+                          train_lineage_complete=int(cost["lineage_complete"]))
         writer.writerow(record)
     return buffer.getvalue()
 
@@ -883,6 +925,15 @@ def label_points(ax, points: list[tuple[str, float, float]]) -> None:
         placed.append((x, y))
         ax.annotate(label, (x, y), fontsize=6, xytext=(-4 if right else 3, 2 - 8 * crowd),
                     textcoords="offset points", ha="right" if right else "left")
+
+
+def point_label(panel: str, cost: dict | None) -> str:
+    """A plot point's name: a trained row's carries its training cost (real-config FLOPs, demo core-hours)."""
+    if cost is None:
+        return panel
+    cells = cost_columns(cost)
+    return (f"{panel} [train {cells['train FLOPs (real config)']} FLOP, "
+            f"{cells['train core-h (demo CPU)']} core-h]")
 
 
 def plot_pareto(path: Path, analysis: dict, axis: str, title: str) -> None:
@@ -914,7 +965,9 @@ def plot_pareto(path: Path, analysis: dict, axis: str, title: str) -> None:
                [row.quality.high - row.quality.value for row in members]]
         ax.errorbar(x, y, yerr=err, fmt="o" if family != PREDICTOR_FAMILY else "*", ms=5 if family !=
                     PREDICTOR_FAMILY else 11, color=colour, capsize=2, lw=0.8, label=family)
-    label_points(ax, [(row.spec.panel, row.speedup(axis), row.quality.value) for row in rows])
+    costs = analysis.get("training_costs") or {}
+    label_points(ax, [(point_label(row.spec.panel, costs.get(trained_source(row.spec))), row.speedup(axis),
+                       row.quality.value) for row in rows])
     ax.set_xlabel(f"speedup over F-F-F-F ({COST_AXES[axis]})")
     ax.set_ylabel("PSNR vs F-F-F-F (dB), 95 % interval")
     ax.set_title(title, fontsize=9)
@@ -936,7 +989,8 @@ def write_leaderboard(out_dir: Path, analysis: dict, header: dict) -> list[str]:
     write_json_atomic(out_dir / "leaderboard.json", jsonable({
         "header": header, "num_videos": analysis["num_videos"], "num_units": analysis["num_units"],
         "baseline": analysis["baseline"], "resamples": analysis["resamples"],
-        "rows": [row_record(row) for row in analysis["rows"]]}))
+        "rows": [row_record(row) for row in analysis["rows"]],
+        "training_costs": analysis.get("training_costs") or {}}))
     written = ["leaderboard.md", "leaderboard.csv", "leaderboard.json"]
     for axis in MARGIN_AXES:
         name = f"pareto_{axis}.png"

@@ -6,7 +6,9 @@ A recipe is rehearsable when its entry script has `build(args, env, policy, *, <
 with the Teacher made from its config (`load_teacher`, a seam every recipe has) and the `Plan`'s other keywords
 (the data's stand-ins, the recipe's own seams), then runs `optimizer_steps` loop steps with every role due: the step
 function on the plan's micro-batch, DDP's bucket views, each role's clip and AdamW (foreach, as on CUDA). Nothing in
-the recipe is patched; the only patches are torch's and PEFT's moves of fake parameters.
+the recipe is patched; the only patches are torch's and PEFT's moves of fake parameters. The FLOPs of each loop
+step's step function (forward, backward and a checkpointed block's recompute; runtime/flop_count.py) go into the
+report's notes (`step_flops`): what tools/measure_step_flops.py reads.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.flop_count import FlopCounter
 from predictor_training.runtime.flags import parse_recipe_args
 from predictor_training.runtime.loop import grad_norm_and_clip
 from predictor_training.runtime.memory_rehearsal import (
@@ -49,7 +52,8 @@ class Plan:
     ranks in a fake process group (per-rank figures). segments: `build` takes `mark` (the report names the part of the step where
     the peak is, notes["peak_in"]). Which loop step is rehearsed (e.g. the heaviest of a cadence): step, the loop
     step it is (the run state starts at step - 1: e.g. a monitor step), and updates, the updates every role has taken
-    before it (their LR schedules advanced so far). notes(parts): extra report notes."""
+    before it (their LR schedules advanced so far); due, the roles due at that step (None: every role; a cadence's
+    other steps, e.g. dmd2's critic-only steps, name fewer). notes(parts): extra report notes."""
 
     name: str
     build: dict
@@ -58,6 +62,7 @@ class Plan:
     segments: bool = False
     step: int = 1
     updates: int = 0
+    due: frozenset[str] | None = None
     notes: Callable[[RecipeParts], dict] = lambda parts: {}  # noqa: E731
 
 
@@ -106,19 +111,26 @@ def rehearse_recipe(build: Callable[..., RecipeParts], plan: Plan, *, precision:
             rehearsal.watch_gradients(role.parameters)
             if role.ema is not None and hasattr(role.ema, "shadow"):  # an FP32 EMA shadow: training state
                 rehearsal.tracker.label(role.ema.shadow.values(), "optimizer_state")
-        buckets = (DDPBuckets(parts.roles[0].parameters, rehearsal.tracker)
-                   if parts.roles[0].grad_sync == "ddp" and world_size > 1 and not plan.sharded else None)
+        due = frozenset(role.name for role in parts.roles) if plan.due is None else plan.due
+        unknown = sorted(due - {role.name for role in parts.roles})
+        if unknown:
+            raise ValueError(f"plan {plan.name!r}: due roles {unknown} are not among {[r.name for r in parts.roles]}")
+        first = parts.roles[0]
+        buckets = (DDPBuckets(first.parameters, rehearsal.tracker) if first.grad_sync == "ddp" and world_size > 1
+                   and not plan.sharded and first.name in due else None)
         parts.run_state.global_step = plan.step - 1
         for role in parts.roles:
             for _ in range(plan.updates):
                 role.lr_schedule.step()
+        step_flops = []
         for step in range(1, optimizer_steps + 1):
             for role in parts.roles:
                 role.zero_grad()
-            with rehearsal.phase("forward"):
-                parts.step_fn(plan.item(), sync=True, due=frozenset(role.name for role in parts.roles))
+            with rehearsal.phase("forward"), FlopCounter() as flops:
+                parts.step_fn(plan.item(), sync=True, due=due)
+            step_flops.append(flops.summary())
             segments.mark("optimizer")
-            optimizer_phase(rehearsal, parts.roles, buckets, step)
+            optimizer_phase(rehearsal, [role for role in parts.roles if role.name in due], buckets, step)
             segments.mark("after the step")
             parts.run_state.global_step, parts.run_state.micro_step = step, parts.run_state.micro_step + 1
         rehearsal.notes["configuration"] = "; ".join([
@@ -127,6 +139,7 @@ def rehearse_recipe(build: Callable[..., RecipeParts], plan: Plan, *, precision:
             f"autocast rules {'CUDA (emulated)' if cuda_autocast else 'CPU'}",
             f"FSDP2 over {world_size} ranks (fake process group), per-rank figures" if sharded else
             f"DDP buckets {'counted' if buckets is not None else 'none'}"])
+        rehearsal.notes["step_flops"] = step_flops  # one entry per loop step: forward, backward, total, by op
         rehearsal.notes.update(plan.notes(parts))
         rehearsal.notes.update({"peak_in": segments.at_peak} if plan.segments else {})
         rehearsal.notes.update(peak_groups=peak_groups(rehearsal.tracker),

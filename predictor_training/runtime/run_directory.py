@@ -384,12 +384,14 @@ def write_train_config(run_dir: Path, config: dict) -> None:
 
 
 def environment_summary() -> dict:
-    """torch version, CUDA devices, OMP threads and the CPU kind (`cpu_threads.cpu_kind`: what decides the bits of
-    CPU results, so a baseline comparison knows where a run was made), for train_config.json."""
+    """torch version, CUDA devices, OMP threads, the torch intra-op threads of this rank (the training cost's
+    core-hours: eval/training_cost.py) and the CPU kind (`cpu_threads.cpu_kind`: what decides the bits of CPU
+    results, so a baseline comparison knows where a run was made), for train_config.json."""
     return {
         "torch": torch.__version__,
         "cuda_devices": str(torch.cuda.device_count() if torch.cuda.is_available() else 0),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+        "torch_threads": torch.get_num_threads(),
         "cpu_kind": cpu_kind(),
     }
 

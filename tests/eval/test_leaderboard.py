@@ -640,3 +640,45 @@ def test_rows_are_timed_k_times_in_rotated_rounds_and_a_b_row_runs_in_the_eval(w
     shape = TeacherShape.from_config(teacher.config)
     assert entry["flops"]["block_residual_step"] == block_residual_step_flops(
         shape, 1, HEIGHT * WIDTH, result["text_tokens"], result["context_frames_per_chunk"][1])
+
+
+def _cost(core_hours, flops, steps, missing=()):
+    return {"core_hours": core_hours, "flops": flops, "steps": steps, "lineage_complete": not missing,
+            "complete": {"core_hours": not missing, "flops": not missing}, "runs": [],
+            "missing": [{"link": "init_from", "path": path} for path in missing], "notes": []}
+
+
+def test_each_trained_row_carries_its_own_training_cost_in_the_table_csv_json_and_plot(tmp_path):
+    """Two Predictors of two checkpoints: each row gets its own checkpoint's training cost (a lower bound marked ≥
+    with its missing parent counted), the training-free rows none, in the markdown, the CSV, the JSON and the
+    plot labels."""
+    import csv
+    from dataclasses import replace
+
+    from predictor_training.eval.leaderboard import analyse, markdown, point_label, write_leaderboard
+
+    specs = [_spec(key, plan) for key, plan, *_ in COST_ROWS]
+    specs = [replace(spec, checkpoint="other") if spec.key == "predictor_ck_fppp" else spec for spec in specs]
+    analysis = analyse(_cost_results(), specs, {"ck": PREDICTOR_CONFIG, "other": PREDICTOR_CONFIG},
+                       baseline="sampler_1step_frrr", resamples=50, seed=0)
+    analysis["training_costs"] = {"ck": _cost(1.5, 2.0e18, 480), "other": _cost(0.25, 7.0e17, 96, ["gone.pt"])}
+    rows = {row.spec.key: row for row in analysis["rows"]}
+    text = markdown(analysis, {"split": "holdout25"})
+    section = text.split("## Training cost of the trained rows")[1].split("\n## ")[0]
+    lines = {line.split(" | ")[0].removeprefix("| "): line for line in section.splitlines() if line.startswith("| ")}
+    assert set(lines) == {"row", "---", "predictor_ck_frrp", "predictor_ck_fppp"}
+    frrp = lines["predictor_ck_frrp"].split(" | ")
+    assert frrp[1] == f"{rows['predictor_ck_frrp'].quality.value:.2f}"
+    assert frrp[4:8] == ["1.5", "2e+18", "480", "complete |"]
+    assert lines["predictor_ck_fppp"].split(" | ")[4:8] == ["≥ 0.25", "≥ 7e+17", "96", "incomplete (1 missing) |"]
+    assert point_label("P", analysis["training_costs"]["other"]) == "P [train ≥ 7e+17 FLOP, ≥ 0.25 core-h]"
+    assert point_label("sampler", None) == "sampler"
+    write_leaderboard(tmp_path, analysis, {"split": "holdout25"})
+    table = {row["key"]: row for row in csv.DictReader((tmp_path / "leaderboard.csv").open())}
+    assert (table["predictor_ck_frrp"]["train_core_hours"], table["predictor_ck_frrp"]["train_flops_real"]) == \
+        ("1.5", "2e+18")
+    assert table["predictor_ck_fppp"]["train_lineage_complete"] == "0"
+    assert table["sampler_2step_frrf"]["train_core_hours"] == ""
+    record = json.loads((tmp_path / "leaderboard.json").read_text())
+    assert record["training_costs"]["other"]["flops"] == 7.0e17
+    assert {row["key"]: row["checkpoint"] for row in record["rows"]}["predictor_ck_fppp"] == "other"

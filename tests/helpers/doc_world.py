@@ -321,7 +321,7 @@ def write_demo_world(sandbox: Path) -> dict[str, Path]:
         out=demo / "video_latents", height=32, width=48, num_frames=125, dtype="float32", storage_dtype="float32",
         device="cpu")) == 0
     teacher = WorldPlayTransformer.from_pretrained(str(assets / "teacher")).eval().requires_grad_(False)
-    write_dataset(demo / "dataset", teacher, assets / "teacher", None, sorted((assets / "samples").glob("*.jsonl")),
+    write_dataset(demo / "dataset", teacher, assets / "teacher", None, sorted(t for t in (assets / "samples").glob("*.jsonl") if t.stem != "final"),
                   assets / "encoded")
     # The launchers' own flags of the main job's two runs (tools/launch_predictor_v4_rollout_training.sh): the
     # offline run, then the rollout run from its training_latest.pt (a path relative to the working directory).

@@ -64,6 +64,26 @@ def test_the_loop_step_counts_parameters_gradients_and_adamw_state():
     assert "DDP buckets none" in report.notes["configuration"]
 
 
+def test_the_step_flops_are_recorded_by_hand():
+    """The toy step's FLOPs: forward x @ W^T, 2 x BATCH x WIDTH^2; backward only the weight gradient (x needs none),
+    the same again."""
+    report = rehearse_toy([])
+    (flops,) = report.notes["step_flops"]
+    assert flops["forward"] == flops["backward"] == 2 * BATCH * WIDTH * WIDTH
+    assert flops["total"] == 4 * BATCH * WIDTH * WIDTH and flops["uncounted"] == {}
+
+
+def test_a_plan_names_the_roles_due():
+    """due: the step gets those roles as due and only they take an optimizer step; a role the recipe lacks is an
+    error."""
+    calls = []
+    report = rehearse_toy(calls, due=frozenset())
+    assert calls[1] == ("step", [], 1, 0)
+    assert report.notes["live_after_step"]["optimizer_state"] == 0  # AdamW never stepped: no moments
+    with pytest.raises(ValueError, match="due roles \\['critic'\\]"):
+        rehearse_toy([], due=frozenset({"critic"}))
+
+
 def test_ddp_buckets_and_the_peak_part():
     """world_size > 1 with a DDP-synchronised first role counts one FP32 bucket of its parameters (an all-reduced
     role none); a build that takes `mark` gets the rehearsal's, and the report names the part where the peak was

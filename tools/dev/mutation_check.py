@@ -39,6 +39,16 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("training_cost_of_the_wrong_source", "predictor_training/eval/leaderboard.py",
+             "    return spec.checkpoint or spec.student",
+             "    return spec.student or spec.checkpoint and 'ck'",
+             ("tests/eval/test_leaderboard.py::test_each_trained_row_carries_its_own_training_cost_in_the_table_csv_json_and_plot",),
+             "every Predictor row shows the first checkpoint's training cost"),
+    Mutation("training_cost_lower_bound_unmarked", "predictor_training/eval/training_cost.py",
+             'return "?" if value is None else ("" if complete else "≥ ") + text(value)',
+             'return "?" if value is None else text(value)',
+             ("tests/eval/test_leaderboard.py::test_each_trained_row_carries_its_own_training_cost_in_the_table_csv_json_and_plot",),
+             "an incomplete lineage's cost is shown as if it were the whole cost"),
     Mutation("scene_bootstrap_resamples_videos", "predictor_training/eval/leaderboard.py",
              'units = Units.from_keys(videos if unit == "video" else [result["case_id"] for result in results], videos)',
              "units = Units.from_keys(videos, videos)",
