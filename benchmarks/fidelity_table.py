@@ -81,10 +81,11 @@ def fidelity(results: list[dict], rows: dict[str, str], reuse: str, *, resamples
 
 
 def markdown(table: dict, title: str, user: dict | None) -> str:
-    def cell(estimate: Estimate, digits: int) -> str:
-        return f"{estimate.value:.{digits}f} [{estimate.low:.{digits}f}, {estimate.high:.{digits}f}]"
+    def cell(estimate: Estimate, digits: str) -> str:
+        return f"{estimate.value:{digits}} [{estimate.low:{digits}}, {estimate.high:{digits}}]"
 
-    digits = {"psnr_full": 2, "ssim": 3, "lpips": 3, "temporal_delta_mse": 5}
+    # LPIPS and temporal-delta MSE in significant figures: on the demo's distilled Teachers they are ~1e-4..1e-5
+    digits = {"psnr_full": ".2f", "ssim": ".3f", "lpips": ".3g", "temporal_delta_mse": ".3g"}
     lines = [f"**{title}** ({table['num_videos']} videos of {table['num_scenes']} scenes; against F-F-F-F; "
              f"bracket: 95 % paired bootstrap over scenes; LPIPS column `{table['lpips_metric']}`)", "",
              "| method | " + " | ".join(METRICS.values()) + " | PSNR − reuse |" + (

@@ -84,12 +84,12 @@ from predictor_training.eval.reports import write_side_by_side
 from predictor_training.eval.run import MethodRows, build_runtime, load_predictor, open_dataset
 from predictor_training.eval.runtime import GROUND_TRUTH, LETTER_KINDS, EvalRuntime
 from predictor_training.eval.timing import Stopwatch, speedup_spread
-from predictor_training.eval.training_cost import cost_columns, training_cost
+from predictor_training.eval.training_cost import cost_columns, training_cost, unknown_cost
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.distributed import log0
 from predictor_training.runtime.io import read_json_file, write_json_atomic, write_text_atomic
-from predictor_training.runtime.errors import UserInputError
 from predictor_training.teacher.adapters import load_lora
 from predictor_training.teacher.config import preset_config
 from predictor_training.teacher.source import TeacherSource, load_teacher
@@ -690,8 +690,17 @@ def row_record(row: RowResult) -> dict:
 
 def training_costs(trained: dict[str, Path], shared: Sequence[Path]) -> dict[str, dict]:
     """{label: `training_cost`} of each trained source {label: its weights path} (the leaderboard's --ckpt and
-    --student), the models in `shared` (the Teacher every row serves) counted by none."""
-    return {label: training_cost(path, shared=list(shared)) for label, path in trained.items()}
+    --student), the models in `shared` (the Teacher every row serves) counted by none. Weights whose cost cannot
+    be read (no known recipe in their run config) get an unknown cost with the reason, and a warning: the row is
+    still scored."""
+    costs = {}
+    for label, path in trained.items():
+        try:
+            costs[label] = training_cost(path, shared=list(shared))
+        except UserInputError as error:
+            log0(f"WARNING: {label}: its training cost is unknown ({error})")
+            costs[label] = unknown_cost(path, str(error))
+    return costs
 
 
 def trained_source(spec: RowSpec) -> str | None:

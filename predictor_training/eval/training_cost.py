@@ -444,6 +444,14 @@ def training_cost(path: str | Path, *, shared: Sequence[str | Path] = (), table:
     }
 
 
+def unknown_cost(path: str | Path, reason: str) -> dict:
+    """The record of weights whose training cost cannot be read (`training_cost` refused them: e.g. a run config
+    of no known recipe): every figure None, `unknown` the reason."""
+    return {"path": str(path), "core_hours": None, "flops": None, "steps": None, "lineage_complete": False,
+            "complete": {"core_hours": False, "flops": False}, "runs": [], "missing": [], "notes": [reason],
+            "unknown": reason, "real_config": REAL_CONFIG}
+
+
 def cost_columns(cost: dict) -> dict[str, str]:
     """The leaderboard's three training-cost cells of a row: core-hours on the machine that trained it, FLOPs at
     the real config (each with "≥" when it is a lower bound, "?" when nothing is known) and the lineage."""
@@ -453,5 +461,6 @@ def cost_columns(cost: dict) -> dict[str, str]:
     return {
         "train core-h (demo CPU)": cell(cost["core_hours"], cost["complete"]["core_hours"], lambda v: f"{v:.3g}"),
         "train FLOPs (real config)": cell(cost["flops"], cost["complete"]["flops"], lambda v: f"{v:.3g}"),
-        "lineage": "complete" if cost["lineage_complete"] else f"incomplete ({len(missing)} missing)",
+        "lineage": "unknown" if cost.get("unknown") else
+                   "complete" if cost["lineage_complete"] else f"incomplete ({len(missing)} missing)",
     }

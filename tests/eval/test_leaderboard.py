@@ -673,6 +673,9 @@ def test_each_trained_row_carries_its_own_training_cost_in_the_table_csv_json_an
     assert lines["predictor_ck_fppp"].split(" | ")[4:8] == ["≥ 0.25", "≥ 7e+17", "96", "incomplete (1 missing) |"]
     assert point_label("P", analysis["training_costs"]["other"]) == "P [train ≥ 7e+17 FLOP, ≥ 0.25 core-h]"
     assert point_label("sampler", None) == "sampler"
+    from predictor_training.eval.training_cost import cost_columns, unknown_cost
+    assert cost_columns(unknown_cost("w.safetensors", "no recipe")) == {
+        "train core-h (demo CPU)": "?", "train FLOPs (real config)": "?", "lineage": "unknown"}
     write_leaderboard(tmp_path, analysis, {"split": "holdout25"})
     table = {row["key"]: row for row in csv.DictReader((tmp_path / "leaderboard.csv").open())}
     assert (table["predictor_ck_frrp"]["train_core_hours"], table["predictor_ck_frrp"]["train_flops_real"]) == \

@@ -126,4 +126,6 @@ def test_kd_chunk_model_predicts_a_draw_it_was_not_built_from():
     args, extra = measure_step_flops.rehearsal_inputs(key, tiny)
     three = measure_step_flops.step_flops(args, extra, chunks=[5, 6, 7])["total"]
     one_chunk = entry["rehearsals"][1]["total"] - entry["rehearsals"][0]["total"]
-    assert three == pytest.approx(entry["parts"]["fixed"] + 3 * one_chunk, rel=1e-9)
+    # within 1e-6: a few thousand FLOPs (of ~4e10) of small per-draw matmuls vary with which chunks are drawn; a
+    # wrong model is off by a chunk's cost, ~1e10
+    assert three == pytest.approx(entry["parts"]["fixed"] + 3 * one_chunk, rel=1e-6)
