@@ -233,7 +233,7 @@ def read_student(path: str | Path) -> StudentSource:
                              "train_config.json flags have no student_steps, or its generator is not a student)")
     return StudentSource(path=path, run_dir=run_dir, method=str(config.get("method", flags.get("experiment", "?"))),
                          train=str(flags.get("train", "full")), steps=int(flags["student_steps"]),
-                         shift=float(flags["student_shift"]), ema="ema" in path.relative_to(run_dir).parts[:-1])
+                         shift=float(flags["student_shift"]), ema="ema" in path.resolve().relative_to(run_dir).parts[:-1])
 
 
 def student_plan(steps: int, shift: float, num_steps: int, teacher_shift: float) -> str:

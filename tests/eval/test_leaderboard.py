@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -463,7 +464,7 @@ def _student_run(tmp_path, name: str, flags: dict, method: str = "kd") -> "Path"
     return run
 
 
-def test_students_are_read_from_their_run_and_get_a_row_each(tmp_path):
+def test_students_are_read_from_their_run_and_get_a_row_each(tmp_path, monkeypatch):
     """A student's recipe comes from its run's train_config.json (method, student_steps, student_shift, train); the
     EMA is told apart by its folder; labels repeat-proof; the rows run every chunk on the student and join the
     front as baselines; a folder with no run above it, or a run that trained no student, is refused."""
@@ -478,6 +479,8 @@ def test_students_are_read_from_their_run_and_get_a_row_each(tmp_path):
     assert [student.label for student in students] == ["kd_1step_full_1", "dmd2_2step_lora_ema", "dmd2_2step_lora",
                                                        "kd_1step_full_2"]
     assert (students[0].steps, students[0].shift, students[0].ema, students[1].ema) == (1, 5.0, False, True)
+    monkeypatch.chdir(tmp_path)  # a path relative to the working directory, as a command line gives it
+    assert (read_student(Path("dmd2") / "ema" / "model").ema, read_student(Path("kd1") / "model").ema) == (True, False)
     rows = build_rows(num_steps=4, shift=5.0, samplers=[], caches=[], teacache_full_steps=[], mixtures=[],
                       predictor_plans={}, students=students[:2])
     student_rows = [row for row in rows if row.family == "student"]
