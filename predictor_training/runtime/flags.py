@@ -127,16 +127,36 @@ def add_data_args(parser: argparse.ArgumentParser, *, num_workers: int, pairs: s
                             "(each tensor's checksum is checked when it is read in any case)")
 
 
-def add_teacher_args(parser: argparse.ArgumentParser) -> None:
-    """--teacher, --action_ckpt (see `data.dataset_config.resolve_teacher_source` for where the defaults come from)."""
-    group = parser.add_argument_group("teacher")
-    group.add_argument("--teacher", type=Path, default=None,
-                       help="Teacher transformer folder (config.json + safetensors); default: the folder recorded in "
-                            "the dataset's dataset_config.json, so the Predictor learns from the Teacher that made "
-                            "the data")
-    group.add_argument("--action_ckpt", type=Path, default=None,
-                       help="WorldPlay action checkpoint loaded strictly on top of --teacher; default: the one "
-                            "recorded in dataset_config.json when --teacher is not given, else none")
+def add_teacher_args(parser: argparse.ArgumentParser, *, group=None, from_dataset: bool = True) -> None:
+    """--teacher, --action_ckpt, in `group` (default: a new "teacher" group of `parser`). from_dataset: the
+    Predictor recipes' form, both defaulting to what the dataset recorded (`data.dataset_config.
+    resolve_teacher_source`); otherwise the generic methods' (the model they train): --teacher required to train,
+    --action_ckpt required whenever the Teacher's weights are read unless --no_action_ckpt (`check_action_ckpt`)."""
+    group = parser.add_argument_group("teacher") if group is None else group
+    if from_dataset:
+        teacher_help = ("Teacher transformer folder (config.json + safetensors); default: the folder recorded in the "
+                        "dataset's dataset_config.json, so the Predictor learns from the Teacher that made the data")
+        action_help = ("WorldPlay action checkpoint loaded strictly on top of --teacher; default: the one recorded in "
+                       "dataset_config.json when --teacher is not given, else none")
+    else:
+        teacher_help = ("Teacher transformer folder (config.json + safetensors), required to train: the base of a "
+                        "LoRA, the start of a full run with --init_weights teacher, or only the config with "
+                        "--init_weights scratch")
+        action_help = ("WorldPlay action checkpoint loaded strictly on top of --teacher (the real model: "
+                       "ar_distilled_action_model/diffusion_pytorch_model.safetensors); required whenever the "
+                       "Teacher's weights are read, unless --no_action_ckpt")
+    group.add_argument("--teacher", type=Path, default=None, help=teacher_help)
+    group.add_argument("--action_ckpt", type=Path, default=None, help=action_help)
+    if not from_dataset:
+        group.add_argument("--no_action_ckpt", action="store_true",
+                           help="--teacher already holds the WorldPlay action weights (a df_sft run's model/ folder, "
+                                "the demo world's Teacher): load it alone")
+
+
+def add_gradient_checkpointing_arg(group, *, default: bool, what: str) -> None:
+    """--gradient_checkpointing / --no-gradient_checkpointing: non-reentrant activation checkpointing of `what`."""
+    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=default,
+                       help=f"non-reentrant activation checkpointing of {what} (default %(default)s)")
 
 
 def add_predictor_args(parser: argparse.ArgumentParser, *, source_blocks: str, gradient_checkpointing: bool) -> None:
@@ -145,9 +165,7 @@ def add_predictor_args(parser: argparse.ArgumentParser, *, source_blocks: str, g
     group.add_argument("--source_blocks", type=parse_source_blocks, default=parse_source_blocks(source_blocks),
                        help=f"the two Teacher double blocks copied into the Predictor, 'a,b' (default {source_blocks}; "
                             "the real Teacher also has '0,53')")
-    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
-                       default=gradient_checkpointing,
-                       help="non-reentrant activation checkpointing of the two Predictor blocks (default %(default)s)")
+    add_gradient_checkpointing_arg(group, default=gradient_checkpointing, what="the two Predictor blocks")
     group.add_argument("--no_gradient_checkpointing", dest="gradient_checkpointing", action="store_false",
                        help=argparse.SUPPRESS)  # the spelling of earlier versions
 
@@ -219,17 +237,7 @@ def add_method_model_args(
     --init_weights, --lora_rank, --lora_alpha, --gradient_checkpointing, --context_grad, and --dry_run (its
     parameter counts). `check_action_ckpt` is the rule of the first pair."""
     group = parser.add_argument_group("model")
-    group.add_argument("--teacher", type=Path, default=None,
-                       help="Teacher transformer folder (config.json + safetensors), required to train: the base of a "
-                            "LoRA, the start of a full run with --init_weights teacher, or only the config with "
-                            "--init_weights scratch")
-    group.add_argument("--action_ckpt", type=Path, default=None,
-                       help="WorldPlay action checkpoint loaded strictly on top of --teacher (the real model: "
-                            "ar_distilled_action_model/diffusion_pytorch_model.safetensors); required whenever the "
-                            "Teacher's weights are read, unless --no_action_ckpt")
-    group.add_argument("--no_action_ckpt", action="store_true",
-                       help="--teacher already holds the WorldPlay action weights (a df_sft run's model/ folder, the "
-                            "demo world's Teacher): load it alone")
+    add_teacher_args(parser, group=group, from_dataset=False)
     group.add_argument("--train", choices=("lora", "full"), default=train,
                        help="lora: a LoRA adapter on the frozen Teacher's image-stream linears; full: every parameter "
                             "(FSDP2-sharded under torchrun) (default %(default)s)")
@@ -239,10 +247,8 @@ def add_method_model_args(
     group.add_argument("--lora_rank", type=int, default=lora_rank, help="LoRA rank (default %(default)s)")
     group.add_argument("--lora_alpha", type=float, default=lora_alpha,
                        help="LoRA alpha; the update is scaled by alpha / rank (default %(default)g)")
-    group.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
-                       default=gradient_checkpointing,
-                       help="non-reentrant activation checkpointing of the model's double blocks in the chunk step "
-                            "(default %(default)s)")
+    add_gradient_checkpointing_arg(group, default=gradient_checkpointing,
+                                   what="the model's double blocks in the chunk step")
     group.add_argument("--context_grad", action=argparse.BooleanOptionalAction, default=context_grad,
                        help="back-propagate through the context prefill too, so the model learns to encode its "
                             "context (default %(default)s)")
