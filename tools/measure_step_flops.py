@@ -47,6 +47,7 @@ import estimate_memory  # noqa: E402  (tools/estimate_memory.py: the rehearsal's
 from predictor_training.eval.training_cost import (  # noqa: E402
     REAL_CONFIG,
     STEP_FLOPS_TABLE,
+    find_entry,
     key_text,
     load_step_flops,
     locate,
@@ -55,6 +56,7 @@ from predictor_training.eval.training_cost import (  # noqa: E402
 from predictor_training.methods.dmd2_models import FAKE  # noqa: E402
 from predictor_training.recipes.rehearsal import recipe_flags  # noqa: E402
 from predictor_training.runtime.errors import CommandParser, UserInputError, command  # noqa: E402
+from predictor_training.runtime.flags import add_check_only_arg, report_check_only  # noqa: E402
 from predictor_training.teacher.flops import OFFLINE_CONTEXT_MIX, memory_context_frames  # noqa: E402
 
 # The keys the table ships with: the Predictor recipes the leaderboard's Predictors come from and the students of
@@ -88,6 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the one the training cost reads, %(default)s)")
     parser.add_argument("--config", default=REAL_CONFIG["teacher"], help="Teacher preset (default %(default)s; "
                         "another one is for tests and is never written to the table)")
+    add_check_only_arg(parser, what="each step key it would measure (with whether the table has it) and the table it "
+                                    "would write")
     parser.add_argument("--text_tokens", type=int, default=REAL_CONFIG["text_tokens"], help=argparse.SUPPRESS)
     parser.add_argument("--latent_grid", default="x".join(map(str, REAL_CONFIG["latent_grid"])), help=argparse.SUPPRESS)
     parser.add_argument("--chunks", type=int, default=REAL_CONFIG["chunks"], help=argparse.SUPPRESS)
@@ -250,6 +254,10 @@ def main(argv=None) -> int:
         keys = [step_key(trained.config)]
     else:
         keys = STANDARD_KEYS if args.standard else [args.key]
+    if args.check_only:
+        known = load_step_flops(args.table) if args.table.is_file() else []
+        return report_check_only(*(f"{key_text(key)} ({'in' if find_entry(key, known) else 'not in'} the table)"
+                                   for key in keys), f"--write: {args.table}" if args.write else "nothing written")
     entries = []
     for key in keys:
         print(f"{key_text(key)}:", file=sys.stderr, flush=True)

@@ -284,10 +284,16 @@ def own_cost(trained: Trained, first: int, entries: list[dict]) -> tuple[dict, l
         run.update(recipe=None, core_hours=None, flops=None)
         run["notes"].append("no run config or step recorded with these weights")
         return run, missing
-    recipe, world_size = recipe_of(config), int(config["derived"]["world_size"])
-    run.update(recipe=recipe, world_size=world_size, global_batch=int(config["derived"]["global_batch"]))
+    derived = config["derived"]
+    recipe = recipe_of(config)
+    world_size = None if derived.get("world_size") is None else int(derived["world_size"])
+    global_batch = None if derived.get("global_batch") is None else int(derived["global_batch"])
+    run.update(recipe=recipe, world_size=world_size, global_batch=global_batch)
     # Measured core-hours: the run's records of steps first+1..last.
-    if trained.run_dir is None:
+    if world_size is None:  # a run config written before the world size was recorded
+        run.update(core_hours=None, logged_steps=0)
+        run["notes"].append("its run config records no world size: its core-hours are unknown")
+    elif trained.run_dir is None:
         run.update(core_hours=None, logged_steps=0)
         recorded = config["flags"].get("output_dir") or config["derived"].get("run_name")
         missing.append({"link": "run_log", "path": recorded, "needed_by": str(trained.path),
@@ -308,7 +314,11 @@ def own_cost(trained: Trained, first: int, entries: list[dict]) -> tuple[dict, l
         if (trained.run_dir / DISCARDED_LOG_NAME).is_file():
             run["notes"].append(f"{DISCARDED_LOG_NAME}: steps of an interrupted attempt, redone after a resume, "
                                 "not counted")
-    # FLOPs at the real config: the table's entry for the run's step key.
+    # FLOPs at the real config: the table's entry for the run's step key, times the recorded global batch.
+    if global_batch is None:
+        run.update(step_key=None, flops=None)
+        run["notes"].append("its run config records no global batch: its FLOPs are unknown")
+        return run, missing
     try:
         key = step_key(config)
     except UserInputError as error:

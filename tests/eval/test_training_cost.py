@@ -267,3 +267,18 @@ def test_a_trained_teacher_outside_any_run_is_missing_a_base_model_is_not(tmp_pa
     base = write_model_folder(tmp_path / "base_teacher", None)
     cost = training_cost(write_run(tmp_path / "student2", method_config("kd", teacher=base), [1.0]), table=table)
     assert cost["lineage_complete"] and "base model" in cost["notes"][0]
+
+
+def test_a_run_config_without_world_size_or_global_batch_has_unknown_figures_not_an_error(tmp_path):
+    """Older run configs lack `world_size` / `global_batch`: their core-hours and FLOPs are unknown, said in the
+    notes, and the leaderboard still scores the row."""
+    from predictor_training.eval.training_cost import training_cost
+
+    config = {"flags": {"replace_steps": [3], "reuse_steps": [1, 2], "context_mode": "exact", "init_from": None,
+                        "resume": None}, "derived": {"recipe": "rollout_frrp", "variant": "v4"}}
+    (tmp_path / "train_config.json").write_text(json.dumps(config))
+    (tmp_path / "train_log.jsonl").write_text(json.dumps({"step": 1, "time/step_s": 1.0}) + "\n")
+    cost = training_cost(tmp_path)
+    assert (cost["core_hours"], cost["flops"]) == (None, None)
+    notes = " ".join(cost["runs"][0]["notes"])
+    assert "no world size" in notes and "no global batch" in notes

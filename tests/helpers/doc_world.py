@@ -246,7 +246,8 @@ def write_predictor_run(run_dir: Path, args, teacher: WorldPlayTransformer, *, s
         block_warmup_steps=args.block_warmup_steps)
     meta = {**checkpoint_meta("v4", args.source_blocks, args.precision), **(meta_extra or {})}
     name = f"{world_size}{'gpu' if device == 'cuda' else 'cpu'}"
-    config = run_config(args, run_name=run_dir.name, world_size=world_size, device=name,
+    recipe = {"recipe": meta["recipe"]} if "recipe" in meta else {}  # as the rollout recipe records it
+    config = run_config(args, run_name=run_dir.name, variant="v4", **recipe, world_size=world_size, device=name,
                         predictor=predictor.predictor_config())
     run_dir.mkdir(parents=True, exist_ok=True)
     states = ["training_prev.pt", "training_latest.pt"] if previous else ["training_latest.pt"]
