@@ -577,19 +577,25 @@ def predictor_plan(settings: EvalSettings) -> StepPlan | None:
     return settings.plan if settings.plan.reuse_steps else None
 
 
-def check_evaluation(settings: EvalSettings, rows: MethodRows | None = None) -> list[str]:
-    """--check_only of tools/eval_predictor.py and tools/leaderboard.py: what `run_evaluation` checks before its
-    directory exists, from the files' kinds and headers (no model is loaded): the checkpoints' labels against the
-    schedule, the Teacher's config.json and action checkpoint, the VAE folder, the LPIPS weights file, every row's
-    case files and camera path, and every row's ground-truth video. Returns the lines to report: the run name, its
-    directory (new, or one whose fingerprint the eval compares when it starts) and the videos."""
+def planned_run(settings: EvalSettings, rows: MethodRows | None = None):
+    """(the checkpoints, read and labelled (by `rows` when given) and checked against the plan; the context modes;
+    the run name; the output directory) of an eval: what its check and its run both start from."""
     checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
     if rows is not None:
         checkpoints = rows.label(checkpoints)
     check_schedule_fits(checkpoints, settings.plan)
     context_modes = parse_context_modes(settings.context_modes)
     run_name = settings.run_name or default_run_name(checkpoints, settings.plan, settings.split, context_modes)
-    out_dir = Path(settings.output_root) / run_name
+    return checkpoints, context_modes, run_name, Path(settings.output_root) / run_name
+
+
+def check_evaluation(settings: EvalSettings, rows: MethodRows | None = None) -> list[str]:
+    """--check_only of tools/eval_predictor.py and tools/leaderboard.py: what `run_evaluation` checks before its
+    directory exists, from the files' kinds and headers (no model is loaded): the checkpoints' labels against the
+    schedule, the Teacher's config.json and action checkpoint, the VAE folder, the LPIPS weights file, every row's
+    case files and camera path, and every row's ground-truth video. Returns the lines to report: the run name, its
+    directory (new, or one whose fingerprint the eval compares when it starts) and the videos."""
+    _, _, run_name, out_dir = planned_run(settings, rows)
     source = settings.teacher_source
     teacher_depth(source)  # its config.json
     if source.action_ckpt is not None and not Path(source.action_ckpt).is_file():
@@ -617,13 +623,7 @@ def run_evaluation(settings: EvalSettings, env: DistEnv, rows: MethodRows | None
     truth), "written" (rank 0), "results" (rank 0: every per-video result)}."""
     device = env.device
     # 1. Checkpoints (metadata), precision, output directory, LPIPS.
-    checkpoints = label_checkpoints([read_predictor_checkpoint(path) for path in settings.checkpoints])
-    if rows is not None:
-        checkpoints = rows.label(checkpoints)
-    check_schedule_fits(checkpoints, settings.plan)
-    context_modes = parse_context_modes(settings.context_modes)
-    run_name = settings.run_name or default_run_name(checkpoints, settings.plan, settings.split, context_modes)
-    out_dir = Path(settings.output_root) / run_name
+    checkpoints, context_modes, run_name, out_dir = planned_run(settings, rows)
     scorer = LpipsScorer.from_policy(settings.lpips_alexnet, random_backbone=settings.lpips_random_backbone,
                                      device=device)
     teacher = load_teacher(settings.teacher_source, device, settings.dtype)

@@ -571,6 +571,25 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         if text_kv.num_layers != self.num_layers:
             raise ValueError(f"text_kv has {text_kv.num_layers} layers, the model has {self.num_layers}")
 
+    def _chunk_inputs(self, name, hidden_states, timestep, action, viewmats, Ks, text_kv: TextKV,
+                      context_kv: ContextKV | None, rope_start: int | None):
+        """The start of a chunk step (`chunk_step`, `chunk_step_blocks`): the text and context K/V checked against the
+        model's depth, the inputs embedded, the RoPE table from `rope_start` (default: the context's frame count).
+        Returns (x, vec, camera, (frames, height, width), tokens_per_frame, rope)."""
+        self._check_text_kv(text_kv)
+        if context_kv is not None and context_kv.num_layers != self.num_layers:
+            raise ValueError(f"context_kv has {context_kv.num_layers} layers, the model has {self.num_layers}")
+        if rope_start is None:
+            rope_start = 0 if context_kv is None else context_kv.num_frames
+        x, vec, camera, grid = self._image_inputs(name, hidden_states, timestep, action, viewmats, Ks)
+        frames, height, width = grid
+        return x, vec, camera, grid, height * width, self.rope_table(frames, height, width, start=rope_start)
+
+    def _chunk_velocity(self, x: Tensor, vec: Tensor, grid: tuple[int, int, int]) -> Tensor:
+        """The velocity [1, C, T, H, W] of a chunk step's final hidden x [1, T*H*W, hidden]."""
+        frames, height, width = grid
+        return self.unpatchify(self.final_projection(x, vec, height * width), frames, height, width)
+
     def context_prefill(
         self,
         hidden_states: Tensor,
@@ -642,16 +661,8 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         Temporal RoPE positions are rope_start..rope_start+T-1, rope_start defaulting to the context's frame count.
         `trace` (optional) receives "img_tokens_in" and "layer{i}.img_out" (i < depth-1).
         """
-        self._check_text_kv(text_kv)
-        if context_kv is not None and context_kv.num_layers != self.num_layers:
-            raise ValueError(f"context_kv has {context_kv.num_layers} layers, the model has {self.num_layers}")
-        if rope_start is None:
-            rope_start = 0 if context_kv is None else context_kv.num_frames
-        x, vec, camera, (frames, height, width) = self._image_inputs(
-            "chunk_step", hidden_states, timestep, action, viewmats, Ks
-        )
-        tokens_per_frame = height * width
-        rope = self.rope_table(frames, height, width, start=rope_start)
+        x, vec, camera, grid, tokens_per_frame, rope = self._chunk_inputs(
+            "chunk_step", hidden_states, timestep, action, viewmats, Ks, text_kv, context_kv, rope_start)
         if trace is not None:
             trace["img_tokens_in"] = x
         if return_raw_kv and not return_final_hidden:
@@ -671,7 +682,7 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
                 x = block.image_forward(*args)
             if trace is not None and index < self.num_layers - 1:
                 trace[f"layer{index}.img_out"] = x
-        velocity = self.unpatchify(self.final_projection(x, vec, tokens_per_frame), frames, height, width)
+        velocity = self._chunk_velocity(x, vec, grid)
         if return_final_hidden:
             return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0], raw_kv=raw_kv if return_raw_kv else None)
         return velocity
@@ -702,9 +713,6 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         input), depth the final hidden. Returns (ChunkOutput without raw K/V, {i: hidden}). No gradient
         checkpointing: an eval path.
         """
-        self._check_text_kv(text_kv)
-        if context_kv is not None and context_kv.num_layers != self.num_layers:
-            raise ValueError(f"context_kv has {context_kv.num_layers} layers, the model has {self.num_layers}")
         depth = self.num_layers
         run = set(range(depth)) if run_blocks is None else {int(index) for index in run_blocks}
         spans = skipped_block_spans(depth, sorted(run))
@@ -715,13 +723,8 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
         keep = {int(index) for index in keep_hidden}
         if any(not 0 <= index <= depth for index in keep):
             raise ValueError(f"keep_hidden must lie in [0, {depth}], got {sorted(keep)}")
-        if rope_start is None:
-            rope_start = 0 if context_kv is None else context_kv.num_frames
-        x, vec, camera, (frames, height, width) = self._image_inputs(
-            "chunk_step_blocks", hidden_states, timestep, action, viewmats, Ks
-        )
-        tokens_per_frame = height * width
-        rope = self.rope_table(frames, height, width, start=rope_start)
+        x, vec, camera, grid, tokens_per_frame, rope = self._chunk_inputs(
+            "chunk_step_blocks", hidden_states, timestep, action, viewmats, Ks, text_kv, context_kv, rope_start)
         hiddens: dict[int, Tensor] = {}
         for index, block in enumerate(self.double_blocks):
             if index in keep:
@@ -734,8 +737,7 @@ class WorldPlayTransformer(ModelMixin, ConfigMixin):
                 x = x + residuals[index]
         if depth in keep:
             hiddens[depth] = x
-        velocity = self.unpatchify(self.final_projection(x, vec, tokens_per_frame), frames, height, width)
-        return ChunkOutput(velocity=velocity, final_hidden=x, vec=vec[0]), hiddens
+        return ChunkOutput(velocity=self._chunk_velocity(x, vec, grid), final_hidden=x, vec=vec[0]), hiddens
 
     def frame_kv_pass(
         self,
