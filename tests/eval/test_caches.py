@@ -260,27 +260,13 @@ def test_calibration_videos_are_spread_over_the_scenes():
 def test_calibration_rolls_out_each_threshold_once_across_targets():
     """Three targets bisected on one scripted video: a threshold tried for one target (0, 1, 0.5, ...) is not rolled
     out again for the next, and every target still gets its own threshold."""
-    from types import SimpleNamespace
+    from tests.helpers.scripted_chunks import ScriptedRuntime
 
-    from tests.helpers.scripted_chunks import ScriptedTeacher, run_chunks
-
-    tried = []
-
-    class Runtime:
-        teacher, device = ScriptedTeacher(), torch.device("cpu")
-        dataset = SimpleNamespace(load_case=lambda case_id: {})
-
-        def text_kv(self, case):
-            return None, {}
-
-        def rollout(self, method, text_kv, item, case, stopwatch):
-            tried.append((method.adaptive.threshold, tuple(method.adaptive.rescale)))
-            _, kinds, _ = run_chunks(method, model_input=lambda chunk, step: 1.1 ** (step * (chunk + 1)),
-                                     hidden=lambda chunk, step: 1.2 ** (step * (chunk + 1)))
-            return SimpleNamespace(step_kinds=kinds)
-
+    runtime = ScriptedRuntime(model_input=lambda chunk, step: 1.1 ** (step * (chunk + 1)),
+                              hidden=lambda chunk, step: 1.2 ** (step * (chunk + 1)))
     rows = build_rows(num_steps=4, shift=5.0, samplers=(), caches=("teacache",), teacache_full_steps=(1.2, 1.5, 3),
                       mixtures=(), predictor_plans={})
-    calibrated = calibrate_adaptive(rows, Runtime(), [{"case_id": "c"}], log=lambda *_: None)
+    calibrated = calibrate_adaptive(rows, runtime, [{"case_id": "c"}], log=lambda *_: None)
+    tried = [(method.adaptive.threshold, tuple(method.adaptive.rescale)) for method in runtime.methods]
     assert len(tried) == len(set(tried)) < 1 + 3 * 14
     assert len({spec.adaptive["threshold"] for spec in calibrated[1:]}) == 3

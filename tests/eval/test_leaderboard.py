@@ -405,28 +405,15 @@ def test_teacache_thresholds_are_calibrated_on_the_full_step_counts_they_give():
         threshold in (0.2, 0.4]: chunk 1 F . F . (2), chunk 2 every step (4)        -> 3
                      (0.4, 0.6]: chunk 1 F . . F (2), chunk 2 F . F . (2)           -> 2
                      (0.6, 1.2]: chunk 1 F . . . (1), chunk 2 two (2)            -> 1.5"""
-    from types import SimpleNamespace
-
     from predictor_training.eval.leaderboard import calibrate_adaptive
-    from tests.helpers.scripted_chunks import ScriptedTeacher, run_chunks
+    from tests.helpers.scripted_chunks import ScriptedRuntime
 
     growth = {0: (1.0, 1.0), 1: (1.1, 1.2), 2: (1.2, 1.4)}  # chunk: (input, hidden) growth per step
-
-    class Runtime:
-        teacher, device = ScriptedTeacher(), torch.device("cpu")
-        dataset = SimpleNamespace(load_case=lambda case_id: {})
-
-        def text_kv(self, case):
-            return None, {}
-
-        def rollout(self, method, text_kv, item, case, stopwatch):
-            _, kinds, _ = run_chunks(method, model_input=lambda chunk, step: growth[chunk][0] ** step,
-                                     hidden=lambda chunk, step: growth[chunk][1] ** step)
-            return SimpleNamespace(step_kinds=kinds)
-
+    runtime = ScriptedRuntime(model_input=lambda chunk, step: growth[chunk][0] ** step,
+                              hidden=lambda chunk, step: growth[chunk][1] ** step)
     rows = build_rows(num_steps=4, shift=5.0, samplers=(), caches=("teacache",), teacache_full_steps=(3, 2, 1.5),
                       mixtures=(), predictor_plans={})
-    calibrated = {spec.key: spec.adaptive for spec in calibrate_adaptive(rows, Runtime(), [{"case_id": "c"}],
+    calibrated = {spec.key: spec.adaptive for spec in calibrate_adaptive(rows, runtime, [{"case_id": "c"}],
                                                                          log=lambda *_: None)}
     for key, (low, high), reached in (("teacache_full3", (0.2, 0.4), 3.0), ("teacache_full2", (0.4, 0.6), 2.0),
                                       ("teacache_full1.5", (0.6, 1.2), 1.5)):

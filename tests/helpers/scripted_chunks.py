@@ -82,3 +82,23 @@ def run_chunks(method, num_chunks: int = 3, *, hidden: Callable[[int, int], floa
 def numbers(outputs, chunk: int, field: str) -> list[float]:
     """One number per step of `chunk`: the first entry of each step's `field` (final_hidden / velocity)."""
     return [float(getattr(output, field).flatten()[0]) for output in outputs[chunk]]
+
+
+class ScriptedRuntime:
+    """The eval runtime `calibrate_adaptive` rolls its calibration videos through, scripted: every rollout runs the
+    method over `run_chunks` with the given model input and hidden tables and returns its step kinds. `methods`
+    records each rolled-out method in order."""
+
+    def __init__(self, *, model_input: Callable[[int, int], float], hidden: Callable[[int, int], float]):
+        self.teacher, self.device = ScriptedTeacher(), torch.device("cpu")
+        self.dataset = SimpleNamespace(load_case=lambda case_id: {})
+        self.model_input, self.hidden = model_input, hidden
+        self.methods = []
+
+    def text_kv(self, case):
+        return None, {}
+
+    def rollout(self, method, text_kv, item, case, stopwatch):
+        self.methods.append(method)
+        _, kinds, _ = run_chunks(method, model_input=self.model_input, hidden=self.hidden)
+        return SimpleNamespace(step_kinds=kinds)
