@@ -39,7 +39,6 @@ the totals then count what was found, a lower bound (`complete`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -51,6 +50,7 @@ from predictor_training.runtime.checkpoint import INFERENCE_FORMAT, TRAINING_STA
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.logger import DISCARDED_LOG_NAME
+from predictor_training.runtime.provenance import file_sha256, recorded_provenance, weights_sha256
 from predictor_training.runtime.run_directory import TRAIN_CONFIG_NAME
 from predictor_training.teacher.adapters import LORA_FILE_FORMAT
 from predictor_training.teacher.flops import REAL_LATENT_GRID, REAL_TEXT_TOKENS
@@ -341,14 +341,6 @@ def own_cost(trained: Trained, first: int, entries: list[dict]) -> tuple[dict, l
 # ---------------------------------------------------------------------------------------------------------------
 # 4. The lineage
 # ---------------------------------------------------------------------------------------------------------------
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def same_model(first: Path, second: Path) -> bool:
     """Whether two model folders (or files) hold the same weights: the same path, or weights files of equal size
     and sha256 (a copy of the Teacher elsewhere, e.g. the demo assets' own)."""
@@ -358,7 +350,17 @@ def same_model(first: Path, second: Path) -> bool:
     files = [path / WEIGHTS_NAME if path.is_dir() else path for path in (first, second)]
     if not all(path.is_file() for path in files) or files[0].stat().st_size != files[1].stat().st_size:
         return False
-    return _file_sha256(files[0]) == _file_sha256(files[1])
+    return file_sha256(files[0]) == file_sha256(files[1])
+
+
+def is_shared(parent: dict, shared: Sequence[Path]) -> bool:
+    """Whether a parent link names one of the `shared` models: the same weights at its recorded path, or, where that
+    path does not resolve here (a path relative to where the run was launched), the sha256 its run's provenance
+    recorded for it equal to a shared model's weights."""
+    path = None if parent["path"] is None else Path(parent["path"])
+    if path is not None and path.exists():
+        return any(same_model(path, model) for model in shared)
+    return parent.get("sha256") is not None and any(weights_sha256(model) == parent["sha256"] for model in shared)
 
 
 def parent_links(trained: Trained) -> list[dict]:
@@ -368,17 +370,20 @@ def parent_links(trained: Trained) -> list[dict]:
     if config is None:
         return []
     flags, derived, recipe = config["flags"], config["derived"], recipe_of(config)
+    provenance = derived.get("provenance") or recorded_provenance(trained.metadata) or {}
     links = []
     init_meta = derived.get("init_meta")
     if flags.get("init_from") is not None or init_meta:
-        links.append({"link": "init_from", "path": flags.get("init_from"), "recorded": init_meta})
+        links.append({"link": "init_from", "path": flags.get("init_from"), "recorded": init_meta,
+                      "sha256": provenance.get("parent_sha256")})
     resume = flags.get("resume")
     if resume is not None and (trained.run_dir is None or Path(resume).resolve().parent != trained.run_dir.resolve()):
         links.append({"link": "resume", "path": resume, "recorded": None})
     is_student = recipe in STUDENT_RECIPES or (recipe == "dmd2" and flags.get("generator") == "student")
     starts_from_teacher = is_student and (flags.get("train") == "lora" or flags.get("init_weights") == "teacher")
     if starts_from_teacher and flags.get("teacher") is not None:
-        links.append({"link": "teacher", "path": flags["teacher"], "recorded": None})
+        links.append({"link": "teacher", "path": flags["teacher"], "recorded": None,
+                      "sha256": provenance.get("teacher_sha256")})
     if recipe == "dmd2" and flags.get("real_score_kind") in ("model", "lora"):
         links.append({"link": "real_score", "path": flags.get("real_score_path") or flags.get("real_score"),
                       "recorded": None})
@@ -401,9 +406,9 @@ def _walk(trained: Trained, first: int, link: str, entries: list[dict], shared: 
     missing.extend(run_missing)
     for parent in links:
         path = None if parent["path"] is None else Path(parent["path"])
-        if path is not None and path.exists() and any(same_model(path, model) for model in shared):
-            notes.append(f"{parent['link']} {path}: shared by every compared row (the Teacher they serve); its "
-                         "training is counted by no row")
+        if is_shared(parent, shared):
+            notes.append(f"{parent['link']} {parent['path']}: shared by every compared row (the Teacher they serve); "
+                         "its training is counted by no row")
             continue
         if path is None or not path.exists():
             what = "the weights this run started from, and their training" + (

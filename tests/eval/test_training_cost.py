@@ -245,6 +245,26 @@ def test_a_students_teacher_is_counted_unless_it_is_the_teacher_every_row_serves
         assert "counted by no row" in served["notes"][0]
 
 
+def test_a_teacher_path_that_does_not_resolve_here_is_recognised_by_its_recorded_sha256(tmp_path, monkeypatch):
+    """A student run records --teacher as given on its command line, relative to where it was launched; read from
+    another working directory that path names nothing. The run's provenance records the Teacher's weights sha256:
+    the served Teacher with those weights is recognised as shared, another one is not."""
+    from predictor_training.runtime.provenance import weights_sha256
+
+    table = write_table(tmp_path / "table.json")
+    teacher = write_model_folder(tmp_path / "launch" / "teacher", {"method": "kd", "step": 1500})
+    config = method_config("kd", teacher=Path("teacher"))
+    config["derived"]["provenance"] = {"format": 1, "teacher_sha256": weights_sha256(teacher)}
+    student = write_run(tmp_path / "launch" / "student", config, [1.0])
+    monkeypatch.chdir(tmp_path)  # not the launch folder: "teacher" does not resolve
+    assert training_cost(student, table=table, shared=[teacher])["lineage_complete"]
+    other = tmp_path / "other_teacher"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    safetensors.torch.save_file({"weight": torch.ones(2)}, str(other / "diffusion_pytorch_model.safetensors"))
+    assert [item["link"] for item in training_cost(student, table=table, shared=[other])["missing"]] == ["teacher"]
+
+
 def test_a_real_score_shared_by_every_row_is_not_counted(tmp_path):
     """dmd2 from the served Teacher with a flow-matching real score trained elsewhere: both missing unless shared."""
     table = write_table(tmp_path / "table.json")

@@ -39,6 +39,11 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("shared_teacher_not_found_by_its_recorded_hash", "predictor_training/eval/training_cost.py",
+             'return parent.get("sha256") is not None and any(weights_sha256(model) == parent["sha256"] for model in shared)',
+             "return False",
+             ("tests/eval/test_training_cost.py::test_a_teacher_path_that_does_not_resolve_here_is_recognised_by_its_recorded_sha256",),
+             "a student's Teacher recorded by a relative path counts as a missing parent when read from elsewhere"),
     Mutation("training_cost_of_the_wrong_source", "predictor_training/eval/leaderboard.py",
              "    return spec.checkpoint or spec.student",
              "    return spec.student or spec.checkpoint and 'ck'",
