@@ -31,16 +31,9 @@ from predictor_training.recipes.offline import OfflineSettings, build_offline, f
 from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
-from predictor_training.runtime.flags import (
-    add_data_args,
-    add_loss_args,
-    add_optimization_args,
-    add_predictor_args,
-    add_run_args,
-    add_teacher_args,
-    add_tracker_args,
-    add_validation_args,
-    settings_from_flags,
+from predictor_training.runtime.flags import add_run_args, add_tracker_args, settings_from_flags
+from predictor_training.recipes.flags import (
+    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
 )
 from predictor_training.eval.leaderboard import leaderboard_command
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training

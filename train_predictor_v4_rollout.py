@@ -46,19 +46,11 @@ from predictor_training.runtime.checkpoint import check_weights_file, checkpoint
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
-    SEED,
-    add_data_args,
-    add_loss_args,
-    add_optimization_args,
-    add_predictor_args,
-    add_run_args,
-    add_teacher_args,
-    add_tracker_args,
-    add_validation_args,
-    check_args,
-    parse_recipe_args,
+    SEED, add_run_args, add_tracker_args, check_args, parse_recipe_args, settings_from_flags,
+)
+from predictor_training.recipes.flags import (
+    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
     parse_subset_cases,
-    settings_from_flags,
 )
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows

@@ -34,15 +34,9 @@ import torch
 from predictor_training.data.pair_dataset import disca_pair_batches, v4_pair_batches
 from predictor_training.recipes.offline import finish_offline_args
 from predictor_training.runtime.errors import CommandParser
-from predictor_training.runtime.flags import (
-    add_data_args,
-    add_loss_args,
-    add_optimization_args,
-    add_predictor_args,
-    add_run_args,
-    add_teacher_args,
-    add_tracker_args,
-    add_validation_args,
+from predictor_training.runtime.flags import add_run_args, add_tracker_args
+from predictor_training.recipes.flags import (
+    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
 )
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, seed_everything

@@ -80,10 +80,13 @@ from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta, load_model_weights
 from predictor_training.runtime.distributed import DistEnv, log0, maybe_no_sync, seed_everything, wrap_ddp
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import (CLIP_OR_OFF, UNIT_INTERVAL, add_data_args, add_loss_args,
-                                             add_optimization_args, add_predictor_args, add_run_args,
-                                             add_teacher_args, add_tracker_args, add_validation_args, at_least,
-                                             check_args, format_pairs, parse_recipe_args, positive)
+from predictor_training.runtime.flags import (
+    CLIP_OR_OFF, UNIT_INTERVAL, add_run_args, add_tracker_args, at_least, check_args, parse_recipe_args, positive,
+)
+from predictor_training.recipes.flags import (
+    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
+    format_pairs,
+)
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.optim import build_optimizer_and_schedule

@@ -42,15 +42,10 @@ from predictor_training.eval.validation import ClipRolloutValidation
 from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.flags import (
-    add_method_model_args,
-    add_method_optimization_args,
-    add_run_args,
-    add_tracker_args,
-    add_validation_args,
-    check_action_ckpt,
-    check_args,
-    parse_recipe_args,
-    settings_from_flags,
+    add_run_args, add_tracker_args, check_args, parse_recipe_args, settings_from_flags,
+)
+from predictor_training.recipes.flags import (
+    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
 )
 from predictor_training.methods.flow_matching import x0_from_velocity
 from predictor_training.runtime.fsdp import gradient_sync

@@ -62,9 +62,13 @@ from predictor_training.rollout.teacher_forcing import TeacherForcedClip, clip_t
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv, log0
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import UNIT_INTERVAL, add_method_model_args, add_method_optimization_args, \
-    add_run_args, add_tracker_args, add_validation_args, at_least, check_action_ckpt, check_args, checked, \
-    parse_recipe_args, positive, settings_from_flags
+from predictor_training.runtime.flags import (
+    UNIT_INTERVAL, add_run_args, add_tracker_args, at_least, check_args, checked, parse_recipe_args, positive,
+    settings_from_flags,
+)
+from predictor_training.recipes.flags import (
+    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+)
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.logger import log_summary, method_summary_rows

@@ -31,13 +31,8 @@ from predictor_training.runtime.distributed import (
     seed_everything,
 )
 from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import (
-    add_method_optimization_args,
-    add_run_args,
-    add_tracker_args,
-    check_args,
-    parse_recipe_args,
-)
+from predictor_training.runtime.flags import add_run_args, add_tracker_args, check_args, parse_recipe_args
+from predictor_training.recipes.flags import add_method_optimization_args
 from predictor_training.runtime.io import write_json_atomic
 from predictor_training.runtime.launch import resume_roles, run_training
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer

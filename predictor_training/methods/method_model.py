@@ -83,7 +83,7 @@ class MethodModel:
 
 @dataclass(frozen=True)
 class MethodSettings:
-    """What `build_method_model` builds from, named as the method flags (runtime/flags.py add_method_model_args,
+    """What `build_method_model` builds from, named as the method flags (recipes/flags.py add_method_model_args,
     add_method_optimization_args, add_run_args; `flags.settings_from_flags(MethodSettings, args)`).
 
     train: "lora" | "full"; init_weights: "teacher" | "scratch" (full only); lora_rank, lora_alpha: the adapter

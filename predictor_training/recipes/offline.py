@@ -17,11 +17,8 @@ from predictor_training.predictor.pair_step import pair_step
 from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything
-from predictor_training.runtime.flags import (
-    check_args,
-    format_pairs,
-    parse_recipe_args,
-)
+from predictor_training.runtime.flags import check_args, parse_recipe_args
+from predictor_training.recipes.flags import format_pairs
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
