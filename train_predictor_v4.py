@@ -21,23 +21,18 @@ import argparse
 import sys
 
 from predictor_training.data.batches import ResumableBatches
-from predictor_training.data.dataset_config import resolve_teacher_source
-from predictor_training.data.provenance import run_provenance
 from predictor_training.data.pair_dataset import PairDataset, v4_pair_batches, v4_pair_dataset
-from predictor_training.recipes.offline import OfflineSettings, build_offline, finish_offline_args, offline_config
-from predictor_training.runtime.checkpoint import checkpoint_meta
-from predictor_training.runtime.distributed import DistEnv, log0
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_run_args, add_tracker_args, settings_from_flags
 from predictor_training.recipes.flags import (
     add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
 )
-from predictor_training.eval.leaderboard import leaderboard_command
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.recipes.offline import OfflineSettings, build_offline, finish_offline_args, offline_recipe
+from predictor_training.runtime.distributed import DistEnv
+from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import add_run_args, add_tracker_args, settings_from_flags
+from predictor_training.runtime.launch import run_recipe
+from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.runtime.run_directory import plan_run
-from predictor_training.teacher.source import TeacherSource, check_source_blocks, load_teacher
+from predictor_training.teacher.source import TeacherSource, load_teacher
 
 VARIANT = "v4"
 
@@ -104,39 +99,11 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, te
 
 @command
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
-    #    dataset, and the source blocks against its Teacher. Then the run directory, named from the flags; a second
-    #    launch continues it or finds it finished. A checkpoint it would resume must record this `meta`.
-    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
-    check_source_blocks(args.source_blocks, teacher_source)
-    check_data(args)
-    meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision)
-    start = plan_run(args, meta=meta, inputs=[(teacher_source.origin, teacher_source.folder)])
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data (see build_data).
-        dataset, batches, context_timestep = build_data(args, env)
-        # 3-5. Teacher -> Predictor, AdamW, the DDP-wrapped role and the pair step (see build). Resume (--resume, or
-        #      the run directory's own unfinished run) restores the role and the data position.
-        parts = build(args, env, policy, teacher_source=teacher_source, context_timestep=context_timestep,
-                      run_dir=start.run_dir)
-        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
-        parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
-                                                     action_ckpt=teacher_source.action_ckpt, parent=None,
-                                                     data_root=args.dataset_root)
-        # 6. Config and summary.
-        config = offline_config(args, variant=VARIANT, start=start, env=env, policy=policy, dataset=dataset,
-                                batches=batches, parts=parts, context_timestep=context_timestep)
-        # 7. Train: the pair step and the shared loop.
-        run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
-                     run_state=run_state, config=config, meta=meta, validation=parts.validation)
-        # 8. Where this Predictor stands against the samplers and caches at its cost (docs/leaderboard.md).
-        log0("next, the leaderboard: " + leaderboard_command(start.run_dir, dataset_root=args.dataset_root,
-                                                             world_size=env.world_size))
-    return 0
+    """1. the inputs checked (the Teacher, the source blocks, `check_data`); 2. `build_data`; 3. `build` (Teacher ->
+    Predictor, AdamW, the DDP-wrapped role, the pair step; resume restores the role and the data position); 4. the
+    config and summary; the shared loop; then the leaderboard command (`recipes/offline.py offline_recipe`)."""
+    return run_recipe(parse_args(argv), offline_recipe(VARIANT, check_data=check_data, build_data=build_data,
+                                                       build=build))
 
 
 if __name__ == "__main__":

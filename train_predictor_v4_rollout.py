@@ -38,27 +38,25 @@ from predictor_training.data.trajectory_dataset import (
     open_trajectory_table,
     trajectory_batches,
 )
-from predictor_training.eval.leaderboard import leaderboard_command
-from predictor_training.recipes.flags import add_plan_args, check_plan
+from predictor_training.recipes.flags import (
+    add_data_args, add_loss_args, add_optimization_args, add_plan_args, add_predictor_args, add_teacher_args,
+    add_validation_args, check_plan, parse_subset_cases,
+)
+from predictor_training.recipes.predictor_settings import log_leaderboard_command
 from predictor_training.recipes.rollout import VARIANT, RolloutSettings, build_rollout
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta
-from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     SEED, add_run_args, add_tracker_args, check_args, parse_recipe_args, settings_from_flags,
 )
-from predictor_training.recipes.flags import (
-    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
-    parse_subset_cases,
-)
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.run_directory import (
     environment_summary,
-    plan_run,
     recorded_init_meta,
     run_config,
     subset_tag,
@@ -193,9 +191,52 @@ def build(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy, *, te
                          load_teacher=load_teacher)
 
 
-def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: PrecisionPolicy, data,
-              parts: RecipeParts) -> dict:
-    """Step 6: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+def check_inputs(args: argparse.Namespace) -> RunPlan:
+    """1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
+    trajectory table and dataset, the source blocks against the Teacher, the --init_from weights; the run is named
+    from the flags (its context mode and case subset too)."""
+    open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table,
+                          subset_cases=args.subset_cases, subset_seed=args.subset_seed)
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    if args.resume is None:
+        check_weights_file(args.init_from, expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+    return RunPlan(meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args),
+                   inputs=[(teacher_source.origin, teacher_source.folder)], checked=teacher_source,
+                   resume_meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision,
+                                               recipe=RECIPE_PREFIX + args.plan.tag))
+
+
+def load_data(launch: Launch):
+    """2. Data: one whole trajectory (case, action) per rank per micro-batch, and the dataset's AR loop (running
+    latents and Teacher autocast follow --precision)."""
+    args, policy = launch.args, launch.policy
+    return trajectory_batches(args.dataset_root, args.split, launch.env, sample_table=args.sample_table,
+                              seed=args.seed, num_workers=args.num_workers, verify=args.verify_dataset,
+                              state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
+                              subset_cases=args.subset_cases, subset_seed=args.subset_seed,
+                              context_mode=args.context_mode)
+
+
+def build_run(launch: Launch) -> RecipeParts:
+    """3. Teacher, Predictor, AdamW, the role, the trajectory step (see build); what --init_from recorded and the
+    run's provenance. Resume (--resume, or the run directory's own unfinished run) then restores the role and the
+    data position."""
+    args, start, teacher_source = launch.args, launch.start, launch.plan.checked
+    parts = build(args, launch.env, launch.policy, teacher_source=teacher_source, dataset=launch.data.dataset,
+                  rollout_config=launch.data.rollout_config, run_dir=start.run_dir,
+                  resuming=start.resume_path is not None)
+    parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+    parts.derived["provenance"] = run_provenance(start, launch.env, teacher=teacher_source.folder,
+                                                 action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
+                                                 data_root=args.dataset_root)
+    return parts
+
+
+def summarize(launch: Launch) -> dict:
+    """4. The run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    args, start, env, policy, data, parts = (launch.args, launch.start, launch.env, launch.policy, launch.data,
+                                             launch.parts)
     dataset, batches, rollout_config = data.dataset, data.batches, data.rollout_config
     trained_chunks = dataset.num_latents // rollout_config.chunk_latents - 1
     config = run_config(
@@ -226,50 +267,10 @@ def summarize(args: argparse.Namespace, *, start, env: DistEnv, policy: Precisio
 
 @command
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the
-    #    trajectory table and dataset, the source blocks against the Teacher, the --init_from weights. Then the run
-    #    directory, named from the flags; a second launch continues it or finds it finished.
-    open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table,
-                          subset_cases=args.subset_cases, subset_seed=args.subset_seed)
-    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
-    check_source_blocks(args.source_blocks, teacher_source)
-    if args.resume is None:
-        check_weights_file(args.init_from, expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
-    start = plan_run(args, meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision), subset=run_tags(args),
-                     inputs=[(teacher_source.origin, teacher_source.folder)])
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data: one whole trajectory (case, action) per rank per micro-batch, and the dataset's AR loop (running
-        #    latents and Teacher autocast follow --precision).
-        data = trajectory_batches(args.dataset_root, args.split, env, sample_table=args.sample_table, seed=args.seed,
-                                  num_workers=args.num_workers, verify=args.verify_dataset,
-                                  state_dtype=policy.frozen_dtype, autocast_dtype=policy.autocast_dtype,
-                                  subset_cases=args.subset_cases, subset_seed=args.subset_seed,
-                                  context_mode=args.context_mode)
-        # 3-5. Teacher, Predictor, AdamW, the role, the trajectory step (see build). Resume (--resume, or the run
-        #      directory's own unfinished run) restores the role and the data position.
-        parts = build(args, env, policy, teacher_source=teacher_source, dataset=data.dataset,
-                      rollout_config=data.rollout_config, run_dir=start.run_dir,
-                      resuming=start.resume_path is not None)
-        parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
-        parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
-                                                     action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
-                                                     data_root=args.dataset_root)
-        meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=RECIPE_PREFIX + args.plan.tag)
-        run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
-        # 6. Config and summary.
-        config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts)
-        # 7. Train: the trajectory step and the shared loop.
-        run_training(args, start, env, roles=parts.roles, batches=data.batches, step_fn=parts.step_fn,
-                     run_state=run_state, config=config, meta=meta, validation=parts.validation,
-                     **parts.loop_options)
-        # 8. Where this Predictor stands against the samplers and caches at its cost (docs/leaderboard.md).
-        log0("next, the leaderboard: " + leaderboard_command(start.run_dir, dataset_root=args.dataset_root,
-                                                             world_size=env.world_size))
-    return 0
+    """The recipe's steps in order; the trajectory step and the shared loop run between summarize and the
+    leaderboard command (`runtime/launch.run_recipe`)."""
+    return run_recipe(parse_args(argv), Recipe(plan=check_inputs, data=load_data, build=build_run,
+                                               summarize=summarize, after=log_leaderboard_command))
 
 
 if __name__ == "__main__":

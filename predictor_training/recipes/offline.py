@@ -1,6 +1,7 @@
 """The offline recipe's wiring, shared by its two variants (`train_predictor_v4.py`, `train_predictor_disca.py`;
-docs/offline.md; each script holds its flags and their defaults): the cross-flag checks, the build (Teacher -> Predictor -> optimizer -> role -> pair step) and the run's config and
-summary. The scripts keep what differs: their presets and data (`check_data`, `build_data`), and their `main()`.
+docs/offline.md; each script holds its flags and their defaults): the cross-flag checks, the build (Teacher ->
+Predictor -> optimizer -> role -> pair step), the run's config and summary, and the steps `run_recipe` runs
+(`offline_recipe`). The scripts keep what differs: their presets and data (`check_data`, `build_data`).
 """
 
 from __future__ import annotations
@@ -8,22 +9,28 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 
-from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
+from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_teacher_source
+from predictor_training.data.provenance import run_provenance
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.pair_step import pair_step
-from predictor_training.recipes.predictor_settings import PredictorSettings, held_out_validation, predictor_role
+from predictor_training.recipes.flags import format_pairs
+from predictor_training.recipes.predictor_settings import (
+    PredictorSettings, held_out_validation, log_leaderboard_command, predictor_role,
+)
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
+from predictor_training.runtime.checkpoint import checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv, log0, seed_everything
 from predictor_training.runtime.flags import check_args, parse_recipe_args
-from predictor_training.recipes.flags import format_pairs
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
 from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
 from predictor_training.runtime.run_directory import RunStart, environment_summary, run_config, write_train_config
-from predictor_training.teacher.source import TeacherSource, describe_teacher, load_teacher
+from predictor_training.teacher.source import TeacherSource, check_source_blocks, describe_teacher, load_teacher
 
 
 def finish_offline_args(parser: argparse.ArgumentParser, argv, presets: dict) -> argparse.Namespace:
@@ -97,3 +104,51 @@ def offline_config(args: argparse.Namespace, *, variant: str, start: RunStart, e
                  f"{global_batch} global",
     })
     return config
+
+
+@dataclass(frozen=True)
+class OfflineData:
+    """An offline variant's data step: its pairs, this rank's resumable batches, the dataset's context timestep."""
+
+    dataset: object
+    batches: object
+    context_timestep: float
+
+
+def offline_recipe(variant: str, *, check_data: Callable, build_data: Callable, build: Callable) -> Recipe:
+    """The offline variant's steps for `runtime/launch.run_recipe`, from the script's `check_data(args)`,
+    `build_data(args, env) -> (pairs, batches, context timestep)` and `build(args, env, policy, *, teacher_source,
+    context_timestep, run_dir) -> RecipeParts`:
+
+    1. the inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the Teacher
+       (--teacher, else the dataset's), the source blocks against it, the dataset (`check_data`);
+    2. the data (`build_data`);
+    3. Teacher -> Predictor, AdamW, the DDP-wrapped role and the pair step (`build`), and the run's provenance;
+    4. the config and summary (`offline_config`);
+    after the shared loop: the command that puts the Predictor on the leaderboard (docs/leaderboard.md).
+    """
+    def plan(args: argparse.Namespace) -> RunPlan:
+        teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+        check_source_blocks(args.source_blocks, teacher_source)
+        check_data(args)
+        return RunPlan(meta=checkpoint_meta(variant, args.source_blocks, args.precision),
+                       inputs=[(teacher_source.origin, teacher_source.folder)], checked=teacher_source)
+
+    def data(launch: Launch) -> OfflineData:
+        return OfflineData(*build_data(launch.args, launch.env))
+
+    def build_parts(launch: Launch) -> RecipeParts:
+        teacher_source = launch.plan.checked
+        parts = build(launch.args, launch.env, launch.policy, teacher_source=teacher_source,
+                      context_timestep=launch.data.context_timestep, run_dir=launch.start.run_dir)
+        parts.derived["provenance"] = run_provenance(launch.start, launch.env, teacher=teacher_source.folder,
+                                                     action_ckpt=teacher_source.action_ckpt, parent=None,
+                                                     data_root=launch.args.dataset_root)
+        return parts
+
+    def summarize(launch: Launch) -> dict:
+        return offline_config(launch.args, variant=variant, start=launch.start, env=launch.env, policy=launch.policy,
+                              dataset=launch.data.dataset, batches=launch.data.batches, parts=launch.parts,
+                              context_timestep=launch.data.context_timestep)
+
+    return Recipe(plan=plan, data=data, build=build_parts, summarize=summarize, after=log_leaderboard_command)

@@ -2,7 +2,8 @@
 train_predictor_disca.py) and the rollout recipe (`recipes/rollout.py`, train_predictor_v4_rollout.py) train one
 Predictor with AdamW over its two groups under the warmup + cosine schedule, a velocity + hidden loss, and validate
 it on held-out videos. `PredictorSettings` holds those values (each recipe's settings add their own), `predictor_role`
-builds the trained role and `held_out_validation` the validation from them.
+builds the trained role and `held_out_validation` the validation from them; `log_leaderboard_command` is the line
+both print after training.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from predictor_training.eval.leaderboard import leaderboard_command
 from predictor_training.eval.validation import PredictorValidation, predictor_validation
 from predictor_training.rollout.schedule import StepPlan
-from predictor_training.runtime.distributed import DistEnv, wrap_ddp
+from predictor_training.runtime.distributed import DistEnv, log0, wrap_ddp
+from predictor_training.runtime.launch import Launch
 from predictor_training.runtime.optim import build_optimizer_and_schedule
 from predictor_training.runtime.roles import Role
 
@@ -67,3 +70,10 @@ def held_out_validation(settings: PredictorSettings, *, teacher, predictor, teac
         every=settings.val_every, split=settings.val_split, videos=settings.val_videos, vae=settings.val_vae,
         ground_truth=settings.val_ground_truth, dataset_root=settings.dataset_root, teacher=teacher,
         predictor=predictor, teacher_folder=teacher_folder, env=env, run_dir=run_dir, plan=plan, **rollout)
+
+
+def log_leaderboard_command(launch: Launch) -> None:
+    """After a Predictor recipe's loop: the command that puts this Predictor on the leaderboard, against the
+    samplers and caches at its cost (docs/leaderboard.md)."""
+    log0("next, the leaderboard: " + leaderboard_command(launch.start.run_dir, dataset_root=launch.args.dataset_root,
+                                                         world_size=launch.env.world_size))

@@ -1,4 +1,4 @@
-"""What a recipe's `build` returns: the parts its `main()` hands to the loop, and what the memory rehearsal
+"""What a recipe's `build` returns (`RecipeParts`): the parts its `main()` hands to the loop, and what the memory rehearsal
 (`tools/estimate_memory.py`) and the acceptance run build through the same function.
 
 Every entry script (`train_predictor_*.py`, `fvtools/train_*.py`, `tools/train_world_vae.py`) has
@@ -20,6 +20,7 @@ from typing import Callable
 from torch import nn
 
 from predictor_training.runtime.checkpoint import RunState
+from predictor_training.runtime.loop import BatchStream
 from predictor_training.runtime.roles import Role
 
 StepFn = Callable[..., dict]  # step_fn(micro_batch, *, sync: bool, due: frozenset[str]) -> detached metrics
@@ -41,3 +42,13 @@ class RecipeParts:
     derived: dict = field(default_factory=dict)
     loop_options: dict = field(default_factory=dict)
     objects: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecipeData:
+    """What a recipe's data step returns when it has no type of its own: the batches the loop draws, the dataset
+    they come from, and named values the later steps read (e.g. the cache states a KD student trains at)."""
+
+    batches: BatchStream
+    dataset: object = None
+    values: dict = field(default_factory=dict)

@@ -28,10 +28,11 @@ from predictor_training.data.batches import ResumableBatches  # noqa: E402
 from predictor_training.runtime.distributed import wrap_ddp  # noqa: E402
 from predictor_training.runtime.errors import CommandParser, command  # noqa: E402
 from predictor_training.runtime.flags import add_run_args, add_tracker_args, parse_recipe_args  # noqa: E402
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training  # noqa: E402
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe  # noqa: E402
 from predictor_training.runtime.optim import TwoGroupLRSchedule, build_optimizer  # noqa: E402
 from predictor_training.runtime.roles import Role  # noqa: E402
-from predictor_training.runtime.run_directory import plan_run, run_config  # noqa: E402
+from predictor_training.runtime.recipe import RecipeData, RecipeParts  # noqa: E402
+from predictor_training.runtime.run_directory import run_config  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,31 +72,39 @@ def slow_step(batch, *, step_seconds: float, pause, **kwargs):
     return toy_step(batch, **kwargs)
 
 
+def toy_data(launch: Launch) -> RecipeData:
+    env = launch.env
+    dataset = ToyPairs()
+    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=0,
+                                 drop_last=True)
+    return RecipeData(ResumableBatches(sampler, dataset, collate, batch_size=4, seed=launch.args.seed), dataset)
+
+
+def toy_build(launch: Launch) -> RecipeParts:
+    torch.manual_seed(0)
+    model = ToyPredictor()
+    groups = {"fusion": list(model.fusion.parameters()), "blocks": list(model.blocks.parameters())}
+    optimizer = build_optimizer(groups, {"fusion": 1e-2, "blocks": 1e-3}, betas=(0.9, 0.95), weight_decay=0.0)
+    schedule = TwoGroupLRSchedule(optimizer, warmup_steps=1, max_steps=launch.args.max_steps, block_warmup_steps=None)
+    ddp_model = wrap_ddp(model, launch.env)
+    role = Role("predictor", model, optimizer, schedule, module=ddp_model, grad_clip=1.0)
+    step_fn = partial(slow_step, step_seconds=launch.args.step_seconds, pause=pause_from_environment(),
+                      ddp_model=ddp_model, seen_indices=[], device=launch.env.device)
+    return RecipeParts(roles=[role], step_fn=step_fn, models=[model])
+
+
+TOY = Recipe(
+    plan=lambda args: RunPlan(meta={"recipe": "toy", "precision": args.precision},
+                              naming=lambda args, **_: "toy_run"),
+    data=toy_data,
+    build=toy_build,
+    summarize=lambda launch: run_config(launch.args, run_name=launch.start.run_name),
+)
+
+
 @command
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    meta = {"recipe": "toy", "precision": args.precision}
-    start = plan_run(args, meta=meta, naming=lambda args, **_: "toy_run")
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        dataset = ToyPairs()
-        sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=0,
-                                     drop_last=True)
-        batches = ResumableBatches(sampler, dataset, collate, batch_size=4, seed=args.seed)
-        torch.manual_seed(0)
-        model = ToyPredictor()
-        groups = {"fusion": list(model.fusion.parameters()), "blocks": list(model.blocks.parameters())}
-        optimizer = build_optimizer(groups, {"fusion": 1e-2, "blocks": 1e-3}, betas=(0.9, 0.95), weight_decay=0.0)
-        schedule = TwoGroupLRSchedule(optimizer, warmup_steps=1, max_steps=args.max_steps, block_warmup_steps=None)
-        ddp_model = wrap_ddp(model, env)
-        role = Role("predictor", model, optimizer, schedule, module=ddp_model, grad_clip=1.0)
-        run_state = resume_roles(start, [role], batches, meta)
-        step_fn = partial(slow_step, step_seconds=args.step_seconds, pause=pause_from_environment(),
-                          ddp_model=ddp_model, seen_indices=[], device=env.device)
-        run_training(args, start, env, roles=[role], batches=batches, step_fn=step_fn, run_state=run_state,
-                     config=run_config(args, run_name=start.run_name), meta=meta)
-    return 0
+    return run_recipe(parse_args(argv), TOY)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ import torch
 
 from predictor_training.runtime.checkpoint import RunState, save_training_state
 from predictor_training.runtime.errors import UserInputError
-from predictor_training.runtime.launch import distributed_run, early_exit, rescaled_position, resume_roles
+from predictor_training.runtime.launch import (
+    RunSettings, distributed_run, early_exit, rescaled_position, resume_roles,
+)
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart
 from tests.helpers.toy_loop import META, SINGLE, setup_loop
@@ -34,8 +36,12 @@ def start(run_dir, kind="fresh", resume_path=None, saved_step=0, stop_step=6) ->
                     saved_step=saved_step, stop_step=stop_step)
 
 
-def flags(**values) -> argparse.Namespace:
-    return argparse.Namespace(**{"check_only": False, "print_run_dir": False, **values})
+def flags(**values) -> RunSettings:
+    """The run's settings as a recipe's flags give them (`RunSettings.from_flags`), with `values` changed."""
+    defaults = dict(backend="auto", seed=0, check_only=False, print_run_dir=False, tracker="none",
+                    swanlab_project="toy", swanlab_mode=None, experiment_name=None, max_steps=6, grad_accum=1,
+                    ckpt_every=1, keep_last=2, log_every=1, no_progress=True)
+    return RunSettings.from_flags(argparse.Namespace(**{**defaults, **values}))
 
 
 def test_nothing_to_train_for_check_only_print_run_dir_and_a_finished_run(tmp_path, capsys):
@@ -59,7 +65,7 @@ def test_nothing_to_train_for_check_only_print_run_dir_and_a_finished_run(tmp_pa
 
 def test_the_run_directory_is_locked_for_the_run_and_the_seeds_are_set(tmp_path, capsys):
     run_dir = tmp_path / "runs" / "run"
-    with distributed_run(argparse.Namespace(backend="gloo", seed=7), start(run_dir)) as env:
+    with distributed_run(flags(backend="gloo", seed=7), start(run_dir)) as env:
         assert env == SINGLE and run_dir.is_dir()
         draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
         holders = RunLock(run_dir).holders()
@@ -67,7 +73,7 @@ def test_the_run_directory_is_locked_for_the_run_and_the_seeds_are_set(tmp_path,
         with pytest.raises(RunLockedError):
             RunLock(run_dir).acquire()
         with pytest.raises(UserInputError, match="already running"):  # a second writer, in one line
-            with distributed_run(argparse.Namespace(backend="gloo", seed=7), start(run_dir)):
+            with distributed_run(flags(backend="gloo", seed=7), start(run_dir)):
                 pass
         assert RunLock(run_dir).holders() == holders  # the refused launch left the run's lock alone
     assert RunLock(run_dir).holders() is None  # released when the block ends
@@ -77,7 +83,7 @@ def test_the_run_directory_is_locked_for_the_run_and_the_seeds_are_set(tmp_path,
     assert draws == (random.random(), float(np.random.rand()), float(torch.rand(1)))  # --seed + rank 0
     assert f"new run in {run_dir}" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match="inside"):
-        with distributed_run(argparse.Namespace(backend="gloo", seed=7), start(run_dir)):
+        with distributed_run(flags(backend="gloo", seed=7), start(run_dir)):
             raise RuntimeError("inside")
     assert RunLock(run_dir).holders() is None  # released however the block ends
 
