@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from predictor_training.rollout.camera import make_retrieval_points, select_aligned_memory_frames
-from predictor_training.runtime.memory_rehearsal import real_values
+from predictor_training.runtime.fake_tensors import real_values
 from predictor_training.teacher.frame_kv_cache import FrameKVCache, check_context_mode
 from predictor_training.runtime.precision import autocast
 from predictor_training.rollout.schedule import StepPlan
