@@ -33,7 +33,7 @@ import torch
 
 from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
 from predictor_training.data.synthetic import turning_camera_row
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.memory_retrieval import make_retrieval_points
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.runtime.memory_tracker import MemoryTracker

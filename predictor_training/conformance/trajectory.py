@@ -33,7 +33,7 @@ from predictor_training.rollout.ar_rollout import (
     record_rollout,
 )
 from predictor_training.rollout.recorder import TrajectoryRecorder
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.memory_retrieval import make_retrieval_points
 from predictor_training.conformance import TIERS
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import load_safetensors

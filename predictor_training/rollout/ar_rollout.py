@@ -43,7 +43,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from predictor_training.rollout.camera import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.rollout.memory_retrieval import make_retrieval_points, select_aligned_memory_frames
 from predictor_training.rollout.policy import ChunkContext, ChunkPolicy, ChunkRun, StepCall, StepFn, StepOutput
 from predictor_training.rollout.recorder import StepRecord, TrajectoryRecorder
 from predictor_training.runtime.fake_tensors import real_values
