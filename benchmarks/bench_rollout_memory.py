@@ -12,7 +12,7 @@ alive at once), whose peak grows with the chunk count.
 
 Memory measure:
 * CPU: the peak of live tensor bytes created during the step, tracked by the memory rehearsal's tracker
-  (`predictor_training/runtime/memory_rehearsal.py` MemoryTracker: every op output of the forward, backward and
+  (`predictor_training/runtime/memory_tracker.py` MemoryTracker: every op output of the forward, backward and
   checkpoint recompute, one count per storage; parameters, the Teacher and the inputs made before the step are not
   counted: this is the step's own working memory; tools/estimate_memory.py gives the whole per-GPU figure at real
   size);
@@ -33,10 +33,10 @@ import torch
 
 from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
 from predictor_training.data.synthetic import turning_camera_row
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.memory_retrieval import make_retrieval_points
 from predictor_training.predictor.model import build_predictor
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
-from predictor_training.runtime.memory_rehearsal import MemoryTracker
+from predictor_training.runtime.memory_tracker import MemoryTracker
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 

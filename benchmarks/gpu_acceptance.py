@@ -43,7 +43,8 @@ from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.flags import add_check_only_arg, at_least, positive, report_check_only
 from predictor_training.runtime.io import write_json_atomic, write_text_atomic
 from predictor_training.runtime.loop import grad_norm_and_clip
-from predictor_training.runtime.memory_rehearsal import GIB, Rehearsal, estimate_columns, read_estimates
+from predictor_training.runtime.memory_rehearsal import Rehearsal, estimate_columns, read_estimates
+from predictor_training.runtime.memory_tracker import GIB
 from predictor_training.runtime.precision import autocast, precision_policy
 from predictor_training.runtime.timing import Budget, device_environment, interleaved, matmul_peak, sdpa_kernels
 from predictor_training.teacher import TextKV
@@ -336,7 +337,7 @@ def plan_seconds(rate: float, shape: TeacherShape, size: Size, predictor_config:
 
 def real_size_shapes(size: Size = REAL) -> dict:
     """The per-call timings' code at `size` on fake tensors (nothing allocated, CPU only; the CUDA autocast rules
-    emulated by `runtime/memory_rehearsal.py`): {call: output shape}, the four calls' FLOPs and the rollout FLOP
+    emulated by `runtime/autocast_rules.py`): {call: output shape}, the four calls' FLOPs and the rollout FLOP
     bounds of `size.chunks` chunks with the memory's context sizes, and the plan at an assumed 400 TFLOP/s Full step
     (what a GPU run then measures)."""
     device = torch.device("cpu")

@@ -31,7 +31,7 @@ import torch
 from predictor_training.data.dataset_config import dataset_teacher_record
 from predictor_training.data.provenance import input_provenance, teacher_folder_config_sha256
 from predictor_training.predictor.model import build_predictor_from_config
-from predictor_training.runtime.checkpoint import INFERENCE_FORMAT, read_inference_weights, tensors_sha256
+from predictor_training.runtime.inference_weights import INFERENCE_FORMAT, read_inference_weights, tensors_sha256
 from predictor_training.runtime.errors import CommandParser, UserInputError, command
 from predictor_training.runtime.flags import add_check_only_arg, report_check_only
 from predictor_training.runtime.provenance import (

@@ -375,7 +375,7 @@ def pose_cases(cset: ConformanceSet) -> list[CaseResult]:
 
 
 def retrieval_cases(cset: ConformanceSet) -> list[CaseResult]:
-    from predictor_training.rollout.camera import (
+    from predictor_training.rollout.memory_retrieval import (
         make_retrieval_points,
         memory_candidate_distances,
         select_aligned_memory_frames,

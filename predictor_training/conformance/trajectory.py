@@ -28,12 +28,12 @@ from safetensors.torch import load as load_safetensors_bytes
 from predictor_training.rollout.ar_rollout import (
     RolloutConfig,
     RolloutInputs,
-    TrajectoryRecorder,
     build_cond_latents,
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.recorder import TrajectoryRecorder
+from predictor_training.rollout.memory_retrieval import make_retrieval_points
 from predictor_training.conformance import TIERS
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import load_safetensors

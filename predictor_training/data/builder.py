@@ -27,13 +27,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from predictor_training.rollout.ar_rollout import (
-    ARRollout,
-    RolloutConfig,
-    RolloutInputs,
-    TrajectoryRecorder,
-    record_rollout,
-)
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs, record_rollout
+from predictor_training.rollout.recorder import TrajectoryRecorder
 from predictor_training.rollout.camera import pose_to_input
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.encoders import load_encoded_case

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from predictor_training.eval.methods import DoneStep, Method
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.ar_rollout import StepCall, StepOutput
+from predictor_training.rollout.policy import StepCall, StepOutput
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.model import skipped_block_spans
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from predictor_training.rollout.ar_rollout import StepCall, StepFn, StepOutput
+from predictor_training.rollout.policy import StepCall, StepFn, StepOutput
 from predictor_training.teacher.frame_kv_cache import CONTEXT_MODES, check_context_mode
 from predictor_training.predictor.model import Predictor
 from predictor_training.teacher import WorldPlayTransformer

@@ -23,13 +23,8 @@ import torch
 from tqdm import tqdm
 
 from predictor_training.rollout.ar_rollout import RolloutConfig
-from predictor_training.runtime.checkpoint import (
-    check_weights_file,
-    load_model_weights,
-    read_inference_config,
-    read_inference_metadata,
-    read_training_state,
-)
+from predictor_training.runtime.checkpoint import check_weights_file, load_model_weights, read_training_state
+from predictor_training.runtime.inference_weights import read_inference_config, read_inference_metadata
 from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
 from predictor_training.runtime.io import read_json_file, sha256_file, sha256_json
 from predictor_training.runtime.provenance import (

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from predictor_training.data.synthetic import teacher_call_inputs
-from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext
+from predictor_training.rollout.ar_rollout import ARRollout
+from predictor_training.rollout.policy import ChunkContext
 from predictor_training.runtime.precision import autocast, synchronize
 from predictor_training.teacher.flops import (
     TeacherShape,

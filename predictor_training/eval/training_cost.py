@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from predictor_training.methods.method_model import WEIGHTS_NAME
-from predictor_training.runtime.checkpoint import INFERENCE_FORMAT, TRAINING_STATE_NAME, read_training_summary
+from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, read_training_summary
+from predictor_training.runtime.inference_weights import INFERENCE_FORMAT
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.logger import DISCARDED_LOG_NAME

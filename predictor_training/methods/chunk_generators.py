@@ -30,8 +30,8 @@ from typing import Callable
 import torch
 
 from predictor_training.teacher.adapters import adapter
-from predictor_training.rollout.ar_rollout import (ARRollout, ChunkPolicy, ChunkRun, RolloutConfig, RolloutInputs,
-                                                  TrainingPolicy)
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.rollout.policy import ChunkPolicy, ChunkRun, TrainingPolicy
 from predictor_training.runtime.distributed import maybe_no_sync
 from predictor_training.methods.flow_matching import x0_from_velocity
 from predictor_training.rollout.scheduler import differentiable_euler_step

@@ -29,8 +29,12 @@ import torch
 from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model, export_method_model
 from predictor_training.methods.score_models import ScoreModel
 from predictor_training.predictor.model import build_predictor
-from predictor_training.runtime.checkpoint import (inference_weights_name, load_model_weights, prune_checkpoints,
-                                                  save_inference_weights)
+from predictor_training.runtime.checkpoint import load_model_weights
+from predictor_training.runtime.inference_weights import (
+    inference_weights_name,
+    prune_checkpoints,
+    save_inference_weights,
+)
 from predictor_training.runtime.distributed import DistEnv, wrap_ddp
 from predictor_training.runtime.optim import TwoGroupLRSchedule, WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.precision import PrecisionPolicy

@@ -45,7 +45,7 @@ from torch import Tensor
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.methods.monitors import temporal_delta_energy
 from predictor_training.runtime.errors import MissingFileError
-from predictor_training.runtime.memory_rehearsal import real_values
+from predictor_training.runtime.fake_tensors import real_values
 
 READS = ("first_frame", "sampled_frames", "video")
 TOTAL = "total"

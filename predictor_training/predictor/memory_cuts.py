@@ -19,7 +19,7 @@ import contextlib
 import torch
 
 from predictor_training.predictor.self_rollout import ChunkGraph
-from predictor_training.runtime.memory_rehearsal import patched
+from predictor_training.runtime.memory_tracker import patched
 from predictor_training.teacher import layers
 from predictor_training.teacher import model as teacher_model
 

@@ -49,16 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from predictor_training.rollout.ar_rollout import (
-    ARRollout,
-    ChunkContext,
-    ChunkRun,
-    RolloutConfig,
-    RolloutInputs,
-    StepCall,
-    StepOutput,
-    TrainingPolicy,
-)
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.rollout.policy import ChunkContext, ChunkRun, StepCall, StepOutput, TrainingPolicy
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan
 from predictor_training.runtime.distributed import maybe_no_sync, unwrap_model
 from predictor_training.predictor.loss import predictor_loss

@@ -28,15 +28,17 @@ from predictor_training.runtime.flop_count import FlopCounter
 from predictor_training.runtime.flags import parse_recipe_args
 from predictor_training.runtime.loop import grad_norm_and_clip
 from predictor_training.runtime.memory_rehearsal import (
-    DDPBuckets,
     MemoryReport,
     PeakSegments,
     Rehearsal,
+    module_to_unless_unchanged,
+    peak_groups,
+)
+from predictor_training.runtime.memory_tracker import (
+    DDPBuckets,
     fake_process_group,
     fsdp_storage_accounting,
-    module_to_unless_unchanged,
     patched,
-    peak_groups,
     use_foreach,
 )
 from predictor_training.runtime.precision import precision_policy

@@ -26,7 +26,8 @@ the Teacher or a Predictor. The running buffer is updated in place and never car
 
 One loop. ``ARRollout.run_chunks(policy)`` is the one loop over a rollout's chunks: per chunk it enters the policy's
 scope, denoises the chunk (``denoise_chunk``, the one loop over its steps) with the policy's step hook, calls the
-policy's ``end_chunk``, commits and calls the policy's ``after_commit``. ``ChunkPolicy`` runs a step hook without
+policy's ``end_chunk``, commits and calls the policy's ``after_commit`` (the step protocol and the policies:
+rollout/policy.py; a recorded rollout: rollout/recorder.py). ``ChunkPolicy`` runs a step hook without
 gradients (``run``, ``run_chunk``); ``TrainingPolicy`` is a trainer's schedule: which step of a trained chunk runs
 Full, the student or velocity reuse, which calls carry a graph and where the graph is cut, with the trainer's
 per-chunk scope (DDP ``no_sync``) and hook (its backward, or a DMD generator's critic and backward: between a chunk's
@@ -36,19 +37,18 @@ data there).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from predictor_training.rollout.camera import make_retrieval_points, select_aligned_memory_frames
-from predictor_training.runtime.memory_rehearsal import real_values
+from predictor_training.rollout.memory_retrieval import make_retrieval_points, select_aligned_memory_frames
+from predictor_training.rollout.policy import ChunkContext, ChunkPolicy, ChunkRun, StepCall, StepFn, StepOutput
+from predictor_training.rollout.recorder import StepRecord, TrajectoryRecorder
+from predictor_training.runtime.fake_tensors import real_values
 from predictor_training.teacher.frame_kv_cache import FrameKVCache, check_context_mode
 from predictor_training.runtime.precision import autocast
-from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step
 from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
@@ -228,240 +228,6 @@ class RolloutInputs:
         sample from, or a known history) and the memory-retrieval points of `memory_seed`."""
         return cls(noise=noise, image_cond=item["image_cond"].float(), viewmats=item["viewmats"].double(),
                    Ks=item["Ks"].double(), action=item["action"], memory_points=host_retrieval_points(int(memory_seed)))
-
-
-# ---- what one step / one chunk produces ------------------------------------------------------------------------
-@dataclass
-class StepOutput:
-    """velocity [1, C, 4, H, W]; final_hidden [1, 4*H*W, hidden] (None if the producer has none); raw_kv: the
-    Teacher's per-layer raw K/V of the chunk (only Full steps of a `last_step` context-mode rollout). graph_stops:
-    the next latent is advanced from the detached latent, so no gradient flows back through this step (a trainer's
-    Full step whose Teacher call is a label)."""
-
-    velocity: Tensor
-    final_hidden: Tensor | None = None
-    raw_kv: list[tuple[Tensor, Tensor]] | None = None
-    graph_stops: bool = False
-
-
-@dataclass
-class ChunkContext:
-    """The context of one chunk: indices (ascending), prefill input [1, 2C+1, n, H, W], K/V, pre-features.
-
-    For chunk 0 (and any chunk without history) indices is empty and everything else is None / {}.
-    vec [n, hidden] = time_in(14) + action_in(action) of the context frames (computed only when recording).
-    """
-
-    indices: list[int]
-    model_input: Tensor | None = None
-    kv: ContextKV | None = None
-    prefeatures: dict[int, Tensor] = field(default_factory=dict)
-    vec: Tensor | None = None
-
-    @property
-    def num_frames(self) -> int:
-        return len(self.indices)
-
-
-@dataclass
-class StepCall:
-    """What a step hook sees (all tensors on the rollout device).
-
-    latent [1, C, 4, H, W] (running-buffer dtype); model_input [1, 2C+1, 4, H, W] (Teacher dtype);
-    timestep [4] float32; action [1, 4]; viewmats [1, 4, 4, 4]; Ks [1, 4, 3, 3] (Teacher dtype); rope_start = n.
-    previous: this chunk's previous step output (None at step 0); previous_chunk: the previous chunk's step outputs
-    (None for the first chunk run). ``run_teacher()`` runs the Full Teacher step on exactly these inputs
-    (``run_teacher(other_input)`` on another [1, 2C+1, 4, H, W] input with the same timestep, cameras and context,
-    e.g. the detached one for a trainer's label).
-    """
-
-    chunk_index: int
-    step_index: int
-    latent: Tensor
-    model_input: Tensor
-    timestep: Tensor
-    action: Tensor
-    viewmats: Tensor
-    Ks: Tensor
-    text_kv: TextKV
-    context: ChunkContext
-    rope_start: int
-    previous: StepOutput | None
-    previous_chunk: list[StepOutput] | None
-    run_teacher: Callable[[], StepOutput]
-
-
-StepFn = Callable[[StepCall], StepOutput]
-
-
-@dataclass
-class ChunkRun:
-    """One chunk's denoising (`ARRollout.denoise_chunk`): its context, every step's output (from `first_step` on) and
-    the final latent [1, C, 4, H, W] (state dtype; with a graph when a step kept one)."""
-
-    chunk_index: int
-    context: ChunkContext
-    outputs: list[StepOutput]
-    final_latent: Tensor
-
-
-class ChunkPolicy:
-    """The caller's side of `ARRollout.run_chunks`, the one loop over a rollout's chunks: the scope each chunk runs
-    in, its step hook, what happens between its last step and its commit, and after its commit. This one runs
-    `step_fn` (default: the Full Teacher step) at every step of every chunk without gradients; `on_chunk_end(run)`
-    (optional) sees each chunk's `ChunkRun` before its commit, `on_commit(run)` (optional) right after it."""
-
-    def __init__(self, step_fn: StepFn | None = None, on_chunk_end: Callable[[ChunkRun], None] | None = None,
-                 on_commit: Callable[[ChunkRun], None] | None = None):
-        self.step_fn = step_fn
-        self.on_chunk_end = on_chunk_end
-        self.on_commit = on_commit
-
-    def chunk_scope(self, chunk_index: int) -> ContextManager:
-        """Entered around the chunk's steps and `end_chunk` (grad mode; a trainer's DDP `no_sync`)."""
-        return torch.no_grad()
-
-    def chunk_step_fn(self, chunk_index: int) -> StepFn | None:
-        """The chunk's step hook (None: the Full Teacher step)."""
-        return self.step_fn
-
-    def end_chunk(self, run: ChunkRun) -> None:
-        """After the chunk's last step, inside its scope, before its commit."""
-        if self.on_chunk_end is not None:
-            self.on_chunk_end(run)
-
-    def after_commit(self, run: ChunkRun) -> None:
-        """After the chunk's commit (outside its scope): the running latents hold its final latent, and a caller
-        may read or replace it there (teacher forcing writes the data)."""
-        if self.on_commit is not None:
-            self.on_commit(run)
-
-
-StudentFn = Callable[[StepCall, Tensor, StepOutput], StepOutput]
-TRAINED_LETTERS = "FPR"  # what a trainer's plan may hold: Full (a label), the student (P), velocity reuse (R)
-
-
-class TrainingPolicy(ChunkPolicy):
-    """A trainer's schedule over a rollout's chunks: which step runs Full, the student or velocity reuse, which
-    calls carry a graph and where it is cut (docs/rollout.md).
-
-    Chunks before `first_trained_chunk` are the Teacher's F-F-F-F without gradients (the history seed). In a trained
-    chunk (grad mode: the caller's) step k is what `plan` (a `StepPlan` of F, P and R) says:
-    * R: the previous step's output again (velocity and hidden; no model call, no label);
-    * otherwise the Teacher's step on the detached latent, without a graph: a label on the state the student
-      visits. At step 0 it is the step's output. At any other F step too, and the next latent is advanced from
-      the detached latent (`StepOutput.graph_stops`): gradients stop there. At a P step it goes to
-      `student(call, label_input, label)` (label_input [1, 2C+1, 4, H, W]: the detached input the label was
-      computed on), whose output, with its graph, advances the latent.
-    trained_scope(chunk_index): the context a trained chunk's steps and `end_chunk` run in (default none: e.g. a
-    trainer's DDP `no_sync`); on_chunk_end(run): every chunk's `ChunkRun` before its commit (a trainer's backward);
-    on_commit(run): every chunk's right after its commit.
-    """
-
-    def __init__(self, plan: StepPlan, student: StudentFn, *, first_trained_chunk: int = 1,
-                 trained_scope: Callable[[int], ContextManager] | None = None,
-                 on_chunk_end: Callable[[ChunkRun], None] | None = None,
-                 on_commit: Callable[[ChunkRun], None] | None = None):
-        super().__init__(None, on_chunk_end, on_commit)
-        unknown = sorted(plan.letters_used - set(TRAINED_LETTERS))
-        if unknown:
-            raise ValueError(f"a trainer's plan {plan.text} holds {unknown}; expected letters of {TRAINED_LETTERS}")
-        self.plan = plan
-        self.student = student
-        self.first_trained_chunk = first_trained_chunk
-        self.trained_scope = trained_scope
-
-    def chunk_scope(self, chunk_index: int) -> ContextManager:
-        if chunk_index < self.first_trained_chunk:
-            return torch.no_grad()
-        return contextlib.nullcontext() if self.trained_scope is None else self.trained_scope(chunk_index)
-
-    def chunk_step_fn(self, chunk_index: int) -> StepFn | None:
-        return None if chunk_index < self.first_trained_chunk else self.trained_step
-
-    def trained_step(self, call: StepCall) -> StepOutput:
-        """Step ``call.step_index`` of a trained chunk (the class docstring)."""
-        k = call.step_index
-        letter = self.plan.letter(call.chunk_index, k)
-        if letter == "R":  # the eval's velocity reuse: the anchor is handed on unchanged
-            return StepOutput(velocity=call.previous.velocity, final_hidden=call.previous.final_hidden)
-        label_input = call.model_input.detach()
-        with torch.no_grad():
-            label = call.run_teacher(label_input)
-        if k == 0:
-            if call.context.kv is None:
-                raise RuntimeError(f"chunk {call.chunk_index} got no context frames; a trained chunk needs history")
-            return label
-        if letter != "P":
-            return dataclasses.replace(label, graph_stops=True)
-        return self.student(call, label_input, label)
-
-
-@dataclass
-class StepRecord:
-    """latent_in / velocity / latent_out [1, C, 4, H, W]; timestep [4]; final_hidden [1, 4*H*W, hidden] or None."""
-
-    latent_in: Tensor
-    timestep: Tensor
-    velocity: Tensor
-    final_hidden: Tensor | None
-    latent_out: Tensor
-
-
-@dataclass
-class ChunkRecord:
-    """Everything recorded for one chunk (see ``TrajectoryRecorder``)."""
-
-    chunk_index: int
-    frame_start: int
-    ctx_indices: list[int]
-    ctx_input: Tensor | None
-    ctx_vec: Tensor | None
-    prefeatures: dict[int, Tensor]
-    steps: list[StepRecord] = field(default_factory=list)
-    final_latent: Tensor | None = None
-
-
-class TrajectoryRecorder:
-    """Keeps every chunk's record, moved to ``device`` and (for floating tensors) cast to ``dtype`` if given.
-
-    ``chunks[c]``: ChunkRecord with ctx_indices, ctx_input [1, 2C+1, n, H, W], ctx_vec [n, hidden],
-    prefeatures {layer: [1, n*H*W, hidden]}, steps[k] (StepRecord) and final_latent [1, C, 4, H, W].
-    """
-
-    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None):
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.chunks: list[ChunkRecord] = []
-
-    def _keep(self, tensor: Tensor | None) -> Tensor | None:
-        if tensor is None:
-            return None
-        dtype = self.dtype if (self.dtype is not None and tensor.is_floating_point()) else tensor.dtype
-        return tensor.detach().to(device=self.device, dtype=dtype, copy=True)
-
-    def on_context(self, chunk_index: int, frame_start: int, context: ChunkContext) -> None:
-        if len(self.chunks) != chunk_index:
-            raise RuntimeError(f"recorder got chunk {chunk_index} after {len(self.chunks)} chunks")
-        self.chunks.append(
-            ChunkRecord(
-                chunk_index=chunk_index,
-                frame_start=frame_start,
-                ctx_indices=list(context.indices),
-                ctx_input=self._keep(context.model_input),
-                ctx_vec=self._keep(context.vec),
-                prefeatures={layer: self._keep(value) for layer, value in sorted(context.prefeatures.items())},
-            )
-        )
-
-    def on_step(self, chunk_index: int, step_index: int, step: StepRecord) -> None:
-        record = self.chunks[chunk_index]
-        if len(record.steps) != step_index:
-            raise RuntimeError(f"recorder got step {step_index} of chunk {chunk_index} out of order")
-        record.steps.append(StepRecord(*(self._keep(getattr(step, name)) for name in StepRecord.__dataclass_fields__)))
-
-    def on_chunk_end(self, chunk_index: int, final_latent: Tensor) -> None:
-        self.chunks[chunk_index].final_latent = self._keep(final_latent)
 
 
 # ---- the loop --------------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from predictor_training.rollout.ar_rollout import ARRollout, ChunkContext, RolloutConfig, RolloutInputs
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+from predictor_training.rollout.policy import ChunkContext
 from predictor_training.runtime.precision import autocast
 from predictor_training.teacher import TextKV
 

@@ -6,9 +6,10 @@
   It loads with `torch.load(weights_only=True)`: everything in it is tensors or plain python values.
 * `predictor_step_XXXXX.safetensors` holds inference weights only (BF16 by default) plus JSON metadata, with the
   sha256 of its tensors (`tensors_sha256`), checked whenever the weights are loaded (files written before it
-  existed load unchecked).
+  existed load unchecked): `runtime/inference_weights.py`. `load_model_weights` loads either kind into a model.
 * Weights are checked finite whenever they are loaded (a resume, --init_from, eval's --ckpt): NaN/Inf in a file is
-  refused with one line naming it, as a damaged or mismatched checkpoint is (`UserInputError` subclasses).
+  refused with one line naming it, as a damaged or mismatched checkpoint is (`UserInputError` subclasses;
+  `runtime/checkpoint_checks.py`).
 * Every write is atomic (temp file in the same folder, fsync, `os.replace`), and nothing non-finite is ever
   written, so the last good checkpoint survives a crash, a SIGKILL or a NaN.
 * A role whose module is FSDP2-sharded (`predictor_training.runtime.fsdp`) is saved sharded: each rank writes its
@@ -22,12 +23,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
 import random
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -37,13 +35,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from predictor_training.runtime.checkpoint_checks import (
+    CheckpointMismatchError,
+    NonFiniteError,
+    check_finite_file_weights,
+    check_finite_tensors,
+    check_state_matches,
+    compare_expect,
+    json_plain,
+    non_finite_names,
+    require_file,
+)
 from predictor_training.runtime.distributed import all_gather_objects, barrier, current_rank, unwrap_model
-from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
-from predictor_training.runtime.io import atomic_write, load_safetensors, open_safetensors, save_safetensors
-from predictor_training.runtime.io import redact_secrets
-from predictor_training.runtime.provenance import portable_paths, with_provenance
+from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.inference_weights import read_inference_metadata, read_inference_weights
+from predictor_training.runtime.io import atomic_write, redact_secrets
 from predictor_training.runtime.roles import module_is_fsdp
-from predictor_training.runtime.state_dicts import StateDictMismatchError, mismatch_report
 from predictor_training.runtime.sharded_checkpoint import (
     load_sharded_roles,
     publish_sharded_folder,
@@ -59,25 +66,11 @@ PREVIOUS_TRAINING_STATE_NAME = "training_prev.pt"
 CHECKPOINTS_KEY = "written_checkpoints"  # the training state's record of the step files its run wrote
 TRAINING_STATE_FORMAT = "predictor_training.training_state"
 TRAINING_STATE_VERSION = 2  # 2: one entry per role; 1 (single Predictor, top-level model/optimizer) still loads
-INFERENCE_FORMAT = "predictor_training.inference_weights"
-TENSORS_SHA256_KEY = "tensors_sha256"  # inference metadata: `tensors_sha256` of the file's tensors
 REQUIRED_META_KEYS = ("precision",)  # a Predictor recipe adds variant and source_blocks (`checkpoint_meta`)
-
-
-class NonFiniteError(RuntimeError):
-    """A loss, gradient norm or weight is NaN/Inf; raised before anything is stepped or written."""
-
-
-class NonFiniteWeightsError(UserInputError):
-    """A checkpoint file holds NaN/Inf weights; the message names the file and the first tensors."""
 
 
 class DamagedTrainingStateError(UserInputError):
     """A training state that cannot be read (truncated, corrupted); the message names the file and the fallback."""
-
-
-class CheckpointMismatchError(UserInputError):
-    """A checkpoint was saved for a different variant / source blocks / precision / world size than requested."""
 
 
 def checkpoint_meta(variant: str, source_blocks, precision: str, **extra) -> dict:
@@ -86,11 +79,6 @@ def checkpoint_meta(variant: str, source_blocks, precision: str, **extra) -> dic
     recipe requires (e.g. recipe="rollout_fppp")."""
     return {"variant": variant, "source_blocks": [int(block) for block in source_blocks], "precision": precision,
             **extra}
-
-
-def inference_weights_name(step: int, role: str = "predictor") -> str:
-    """`predictor_step_00300.safetensors` for step 300 of the role "predictor" (`<role>_step_XXXXX.safetensors`)."""
-    return f"{role}_step_{step:05d}.safetensors"
 
 
 @dataclass
@@ -167,19 +155,11 @@ def restore_rng_state(state: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def _json_plain(obj, what: str):
-    """`obj` normalised through JSON (tuples -> lists); raises if it is not JSON-representable."""
-    try:
-        return json.loads(json.dumps(obj, allow_nan=False))
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"{what} must be JSON-serialisable plain data: {error}") from error
-
-
 def _check_meta(meta: dict) -> dict:
     missing = [key for key in REQUIRED_META_KEYS if key not in meta]
     if missing:
         raise ValueError(f"checkpoint meta is missing {missing}; expected keys {REQUIRED_META_KEYS} (got {sorted(meta)})")
-    return _json_plain(meta, "checkpoint meta")
+    return json_plain(meta, "checkpoint meta")
 
 
 def _check_fp32_master(model: nn.Module, meta: dict) -> None:
@@ -189,45 +169,6 @@ def _check_fp32_master(model: nn.Module, meta: dict) -> None:
     wrong = [f"{name} ({p.dtype})" for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
     if wrong:
         raise ValueError(f"precision 'fp32master' but trainable parameters are not float32: {wrong[:5]}")
-
-
-def _non_finite_names(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating tensors holding NaN/Inf; a DTensor is checked on this rank's shard only."""
-    bad = []
-    for name, tensor in tensors.items():
-        if hasattr(tensor, "to_local"):  # DTensor (FSDP2 shard)
-            tensor = tensor.to_local()
-        if torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all()):
-            bad.append(name)
-    return bad
-
-
-def check_finite_tensors(tensors: dict[str, torch.Tensor], what: str) -> None:
-    """Raise NonFiniteError naming the first few non-finite floating tensors of `tensors`."""
-    bad = _non_finite_names(tensors)
-    if bad:
-        raise NonFiniteError(f"{what}: non-finite values in {len(bad)} tensors, e.g. {bad[:5]}; nothing was written")
-
-
-def check_finite_file_weights(tensors: dict[str, torch.Tensor], path: str | os.PathLike, what: str = "") -> None:
-    """Raise NonFiniteWeightsError naming `path` (and `what`, e.g. "role 'predictor'") when weights read from it hold
-    NaN/Inf."""
-    bad = _non_finite_names(tensors)
-    if bad:
-        where = f" ({what})" if what else ""
-        raise NonFiniteWeightsError(f"{path}{where}: NaN/Inf in {len(bad)} weight tensors, e.g. {bad[:3]}; expected "
-                                    "finite weights (the file is damaged, or was not written by this toolkit)")
-
-
-def _compare_expect(saved_meta: dict, expect: dict, path: Path) -> None:
-    problems = []
-    for key, requested in _json_plain(expect, "expect").items():
-        if key not in saved_meta:
-            problems.append(f"{key}: not recorded in the checkpoint, requested {requested!r}")
-        elif saved_meta[key] != requested:
-            problems.append(f"{key}: saved {saved_meta[key]!r}, requested {requested!r}")
-    if problems:
-        raise CheckpointMismatchError(f"{path} does not match this run: " + "; ".join(problems))
 
 
 _OPTIMIZER_GROUP_KEYS = ("name", "initial_lr", "betas", "weight_decay")
@@ -257,11 +198,6 @@ def _compare_optimizer_groups(saved_state: dict, optimizer: torch.optim.Optimize
 def _name_keyed(optimizer_state: dict) -> bool:
     """Whether an optimizer state dict names its parameters (`fsdp.full_state_dicts`) instead of numbering them."""
     return any(isinstance(param, str) for group in optimizer_state["param_groups"] for param in group["params"])
-
-
-def _require_file(path: Path, what: str) -> None:
-    if not path.is_file():
-        raise MissingFileError(f"{what}: {path} does not exist; refusing to start from scratch instead")
 
 
 # ------------------------------------------------------------------------------------------------ training state
@@ -300,7 +236,7 @@ def save_training_state(
         if module_is_fsdp(raw_model):
             # Each rank holds other shards: collect, then decide together below (a raise on one rank only would
             # leave the others waiting in the gather).
-            bad = _non_finite_names(raw_model.state_dict())
+            bad = non_finite_names(raw_model.state_dict())
             if bad:
                 sharded_problems.append(f"role {role.name!r} rank {current_rank()}: {len(bad)} tensors, e.g. {bad[:5]}")
             continue
@@ -347,11 +283,11 @@ def save_training_state(
                 }
                 for role in roles
             },
-            "run_state": _json_plain(run_state.to_dict(), "run_state"),
+            "run_state": json_plain(run_state.to_dict(), "run_state"),
             CHECKPOINTS_KEY: [str(name) for name in run_state.checkpoints],
             "rng_by_rank": rng_by_rank,
             "world_size": len(rng_by_rank),
-            "config": _json_plain(redact_secrets(config), "config"),
+            "config": json_plain(redact_secrets(config), "config"),
             "meta": meta,
         }
 
@@ -404,7 +340,7 @@ def read_training_state(path: str | os.PathLike) -> dict:
     format. A version-1 state (one Predictor: top-level model / optimizer / lr_schedule) comes back as one role
     named "predictor" whose update count is the global step."""
     path = Path(path)
-    _require_file(path, "training state")
+    require_file(path, "training state")
     payload = load_state_file(path)
     version = payload["format_version"]
     if version == 1:
@@ -442,10 +378,10 @@ def read_training_summary(path: str | os.PathLike, expect: dict | None = None) -
     weights holding NaN/Inf raise NonFiniteWeightsError (the models are read through the mapping once), so a
     launch can refuse the checkpoint before it creates anything."""
     path = Path(path)
-    _require_file(path, "training state")
+    require_file(path, "training state")
     payload = load_state_file(path, mmap=True)
     if expect is not None:
-        _compare_expect(payload["meta"], expect, path)
+        compare_expect(payload["meta"], expect, path)
         for role, entry in payload.get("roles", {"predictor": {"model": payload.get("model", {})}}).items():
             check_finite_file_weights(entry["model"], path, f"role {role!r}")
     return {"step": int(payload["run_state"]["global_step"]), "config": payload["config"], "meta": payload["meta"]}
@@ -487,7 +423,7 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
     path = Path(path)
     payload = read_training_state(path)
     # 1. Refuse a checkpoint made for something else, or damaged.
-    _compare_expect(payload["meta"], expect, path)
+    compare_expect(payload["meta"], expect, path)
     check_fp32_training_state(payload, path)
     for name, entry in payload["roles"].items():
         check_finite_file_weights(entry["model"], path, f"role {name!r}")
@@ -557,133 +493,6 @@ def load_training_state(path: str | os.PathLike, *, roles: Sequence, expect: dic
     return run_state
 
 
-def check_state_matches(model: nn.Module, state: dict, path: str | os.PathLike, what: str = "") -> None:
-    """Refuse (`StateDictMismatchError`, one line naming the file and the first offending keys) a state dict whose
-    keys or shapes differ from `model`'s, before anything is loaded (torch's own error is a multi-line traceback)."""
-    model_shapes = {key: tuple(value.shape) for key, value in unwrap_model(model).state_dict().items()}
-    file_shapes = {key: tuple(value.shape) for key, value in state.items()}
-    missing, unexpected, mismatched, report = mismatch_report(model_shapes, file_shapes, str(path))
-    if not report:
-        return
-    found = [f"{len(keys)} {kind} (e.g. {', '.join(keys[:2])})" for kind, keys in (
-        ("missing keys", missing), ("unexpected keys", unexpected),
-        ("shape mismatches", [f"{key} {list(file_shapes[key])} vs {list(model_shapes[key])}" for key in mismatched]))
-        if keys]
-    raise StateDictMismatchError(str(path), missing, unexpected, mismatched,
-                                 f"{path}{what}: its weights do not fit the model: {'; '.join(found)}; expected a "
-                                 "checkpoint of this model (the same variant, Teacher size and source blocks)")
-
-
-# ------------------------------------------------------------------------------------------------ inference weights
-def save_inference_weights(
-    path: str | os.PathLike,
-    model_state_or_module: nn.Module | dict[str, torch.Tensor],
-    dtype: torch.dtype = torch.bfloat16,
-    metadata: dict | None = None,
-    config: dict | None = None,
-) -> Path:
-    """Write a safetensors file atomically: floating tensors cast to `dtype`, others unchanged.
-
-    A module contributes its whole (unwrapped) `state_dict()`; pass a dict to choose a subset. An FSDP-sharded
-    module is refused (its state dict holds this rank's shards): pass its full state (`fsdp.full_state_dicts`, or
-    what `save_training_state` returns). `metadata` (e.g. meta + step) and `config` (the run config, secrets
-    redacted, so eval can rebuild the model) are stored as JSON strings in the file header. Non-finite weights raise
-    NonFiniteError and write nothing. Call on one rank only.
-
-    Provenance (runtime/provenance.py): the run config's `derived.provenance` (the hashes of the run's Teacher,
-    parent weights and dataset config) goes into the metadata as `provenance`, and every absolute path in the
-    stored config is written relative to the file's folder (`$RUN_DIR/...`), so the file names no path of this
-    machine.
-    """
-    if isinstance(model_state_or_module, nn.Module):
-        if module_is_fsdp(unwrap_model(model_state_or_module)):
-            raise ValueError(f"save_inference_weights({path}): the module is FSDP-sharded; pass its full state dict "
-                             "(fsdp.full_state_dicts) instead")
-        state = unwrap_model(model_state_or_module).state_dict()
-    else:
-        state = model_state_or_module
-    tensors = {}
-    for name, tensor in state.items():
-        tensor = tensor.detach()
-        if torch.is_floating_point(tensor):
-            tensor = tensor.to(dtype)
-        # clone: safetensors refuses tensors that share storage
-        tensors[name] = tensor.to("cpu").contiguous().clone()
-    check_finite_tensors(tensors, f"save_inference_weights({path})")
-    metadata = with_provenance(metadata, config)
-    config = portable_paths(config or {}, Path(path).absolute().parent)
-    file_metadata = {
-        "format": INFERENCE_FORMAT,
-        "dtype": str(dtype).removeprefix("torch."),
-        TENSORS_SHA256_KEY: tensors_sha256(tensors),
-        "meta": json.dumps(_json_plain(metadata or {}, "inference metadata")),
-        "config": json.dumps(_json_plain(redact_secrets(config or {}), "inference config")),
-    }
-    return atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, file_metadata))
-
-
-def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, in name order: the inference file's checksum."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().to("cpu").contiguous()
-        digest.update(f"{name}|{str(tensor.dtype).removeprefix('torch.')}|{list(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _read_inference_header(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    _require_file(path, "inference weights")
-    with open_safetensors(path) as handle:
-        file_metadata = handle.metadata() or {}
-    if file_metadata.get("format") != INFERENCE_FORMAT:
-        raise UserInputError(f"{path} is not a predictor inference file (metadata format "
-                             f"{file_metadata.get('format')!r}; expected {INFERENCE_FORMAT!r})")
-    return file_metadata
-
-
-def read_inference_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The tensors of an inference file, checked: their sha256 against the metadata's (when the file has one) and
-    finite. A damaged file raises a `UserInputError` naming it."""
-    path = Path(path)
-    expected = _read_inference_header(path).get(TENSORS_SHA256_KEY)
-    tensors = load_safetensors(path)
-    if expected is not None and tensors_sha256(tensors) != expected:
-        raise UserInputError(f"{path}: the tensors' sha256 differs from the {TENSORS_SHA256_KEY!r} in its metadata; "
-                             "expected the file as it was written (it was damaged or edited since)")
-    check_finite_file_weights(tensors, path)
-    return tensors
-
-
-def _inference_header_field(path: str | os.PathLike, field: str) -> dict:
-    """One JSON field of an inference file's header; a missing or broken one is a `UserInputError` naming the
-    file and the field."""
-    header = _read_inference_header(path)
-    if field not in header:
-        raise MissingFieldError(f"{path}: the header has no {field!r} field; expected an inference file written by "
-                                "a training run (save_inference_weights)")
-    try:
-        value = json.loads(header[field])
-    except json.JSONDecodeError as error:
-        raise UserInputError(f"{path}: the header's {field!r} field is not valid JSON ({error}); expected the file "
-                             "as a training run wrote it") from None
-    if not isinstance(value, dict):
-        raise UserInputError(f"{path}: the header's {field!r} field holds a {type(value).__name__}; expected a "
-                             "JSON object")
-    return value
-
-
-def read_inference_metadata(path: str | os.PathLike) -> dict:
-    """The `metadata` dict stored by `save_inference_weights` (meta + step for loop checkpoints)."""
-    return _inference_header_field(path, "meta")
-
-
-def read_inference_config(path: str | os.PathLike) -> dict:
-    """The run config stored by `save_inference_weights` (for rebuilding the model at eval time)."""
-    return _inference_header_field(path, "config")
-
-
 def check_weights_file(path: str | os.PathLike, expect: dict | None = None) -> dict:
     """The checks `load_model_weights` makes on a file, without a model to load it into (a launch makes them before
     it creates anything): readable, its meta matching `expect`, finite weights, an inference file's checksum.
@@ -693,7 +502,7 @@ def check_weights_file(path: str | os.PathLike, expect: dict | None = None) -> d
         meta = read_inference_metadata(path)
         read_inference_weights(path)
         if expect:
-            _compare_expect(meta, expect, path)
+            compare_expect(meta, expect, path)
         return meta
     if path.suffix == ".pt":
         return read_training_summary(path, expect=expect or {})["meta"]
@@ -720,32 +529,7 @@ def load_model_weights(
     else:
         raise UserInputError(f"{path}: expected a .pt training state or a .safetensors inference file")
     if expect:
-        _compare_expect(meta, expect, path)
+        compare_expect(meta, expect, path)
     check_state_matches(model, state, path)
     unwrap_model(model).load_state_dict(state, strict=True)
     return meta
-
-
-def prune_checkpoints(run_dir: str | os.PathLike, keep: int, role: str, written: Sequence[str], *,
-                      delete: bool = True) -> list[Path]:
-    """Delete all but the newest `keep` `<role>_step_XXXXX.safetensors` among `written`, the names of the files this
-    run wrote into `run_dir` (`RunState.checkpoints`); -1 keeps all. A file the run did not write is never touched,
-    whatever its name. `delete=False` only names them (ranks other than 0 keep the same record without deleting).
-
-    Returns the paths pruned (a recorded file already gone is counted, not an error).
-    """
-    if keep == -1:
-        return []
-    if keep < 1:
-        raise ValueError(f"prune_checkpoints: keep={keep}; expected >= 1, or -1 to keep all")
-    by_step = []
-    for name in written:
-        match = re.match(rf"^{re.escape(role)}_step_(\d{{5,}})\.safetensors$", name)
-        if match:
-            by_step.append((int(match.group(1)), Path(run_dir) / name))
-    by_step.sort()
-    doomed = [path for _, path in by_step[:-keep]]
-    if delete:
-        for path in doomed:
-            path.unlink(missing_ok=True)
-    return doomed

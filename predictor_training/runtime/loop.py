@@ -43,14 +43,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from predictor_training.runtime.checkpoint import (
-    TRAINING_STATE_NAME,
-    NonFiniteError,
-    RunState,
+from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, RunState, save_training_state
+from predictor_training.runtime.checkpoint_checks import NonFiniteError
+from predictor_training.runtime.inference_weights import (
     inference_weights_name,
     prune_checkpoints,
     save_inference_weights,
-    save_training_state,
 )
 from predictor_training.runtime.distributed import DistEnv, all_gather_objects, log0
 from predictor_training.runtime.precision import synchronize

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from predictor_training.runtime.errors import MissingFileError, UserInputError
+from predictor_training.runtime.fake_tensors import default_dtype
 from predictor_training.runtime.io import read_json_file, sha256_json
-from predictor_training.runtime.memory_rehearsal import default_dtype
 from predictor_training.teacher.loading import randomize_zero_initialised_
 from predictor_training.teacher.model import WorldPlayTransformer
 

@@ -32,7 +32,8 @@ from predictor_training.data.shards import (
     write_jsonl_atomic,
 )
 from predictor_training.rollout.ar_rollout import RolloutConfig, RolloutInputs, make_initial_noise, record_rollout
-from predictor_training.rollout.camera import make_retrieval_points, pose_to_input, select_aligned_memory_frames
+from predictor_training.rollout.camera import pose_to_input
+from predictor_training.rollout.memory_retrieval import make_retrieval_points, select_aligned_memory_frames
 from predictor_training.teacher import TEACHER_PRESETS, TextKV, WorldPlayTransformer
 
 

@@ -19,7 +19,7 @@ from predictor_training.eval.leaderboard import LeaderboardRows, build_rows, cal
 from predictor_training.eval.methods import DoneStep, PlannedMethod
 from predictor_training.eval.run import EvalSettings, build_runtime, open_dataset
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.ar_rollout import StepOutput
+from predictor_training.rollout.policy import StepOutput
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource

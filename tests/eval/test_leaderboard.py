@@ -162,7 +162,8 @@ def test_a_training_state_of_several_roles_gives_its_predictor(world, tmp_path):
     leaderboard read its "predictor" role (that role's weights, not an error asking which)."""
     from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
     from predictor_training.predictor.model import build_predictor
-    from predictor_training.runtime.checkpoint import RunState, read_inference_config, save_training_state
+    from predictor_training.runtime.checkpoint import RunState, save_training_state
+    from predictor_training.runtime.inference_weights import read_inference_config
     from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
     from predictor_training.runtime.roles import Role
 

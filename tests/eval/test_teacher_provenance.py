@@ -16,7 +16,7 @@ import torch
 from predictor_training.data.provenance import input_provenance
 from predictor_training.eval import label_checkpoints, read_predictor_checkpoint, resolve_teacher
 from predictor_training.predictor.model import build_predictor
-from predictor_training.runtime.checkpoint import read_inference_config, save_inference_weights
+from predictor_training.runtime.inference_weights import read_inference_config, save_inference_weights
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.provenance import make_provenance
 from predictor_training.teacher import WorldPlayTransformer

@@ -21,7 +21,7 @@ from predictor_training.eval.training_cost import (
     threads_per_rank,
     training_cost,
 )
-from predictor_training.runtime.checkpoint import save_inference_weights
+from predictor_training.runtime.inference_weights import save_inference_weights
 from predictor_training.world.assets import WORLD_WEIGHTS
 
 FRRP_KEY = {"recipe": "rollout", "replace_steps": [3], "reuse_steps": [1, 2], "context_mode": "exact"}

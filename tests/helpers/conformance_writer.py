@@ -28,12 +28,10 @@ from predictor_training.rollout.ar_rollout import (
     make_initial_noise,
     record_rollout,
 )
-from predictor_training.rollout.camera import (
-    load_pose,
+from predictor_training.rollout.camera import load_pose, pose_string_to_json, pose_to_input
+from predictor_training.rollout.memory_retrieval import (
     make_retrieval_points,
     memory_candidate_distances,
-    pose_string_to_json,
-    pose_to_input,
     select_aligned_memory_frames,
 )
 from predictor_training.conformance.calls import DECOMPRESSED_WEIGHTS_ENTRY

@@ -42,13 +42,8 @@ from predictor_training.data.shards import append_jsonl, make_manifest_entry, wr
 from predictor_training.methods.method_model import method_meta
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.camera import pose_string_to_json
-from predictor_training.runtime.checkpoint import (
-    RunState,
-    checkpoint_meta,
-    inference_weights_name,
-    save_inference_weights,
-    save_training_state,
-)
+from predictor_training.runtime.checkpoint import RunState, checkpoint_meta, save_training_state
+from predictor_training.runtime.inference_weights import inference_weights_name, save_inference_weights
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer, build_optimizer_and_schedule
 from predictor_training.runtime.roles import Role
 from predictor_training.runtime.run_directory import run_config

@@ -16,7 +16,7 @@ from predictor_training.eval import EvalSettings
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.camera import pose_string_to_json
 from predictor_training.rollout.schedule import StepPlan
-from predictor_training.runtime.checkpoint import save_inference_weights
+from predictor_training.runtime.inference_weights import save_inference_weights
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.source import TeacherSource
 from predictor_training.video.io import write_video

@@ -47,7 +47,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from predictor_training.runtime.checkpoint import RunState, load_training_state, save_inference_weights
+from predictor_training.runtime.checkpoint import RunState, load_training_state
+from predictor_training.runtime.inference_weights import save_inference_weights
 from predictor_training.runtime.checkpoint import save_training_state as save_loop_training_state
 from predictor_training.runtime.distributed import cleanup_distributed, init_distributed
 from predictor_training.runtime.fsdp import full_state_dicts, gradient_sync, is_fsdp, load_full_state_dicts, shard_model

@@ -44,7 +44,8 @@ def write_trained_looking_predictor(teacher_dir: Path, out: Path, generator: tor
     non-zero from `generator` (so every parameter gets a gradient through the latent path), saved as inference
     weights at `out`."""
     from predictor_training.predictor.model import build_predictor
-    from predictor_training.runtime.checkpoint import checkpoint_meta, save_inference_weights
+    from predictor_training.runtime.checkpoint import checkpoint_meta
+    from predictor_training.runtime.inference_weights import save_inference_weights
     predictor = build_predictor(WorldPlayTransformer.from_pretrained(str(teacher_dir)), "v4", (1, 2))
     with torch.no_grad():
         for param in predictor.parameters():

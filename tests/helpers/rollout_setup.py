@@ -12,7 +12,7 @@ import torch
 
 from predictor_training.predictor.model import build_predictor
 from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.memory_retrieval import make_retrieval_points
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 
@@ -106,7 +106,7 @@ def write_sample_table(folder: Path, case_ids, actions=(0, 1, 2, 3), num_latents
 def write_rollout_setup(root: Path, num_latents: int, case_ids, actions) -> dict[str, Path]:
     """Teacher folder, dataset root (case files + dataset_config.json, no trajectories), sample table and a
     predictor_step safetensors to start from. Returns their paths."""
-    from predictor_training.runtime.checkpoint import save_inference_weights
+    from predictor_training.runtime.inference_weights import save_inference_weights
     from predictor_training.teacher.source import teacher_config_sha256
     from predictor_training.data.synthetic import SyntheticSpec, write_synthetic_dataset
 

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from predictor_training.eval.timing import Stopwatch
-from predictor_training.rollout.ar_rollout import StepOutput
+from predictor_training.rollout.policy import StepOutput
 from predictor_training.rollout.schedule import StepPlan
 
 # The distilled grid (shift 5, 4 steps): sigma(s) = 5 s / (1 + 4 s) at s = 1, 3/4, 1/2, 1/4.

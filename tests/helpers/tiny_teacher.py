@@ -11,7 +11,7 @@ import torch
 
 from predictor_training.data.synthetic import turning_camera_row
 from predictor_training.rollout.ar_rollout import RolloutInputs, make_initial_noise
-from predictor_training.rollout.camera import make_retrieval_points
+from predictor_training.rollout.memory_retrieval import make_retrieval_points
 from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 
 

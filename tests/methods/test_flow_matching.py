@@ -108,7 +108,8 @@ def test_an_euler_step_of_the_exact_velocity_lands_on_the_next_noise_level(steps
 def test_the_teachers_ar_loop_fed_the_exact_velocity_reproduces_the_data():
     """The AR loop itself (its scheduler, its write-back): a step hook that returns velocity_target(x0, noise) for
     the rollout's own noise makes every chunk enter step k at add_noise(x0, noise, sigma_k) and end on x0."""
-    from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs, StepOutput
+    from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
+    from predictor_training.rollout.policy import StepOutput
     from predictor_training.rollout.teacher_forcing import clip_text_kv
     from predictor_training.teacher import WorldPlayTransformer
 

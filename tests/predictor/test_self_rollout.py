@@ -15,7 +15,7 @@ import torch
 
 from predictor_training.predictor.self_rollout import SelfRolloutSettings, SelfRolloutTrajectory, train_trajectory
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs, build_cond_latents
-from predictor_training.rollout.camera import select_aligned_memory_frames
+from predictor_training.rollout.memory_retrieval import select_aligned_memory_frames
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
 from predictor_training.teacher import TextKV

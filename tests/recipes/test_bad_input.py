@@ -50,7 +50,8 @@ import train_predictor_v4_rollout
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
 from predictor_training.data.ode_cache import CACHE_CONFIG_NAME
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
-from predictor_training.runtime.checkpoint import TENSORS_SHA256_KEY, load_state_file, read_inference_metadata
+from predictor_training.runtime.checkpoint import load_state_file
+from predictor_training.runtime.inference_weights import TENSORS_SHA256_KEY, read_inference_metadata
 from predictor_training.runtime.errors import DEBUG_ENV
 from predictor_training.runtime.flags import FLAG_RULES
 from tests.helpers.eval_world import write_eval_world
@@ -279,7 +280,7 @@ def rewrite_trajectories(root: Path, change) -> None:
 
 def inference_copy(source: Path, target: Path, change_tensors=None, change_header=None) -> Path:
     """A copy of an inference file whose tensors (checksum recomputed) or header fields are changed."""
-    from predictor_training.runtime.checkpoint import tensors_sha256
+    from predictor_training.runtime.inference_weights import tensors_sha256
     from predictor_training.runtime.io import save_safetensors
 
     tensors = safetensors.torch.load_file(str(source))
@@ -865,7 +866,7 @@ def test_debug_environment_variable_shows_the_traceback(world):
 
 def test_an_inference_file_carries_the_checksum_of_its_tensors(world):
     """What `tampered` and `nan` rely on: a new file records tensors_sha256; an old file without it still loads."""
-    from predictor_training.runtime.checkpoint import read_inference_weights
+    from predictor_training.runtime.inference_weights import read_inference_weights
 
     good = world["a"] / "predictor_step_00002.safetensors"
     with open(good, "rb") as handle:

@@ -30,7 +30,8 @@ from predictor_training.data.ode_cache import CacheJob, CacheSettings, OdeCacheD
 from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model
 from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.rollout.ar_rollout import RolloutInputs, record_rollout
-from predictor_training.rollout.camera import _rotation_y, make_retrieval_points, select_aligned_memory_frames
+from predictor_training.rollout.camera import _rotation_y
+from predictor_training.rollout.memory_retrieval import make_retrieval_points, select_aligned_memory_frames
 from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.checkpoint import RunState

@@ -105,7 +105,8 @@ def test_09_only_the_last_chunk_all_reduces(ddp_report):
 # 11. Smoke: 1-step and 2-step DDP runs, resume = uninterrupted; then a 20-step overfit whose loss falls
 # ---------------------------------------------------------------------------------------------------------------
 def test_11a_ddp_smoke_one_and_two_steps_and_resume(ddp_report):
-    from predictor_training.runtime.checkpoint import read_inference_metadata, read_training_state
+    from predictor_training.runtime.checkpoint import read_training_state
+    from predictor_training.runtime.inference_weights import read_inference_metadata
 
     root = ddp_report["root"]
     smoke, full, cut = root / "smoke_1step", root / "full_2step", root / "cut_resumed"

@@ -11,13 +11,13 @@ import torch
 
 from predictor_training.rollout.ar_rollout import (
     ARRollout,
-    ChunkPolicy,
     RolloutConfig,
-    TrajectoryRecorder,
     build_cond_latents,
     make_initial_noise,
     record_rollout,
 )
+from predictor_training.rollout.policy import ChunkPolicy
+from predictor_training.rollout.recorder import TrajectoryRecorder
 from tests.helpers.tiny_teacher import make_tiny_teacher, tiny_rollout_inputs, tiny_text_kv
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, StepOutput
+from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig
+from predictor_training.rollout.policy import StepOutput
 from predictor_training.teacher.layers import apply_rope
 from tests.helpers.recording_models import RecordingTeacher
 from tests.helpers.tiny_teacher import make_tiny_teacher, tiny_rollout_inputs, tiny_text_kv

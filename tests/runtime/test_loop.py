@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from predictor_training.runtime.checkpoint import CHECKPOINTS_KEY, NonFiniteError, RunState, read_training_state
+from predictor_training.runtime.checkpoint import CHECKPOINTS_KEY, RunState, read_training_state
+from predictor_training.runtime.checkpoint_checks import NonFiniteError
 from predictor_training.runtime.logger import MetricsLogger
 from predictor_training.runtime.loop import replica_mismatches, role_fingerprints, train_loop
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer, lr_multiplier

@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from predictor_training.runtime.checkpoint import read_inference_config, read_inference_metadata, \
-    read_inference_weights, save_inference_weights, tensors_sha256
+from predictor_training.runtime.inference_weights import (
+    read_inference_config,
+    read_inference_metadata,
+    read_inference_weights,
+    save_inference_weights,
+    tensors_sha256,
+)
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.provenance import (

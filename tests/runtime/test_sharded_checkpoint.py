@@ -147,7 +147,8 @@ def test_sharded_folder_loads_on_another_world_size_and_converts_to_one_file(lau
         assert_bitwise_equal({"model": state["model"], "optimizer_state": state["optimizer"]["state"]}, two)
 
     # 2. The whole training state at another world size: refused, naming how to load the weights instead.
-    from predictor_training.runtime.checkpoint import CheckpointMismatchError, load_training_state
+    from predictor_training.runtime.checkpoint import load_training_state
+    from predictor_training.runtime.checkpoint_checks import CheckpointMismatchError
     from tests.helpers.fsdp_worker import LOOP_META, fsdp_role
     with pytest.raises(CheckpointMismatchError, match=r"world_size: saved 2, requested 1 .*load_sharded_roles"):
         load_training_state(state_path, roles=[fsdp_role(3, None, shard=False)], expect=LOOP_META)

@@ -13,8 +13,11 @@ import pytest
 import torch
 
 from predictor_training.predictor.model import build_predictor
-from predictor_training.runtime.checkpoint import read_inference_config, read_inference_metadata, \
-    save_inference_weights
+from predictor_training.runtime.inference_weights import (
+    read_inference_config,
+    read_inference_metadata,
+    save_inference_weights,
+)
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.provenance import absolute_paths_in, recorded_provenance, \
     rewrite_safetensors_metadata, tensor_bytes_sha256

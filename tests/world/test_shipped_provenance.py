@@ -9,7 +9,7 @@ import json
 
 from predictor_training.data.provenance import teacher_folder_config_sha256
 from predictor_training.eval import read_predictor_checkpoint
-from predictor_training.runtime.checkpoint import read_inference_metadata, read_inference_weights
+from predictor_training.runtime.inference_weights import read_inference_metadata, read_inference_weights
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.provenance import absolute_paths_in, recorded_provenance
 from predictor_training.world.assets import WORLD_WEIGHTS
