@@ -42,7 +42,7 @@ from predictor_training.runtime.flags import (
     add_validation_args,
     settings_from_flags,
 )
-from predictor_training.eval.leaderboard import leaderboard_command
+from predictor_training.eval.leaderboard_command import leaderboard_command
 from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.recipe import RecipeParts

@@ -38,7 +38,7 @@ from predictor_training.data.trajectory_dataset import (
     open_trajectory_table,
     trajectory_batches,
 )
-from predictor_training.eval.leaderboard import leaderboard_command
+from predictor_training.eval.leaderboard_command import leaderboard_command
 from predictor_training.recipes.flags import add_plan_args, check_plan
 from predictor_training.recipes.rollout import VARIANT, RolloutSettings, build_rollout
 from predictor_training.rollout.ar_rollout import RolloutConfig
