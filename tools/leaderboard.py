@@ -71,15 +71,9 @@ from predictor_training.eval.leaderboard_report import headline_lines, write_lea
 from predictor_training.eval.students import read_student, student_labels
 from predictor_training.eval.training_cost import training_costs
 from predictor_training.eval.methods import parse_context_modes
-from predictor_training.eval.run import (
-    EVAL_FLAGS,
-    build_runtime,
-    check_evaluation,
-    label_checkpoints,
-    open_dataset,
-    read_predictor_checkpoint,
-    run_evaluation,
-)
+from predictor_training.eval.predictor_checkpoints import label_checkpoints, read_predictor_checkpoint
+from predictor_training.eval.run import build_runtime, check_evaluation, open_dataset, run_evaluation
+from predictor_training.eval.settings import EVAL_FLAGS
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.timing import TIMING_STATISTICS
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan

@@ -65,7 +65,8 @@ from predictor_training.eval.methods import (
     with_context_mode,
 )
 from predictor_training.eval.reports import write_side_by_side
-from predictor_training.eval.run import MethodRows, build_runtime, load_predictor, open_dataset
+from predictor_training.eval.predictor_checkpoints import load_predictor
+from predictor_training.eval.run import MethodRows, build_runtime, open_dataset
 from predictor_training.eval.runtime import GROUND_TRUTH
 from predictor_training.eval.students import StudentSource, load_student
 from predictor_training.eval.timing import Stopwatch

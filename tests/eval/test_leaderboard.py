@@ -1,6 +1,6 @@
 """The leaderboard's rows (predictor_training/eval/leaderboard.py): the k-step samplers, the
-2-step sampler against the 2-step Euler solver, row specs, short labels, the baseline, and a
-multi-role training state read for its Predictor."""
+2-step sampler against the 2-step Euler solver, row specs, short labels, the baseline, a student's plan, and the
+rows in the eval's loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from predictor_training.eval.leaderboard import LeaderboardRows, RowSpec, build_rows, sampler_plans
 from predictor_training.eval.methods import PlannedMethod
-from predictor_training.eval.run import EvalSettings, build_runtime, open_dataset
+from predictor_training.eval.run import build_runtime, open_dataset
+from predictor_training.eval.settings import EvalSettings
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig, RolloutInputs
 from predictor_training.rollout.schedule import StepPlan
@@ -137,31 +138,6 @@ def test_short_labels_name_the_experiment_and_step_and_only_disambiguate_repeats
                    ckpt("x", 5, [0, 1])]
     assert short_labels(checkpoints) == ["v4_prefeature_s240", "v4_rollout_frrp_s480_b1-10",
                                          "v4_rollout_frrp_s480_b10-11", "x_s5_b0-1_1", "x_s5_b0-1_2"]
-
-
-def test_a_training_state_of_several_roles_gives_its_predictor(world, tmp_path):
-    """An adversarial run's training_latest.pt holds the predictor and the discriminator: the eval and the
-    leaderboard read its "predictor" role (that role's weights, not an error asking which)."""
-    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
-    from predictor_training.predictor.model import build_predictor
-    from predictor_training.runtime.checkpoint import RunState, read_inference_config, save_training_state
-    from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
-    from predictor_training.runtime.roles import Role
-
-    teacher = _teacher(world)
-    torch.manual_seed(7)
-    predictor = build_predictor(teacher, "v4", read_predictor_checkpoint(world["ckpt"]).meta["source_blocks"])
-    discriminator = torch.nn.Linear(2, 1)
-    roles = [Role(name, module, optimizer, WarmupCosineSchedule(optimizer, warmup_steps=1, max_steps=4), module=module)
-             for name, module in (("discriminator", discriminator), ("predictor", predictor))
-             for optimizer in [build_optimizer({"all": [p for p in module.parameters() if p.requires_grad]},
-                                               {"all": 1e-3}, betas=(0.9, 0.95), weight_decay=0.0)]]
-    path = tmp_path / "training_latest.pt"
-    save_training_state(path, roles=roles, run_state=RunState(global_step=3), config=read_inference_config(world["ckpt"]),
-                        meta={"variant": "v4", "source_blocks": list(predictor.source_blocks), "precision": "fp32"})
-    loaded = load_predictor(teacher, read_predictor_checkpoint(path))
-    expected = predictor.state_dict()
-    assert all(torch.equal(value, expected[key]) for key, value in loaded.state_dict().items())
 
 
 def test_the_baseline_is_a_row_or_refused_before_the_run():
