@@ -277,9 +277,9 @@ def test_the_main_jobs_closing_lines_run(sandbox, server, world):
 @pytest.mark.parametrize("run, dataset, world_size", [("OFFLINE", "DATASET", 8), ("ROLLOUT", "DATASET", 8),
                                                       ("DEMO_OFFLINE", "demo", 2), ("DEMO_ROLLOUT", "demo", 2)])
 def test_the_leaderboard_line_each_recipe_prints_runs(run, dataset, world_size, sandbox, server, world):
-    """The Predictor recipes end with "next, the leaderboard: <command>" (eval/leaderboard.py leaderboard_command):
+    """The Predictor recipes end with "next, the leaderboard: <command>" (eval/leaderboard_command.py):
     on the real dataset it leaves $VAE and $ALEXNET to the walkthrough's paths, on the demo it is complete."""
-    from predictor_training.eval.leaderboard import leaderboard_command
+    from predictor_training.eval.leaderboard_command import leaderboard_command
 
     root = sandbox / "demo_data" / "dataset" if dataset == "demo" else Path(world[dataset])
     line = leaderboard_command(sandbox / world[run], dataset_root=root, world_size=world_size)

@@ -53,35 +53,27 @@ from predictor_training.eval import DTYPES, resolve_eval_settings
 from predictor_training.eval.front import BOOTSTRAP_UNITS, Estimate
 from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
 from predictor_training.eval.caches import spread_rows
+from predictor_training.eval.adaptive_calibration import calibrate_adaptive
 from predictor_training.eval.leaderboard import (
     CACHES,
     COUNTERPART_LETTERS,
     DEFAULT_BASELINE,
     DEFAULT_RESIDUAL_BLOCKS,
     LeaderboardRows,
-    analyse,
-    read_student,
-    student_labels,
     build_rows,
-    calibrate_adaptive,
     front_keys,
-    headline_lines,
     choose_baseline,
     with_short_labels,
     write_front_side_by_side,
-    training_costs,
-    write_leaderboard,
 )
+from predictor_training.eval.leaderboard_analysis import analyse
+from predictor_training.eval.leaderboard_report import headline_lines, write_leaderboard
+from predictor_training.eval.students import read_student, student_labels
+from predictor_training.eval.training_cost import training_costs
 from predictor_training.eval.methods import parse_context_modes
-from predictor_training.eval.run import (
-    EVAL_FLAGS,
-    build_runtime,
-    check_evaluation,
-    label_checkpoints,
-    open_dataset,
-    read_predictor_checkpoint,
-    run_evaluation,
-)
+from predictor_training.eval.predictor_checkpoints import label_checkpoints, read_predictor_checkpoint
+from predictor_training.eval.run import build_runtime, check_evaluation, open_dataset, run_evaluation
+from predictor_training.eval.settings import EVAL_FLAGS
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.timing import TIMING_STATISTICS
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan

@@ -26,244 +26,40 @@ Condition channels are not stored: frame 0 of the video (chunk 0, frame 0) carri
 mask 1, every other frame carries zeros.
 
 Files are opened lazily with ``safetensors.safe_open`` (memory-mapped) in the process that reads them, so a dataset
-object is safe to hand to DataLoader workers (fork or spawn): open handles never cross a process boundary.
+object is safe to hand to DataLoader workers (fork or spawn): open handles never cross a process boundary
+(``safetensors_handles.SafetensorsHandles``).
 
-Every tensor is checked against its CRC-32 from the manifest (``tensor_crc32``) the first time a process reads it
-(``shards.TensorChecksums``); a damaged tensor raises ``shards.TensorChecksumError`` naming the file and the tensor.
-A manifest written before per-tensor checksums existed still loads, with one ``UncheckedTensorsWarning``.
+Every tensor is checked against its CRC-32 from the manifest (``tensor_crc32``; data/manifest.py) the first time a
+process reads it (``shards.TensorChecksums``); a damaged tensor raises ``shards.TensorChecksumError`` naming the file
+and the tensor. A manifest written before per-tensor checksums existed still loads, with one
+``manifest.UncheckedTensorsWarning``.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
-from predictor_training.data.samplers import BucketBatchSampler
-from predictor_training.data.shards import (
-    MANIFEST_KINDS,
-    TENSOR_CHECKSUM_FIELD,
-    TensorChecksums,
-    check_listed_file,
-    read_jsonl,
-    verify_file,
+from predictor_training.data.manifest import (
+    MANIFEST_NAME,
+    ManifestEntry,
+    check_files_exist,
+    read_manifest,
+    tensor_checksums,
+    verify_checksums,
 )
+from predictor_training.data.safetensors_handles import SafetensorsHandles, check_finite_tensor
+from predictor_training.data.samplers import BucketBatchSampler
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.data.batches import ResumableBatches
-from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError
-from predictor_training.runtime.io import open_safetensors
+from predictor_training.runtime.errors import UserInputError
 
 DEFAULT_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (1, 2), (2, 3))
-MANIFEST_NAME = "manifest.jsonl"
-MANIFEST_FIELDS = ("kind", "file", "case_id", "action_id", "split", "bytes", "sha256", "tensors")
-_HEX_DIGITS = set("0123456789abcdef")
-
-
-class UncheckedTensorsWarning(UserWarning):
-    """Dataset files whose manifest entries have no per-tensor checksums: their tensors are read unchecked."""
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Manifest, config and checksums
-# ---------------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One line of ``manifest.jsonl``: a finished case or trajectory file.
-
-    ``tensors`` maps a tensor name to ``(shape, dtype)`` as recorded by the builder, so shapes (for example the number
-    of context frames of a chunk) are known without reading any tensor. ``tensor_crc32`` maps every tensor name to
-    its CRC-32 (None for a manifest written before per-tensor checksums).
-    """
-
-    kind: str
-    file: str
-    case_id: str
-    action_id: int | None
-    split: str
-    bytes: int
-    sha256: str
-    tensors: dict[str, tuple[tuple[int, ...], str]]
-    record: dict = field(repr=False, compare=False)
-    tensor_crc32: dict[str, str] | None = field(default=None, repr=False)
-
-    def shape(self, tensor_name: str) -> tuple[int, ...]:
-        """Recorded shape of one tensor; KeyError naming the file and tensor when the builder did not record it."""
-        if tensor_name not in self.tensors:
-            raise MissingFieldError(f"manifest entry for {self.file!r} lists no tensor {tensor_name!r}")
-        return self.tensors[tensor_name][0]
-
-
-def read_manifest(root: str | Path) -> list[ManifestEntry]:
-    """Parse ``root/manifest.jsonl`` (``shards.read_jsonl``). A file listed twice keeps its last entry.
-
-    Raises:
-        FileNotFoundError: no manifest; ValueError naming the line and field for a malformed line.
-    """
-    path = Path(root) / MANIFEST_NAME
-    if not path.is_file():
-        raise MissingFileError(f"dataset manifest not found: {path}")
-    by_file: dict[str, ManifestEntry] = {}
-    for line_number, record in enumerate(read_jsonl(path), start=1):
-        entry = _parse_manifest_record(record, f"{path} line {line_number}")
-        by_file.pop(entry.file, None)
-        by_file[entry.file] = entry
-    return list(by_file.values())
-
-
-def _parse_manifest_record(record: dict, where: str) -> ManifestEntry:
-    missing = [name for name in MANIFEST_FIELDS if name not in record]
-    if missing:
-        raise UserInputError(f"{where}: missing field(s) {missing}; expected fields {list(MANIFEST_FIELDS)}")
-    if record["kind"] not in MANIFEST_KINDS:
-        raise UserInputError(f"{where}: field 'kind' is {record['kind']!r}, expected one of {MANIFEST_KINDS}")
-    if record["kind"] == "trajectory" and not isinstance(record["action_id"], int):
-        raise UserInputError(f"{where}: field 'action_id' is {record['action_id']!r}, expected an int for a trajectory")
-    tensors = {}
-    for name, spec in record["tensors"].items():
-        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list)):
-            raise UserInputError(f"{where}: tensors[{name!r}] is {spec!r}, expected [shape list, dtype string]")
-        tensors[name] = (tuple(int(size) for size in spec[0]), str(spec[1]))
-    checksums = record.get(TENSOR_CHECKSUM_FIELD)
-    if checksums is not None:
-        valid = isinstance(checksums, dict) and all(
-            isinstance(value, str) and len(value) == 8 and set(value) <= _HEX_DIGITS for value in checksums.values()
-        )
-        if not valid:
-            raise UserInputError(f"{where}: field {TENSOR_CHECKSUM_FIELD!r} must map tensor names to 8 hex digits")
-        if sorted(checksums) != sorted(tensors):
-            raise UserInputError(
-                f"{where}: field {TENSOR_CHECKSUM_FIELD!r} names {sorted(checksums)[:6]}, field 'tensors' names "
-                f"{sorted(tensors)[:6]}: they must list the same tensors"
-            )
-        checksums = dict(checksums)
-    return ManifestEntry(
-        kind=record["kind"],
-        file=record["file"],
-        case_id=str(record["case_id"]),
-        action_id=record["action_id"],
-        split=str(record["split"]),
-        bytes=int(record["bytes"]),
-        sha256=str(record["sha256"]),
-        tensors=tensors,
-        record=record,
-        tensor_crc32=checksums,
-    )
-
-
-def check_files_exist(root: str | Path, entries: Sequence[ManifestEntry]) -> None:
-    """`shards.check_listed_file` for every entry: FileNotFoundError naming the first entry whose file is missing,
-    ShardVerificationError naming the first whose size differs from the manifest's (a stat per file, no read)."""
-    for entry in entries:
-        check_listed_file(root, entry.file, entry.bytes, Path(root) / MANIFEST_NAME)
-
-
-def verify_checksums(root: str | Path, entries: Sequence[ManifestEntry]) -> None:
-    """``shards.verify_file`` (size, sha256, tensor list) for every entry; ShardVerificationError naming the file."""
-    check_files_exist(root, entries)
-    for entry in entries:
-        verify_file(entry.record, root, check_sha256=True)
-
-
-def tensor_checksums(root: str | Path, entries: Sequence[ManifestEntry], verified: bool = False) -> TensorChecksums:
-    """The per-tensor CRC-32 of ``entries`` keyed by file path (``root / entry.file``), for checking on read.
-
-    Entries without per-tensor checksums (a manifest written before they existed) are left out and reported in one
-    ``UncheckedTensorsWarning``, unless ``verified`` (their whole files were just checked with ``verify_checksums``).
-    """
-    unchecked = [entry.file for entry in entries if entry.tensor_crc32 is None]
-    if unchecked and not verified:
-        warnings.warn(
-            f"{Path(root) / MANIFEST_NAME}: {len(unchecked)} of {len(entries)} dataset files (e.g. {unchecked[0]}) "
-            f"have no per-tensor checksums ({TENSOR_CHECKSUM_FIELD}; manifest written by an older builder), so their "
-            "tensors are read unchecked. Rerun tools/build_predictor_dataset.py with the same arguments and --out to "
-            "add them, or check the whole files up front with verify=True (--verify_dataset).",
-            UncheckedTensorsWarning,
-            stacklevel=3,
-        )
-    return TensorChecksums({Path(root) / entry.file: entry.tensor_crc32 for entry in entries if entry.tensor_crc32})
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Lazily opened, per-process safetensors handles
-# ---------------------------------------------------------------------------------------------------------------------
-def check_finite_tensor(tensor: torch.Tensor, path: Path, name: str) -> None:
-    """A stored input or target with NaN/Inf (written so by the builder: its checksums match) is named with its
-    file, not found later as a non-finite loss."""
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        raise UserInputError(f"{path}: tensor {name!r} holds NaN/Inf; expected finite values (rebuild this file "
-                             "with tools/build_predictor_dataset.py, or leave its trajectory out of the split)")
-
-
-class SafetensorsHandles:
-    """A small LRU of open ``safe_open`` handles that belongs to one process.
-
-    After a fork (DataLoader workers) the cache notices the new pid and starts empty; pickling (spawn) drops it.
-    With ``checksums``, the first read of every tensor in a process reads it whole and checks its CRC-32
-    (``shards.TensorChecksumError`` naming file and tensor on a mismatch); later reads are not checked again.
-    """
-
-    def __init__(self, max_open: int = 32, checksums: TensorChecksums | None = None):
-        if max_open < 1:
-            raise ValueError(f"max_open must be >= 1, got {max_open}")
-        self.max_open = max_open
-        self.checksums = checksums
-        self._owner_pid = os.getpid()
-        self._handles: OrderedDict[str, tuple[object, frozenset[str]]] = OrderedDict()
-
-    def get(self, path: str | Path):
-        """The open handle of ``path`` (framework "pt", CPU)."""
-        return self._entry(path)[0]
-
-    def _entry(self, path: str | Path) -> tuple[object, frozenset[str]]:
-        """(handle, tensor names) of ``path``, opening it on first use in this process."""
-        if self._owner_pid != os.getpid():
-            self._owner_pid = os.getpid()
-            self._handles = OrderedDict()
-        key = str(path)
-        if key in self._handles:
-            self._handles.move_to_end(key)
-            return self._handles[key]
-        handle = open_safetensors(key)
-        self._handles[key] = (handle, frozenset(handle.keys()))
-        if len(self._handles) > self.max_open:
-            self._handles.popitem(last=False)
-        return self._handles[key]
-
-    def _checked_entry(self, path: str | Path, name: str):
-        handle, names = self._entry(path)
-        if name not in names:
-            raise MissingFieldError(f"{path}: no tensor {name!r}")
-        return handle
-
-    def read(self, path: str | Path, name: str) -> torch.Tensor:
-        """One tensor (a copy out of the mapping); KeyError naming file and tensor when it is absent."""
-        tensor = self._checked_entry(path, name).get_tensor(name)
-        if self.checksums is not None:
-            self.checksums.check(path, name, tensor)
-        return tensor
-
-    def read_rows(self, path: str | Path, name: str, rows: Sequence[int]) -> torch.Tensor:
-        """``tensor[rows]`` along the first axis, reading only those rows (the whole tensor on its first, checked
-        read). -> [len(rows), ...]"""
-        handle = self._checked_entry(path, name)
-        if self.checksums is not None and self.checksums.pending(path, name):
-            whole = self.checksums.check(path, name, handle.get_tensor(name))
-            return torch.cat([whole[row : row + 1] for row in rows], dim=0)
-        view = handle.get_slice(name)
-        return torch.cat([view[row : row + 1] for row in rows], dim=0)
-
-    def __getstate__(self):
-        return {"max_open": self.max_open, "checksums": self.checksums}
-
-    def __setstate__(self, state):
-        self.__init__(state["max_open"], state.get("checksums"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

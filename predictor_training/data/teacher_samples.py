@@ -44,16 +44,16 @@ import torch
 from torch.utils.data import Dataset
 
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, config_field, read_dataset_config
-from predictor_training.data.pair_dataset import (
+from predictor_training.data.manifest import (
     MANIFEST_NAME,
     ManifestEntry,
-    SafetensorsHandles,
     check_files_exist,
-    pad_text_kv,
     read_manifest,
     tensor_checksums,
     verify_checksums,
 )
+from predictor_training.data.pair_dataset import pad_text_kv
+from predictor_training.data.safetensors_handles import SafetensorsHandles
 from predictor_training.runtime.errors import MissingFieldError, UserInputError
 
 CASE_TENSORS = ("image_cond", "text_k", "text_v")
@@ -79,7 +79,7 @@ class TeacherSampleDataset(Dataset):
         max_open_files: open safetensors handles kept per process.
 
     Items are ordered by ``(case_id, action_id)``. A manifest without per-tensor checksums (older builder) loads with
-    one ``pair_dataset.UncheckedTensorsWarning`` (none with ``verify=True``).
+    one ``manifest.UncheckedTensorsWarning`` (none with ``verify=True``).
     """
 
     def __init__(

@@ -37,7 +37,7 @@ from predictor_training.data.dataset_config import (
     read_dataset_config,
     recorded_sample_table,
 )
-from predictor_training.data.pair_dataset import (
+from predictor_training.data.manifest import (
     check_files_exist,
     read_manifest,
     tensor_checksums,

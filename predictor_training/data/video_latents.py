@@ -48,12 +48,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from predictor_training.data.builder import MANIFEST_FILE
-from predictor_training.data.pair_dataset import (
-    SafetensorsHandles,
-    check_files_exist,
-    check_finite_tensor,
-    verify_checksums,
-)
+from predictor_training.data.manifest import check_files_exist, verify_checksums
+from predictor_training.data.safetensors_handles import SafetensorsHandles, check_finite_tensor
 from predictor_training.data.samplers import epoch_generator
 from predictor_training.data.shards import TENSOR_CHECKSUM_FIELD, TensorChecksums, read_jsonl
 from predictor_training.runtime.errors import MissingFieldError, MissingFileError, UserInputError

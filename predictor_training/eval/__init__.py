@@ -43,8 +43,9 @@ Ground truth (`--ground_truth DIR`, or the demo world's renders): every method, 
 results gain `against_ground_truth` sections and table.md a second table.
 
 Modules: `methods` (schedule, methods, step hooks), `runtime` (timing, timed rollout, VAE decoder, one video),
-`reports` (reading results back, aggregation, CSV / markdown / JSON / drift plot, side-by-side videos), `run`
-(checkpoints, settings from the flags, fingerprint, the sharded and resumable run).
+`reports` (reading results back, aggregation, CSV / markdown / JSON / drift plot, side-by-side videos),
+`predictor_checkpoints` (reading, labelling and loading the checkpoints), `settings` (the settings from the flags,
+the Teacher checked against the checkpoints), `run` (run names, fingerprint, the sharded and resumable run).
 """
 
 from predictor_training.eval.methods import (
@@ -73,24 +74,24 @@ from predictor_training.eval.reports import (
     write_reports,
     write_side_by_side,
 )
+from predictor_training.eval.predictor_checkpoints import label_checkpoints, load_predictor, read_predictor_checkpoint
 from predictor_training.eval.run import (
-    DTYPES,
     EVAL_CONFIG_NAME,
-    PRECISION_DTYPES,
-    EvalSettings,
     check_or_write_eval_config,
-    check_schedule_fits,
     context_modes_tag,
     default_run_name,
-    label_checkpoints,
-    load_predictor,
-    read_predictor_checkpoint,
-    resolve_dtype,
-    resolve_eval_settings,
-    resolve_teacher,
     rollout_config_for,
     run_evaluation,
     settings_fingerprint,
+)
+from predictor_training.eval.settings import (
+    DTYPES,
+    PRECISION_DTYPES,
+    EvalSettings,
+    check_schedule_fits,
+    resolve_dtype,
+    resolve_eval_settings,
+    resolve_teacher,
 )
 from predictor_training.eval.methods import PredictorCheckpoint
 from predictor_training.eval.runtime import RESULT_FORMAT, RESULT_VERSION, EvalRuntime

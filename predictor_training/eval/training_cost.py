@@ -48,6 +48,7 @@ from pathlib import Path
 from predictor_training.methods.method_model import WEIGHTS_NAME
 from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, read_training_summary
 from predictor_training.runtime.inference_weights import INFERENCE_FORMAT
+from predictor_training.runtime.distributed import log0
 from predictor_training.runtime.errors import UserInputError
 from predictor_training.runtime.io import open_safetensors
 from predictor_training.runtime.logger import DISCARDED_LOG_NAME
@@ -480,3 +481,18 @@ def cost_columns(cost: dict) -> dict[str, str]:
         "lineage": "unknown" if cost.get("unknown") else
                    "complete" if cost["lineage_complete"] else f"incomplete ({len(missing)} missing)",
     }
+
+
+def training_costs(trained: dict[str, Path], shared: Sequence[Path]) -> dict[str, dict]:
+    """{label: `training_cost`} of each trained source {label: its weights path} (the leaderboard's --ckpt and
+    --student), the models in `shared` (the Teacher every row serves) counted by none. Weights whose cost cannot
+    be read (no known recipe in their run config) get an unknown cost with the reason, and a warning: the row is
+    still scored."""
+    costs = {}
+    for label, path in trained.items():
+        try:
+            costs[label] = training_cost(path, shared=list(shared))
+        except UserInputError as error:
+            log0(f"WARNING: {label}: its training cost is unknown ({error})")
+            costs[label] = unknown_cost(path, str(error))
+    return costs

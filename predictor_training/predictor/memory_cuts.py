@@ -5,7 +5,7 @@ either way: only the tensors' lifetimes (or, for the RMSNorm cast, the dtype of 
     rms_norm_dtype       RMSNorm multiplies by its weight cast to the input's dtype (undone: the FP32 weight
                          promotes q and k to float32)
     attention_inputs     image_forward drops its attention inputs right after the attention
-                         (`teacher.model.RELEASE_ATTENTION_INPUTS`; undone: alive to the end of the call)
+                         (`teacher.double_stream_block.RELEASE_ATTENTION_INPUTS`; undone: alive to the end of the call)
     rollout_context      a rollout chunk's context K/V of every layer are released once the Teacher steps are done
                          (`ChunkGraph.release_context`; undone: alive through the chunk's backward)
     offline_prefeatures  pair_step releases the batch's pre-features once the context is built; undone by the
@@ -21,7 +21,7 @@ import torch
 from predictor_training.predictor.self_rollout import ChunkGraph
 from predictor_training.runtime.memory_tracker import patched
 from predictor_training.teacher import layers
-from predictor_training.teacher import model as teacher_model
+from predictor_training.teacher import double_stream_block
 
 CUTS = ("rms_norm_dtype", "attention_inputs", "rollout_context", "offline_prefeatures")
 
@@ -40,7 +40,7 @@ def cuts_undone(undo=CUTS):
     if unknown:
         raise ValueError(f"cuts_undone: unknown cuts {sorted(unknown)}; expected some of {CUTS}")
     switches = {"rms_norm_dtype": (layers.RMSNorm, "forward", _rms_forward_as_the_user_ran),
-                "attention_inputs": (teacher_model, "RELEASE_ATTENTION_INPUTS", False),
+                "attention_inputs": (double_stream_block, "RELEASE_ATTENTION_INPUTS", False),
                 "rollout_context": (ChunkGraph, "release_context", lambda self: None)}
     with patched(*(switch for cut, switch in switches.items() if cut in undo)):
         yield

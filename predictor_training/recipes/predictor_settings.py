@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from predictor_training.eval.leaderboard import leaderboard_command
+from predictor_training.eval.leaderboard_command import leaderboard_command
 from predictor_training.eval.validation import PredictorValidation, predictor_validation
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.runtime.distributed import DistEnv, log0, wrap_ddp

@@ -9,7 +9,8 @@ from .loading import (
     randomize_zero_initialised_,
     zero_initialised_entries,
 )
-from .model import DoubleStreamBlock, WorldPlayTransformer
+from .double_stream_block import DoubleStreamBlock
+from .model import WorldPlayTransformer
 
 __all__ = [
     "CameraProjection",

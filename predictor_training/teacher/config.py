@@ -99,3 +99,49 @@ def preset_config(name: str, **overrides) -> dict:
         raise KeyError(f"unknown override(s) {unknown} for teacher preset {name!r}; valid keys: {sorted(config)}")
     config.update(copy.deepcopy(overrides))
     return config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the implementation supports
+# ---------------------------------------------------------------------------------------------------------------
+_REQUIRED_VALUES = {
+    "concat_condition": True,
+    "mlp_act_type": "gelu_tanh",
+    "mm_single_blocks_depth": 0,
+    "qk_norm": True,
+    "qk_norm_type": "rms",
+    "guidance_embed": False,
+    "use_meanflow": False,
+    "text_projection": "single_refiner",
+    "text_states_dim_2": None,
+    "text_pool_type": None,
+    "glyph_byT5_v2": True,
+    "vision_projection": "linear",
+    "is_reshape_temporal_channels": False,
+    "use_cond_type_embedding": True,
+}
+
+
+def check_supported_config(args: dict) -> None:
+    """Raise a clear error for sizes that cannot work and for upstream options this implementation does not cover."""
+    hidden, heads = args["hidden_size"], args["heads_num"]
+    if heads <= 0 or hidden % heads:
+        raise ValueError(f"hidden_size ({hidden}) must be divisible by heads_num ({heads})")
+    head_dim = hidden // heads
+    rope_dims = list(args["rope_dim_list"])
+    if len(rope_dims) != 3 or sum(rope_dims) != head_dim:
+        raise ValueError(
+            f"rope_dim_list {rope_dims} must have 3 entries (t, h, w) summing to head_dim = hidden_size / heads_num "
+            f"= {head_dim}"
+        )
+    if any(dim % 2 for dim in rope_dims):
+        raise ValueError(f"every rope_dim_list entry must be even (channel pairs), got {rope_dims}")
+    if head_dim % 4:
+        raise ValueError(f"head_dim ({head_dim}) must be divisible by 4 for the ProPE 4x4 blocks")
+    if list(args["patch_size"]) != [1, 1, 1]:
+        raise ValueError(f"patch_size must be [1, 1, 1] (the WorldPlay model), got {list(args['patch_size'])}")
+    if args["mm_double_blocks_depth"] < 1:
+        raise ValueError(f"mm_double_blocks_depth must be >= 1, got {args['mm_double_blocks_depth']}")
+    for name, expected in _REQUIRED_VALUES.items():
+        if args[name] != expected:
+            raise ValueError(f"unsupported {name}={args[name]!r}: this implementation covers only {name}={expected!r}")

@@ -361,11 +361,3 @@ def test_bad_inputs_name_file_and_field_and_leave_shards_untouched(demo, full_bu
         builder.run(_options(demo, str(table), out, prefeature_layers=(0,)))
 
     assert _snapshot(out) == before
-
-
-def test_a_final_sample_table_is_refused(tmp_path):
-    """The split nothing is chosen on (the demo's samples/final.jsonl) never goes into a Predictor dataset, so no
-    recipe trains or validates on it."""
-    tables = [tmp_path / "train.jsonl", tmp_path / "final.jsonl"]  # refused before either is read
-    with pytest.raises(builder.DatasetInputError, match=r"final\.jsonl: split 'final' is the split nothing is chosen"):
-        builder.read_plan(tables, None, 8, {}, read_encoded=False)

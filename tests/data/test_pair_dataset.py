@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import pickle
-import re
-import warnings
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from predictor_training.data.pair_dataset import PairDataset, UncheckedTensorsWarning, collate_pairs
+from predictor_training.data.pair_dataset import PairDataset, collate_pairs
 from predictor_training.data.samplers import BucketBatchSampler
-from predictor_training.data.shards import ShardVerificationError, TensorChecksumError
 from predictor_training.data.synthetic import (
     FRAMES_PER_CHUNK,
     SyntheticSpec,
-    damage_tensor,
-    strip_tensor_checksums,
-    tensor_byte_range,
     write_synthetic_dataset,
 )
 
@@ -195,82 +187,6 @@ def test_collate_refuses_mixed_n_ctx(dataset_dir):
     assert "n_ctx" not in batch and batch["chunk"].tolist() == [0, SPEC.num_chunks - 1]
 
 
-def test_missing_file_is_named(tmp_path):
-    write_synthetic_dataset(tmp_path, SPEC)
-    victim = tmp_path / "trajectories" / "c001__a2.safetensors"
-    victim.unlink()
-    with pytest.raises(FileNotFoundError, match="c001__a2.safetensors"):
-        PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)
-
-
-def test_checksum_mismatch_is_named(tmp_path):
-    write_synthetic_dataset(tmp_path, SPEC)
-    victim = tmp_path / "cases" / "c000.safetensors"
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 0xFF  # same size, different content: only the checksum can tell
-    victim.write_bytes(bytes(data))
-    PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)  # verify=False does not hash
-    with pytest.raises(ShardVerificationError, match=r"c000\.safetensors.*sha256"):
-        PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS, verify=True)
-
-
-def _index_of(dataset: PairDataset, key: tuple[str, int, int, int], anchor_step: int) -> int:
-    return next(i for i in range(len(dataset))
-                if dataset.key_of(i) == key and dataset.refs[i].anchor_step == anchor_step)
-
-
-def test_damaged_tensor_is_named_when_read_without_verify(tmp_path):
-    """256 bytes overwritten inside one tensor of a train trajectory: reading a pair that uses it fails by default."""
-    write_synthetic_dataset(tmp_path, SPEC)
-    victim = tmp_path / "trajectories" / "c000__a0.safetensors"
-    name = "chunk2.step1.final_hidden"
-    start, end = tensor_byte_range(victim, name)
-    assert end - start >= 256  # the damage stays inside this tensor
-    damage_tensor(victim, name, 256)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a current manifest: no warning
-        dataset = PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)  # no verify: nothing hashed up front
-    target = _index_of(dataset, ("c000", 0, 2, 1), anchor_step=0)  # target_hidden = chunk2.step1.final_hidden
-    anchor = _index_of(dataset, ("c000", 0, 2, 2), anchor_step=1)  # anchor_hidden = the same tensor
-    untouched = _index_of(dataset, ("c000", 0, 1, 3), anchor_step=2)
-    pattern = rf"{re.escape(str(victim))}: tensor '{name}': field 'tensor_crc32': expected [0-9a-f]{{8}}, found "
-    assert dataset[untouched]["chunk"] == 1
-    for index in (target, anchor, target):  # a failed check is not remembered as passed
-        with pytest.raises(TensorChecksumError, match=pattern):
-            dataset[index]
-    with pytest.raises(ShardVerificationError, match=r"c000__a0\.safetensors: field 'sha256'"):
-        PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS, verify=True)
-
-
-def test_damaged_text_rows_are_caught_on_the_first_read(tmp_path):
-    """text_k is read row by row; its first read in a process reads it whole and checks it."""
-    write_synthetic_dataset(tmp_path, SPEC)
-    victim = tmp_path / "cases" / "c001.safetensors"
-    damage_tensor(victim, "text_k", 8)
-    dataset = PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)
-    index = next(i for i in range(len(dataset)) if dataset.key_of(i)[0] == "c001")
-    with pytest.raises(TensorChecksumError, match=rf"{re.escape(str(victim))}: tensor 'text_k'"):
-        dataset[index]
-    intact = PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)
-    assert intact[0]["case_id"] == "c000"
-
-
-def test_manifest_without_tensor_checksums_loads_with_one_warning(tmp_path):
-    written = write_synthetic_dataset(tmp_path, SPEC)
-    strip_tensor_checksums(tmp_path)
-    with pytest.warns(UncheckedTensorsWarning) as caught:
-        dataset = PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS)
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert "manifest.jsonl" in message and "no per-tensor checksums" in message and "--verify_dataset" in message
-    item = dataset[0]
-    stored = trajectory_tensors(written, item["case_id"], item["action_id"])
-    assert torch.equal(item["target_hidden"], stored[f"chunk{item['chunk']}.step{item['step']}.final_hidden"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the whole files were checked up front: nothing to warn about
-        PairDataset(tmp_path, "train", source_layers=SOURCE_LAYERS, verify=True)
-
-
 def test_source_layers_must_have_prefeatures(dataset_dir):
     root, _ = dataset_dir
     with pytest.raises(ValueError, match=r"prefeature_layers=\[0, 2\], without layer\(s\) \[1\]"):
@@ -298,13 +214,3 @@ def test_dataloader_with_workers_and_buckets(dataset_dir):
         seen += list(zip(batch["case_id"], *ids))
     expected = [dataset.key_of(index) for batch in sampler for index in batch]
     assert seen == expected
-
-
-def test_manifest_last_entry_wins(tmp_path):
-    small = replace(SPEC, cases={"c000": "train"}, actions=(1,))
-    write_synthetic_dataset(tmp_path, small)
-    manifest = tmp_path / "manifest.jsonl"
-    lines = manifest.read_text().splitlines()
-    manifest.write_text("\n".join(lines + lines[-1:]) + "\n")  # the trajectory was appended twice
-    dataset = PairDataset(Path(tmp_path), "train", source_layers=SOURCE_LAYERS)
-    assert len(dataset.trajectories) == 1

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from predictor_training.data import builder
-from predictor_training.data.pair_dataset import UncheckedTensorsWarning
+from predictor_training.data.manifest import UncheckedTensorsWarning
 from predictor_training.data.shards import ShardVerificationError, TensorChecksumError, load_tensors
 from predictor_training.data.synthetic import (
     SyntheticSpec,

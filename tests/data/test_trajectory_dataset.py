@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from predictor_training.data.pair_dataset import UncheckedTensorsWarning
+from predictor_training.data.manifest import UncheckedTensorsWarning
 from predictor_training.data.sample_table import standard_pose_relpath
 from predictor_training.data.shards import TensorChecksumError
 from predictor_training.data.synthetic import (

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from predictor_training.eval.caches import BlockResidual, resolve_blocks
-from predictor_training.eval.leaderboard import real_config_flops
+from predictor_training.eval.leaderboard_analysis import real_config_flops
 from predictor_training.eval.methods import PlannedMethod, VelocityReuse, make_step_fn
 from predictor_training.eval.timing import Stopwatch, TimedRollout
 from predictor_training.rollout.ar_rollout import ARRollout, RolloutConfig

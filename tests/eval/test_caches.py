@@ -15,9 +15,11 @@ from predictor_training.eval.caches import (
     fit_rescale,
     taylor_forecast,
 )
-from predictor_training.eval.leaderboard import LeaderboardRows, build_rows, calibrate_adaptive, full_steps_per_chunk
+from predictor_training.eval.adaptive_calibration import calibrate_adaptive, full_steps_per_chunk
+from predictor_training.eval.leaderboard import LeaderboardRows, build_rows
 from predictor_training.eval.methods import DoneStep, PlannedMethod
-from predictor_training.eval.run import EvalSettings, build_runtime, open_dataset
+from predictor_training.eval.run import build_runtime, open_dataset
+from predictor_training.eval.settings import EvalSettings
 from predictor_training.eval.timing import Stopwatch
 from predictor_training.rollout.policy import StepOutput
 from predictor_training.rollout.schedule import StepPlan

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from predictor_training.data.builder import BuildOptions, dataset_config, read_plan
+from predictor_training.data.build_plan import read_plan
+from predictor_training.data.builder import BuildOptions, dataset_config
 from predictor_training.data.encoders import (
     CaseEncoder,
     check_or_write_encode_config,

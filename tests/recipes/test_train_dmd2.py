@@ -141,7 +141,7 @@ def test_resume_mid_interval_equals_an_uninterrupted_run_in_every_role(world, tm
 
 
 def test_the_predictor_checkpoint_loads_in_the_eval(world, tmp_path):
-    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
+    from predictor_training.eval.predictor_checkpoints import load_predictor, read_predictor_checkpoint
 
     out = tmp_path / "evaluable"
     assert dmd2.main(dmd2_argv(world, out, "--max_steps", "2", "--generator_every", "1")) == 0
@@ -372,7 +372,7 @@ def test_the_generator_loss_is_applied_only_when_due(world, tmp_path):
 def test_the_generator_ema_is_exported_next_to_the_raw_weights(world, tmp_path):
     """--ema_decay 0.5 --ema_start_step 1, 3 updates: the EMA copies update 1, then averages updates 2 and 3; the
     predictor_ema_step_00003.safetensors holds that shadow (BF16) and loads in the eval like the raw weights."""
-    from predictor_training.eval.run import load_predictor, read_predictor_checkpoint
+    from predictor_training.eval.predictor_checkpoints import load_predictor, read_predictor_checkpoint
 
     out = tmp_path / "ema"
     assert dmd2.main(dmd2_argv(world, out, "--max_steps", "3", "--generator_every", "1", "--ema_decay", "0.5",

@@ -1,5 +1,6 @@
 """Teacher presets (predictor_training/teacher/config.py): the 480p preset matches the released
-keys on the meta device; unknown presets and overrides are refused."""
+keys on the meta device; unknown presets and overrides are refused, and so are sizes the implementation does not
+support."""
 
 from __future__ import annotations
 
@@ -38,3 +39,17 @@ def test_unknown_preset_and_override_raise():
         WorldPlayTransformer.from_preset("huge")
     with pytest.raises(KeyError, match="hidden_dim"):
         WorldPlayTransformer.from_preset("tiny", hidden_dim=8)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"hidden_size": 65}, "divisible by heads_num"),
+        ({"rope_dim_list": [8, 12, 10]}, "summing to head_dim"),
+        ({"hidden_size": 36, "rope_dim_list": [6, 6, 6]}, "divisible by 4"),
+        ({"mm_single_blocks_depth": 2}, "mm_single_blocks_depth"),
+    ],
+)
+def test_constructor_rejects_bad_sizes(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        WorldPlayTransformer.from_preset("tiny", **overrides)

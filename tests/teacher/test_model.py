@@ -1,6 +1,6 @@
-"""The WorldPlay-1.5 Teacher (predictor_training/teacher/model.py): construction, the AR calls
-(text prefill, context prefill, chunk step), building blocks, gradients, bf16, and the early release of
-image_forward's attention inputs."""
+"""The WorldPlay-1.5 Teacher (predictor_training/teacher/model.py): the AR calls (text prefill, context prefill,
+chunk step), building blocks, gradients, bf16 and its constructor arguments (the double-stream block:
+tests/teacher/test_double_stream_block.py; the sizes it refuses: tests/teacher/test_config.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from predictor_training.teacher import ContextKV, LayerContextKV, WorldPlayTransformer, preset_config
-from tests.helpers.tiny_teacher import GRID, camera_inputs, image_inputs, make_model, text_inputs
+from tests.helpers.tiny_teacher import GRID, image_inputs, make_model, text_inputs
 
 
 CHUNK_FRAMES = 4
@@ -23,20 +23,6 @@ def tiny():
     context = image_inputs(model, 5, generator, 14.0)
     chunk = image_inputs(model, CHUNK_FRAMES, generator, 833.3333)
     return model, text_kv, context, chunk
-
-
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        ({"hidden_size": 65}, "divisible by heads_num"),
-        ({"rope_dim_list": [8, 12, 10]}, "summing to head_dim"),
-        ({"hidden_size": 36, "rope_dim_list": [6, 6, 6]}, "divisible by 4"),
-        ({"mm_single_blocks_depth": 2}, "mm_single_blocks_depth"),
-    ],
-)
-def test_constructor_rejects_bad_sizes(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        WorldPlayTransformer.from_preset("tiny", **overrides)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -157,43 +143,6 @@ def test_chunk_output_fields(tiny):
 # ---------------------------------------------------------------------------------------------------------------
 # Batch-general blocks (Predictor usage)
 # ---------------------------------------------------------------------------------------------------------------
-def test_image_forward_with_padded_text_mask_matches_unpadded_calls(tiny):
-    """A batch of 2 with right-padded text K/V and a mask equals two B=1 calls on the valid text only."""
-    model, _, _, _ = tiny
-    block = model.double_blocks[0]
-    generator = torch.Generator().manual_seed(9)
-    heads, head_dim, hidden = model.heads_num, model.head_dim, model.config.hidden_size
-    frames, tokens_per_frame = 2, GRID[0] * GRID[1]
-    text_lengths = (7, 4)
-    x = torch.randn(2, frames * tokens_per_frame, hidden, generator=generator)
-    vec = torch.randn(2, frames, hidden, generator=generator)
-    text_k = torch.randn(2, heads, max(text_lengths), head_dim, generator=generator)
-    text_v = torch.randn(2, heads, max(text_lengths), head_dim, generator=generator)
-    text_mask = torch.arange(max(text_lengths))[None] < torch.tensor(text_lengths)[:, None]
-    context_shape = (2, heads, 2 * tokens_per_frame, head_dim)
-    context = LayerContextKV.from_branches(*(torch.randn(context_shape, generator=generator) for _ in range(4)))
-    viewmats, Ks = zip(*(camera_inputs(frames, generator) for _ in range(2)))
-    camera = model.camera_projection(torch.cat(viewmats), torch.cat(Ks))
-    rope = model.rope_table(frames, *GRID, start=2)
-    with torch.no_grad():
-        batched, own = block.image_forward(
-            x, vec, tokens_per_frame, rope, camera, text_k, text_v, text_mask, context, return_kv=True
-        )
-        for index, length in enumerate(text_lengths):
-            single_camera = type(camera)(camera.P[index : index + 1], camera.P_inv[index : index + 1])
-            single_context = LayerContextKV.from_branches(
-                *(t[index : index + 1] for t in (context.rope_k, context.rope_v, context.prope_k, context.prope_v))
-            )
-            single = block.image_forward(
-                x[index : index + 1], vec[index : index + 1], tokens_per_frame, rope, single_camera,
-                text_k[index : index + 1, :, :length], text_v[index : index + 1, :, :length], None, single_context,
-            )
-            torch.testing.assert_close(batched[index : index + 1], single, rtol=1e-5, atol=1e-6)
-        kv_only = block.image_kv(x, vec, tokens_per_frame, rope, camera)
-    torch.testing.assert_close(kv_only.prope_v, own.prope_v, rtol=0, atol=0)
-    torch.testing.assert_close(kv_only.rope_k, own.rope_k, rtol=0, atol=0)
-
-
 def test_frozen_embedder_and_final_layer_pass_gradients_to_inputs(tiny):
     model, text_kv, _, chunk = tiny
     model.requires_grad_(False)
@@ -249,34 +198,3 @@ def test_constructor_arguments_drop_bookkeeping_fill_defaults_and_refuse_unknown
     assert WorldPlayTransformer(**arguments).config.hidden_size == config["hidden_size"]
     with pytest.raises(ValueError, match=r"cfg.json: unknown Teacher config field\(s\) \['hidden_sise'\]"):
         WorldPlayTransformer.constructor_arguments({**config, "hidden_sise": 64}, source="cfg.json")
-
-
-def test_image_forward_release_changes_no_value():
-    """Releasing image_forward's attention inputs early changes lifetimes only: same output and same gradients."""
-    from predictor_training.teacher import model as teacher_model
-    from predictor_training.teacher.layers import (
-        build_camera_projection,
-        build_rope_table,
-    )
-
-    results = []
-    for release in (True, False):
-        teacher_model.RELEASE_ATTENTION_INPUTS = release
-        try:
-            torch.manual_seed(0)
-            teacher = teacher_model.WorldPlayTransformer.from_preset("tiny").eval().requires_grad_(False)
-            block = teacher.double_blocks[0].requires_grad_(True)
-            generator = torch.Generator().manual_seed(1)
-            x = torch.randn(2, 24, teacher.config.hidden_size, generator=generator, requires_grad=True)
-            vec = torch.randn(2, 4, teacher.config.hidden_size, generator=generator)
-            rope = build_rope_table(4, 2, 3, 0, teacher.rope_dim_list, teacher.rope_theta)
-            camera = build_camera_projection(torch.eye(4).repeat(2, 4, 1, 1), torch.eye(3).repeat(2, 4, 1, 1))
-            heads, head_dim = teacher.heads_num, teacher.config.hidden_size // teacher.heads_num
-            text = torch.randn(2, heads, 8, head_dim, generator=generator)
-            out = block.image_forward(x, vec, 6, rope, camera, text, text)
-            out.square().sum().backward()
-            results.append((out.detach(), x.grad.clone(), block.img_attn_q.weight.grad.clone()))
-        finally:
-            teacher_model.RELEASE_ATTENTION_INPUTS = True
-    for released, kept in zip(*results):
-        assert torch.equal(released, kept)
