@@ -107,9 +107,10 @@ def _ints(text: str, flag: str, count: int | None, sep: str) -> tuple[int, ...]:
 
 
 class Row(NamedTuple):
-    module: str  # the recipe's entry module (its build, PRESETS["real_size"], build_parser or parse_args)
+    module: str  # the recipe's entry module (PRESETS["real_size"], build_parser or parse_args; its build, or `build`'s)
     flags: Callable[[argparse.Namespace], list[str]]  # the rehearsal's flags in the recipe's own names
     plan: Callable[..., Plan]  # plan(args, flags, config, host, n_ctx) -> Plan
+    build: str | None = None  # the package module holding the recipe's build (an fvtools method's recipes/<method>)
 
 
 def blocks(args): return ["--source_blocks", ",".join(map(str, args.source_blocks))]  # noqa: E704
@@ -215,15 +216,18 @@ RECIPES = {
                    lambda a: [*DATA, *blocks(a), *steps(a), "--context_mode", a.context_mode,
                               *(["--reuse_steps", ",".join(map(str, a.reuse_steps))] if a.reuse_steps else [])],
                    rollout_plan),
-    "df_sft": Row("fvtools.train_df_sft", lambda a: ["--train", a.train], teacher_forced_plan("df_sft")),
-    "kd": Row("fvtools.train_kd", lambda a: ["--train", a.train], teacher_forced_plan("kd")),
+    "df_sft": Row("fvtools.train_df_sft", lambda a: ["--train", a.train], teacher_forced_plan("df_sft"),
+                  "predictor_training.recipes.df_sft"),
+    "kd": Row("fvtools.train_kd", lambda a: ["--train", a.train], teacher_forced_plan("kd"),
+              "predictor_training.recipes.kd"),
     "adversarial": Row("fvtools.train_adversarial", lambda a: [*pairs(a), *steps(a), "--data", a.data],
-                       adversarial_plan),
+                       adversarial_plan, "predictor_training.recipes.adversarial"),
     "nft": Row("fvtools.train_nft", lambda a: ["--train", "lora", *[f"--{k}={v}" for k in ("samples_per_group",
-               "chunks_per_sample") if (v := getattr(a, k)) is not None]], nft_plan),
+               "chunks_per_sample") if (v := getattr(a, k)) is not None]], nft_plan, "predictor_training.recipes.nft"),
     "dmd2": Row("fvtools.train_dmd2", lambda a: [*blocks(a), *steps(a), *(f"--{k}={getattr(a, k)}" for k in (
         "generator", "real_score", "train")), *(["--allow_raw_teacher_score", "--score_sigma_min",
-        str(DISTILLED_SIGMA_FLOOR)] if a.real_score == "teacher" else [])], dmd2_plan),
+        str(DISTILLED_SIGMA_FLOOR)] if a.real_score == "teacher" else [])], dmd2_plan,
+        "predictor_training.recipes.dmd2"),
 }
 
 
@@ -245,7 +249,8 @@ def rehearse(args, recipe: str | None = None, *, fake: bool = True, host: str | 
     notes = plan.notes
     plan.notes = lambda parts: {"shapes": f"text {args.text_tokens} tokens, latents 4x{args.latent_grid[0]}x"
                                           f"{args.latent_grid[1]} per chunk", **notes(parts)}
-    return rehearse_recipe(partial(module.build, flags), plan, precision=flags.precision,
+    build = importlib.import_module(row.build).build if row.build is not None else module.build
+    return rehearse_recipe(partial(build, flags), plan, precision=flags.precision,
                            gradient_checkpointing=getattr(flags, "gradient_checkpointing", True), preset=args.config,
                            world_size=args.world_size, optimizer_steps=args.optimizer_steps,
                            cuda_autocast=not args.no_cuda_autocast, fake=fake)

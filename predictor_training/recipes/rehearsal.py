@@ -1,8 +1,9 @@
 """One loop step of any recipe through its own `build`, under a memory rehearsal (tools/estimate_memory.py; docs/
 memory.md § How a recipe is rehearsed).
 
-A recipe is rehearsable when its entry script has `build(args, env, policy, *, <inputs>, <seams>) -> RecipeParts`
-(what its `main()` builds between the run start and the loop) and a `real_size` preset. `rehearse_recipe` builds it
+A recipe is rehearsable when it has `build(args, env, policy, *, <inputs>, <seams>) -> RecipeParts` (what its
+`main()` builds between the run start and the loop; in its entry script, or in recipes/<method>.py for an fvtools
+method) and its entry script a `real_size` preset. `rehearse_recipe` builds it
 with the Teacher made from its config (`load_teacher`, a seam every recipe has) and the `Plan`'s other keywords
 (the data's stand-ins, the recipe's own seams), then runs `optimizer_steps` loop steps with every role due: the step
 function on the plan's micro-batch, DDP's bucket views, each role's clip and AdamW (foreach, as on CUDA). Nothing in
@@ -85,8 +86,8 @@ def last_chunks(num_chunks: int, count: int, rank_generator, shared_generator) -
 def rehearse_recipe(build: Callable[..., RecipeParts], plan: Plan, *, precision: str, gradient_checkpointing: bool,
                     preset: str, world_size: int, optimizer_steps: int = 1, cuda_autocast: bool = True,
                     fake: bool = True) -> MemoryReport:
-    """`optimizer_steps` loop steps of a recipe built by `build` (its entry script's `build` with the flags given:
-    `partial(module.build, recipe_flags(module, argv))`; `precision` and `gradient_checkpointing`: those
+    """`optimizer_steps` loop steps of a recipe built by `build` (its `build` with the flags given:
+    `partial(module.build, recipe_flags(script, argv))`; `precision` and `gradient_checkpointing`: those
     flags' values) with the Teacher of config `preset`. fake=False runs the same on real CPU tensors (tiny presets
     only: it allocates)."""
     sharded = plan.sharded and fake and world_size > 1

@@ -1,7 +1,7 @@
 """The tiny world the fvtools method tests train on (df_sft, kd, dmd2, nft), built once per test
 module: `write_method_world` (a demo-config Teacher and a 3-clip video-latent dataset), a trained-looking v4
 Predictor, an ODE cache of its clips (`write_ode_cache`), the dmd2 world (`write_dmd2_world`, with a real-score LoRA),
-the dmd2 command line on it (`dmd2_argv`) and one dmd2 step built by the script's own functions
+the dmd2 command line on it (`dmd2_argv`) and one dmd2 step built by the recipe's own `build` from the script's flags
 (`build_dmd2_step`)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-import fvtools.train_dmd2 as dmd2
+import fvtools.train_dmd2 as train_dmd2
+import predictor_training.recipes.dmd2 as dmd2
 from predictor_training.data import video_latent_build as vb
 from predictor_training.data.ode_cache import CacheJob, CacheSettings, build_cache
 from predictor_training.data.video_latents import VideoLatentDataset
@@ -99,13 +100,13 @@ def dmd2_argv(world, out: Path, *extra) -> list[str]:
 
 
 def build_dmd2_step(world, tmp_path, *extra, wrap_score=None):
-    """(args, step_fn, generator role, fake role, teacher, real score) built by the script's own `build` (with its
+    """(args, step_fn, generator role, fake role, teacher, real score) built by the recipe's own `build` (with its
     `wrap_score` seam: the scores as the step calls them)."""
     argv = dmd2_argv(world, tmp_path / "run", *extra)
     if "student" in extra:
         argv.remove("--init_from")
         argv.remove(str(world["init"]))
-    args = dmd2.parse_args(argv)
+    args = train_dmd2.parse_args(argv)
     parts = dmd2.build(args, ENV, precision_policy("fp32", CPU),
                        rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32), wrap_score=wrap_score)
     step = parts.step_fn

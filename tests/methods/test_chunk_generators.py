@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import fvtools.train_dmd2 as dmd2
+import predictor_training.recipes.dmd2 as dmd2
 from predictor_training.data.video_latents import VideoLatentDataset
 from tests.helpers.method_world import build_dmd2_step, write_dmd2_world
 

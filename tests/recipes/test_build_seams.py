@@ -1,4 +1,5 @@
-"""The fvtools recipes' `build(args, env, policy, *, ...)` seams (predictor_training/runtime/recipe.py): each builds
+"""The fvtools recipes' `build(args, env, policy, *, ...)` seams (predictor_training/recipes/<method>.py; what they
+return: predictor_training/runtime/recipe.py): each builds
 its models, roles and step from stand-ins alone (no Teacher folder, no LoRA file, no VAE, no dataset), as a memory
 rehearsal does, and the step runs on a synthetic clip. The flags come from each recipe's own parser (the --dry_run
 path: no file checks), as `tools/estimate_memory.py method_flags` reads them."""
@@ -56,10 +57,10 @@ class StandIns:
 
 
 def recipe_flags(name: str, *argv: str) -> tuple:
-    module = importlib.import_module(f"fvtools.train_{name}")
-    args = module.parse_args([*argv, "--dry_run", "unused"])
+    script = importlib.import_module(f"fvtools.train_{name}")
+    args = script.parse_args([*argv, "--dry_run", "unused"])
     args.dry_run = None
-    return module, args
+    return importlib.import_module(f"predictor_training.recipes.{name}"), args
 
 
 def step_once(parts, item) -> dict:

@@ -24,7 +24,9 @@ import pytest
 import torch
 
 import fvtools.train_df_sft as df_sft
+import predictor_training.recipes.df_sft as df_sft_recipe
 import fvtools.train_kd as kd
+import predictor_training.recipes.kd as kd_recipe
 from predictor_training.data import builder
 from predictor_training.data.ode_cache import CacheJob, CacheSettings, OdeCacheDataset, build_cache
 from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model
@@ -149,10 +151,10 @@ def test_kd_student_context_is_the_cache_rollouts_and_the_teacher_is_its_own_fix
     method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None),
                                       settings_from_flags(MethodSettings, args), ENV, precision_policy("fp32", CPU),
                                       role_name="student")
-    state_indices = kd.student_state_indices(1, 5.0, dataset.stored_sigmas)
+    state_indices = kd_recipe.student_state_indices(1, 5.0, dataset.stored_sigmas)
     method_model, recording = _recording(method_model)
-    step = kd.CausalKDStep(method_model, kd.RolloutConfig(state_dtype=torch.float32), state_indices, args, ENV,
-                           RunState())
+    step = kd_recipe.CausalKDStep(method_model, kd_recipe.RolloutConfig(state_dtype=torch.float32), state_indices,
+                                  args, ENV, RunState())
     metrics = step(item, sync=True, due=STUDENT)
     assert metrics["chunks"] == 8
     assert _contexts(recording, item["final"][None]) == recorded
@@ -191,7 +193,7 @@ def teacher_sample(clip) -> dict:
 
 
 def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: str
-                 ) -> tuple[df_sft.DiffusionForcingStep, RecordingTeacher]:
+                 ) -> tuple[df_sft_recipe.DiffusionForcingStep, RecordingTeacher]:
     """df_sft's step on one clip of `data`, its model calls recorded."""
     root = tmp_path / "dataset"
     root.mkdir(parents=True, exist_ok=True)
@@ -206,7 +208,7 @@ def _df_sft_step(clip, tmp_path: Path, data: str, dataset_config: dict, *extra: 
         TeacherSource(args.teacher, None, "--teacher", None), settings_from_flags(MethodSettings, args), ENV, policy,
         role_name="student"))
     rollout_config = df_sft.build_rollout_config(args, SimpleNamespace(config=dataset_config), policy)
-    return df_sft.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState()), recording
+    return df_sft_recipe.DiffusionForcingStep(method_model, rollout_config, args, ENV, RunState()), recording
 
 
 def test_df_sft_on_teacher_samples_conditions_on_the_samples_own_context(clip, teacher_sample, tmp_path):
@@ -274,7 +276,7 @@ def test_independent_context_noise_is_diffusion_forcing(clip, teacher_sample, tm
     assert torch.equal(levels, levels[:, :1].expand(-1, 4))
     assert len(set(levels[:, 0].tolist())) == 8 and float(levels.min()) >= 0.1 and float(levels.max()) <= 1.0
     generator = torch.Generator().manual_seed(stream_seed(0, 0, 0, 2))
-    drawn = df_sft.sample_sigmas("uniform", 8, generator, sigma_min=0.1, sigma_max=1.0)
+    drawn = df_sft_recipe.sample_sigmas("uniform", 8, generator, sigma_min=0.1, sigma_max=1.0)
     noise = torch.randn(item["latents"][None].shape, generator=generator)
     sigma = drawn.repeat_interleave(4)[None, None, :, None, None]
     torch.testing.assert_close(context.latents, (1 - sigma) * item["latents"][None] + sigma * noise,
@@ -313,12 +315,12 @@ def test_noisy_context_needs_the_exact_context_mode(clip, teacher_sample):
 # ---------------------------------------------------------------------------------------------------------------
 def test_student_state_indices_table():
     eight = flow_match_sigmas(8, 5.0)[:-1].tolist()  # a cache of 8 steps at shift 5, every state stored
-    assert kd.student_state_indices(4, 5.0, eight) == [0, 2, 4, 6]
-    assert kd.student_state_indices(2, 5.0, eight) == [0, 4]
-    assert kd.student_state_indices(8, 5.0, eight) == list(range(8))
-    assert kd.student_state_indices(4, 5.0, eight[::2]) == [0, 1, 2, 3]
+    assert kd_recipe.student_state_indices(4, 5.0, eight) == [0, 2, 4, 6]
+    assert kd_recipe.student_state_indices(2, 5.0, eight) == [0, 4]
+    assert kd_recipe.student_state_indices(8, 5.0, eight) == list(range(8))
+    assert kd_recipe.student_state_indices(4, 5.0, eight[::2]) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="rebuild the cache with --store_grid 3"):
-        kd.student_state_indices(3, 5.0, eight)
+        kd_recipe.student_state_indices(3, 5.0, eight)
 
 
 def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_path):
@@ -344,9 +346,9 @@ def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_pat
     seen = set()
     for micro_step in range(6):
         recorded_model, recording = _recording(method_model)
-        step = kd.CausalKDStep(recorded_model, kd.RolloutConfig(state_dtype=torch.float32),
-                               kd.student_state_indices(4, 5.0, dataset.stored_sigmas), args, ENV,
-                               RunState(micro_step=micro_step))
+        step = kd_recipe.CausalKDStep(recorded_model, kd_recipe.RolloutConfig(state_dtype=torch.float32),
+                                      kd_recipe.student_state_indices(4, 5.0, dataset.stored_sigmas), args, ENV,
+                                      RunState(micro_step=micro_step))
         step(item, sync=True, due=STUDENT)
         steps = _inputs(recording, "chunk_step")
         assert len(steps) == 2

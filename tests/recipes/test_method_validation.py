@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 import fvtools.train_df_sft as df_sft
 import fvtools.train_dmd2 as dmd2
 import fvtools.train_kd as kd
+import predictor_training.recipes.kd as kd_recipe
 from predictor_training.data.ode_cache import OdeCacheDataset
 from predictor_training.eval.validation import ClipRolloutValidation
 from predictor_training.methods.rewards import default_vae_folder
@@ -129,10 +130,10 @@ def test_kd_validation_leaves_training_unchanged(world, tmp_path, capsys):
     # The validation as kd's own build makes it (ClipRolloutValidation) moves no global random state, on its first
     # call (which draws and caches its inputs) or later.
     args = kd.parse_args(_kd_argv(world, cache, tmp_path / "checked", "--val_every", "1", "--val_vae", str(vae)))
-    state_indices = kd.student_state_indices(args.student_steps, args.student_shift,
-                                             OdeCacheDataset(cache, "train").stored_sigmas)
-    parts = kd.build(args, ENV, precision_policy(args.precision, ENV.device), state_indices=state_indices,
-                     run_dir=tmp_path / "checked")
+    state_indices = kd_recipe.student_state_indices(args.student_steps, args.student_shift,
+                                                    OdeCacheDataset(cache, "train").stored_sigmas)
+    parts = kd_recipe.build(args, ENV, precision_policy(args.precision, ENV.device), state_indices=state_indices,
+                            run_dir=tmp_path / "checked")
     assert isinstance(parts.validation, ClipRolloutValidation)
     validated_keeping_random_states(parts.validation, [1, 2])
     # The cache of this test records no source dataset: without --val_vae validation is refused by name.

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import fvtools.train_adversarial as adversarial
+import predictor_training.recipes.adversarial as adversarial_recipe
 import train_predictor_v4
 from predictor_training.data.dataset_config import resolve_teacher_source
 from predictor_training.runtime.checkpoint import read_training_state
@@ -53,8 +54,9 @@ def built(argv: list[str]) -> tuple[RecipeParts, dict]:
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None, is_main=True)
     policy = precision_policy(args.precision, env.device)
     data = adversarial.build_data(args, env, policy)
-    parts = adversarial.build(args, env, policy, context_timestep=data.context_timestep,
-                              teacher_source=resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root))
+    parts = adversarial_recipe.build(args, env, policy, context_timestep=data.context_timestep,
+                                     teacher_source=resolve_teacher_source(args.teacher, args.action_ckpt,
+                                                                           args.dataset_root))
     return parts, next(data.batches)
 
 

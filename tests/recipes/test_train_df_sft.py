@@ -16,6 +16,7 @@ import safetensors.torch
 import torch
 
 import fvtools.train_df_sft as df_sft
+import predictor_training.recipes.df_sft as df_sft_recipe
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.runtime.checkpoint import RunState, read_training_state
 from predictor_training.runtime.distributed import DistEnv
@@ -78,9 +79,9 @@ def test_df_sft_draws_one_noise_level_per_chunk(world, tmp_path):
                                       role_name="student")
     recording = RecordingTeacher(method_model.model, "chunk_step")
     dataset = VideoLatentDataset(world["videos"], "train")
-    rollout_config = df_sft.RolloutConfig(state_dtype=torch.float32)
-    step = df_sft.DiffusionForcingStep(dataclasses.replace(method_model, model=recording), rollout_config, args, ENV,
-                                       RunState())
+    rollout_config = df_sft_recipe.RolloutConfig(state_dtype=torch.float32)
+    step = df_sft_recipe.DiffusionForcingStep(dataclasses.replace(method_model, model=recording), rollout_config, args,
+                                              ENV, RunState())
     metrics = step(dataset[0], sync=True, due=frozenset({"student"}))
     seen = [call["args"][1] for call in recording.calls["chunk_step"]]  # the per-frame timestep [4]
     assert len(seen) == 2
@@ -101,8 +102,8 @@ def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
     lora_names = set(method_model.role.raw_module.state_dict())
     before = {name: tensor.clone() for name, tensor in method_model.model.state_dict().items()}
     dataset = VideoLatentDataset(world["videos"], "train")
-    step = df_sft.DiffusionForcingStep(method_model, df_sft.RolloutConfig(state_dtype=torch.float32), args, ENV,
-                                       RunState())
+    step = df_sft_recipe.DiffusionForcingStep(method_model, df_sft_recipe.RolloutConfig(state_dtype=torch.float32),
+                                              args, ENV, RunState())
     for _ in range(3):
         method_model.role.zero_grad()
         step(dataset[0], sync=True, due=frozenset({"student"}))

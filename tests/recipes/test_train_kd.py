@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import fvtools.train_kd as kd
+import predictor_training.recipes.kd as kd_recipe
 from tests.helpers.method_world import write_method_world, write_ode_cache
 
 
@@ -37,7 +38,7 @@ def test_kd_student_learns_the_many_step_teachers_final_latents(world, tmp_path)
                     "--val_every", "0"]) == 0
     losses = _losses(out)  # 50 steps: the last 10 are ~0.15 of the first 10 (the warmup), 100 steps gave ~0.04
     assert sum(losses[-10:]) < 0.3 * sum(losses[:10]), (losses[:10], losses[-10:])
-    report = json.loads((out / kd.EVAL_NAME).read_text())
+    report = json.loads((out / kd_recipe.EVAL_NAME).read_text())
     for moment in ("before", "after"):
         assert math.isfinite(report[moment]["mse"]) and len(report[moment]["mse_per_chunk"]) == 2, report
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fvtools.train_nft as nft
+import predictor_training.recipes.nft as nft_recipe
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.methods.nft import nft_objective, sampler_sigma_grid
 from predictor_training.methods.rewards import default_vae_folder
@@ -92,8 +93,8 @@ def _step(world, tmp_path, *extra: str, **seams):
     """(the NFT step, the policy's method model, the policy models) from the recipe's own `build`; `seams`: its
     keywords."""
     args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
-    parts = nft.build(args, ENV, precision_policy("fp32", CPU), vae_folder=default_vae_folder(args.dataset_root),
-                      **seams)
+    parts = nft_recipe.build(args, ENV, precision_policy("fp32", CPU),
+                             vae_folder=default_vae_folder(args.dataset_root), **seams)
     return parts.step_fn, parts.objects["method_model"], parts.step_fn.models
 
 
@@ -106,7 +107,7 @@ def test_one_step_trains_only_the_policy(world, tmp_path, train):
               for name, param in module.named_parameters() if id(param) not in policy_params}
     frozen_old = {name: param.detach().clone() for name, param in models.old_module.named_parameters()}
     method_model.role.zero_grad()
-    metrics = step(item, sync=True, due=frozenset({nft.ROLE}))
+    metrics = step(item, sync=True, due=frozenset({nft_recipe.ROLE}))
     named = dict(method_model.role.raw_module.named_parameters())
     without = [name for name, param in named.items() if param.grad is None]
     last = len(method_model.model.double_blocks) - 1  # the last block's text-stream output feeds nothing
@@ -143,7 +144,7 @@ def test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid(worl
                        make_rewards=lambda args, vae_folder, device: ranked_rewards)
     item = VideoLatentDataset(world["videos"], "train")[0]
     samples = step.sample(item, "old", range(2))
-    step(item, sync=True, due=frozenset({nft.ROLE}))
+    step(item, sync=True, due=frozenset({nft_recipe.ROLE}))
     assert len(seen) == 2  # one chunk per sample
     expected = 0.5 / (0.5 + 1e-4)
     assert [advantage for _, advantage, _ in seen] == pytest.approx([-expected, expected])
@@ -183,7 +184,8 @@ def test_resume_equals_an_uninterrupted_run(world, tmp_path):
     resumed = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(split)]
     assert resumed == strip  # rewards, advantages, sample checksums, losses, monitors: bit for bit
     assert strip[2]["samples/checksum"] != strip[1]["samples/checksum"]
-    saved = {run: read_training_state(run / "training_latest.pt")["roles"][nft.ROLE] for run in (whole, split)}
+    saved = {run: read_training_state(run / "training_latest.pt")["roles"][nft_recipe.ROLE]
+             for run in (whole, split)}
     for name, tensor in saved[whole]["model"].items():  # the policy
         assert torch.equal(tensor, saved[split]["model"][name])
     assert saved[whole]["ema"]["updates"] == saved[split]["ema"]["updates"] == 4
@@ -191,11 +193,12 @@ def test_resume_equals_an_uninterrupted_run(world, tmp_path):
         assert torch.equal(tensor, saved[split]["ema"]["weights"][name])
     assert any(not torch.equal(tensor, saved[whole]["model"][name])  # old policy lags (ramp_slow decay > 0)
                for name, tensor in saved[whole]["ema"]["weights"].items())
-    report = json.loads((whole / nft.EVAL_NAME).read_text())  # after training: policy vs reference, same noise
+    # after training: policy vs reference, same noise
+    report = json.loads((whole / nft_recipe.EVAL_NAME).read_text())
     assert len(report["clips"]) == 1 and report["split"] == "holdout" and report["step"] == 4
     assert set(report["reward_policy"]) == {"reference_agreement", "smoothness", "total"}
     assert report["reward_policy"]["total"] != report["reward_reference"]["total"]
-    assert json.loads((split / nft.EVAL_NAME).read_text()) == report
+    assert json.loads((split / nft_recipe.EVAL_NAME).read_text()) == report
 
 
 def test_two_ranks_gather_the_groups_and_keep_the_policy_identical(world, tmp_path):

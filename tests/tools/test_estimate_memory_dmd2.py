@@ -99,7 +99,8 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
     Teacher, so a recompute under the wrong adapter would go unseen) and the Teacher's x0 anchor gives it a
     gradient. Teacher passes: calls of the Teacher's first block's image-stream K projection (a context prefilled
     again in a backward is one more)."""
-    import fvtools.train_dmd2 as dmd2
+    import fvtools.train_dmd2 as train_dmd2
+    import predictor_training.recipes.dmd2 as dmd2
     from predictor_training.data.video_latents import VideoLatentDataset
     from predictor_training.methods.dmd2_models import FAKE
     from predictor_training.runtime.distributed import DistEnv
@@ -111,7 +112,7 @@ def _step_gradients(world, out: Path, generator: str = "predictor", replace_step
             "--gradient_checkpointing", "--generator", generator, "--val_every", "0", *extra]
     argv += (["--init_from", str(world["init"]), "--replace_steps", replace_steps] if generator == "predictor" else
              ["--anchor_weight", "1", "--exit_step", "last"])
-    parts = dmd2.build(dmd2.parse_args(argv), env, precision_policy("fp32", cpu),
+    parts = dmd2.build(train_dmd2.parse_args(argv), env, precision_policy("fp32", cpu),
                        rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32))
     generator_role, fake_role = parts.roles
     if generator != "predictor":
