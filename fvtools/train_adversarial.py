@@ -63,25 +63,24 @@ from predictor_training.data.dataset_config import DATASET_CONFIG_NAME, resolve_
 from predictor_training.data.pair_dataset import v4_pair_batches, v4_pair_dataset
 from predictor_training.data.provenance import run_provenance
 from predictor_training.data.trajectory_dataset import open_trajectory_table, trajectory_batches
-from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.recipes.adversarial import VARIANT, build
 from predictor_training.recipes.flags import add_plan_args, check_plan
+from predictor_training.recipes.flags import (
+    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
+    format_pairs,
+)
+from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.runtime.checkpoint import check_weights_file, checkpoint_meta
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     CLIP_OR_OFF, UNIT_INTERVAL, add_run_args, add_tracker_args, at_least, check_args, parse_recipe_args, positive,
 )
-from predictor_training.recipes.flags import (
-    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
-    format_pairs,
-)
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe
 from predictor_training.runtime.logger import log_summary, recipe_summary_rows
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
+from predictor_training.runtime.precision import PrecisionPolicy
 from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.runtime.run_directory import (RunStart, environment_summary, format_lr, plan_run,
-                                                      recorded_init_meta, run_config, write_train_config)
+from predictor_training.runtime.run_directory import (environment_summary, format_lr, recorded_init_meta, run_config, write_train_config)
 from predictor_training.teacher.source import check_source_blocks
 
 DATA_MODES = ("offline", "rollout")
@@ -242,9 +241,47 @@ def build_data(args: argparse.Namespace, env: DistEnv, policy: PrecisionPolicy) 
     return AdversarialData(data.dataset, data.batches, None, data.rollout_config, text, "1 trajectory")
 
 
-def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
-              data: AdversarialData, parts: RecipeParts) -> dict:
-    """Step 5: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+def check_inputs(args: argparse.Namespace) -> RunPlan:
+    """1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the data,
+    the source blocks against the Teacher, the --init_from weights; the run is named from the flags."""
+    if args.data == "offline":
+        v4_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
+                        check_tensors=False)
+    else:
+        open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table)
+    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
+    check_source_blocks(args.source_blocks, teacher_source)
+    if args.resume is None and args.init_from is not None:
+        check_weights_file(args.init_from, expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
+    return RunPlan(meta=checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}"),
+                   subset=run_tag(args), inputs=[(teacher_source.origin, teacher_source.folder)],
+                   checked=teacher_source)
+
+
+def load_data(launch: Launch) -> AdversarialData:
+    """2. Data (see build_data)."""
+    return build_data(launch.args, launch.env, launch.policy)
+
+
+def build_run(launch: Launch) -> RecipeParts:
+    """3-4. Teacher -> Predictor (then --init_from), the validation, the two roles, the step (see build); what
+    --init_from recorded and the run's provenance. Resume (--resume, or the run directory's own unfinished run)
+    then restores both roles and the data position."""
+    args, start, data, teacher_source = launch.args, launch.start, launch.data, launch.plan.checked
+    parts = build(args, launch.env, launch.policy, teacher_source=teacher_source,
+                  context_timestep=data.context_timestep, dataset=data.dataset, rollout_config=data.rollout_config,
+                  resuming=start.resume_path is not None, run_dir=start.run_dir)
+    parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+    parts.derived["provenance"] = run_provenance(start, launch.env, teacher=teacher_source.folder,
+                                                 action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
+                                                 data_root=args.dataset_root)
+    return parts
+
+
+def summarize(launch: Launch) -> dict:
+    """5. The run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    args, start, env, policy, data, parts = (launch.args, launch.start, launch.env, launch.policy, launch.data,
+                                             launch.parts)
     global_batch_items = (args.batch_size if args.data == "offline" else 1) * env.world_size * args.grad_accum
     config = run_config(
         args, run_name=start.run_name, variant=VARIANT, recipe=f"adversarial_{args.data}",
@@ -273,43 +310,10 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
 
 @command
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    # 1. The inputs, checked before anything is created (in the launcher's --print_run_dir dry run too): the data,
-    #    the source blocks against the Teacher, the --init_from weights. Then the run directory, named from the
-    #    flags; a second launch continues it or finds it finished.
-    if args.data == "offline":
-        v4_pair_dataset(args.dataset_root, split=args.split, pairs=args.pairs, source_layers=args.source_blocks,
-                        check_tensors=False)
-    else:
-        open_trajectory_table(args.dataset_root, args.split, sample_table=args.sample_table)
-    teacher_source = resolve_teacher_source(args.teacher, args.action_ckpt, args.dataset_root)
-    check_source_blocks(args.source_blocks, teacher_source)
-    if args.resume is None and args.init_from is not None:
-        check_weights_file(args.init_from, expect={"variant": VARIANT, "source_blocks": list(args.source_blocks)})
-    meta = checkpoint_meta(VARIANT, args.source_blocks, args.precision, recipe=f"adversarial_{args.data}")
-    start = plan_run(args, meta=meta, subset=run_tag(args), inputs=[(teacher_source.origin, teacher_source.folder)])
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data: the v4 offline batches, or one whole trajectory per rank per micro-batch (see build_data).
-        data = build_data(args, env, policy)
-        # 3-4. Teacher -> Predictor (then --init_from), the validation, the two roles, the step (see build). Resume
-        #      (--resume, or the run directory's own unfinished run) restores both roles and the data position.
-        parts = build(args, env, policy, teacher_source=teacher_source, context_timestep=data.context_timestep,
-                      dataset=data.dataset, rollout_config=data.rollout_config,
-                      resuming=start.resume_path is not None, run_dir=start.run_dir)
-        parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
-        parts.derived["provenance"] = run_provenance(start, env, teacher=teacher_source.folder,
-                                                     action_ckpt=teacher_source.action_ckpt, parent=args.init_from,
-                                                     data_root=args.dataset_root)
-        run_state = resume_roles(start, parts.roles, data.batches, meta, parts.run_state)
-        # 5. Config and summary.
-        config = summarize(args, start=start, env=env, policy=policy, data=data, parts=parts)
-        # 6. Train: the step of the data mode and the shared loop.
-        run_training(args, start, env, roles=parts.roles, batches=data.batches, step_fn=parts.step_fn,
-                     run_state=run_state, config=config, meta=meta, validation=parts.validation)
-    return 0
+    """The recipe's steps in order; the step of the data mode and the shared loop run after summarize
+    (`runtime/launch.run_recipe`)."""
+    return run_recipe(parse_args(argv), Recipe(plan=check_inputs, data=load_data, build=build_run,
+                                               summarize=summarize))
 
 
 if __name__ == "__main__":

@@ -40,41 +40,38 @@ from pathlib import Path
 
 import torch
 
-from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.dataset_config import DATASET_CONFIG_NAME
+from predictor_training.data.provenance import run_provenance
 from predictor_training.data.teacher_samples import TeacherSampleDataset
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.eval.validation import resolve_video_val_inputs
-from predictor_training.runtime.distributed import DistEnv, log0
-from predictor_training.runtime.errors import CommandParser, command
-from predictor_training.runtime.flags import add_run_args, add_tracker_args, check_args, parse_recipe_args
-from predictor_training.recipes.flags import (
-    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
-)
 from predictor_training.methods.flow_matching import add_sigma_args
-from predictor_training.runtime.logger import log_summary, method_summary_rows
-from predictor_training.data.batches import one_item_per_rank_batches
-from predictor_training.data.provenance import run_provenance
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.methods.method_model import (
     dry_run_report,
     export_method_model,
     method_meta,
 )
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
-from predictor_training.runtime.provenance import with_provenance
 from predictor_training.recipes.df_sft import METHOD, ROLE, build
-from predictor_training.runtime.recipe import RecipeParts
+from predictor_training.recipes.flags import (
+    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+)
+from predictor_training.rollout.ar_rollout import RolloutConfig
+from predictor_training.rollout.teacher_forcing import CONTEXT_NOISE_MODES
+from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.errors import CommandParser, command
+from predictor_training.runtime.flags import add_run_args, add_tracker_args, check_args, parse_recipe_args
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe
+from predictor_training.runtime.logger import log_summary, method_summary_rows
+from predictor_training.runtime.provenance import with_provenance
+from predictor_training.runtime.recipe import RecipeData, RecipeParts
 from predictor_training.runtime.run_directory import (
-    RunStart,
     environment_summary,
     method_run_name,
-    plan_run,
     run_config,
     write_train_config,
 )
-from predictor_training.rollout.teacher_forcing import CONTEXT_NOISE_MODES
 from predictor_training.teacher.config import DISTILLED_SHIFT
 
 DATA_KINDS = {"video_latents": VIDEO_CONFIG_NAME, "teacher_samples": DATASET_CONFIG_NAME}
@@ -180,9 +177,38 @@ def build_rollout_config(args, dataset, policy) -> RolloutConfig:
     return RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
 
 
-def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy, dataset,
-              parts: RecipeParts) -> dict:
-    """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+def check_inputs(args: argparse.Namespace) -> RunPlan:
+    """1. The dataset, opened before anything is created (in the launcher's --print_run_dir dry run too); the run
+    is named from the flags."""
+    open_dataset(args, verify=False)
+    return RunPlan(meta=method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank),
+                   naming=method_run_name)
+
+
+def load_data(launch: Launch) -> RecipeData:
+    """2. Data: one clip per rank per micro-batch, and the AR loop's context rules for it."""
+    dataset, batches = build_data(launch.args, launch.env)
+    return RecipeData(batches=batches, dataset=dataset,
+                      values={"rollout_config": build_rollout_config(launch.args, dataset, launch.policy)})
+
+
+def build_run(launch: Launch) -> RecipeParts:
+    """3. The trained model (LoRA on the Teacher, or every parameter), its optimizer and schedule, the step and the
+    validation (see build), and the run's provenance. Resume (--resume, or the run directory's own unfinished run)
+    then restores the role and the data position."""
+    args, start = launch.args, launch.start
+    parts = build(args, launch.env, launch.policy, rollout_config=launch.data.values["rollout_config"],
+                  run_dir=start.run_dir)
+    parts.derived["provenance"] = run_provenance(start, launch.env, teacher=args.teacher,
+                                                 action_ckpt=args.action_ckpt, parent=None,
+                                                 data_root=args.dataset_root)
+    return parts
+
+
+def summarize(launch: Launch) -> dict:
+    """4. The run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    args, start, env, policy, dataset, parts = (launch.args, launch.start, launch.env, launch.policy,
+                                                launch.data.dataset, launch.parts)
     method_model = parts.objects["method_model"]
     config = run_config(
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
@@ -206,40 +232,24 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
     return config
 
 
+def export(launch: Launch) -> None:
+    """After the loop: the result exported (a LoRA file or a Teacher folder)."""
+    exported = export_method_model(launch.parts.objects["method_model"], launch.start.run_dir,
+                                   with_provenance({**launch.plan.meta, "step": launch.run_state.global_step},
+                                                   launch.config), launch.env)
+    log0(f"exported the trained {launch.args.train} model: {exported}")
+
+
 @command
 def main(argv=None) -> int:
+    """--dry_run prints the parameter counts; otherwise the recipe's steps in order, the shared loop between
+    summarize and export (`runtime/launch.run_recipe`)."""
     args = parse_args(argv)
     if args.dry_run is not None:
         print(dry_run_report(args.dry_run, {ROLE: args.train}, lora_rank=args.lora_rank))
         return 0
-    # 1. The dataset, opened before anything is created (in the launcher's --print_run_dir dry run too); the run
-    #    directory, named from the flags; a second launch continues it or finds it finished.
-    open_dataset(args, verify=False)
-    meta = method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank)
-    start = plan_run(args, meta=meta, naming=method_run_name)
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data: one clip per rank per micro-batch, and the AR loop's context rules for it.
-        dataset, batches = build_data(args, env)
-        rollout_config = build_rollout_config(args, dataset, policy)
-        # 3. The trained model (LoRA on the Teacher, or every parameter), its optimizer and schedule, the step and the
-        #    validation (see build). Resume (--resume, or the run directory's own unfinished run) restores the role
-        #    and the data position.
-        parts = build(args, env, policy, rollout_config=rollout_config, run_dir=start.run_dir)
-        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
-        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
-                                                     parent=None, data_root=args.dataset_root)
-        # 4. Config and summary.
-        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
-        # 5. Train, then export the result (a LoRA file or a Teacher folder).
-        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
-        exported = export_method_model(parts.objects["method_model"], start.run_dir,
-                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
-        log0(f"exported the trained {args.train} model: {exported}")
-    return 0
+    return run_recipe(args, Recipe(plan=check_inputs, data=load_data, build=build_run, summarize=summarize,
+                                   after=export))
 
 
 if __name__ == "__main__":

@@ -67,29 +67,27 @@ from predictor_training.methods.dmd2_models import (FAKE, PREDICTOR_VARIANT, REA
                                                    resolve_real_score_flags)
 from predictor_training.methods.flow_matching import SIGMA_SAMPLERS
 from predictor_training.methods.method_model import dry_run_report, export_method_model
-from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.recipes.dmd2 import METHOD, build
 from predictor_training.recipes.flags import add_plan_args, check_plan
+from predictor_training.recipes.flags import (
+    add_loss_args, add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+    parse_source_blocks,
+)
+from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.schedule import StepPlan
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
-from predictor_training.runtime.checkpoint import RunState, checkpoint_meta
-from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.checkpoint import checkpoint_meta
+from predictor_training.runtime.distributed import log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     CLIP_OR_OFF, UNIT_INTERVAL, add_run_args, add_tracker_args, at_least, check_args, checked, parse_recipe_args,
     positive,
 )
-from predictor_training.recipes.flags import (
-    add_loss_args, add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
-    parse_source_blocks,
-)
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe
 from predictor_training.runtime.logger import log_summary
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.provenance import with_provenance
-from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.runtime.run_directory import (RunStart, device_tag, environment_summary, format_lr, plan_run,
-                                                     recorded_init_meta, run_config, write_train_config)
+from predictor_training.runtime.recipe import RecipeData, RecipeParts
+from predictor_training.runtime.run_directory import (device_tag, environment_summary, format_lr, recorded_init_meta, run_config, write_train_config)
 from predictor_training.teacher.config import DISTILLED_SHIFT
 
 PRESETS = {
@@ -321,9 +319,41 @@ def generator_meta(args: argparse.Namespace) -> dict:
             **({"student_sampler": args.student_sampler} if args.student_sampler != "euler" else {})}
 
 
-def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
-              dataset: VideoLatentDataset, parts: RecipeParts) -> dict:
-    """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+def check_inputs(args: argparse.Namespace) -> RunPlan:
+    """1. The clips, opened before anything is created (the launcher's dry run too); the run is named from the
+    flags (`run_name`)."""
+    VideoLatentDataset(args.dataset_root, args.split)
+    return RunPlan(meta=generator_meta(args), naming=run_name)
+
+
+def load_data(launch: Launch) -> RecipeData:
+    """2. Data: one clip per rank per micro-batch."""
+    args = launch.args
+    dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
+    return RecipeData(batches=one_item_per_rank_batches(dataset, launch.env, seed=args.seed,
+                                                        num_workers=args.num_workers), dataset=dataset)
+
+
+def build_run(launch: Launch) -> RecipeParts:
+    """3. The frozen Teacher; the generator; the real and fake scores; the step and the validation (see build);
+    what --init_from recorded and the run's provenance. Resume (--resume, or the run directory's own unfinished
+    run) then restores both roles."""
+    args, start = launch.args, launch.start
+    rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=launch.policy.autocast_dtype)
+    parts = build(args, launch.env, launch.policy, rollout_config=rollout_config,
+                  resuming=start.resume_path is not None, run_dir=start.run_dir)
+    if args.generator == "predictor":
+        parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
+    parts.derived["provenance"] = run_provenance(start, launch.env, teacher=args.teacher,
+                                                 action_ckpt=args.action_ckpt, parent=args.init_from,
+                                                 data_root=args.dataset_root)
+    return parts
+
+
+def summarize(launch: Launch) -> dict:
+    """4. The run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    args, start, env, policy, dataset, parts = (launch.args, launch.start, launch.env, launch.policy,
+                                                launch.data.dataset, launch.parts)
     generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
     if args.generator == "predictor":
         generator_text = (f"predictor: v4 blocks {list(args.source_blocks)}, chunk 0 F-F-F-F, chunks 1.. "
@@ -366,11 +396,12 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
     return config
 
 
-def export(args: argparse.Namespace, *, parts: RecipeParts, run_dir: Path, run_state: RunState, meta: dict,
-           config: dict, env: DistEnv) -> None:
+def export(launch: Launch) -> None:
     """After training: a student is exported like the other methods' models (the Predictor's
     predictor_step_XXXXX.safetensors, written by the loop, is what tools/eval_predictor.py reads); the generator's
     EMA next to it."""
+    args, parts, run_dir, run_state = launch.args, launch.parts, launch.start.run_dir, launch.run_state
+    meta, config, env = launch.plan.meta, launch.config, launch.env
     generator_role, student_model = parts.objects["generator_role"], parts.objects["student_model"]
     if student_model is not None:
         exported = export_method_model(student_model, run_dir,
@@ -386,40 +417,16 @@ def export(args: argparse.Namespace, *, parts: RecipeParts, run_dir: Path, run_s
 
 @command
 def main(argv=None) -> int:
+    """--dry_run prints the parameter counts; otherwise the recipe's steps in order, the shared loop between
+    summarize and export (`runtime/launch.run_recipe`)."""
     args = parse_args(argv)
     if args.dry_run is not None:
         generator = {"student": args.train} if args.generator == "student" else {"predictor": "predictor"}
         roles = {"teacher": "frozen", **generator, REAL: "frozen", FAKE: args.fake_score_train}
         print(dry_run_report(args.dry_run, roles, lora_rank=args.lora_rank, predictor_blocks=args.source_blocks))
         return 0
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
-    meta = generator_meta(args)
-    start = plan_run(args, meta=meta, naming=run_name)
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data: one clip per rank per micro-batch.
-        dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
-        batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
-        rollout_config = RolloutConfig(state_dtype=torch.float32, autocast_dtype=policy.autocast_dtype)
-        # 3. The frozen Teacher; the generator; the real and fake scores; the step and the validation (see build).
-        #    Resume (--resume, or the run directory's own unfinished run) restores both roles.
-        parts = build(args, env, policy, rollout_config=rollout_config, resuming=start.resume_path is not None,
-                      run_dir=start.run_dir)
-        if args.generator == "predictor":
-            parts.derived["init_meta"] = recorded_init_meta(start, parts.derived["init_meta"])
-        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
-                                                     parent=args.init_from, data_root=args.dataset_root)
-        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
-        # 4. Config and summary.
-        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
-        # 5. Train; export a student and the generator's EMA.
-        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
-        export(args, parts=parts, run_dir=start.run_dir, run_state=run_state, meta=meta, config=config, env=env)
-    return 0
+    return run_recipe(args, Recipe(plan=check_inputs, data=load_data, build=build_run, summarize=summarize,
+                                   after=export))
 
 
 if __name__ == "__main__":

@@ -29,33 +29,30 @@ import argparse
 import sys
 from pathlib import Path
 
-from predictor_training.runtime.errors import CommandParser, MissingFieldError, command
-from predictor_training.runtime.io import read_json_file
-from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
-from predictor_training.methods.rewards import default_vae_folder
-from predictor_training.runtime.distributed import DistEnv, log0
-from predictor_training.runtime.flags import add_run_args, add_tracker_args, check_args, parse_recipe_args
-from predictor_training.recipes.flags import (
-    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
-)
-from predictor_training.runtime.logger import log_summary, method_summary_rows
 from predictor_training.data.batches import one_item_per_rank_batches
+from predictor_training.data.ode_cache import CACHE_CONFIG_NAME, OdeCacheDataset
 from predictor_training.data.provenance import run_provenance
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
 from predictor_training.methods.method_model import (
     dry_run_report,
     export_method_model,
     method_meta,
 )
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
-from predictor_training.runtime.provenance import with_provenance
+from predictor_training.methods.rewards import default_vae_folder
+from predictor_training.recipes.flags import (
+    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+)
 from predictor_training.recipes.kd import METHOD, ROLE, StudentDistance, build, student_state_indices
-from predictor_training.runtime.recipe import RecipeParts
+from predictor_training.runtime.distributed import log0
+from predictor_training.runtime.errors import CommandParser, MissingFieldError, command
+from predictor_training.runtime.flags import add_run_args, add_tracker_args, check_args, parse_recipe_args
+from predictor_training.runtime.io import read_json_file
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe
+from predictor_training.runtime.logger import log_summary, method_summary_rows
+from predictor_training.runtime.provenance import with_provenance
+from predictor_training.runtime.recipe import RecipeData, RecipeParts
 from predictor_training.runtime.run_directory import (
-    RunStart,
     environment_summary,
     method_run_name,
-    plan_run,
     run_config,
     write_train_config,
 )
@@ -159,9 +156,43 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
                          "--val_vae DIR")
 
 
-def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
-              dataset: OdeCacheDataset, parts: RecipeParts) -> dict:
-    """Step 4: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+def check_inputs(args: argparse.Namespace) -> RunPlan:
+    """1. The cache, opened before anything is created (the launcher's dry run too); the run is named from the
+    flags."""
+    OdeCacheDataset(args.cache_root, args.split)
+    return RunPlan(meta=method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank),
+                   naming=method_run_name)
+
+
+def load_data(launch: Launch) -> RecipeData:
+    """2. Data: one cached sample per rank per micro-batch, the cache states at the student's noise levels; the
+    evaluation split."""
+    args = launch.args
+    dataset = OdeCacheDataset(args.cache_root, args.split, verify=args.verify_dataset)
+    return RecipeData(
+        batches=one_item_per_rank_batches(dataset, launch.env, seed=args.seed, num_workers=args.num_workers),
+        dataset=dataset,
+        values={"eval_dataset": OdeCacheDataset(args.cache_root, args.eval_split),
+                "state_indices": student_state_indices(args.student_steps, args.student_shift,
+                                                       dataset.stored_sigmas)})
+
+
+def build_run(launch: Launch) -> RecipeParts:
+    """3. The student (LoRA on the teacher, or every parameter) with its optimizer and schedule, the step and the
+    validation (see build), and the run's provenance. Resume then restores the role and the data position."""
+    args, start = launch.args, launch.start
+    parts = build(args, launch.env, launch.policy, state_indices=launch.data.values["state_indices"],
+                  run_dir=start.run_dir)
+    parts.derived["provenance"] = run_provenance(start, launch.env, teacher=args.teacher,
+                                                 action_ckpt=args.action_ckpt, parent=None, data_root=args.cache_root)
+    return parts
+
+
+def summarize(launch: Launch) -> dict:
+    """4. The run's config (train_config.json on rank 0) and the summary block; the student's distance to the
+    teacher before training (a fresh run only). Returns the config."""
+    args, start, env, policy, dataset, parts = (launch.args, launch.start, launch.env, launch.policy,
+                                                launch.data.dataset, launch.parts)
     method_model = parts.objects["method_model"]
     config = run_config(
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
@@ -181,50 +212,34 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
                 f"{args.student_shift:g}; {args.chunks_per_clip} chunks per sample",
         "batch": f"1 sample per rank x {env.world_size} ranks x {args.grad_accum} accumulation",
     })
+    distance = StudentDistance(args, env, policy, launch.data.values["eval_dataset"], start.run_dir)
+    distance.before(method_model.model)
+    parts.objects["distance"] = distance
+    if parts.validation is not None:
+        log0(f"validation every {args.val_every} steps: {parts.validation.describe()}")
     return config
+
+
+def export(launch: Launch) -> None:
+    """After the loop: the student's distance to the teacher again; the student exported (a LoRA file or a Teacher
+    folder)."""
+    student, step = launch.parts.objects["method_model"], launch.run_state.global_step
+    launch.parts.objects["distance"].after(student.model, step)
+    exported = export_method_model(student, launch.start.run_dir,
+                                   with_provenance({**launch.plan.meta, "step": step}, launch.config), launch.env)
+    log0(f"exported the trained {launch.args.train} student: {exported}")
 
 
 @command
 def main(argv=None) -> int:
+    """--dry_run prints the parameter counts; otherwise the recipe's steps in order, the shared loop between
+    summarize and export (`runtime/launch.run_recipe`)."""
     args = parse_args(argv)
     if args.dry_run is not None:
         print(dry_run_report(args.dry_run, {ROLE: args.train, "teacher": "frozen"}, lora_rank=args.lora_rank))
         return 0
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    OdeCacheDataset(args.cache_root, args.split)  # opened before anything is created (the dry run's check too)
-    meta = method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank)
-    start = plan_run(args, meta=meta, naming=method_run_name)
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data: one cached sample per rank per micro-batch, the cache states at the student's noise levels; the
-        #    evaluation split.
-        dataset = OdeCacheDataset(args.cache_root, args.split, verify=args.verify_dataset)
-        eval_dataset = OdeCacheDataset(args.cache_root, args.eval_split)
-        batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
-        state_indices = student_state_indices(args.student_steps, args.student_shift, dataset.stored_sigmas)
-        # 3. The student (LoRA on the teacher, or every parameter) with its optimizer and schedule, the step and the
-        #    validation (see build). Resume restores the role and the data position.
-        parts = build(args, env, policy, state_indices=state_indices, run_dir=start.run_dir)
-        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
-        student = parts.objects["method_model"]
-        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
-                                                     parent=None, data_root=args.cache_root)
-        # 4. Config and summary; the student's distance to the teacher before training (a fresh run only).
-        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, parts=parts)
-        distance = StudentDistance(args, env, policy, eval_dataset, start.run_dir)
-        distance.before(student.model)
-        if parts.validation is not None:
-            log0(f"validation every {args.val_every} steps: {parts.validation.describe()}")
-        # 5. Train; measure again; export the student (a LoRA file or a Teacher folder).
-        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
-        distance.after(student.model, run_state.global_step)
-        exported = export_method_model(student, start.run_dir,
-                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
-        log0(f"exported the trained {args.train} student: {exported}")
-    return 0
+    return run_recipe(args, Recipe(plan=check_inputs, data=load_data, build=build_run, summarize=summarize,
+                                   after=export))
 
 
 if __name__ == "__main__":

@@ -50,24 +50,23 @@ from predictor_training.methods.nft import ADVANTAGE_STDS, OLD_DECAY_SCHEDULES, 
     check_train_sigmas, describe_train_sigmas, sampler_sigma_grid
 from predictor_training.methods.rewards import REFERENCE_KINDS, RewardScorer, default_vae_folder, describe_rewards, \
     holds_vae, parse_reward_weights
+from predictor_training.recipes.flags import (
+    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+)
 from predictor_training.recipes.nft import METHOD, ROLE, build, evaluate
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR
-from predictor_training.runtime.distributed import DistEnv, log0
+from predictor_training.runtime.distributed import log0
 from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import (
     UNIT_INTERVAL, add_run_args, add_tracker_args, at_least, check_args, checked, parse_recipe_args, positive,
     settings_from_flags,
 )
-from predictor_training.recipes.flags import (
-    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
-)
-from predictor_training.runtime.launch import distributed_run, early_exit, resume_roles, run_training
+from predictor_training.runtime.launch import Launch, Recipe, RunPlan, run_recipe
 from predictor_training.runtime.logger import log_summary, method_summary_rows
-from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.provenance import with_provenance
-from predictor_training.runtime.recipe import RecipeParts
-from predictor_training.runtime.run_directory import RunStart, environment_summary, launch_world, method_run_name, \
-    plan_run, run_config, write_train_config
+from predictor_training.runtime.recipe import RecipeData, RecipeParts
+from predictor_training.runtime.run_directory import environment_summary, launch_world, method_run_name, \
+    run_config, write_train_config
 from predictor_training.teacher.config import DISTILLED_SHIFT
 
 PRESETS = {
@@ -205,9 +204,45 @@ def check_nft_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                      "of the model, which this recipe keeps on one process only; use --train lora")
 
 
-def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy: PrecisionPolicy,
-              dataset: VideoLatentDataset, vae_folder: Path, parts: RecipeParts) -> dict:
-    """Step 5: the run's config (train_config.json on rank 0) and the summary block; returns the config."""
+def check_inputs(args: argparse.Namespace) -> RunPlan:
+    """1. The clips, opened before anything is created (the launcher's dry run too); the run is named from the
+    flags; its checkpoints record the group size, the old policy's decay and the rewards too."""
+    VideoLatentDataset(args.dataset_root, args.split)
+    return RunPlan(meta={**method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank),
+                         "samples_per_group": args.samples_per_group, "old_decay_schedule": args.old_decay_schedule,
+                         "rewards": args.rewards},
+                   naming=method_run_name)
+
+
+def load_data(launch: Launch) -> RecipeData:
+    """2. Data: one clip (one group's condition) per rank per micro-batch; the clips scored after training; the
+    VAE that decodes the samples (by default the one that encoded the dataset)."""
+    args = launch.args
+    dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
+    return RecipeData(
+        batches=one_item_per_rank_batches(dataset, launch.env, seed=args.seed, num_workers=args.num_workers),
+        dataset=dataset,
+        values={"eval_dataset": VideoLatentDataset(args.dataset_root, args.eval_split) if args.eval_clips else None,
+                "vae_folder": args.vae if args.vae is not None else default_vae_folder(args.dataset_root)})
+
+
+def build_run(launch: Launch) -> RecipeParts:
+    """3-4. The policy (LoRA on the Teacher, or every parameter), its old policy and the reference; the rewards;
+    the step and the validation (see build); the run's provenance. Resume then restores the role and the data
+    position."""
+    args, start = launch.args, launch.start
+    parts = build(args, launch.env, launch.policy, vae_folder=launch.data.values["vae_folder"], run_dir=start.run_dir)
+    parts.derived["provenance"] = run_provenance(start, launch.env, teacher=args.teacher,
+                                                 action_ckpt=args.action_ckpt, parent=None,
+                                                 data_root=args.dataset_root)
+    return parts
+
+
+def summarize(launch: Launch) -> dict:
+    """5. The run's config (train_config.json on rank 0) and the summary block; returns the config."""
+    args, start, env, policy, dataset, parts = (launch.args, launch.start, launch.env, launch.policy,
+                                                launch.data.dataset, launch.parts)
+    vae_folder = launch.data.values["vae_folder"]
     method_model = parts.objects["method_model"]
     config = run_config(
         args, run_name=start.run_name, method=METHOD, world_size=env.world_size, device=str(env.device),
@@ -237,8 +272,22 @@ def summarize(args: argparse.Namespace, *, start: RunStart, env: DistEnv, policy
     return config
 
 
+def evaluate_and_export(launch: Launch) -> None:
+    """After the loop: the policy against the reference from the same noise on held-out clips (--eval_clips), then
+    the policy exported (a LoRA file or a Teacher folder)."""
+    args, parts, step = launch.args, launch.parts, launch.run_state.global_step
+    if launch.data.values["eval_dataset"] is not None:
+        evaluate(args, step_fn=parts.step_fn, eval_dataset=launch.data.values["eval_dataset"], env=launch.env,
+                 run_dir=launch.start.run_dir, step=step)
+    exported = export_method_model(parts.objects["method_model"], launch.start.run_dir,
+                                   with_provenance({**launch.plan.meta, "step": step}, launch.config), launch.env)
+    log0(f"exported the trained {args.train} policy: {exported}")
+
+
 @command
 def main(argv=None) -> int:
+    """--dry_run prints the parameter counts; otherwise the recipe's steps in order, the shared loop between
+    summarize and the evaluation (`runtime/launch.run_recipe`)."""
     args = parse_args(argv)
     if args.dry_run is not None:
         print(dry_run_report(args.dry_run, {ROLE: args.train, "reference": "frozen"}, lora_rank=args.lora_rank))
@@ -246,42 +295,8 @@ def main(argv=None) -> int:
             "a second LoRA adapter on the shared base" if args.train == "lora" else
             "a second full copy (FP32, 4 bytes per parameter; one process only)"))
         return 0
-    # 1. The run directory, named from the flags; a second launch continues it or finds it finished.
-    VideoLatentDataset(args.dataset_root, args.split)  # opened before anything is created (the dry run's check too)
-    meta = {**method_meta(METHOD, train=args.train, precision=args.precision, lora_rank=args.lora_rank),
-            "samples_per_group": args.samples_per_group, "old_decay_schedule": args.old_decay_schedule,
-            "rewards": args.rewards}
-    start = plan_run(args, meta=meta, naming=method_run_name)
-    if (code := early_exit(args, start)) is not None:
-        return code
-    with distributed_run(args, start) as env:
-        policy = precision_policy(args.precision, env.device)
-        # 2. Data: one clip (one group's condition) per rank per micro-batch; the clips scored after training; the
-        #    VAE that decodes the samples (by default the one that encoded the dataset).
-        dataset = VideoLatentDataset(args.dataset_root, args.split, verify=args.verify_dataset)
-        batches = one_item_per_rank_batches(dataset, env, seed=args.seed, num_workers=args.num_workers)
-        eval_dataset = VideoLatentDataset(args.dataset_root, args.eval_split) if args.eval_clips else None
-        vae_folder = args.vae if args.vae is not None else default_vae_folder(args.dataset_root)
-        # 3-4. The policy (LoRA on the Teacher, or every parameter), its old policy and the reference; the rewards;
-        #      the step and the validation (see build). Resume restores the role and the data position.
-        parts = build(args, env, policy, vae_folder=vae_folder, run_dir=start.run_dir)
-        run_state = resume_roles(start, parts.roles, batches, meta, parts.run_state)
-        parts.derived["provenance"] = run_provenance(start, env, teacher=args.teacher, action_ckpt=args.action_ckpt,
-                                                     parent=None, data_root=args.dataset_root)
-        # 5. Config and summary.
-        config = summarize(args, start=start, env=env, policy=policy, dataset=dataset, vae_folder=vae_folder,
-                           parts=parts)
-        # 6. Train; then the policy against the reference from the same noise on held-out clips; then export the
-        #    policy (a LoRA file or a Teacher folder).
-        run_state = run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
-                                 run_state=run_state, config=config, meta=meta, validation=parts.validation)
-        if eval_dataset is not None:
-            evaluate(args, step_fn=parts.step_fn, eval_dataset=eval_dataset, env=env, run_dir=start.run_dir,
-                     step=run_state.global_step)
-        exported = export_method_model(parts.objects["method_model"], start.run_dir,
-                                       with_provenance({**meta, "step": run_state.global_step}, config), env)
-        log0(f"exported the trained {args.train} policy: {exported}")
-    return 0
+    return run_recipe(args, Recipe(plan=check_inputs, data=load_data, build=build_run, summarize=summarize,
+                                   after=evaluate_and_export))
 
 
 if __name__ == "__main__":
