@@ -39,6 +39,16 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("run_recipe_checkpoints_without_the_recipe", "predictor_training/runtime/launch.py",
+             "meta = plan.meta if plan.resume_meta is None else plan.resume_meta",
+             "meta = plan.meta",
+             ("tests/recipes/test_train_predictor_v4_rollout.py::test_11a_ddp_smoke_one_and_two_steps_and_resume",),
+             "the rollout recipe's checkpoints lose the schedule they trained (recipe rollout_fppp)"),
+    Mutation("run_recipe_skips_the_resume", "predictor_training/runtime/launch.py",
+             "launch.run_state = resume_roles(start, parts.roles, launch.data.batches, meta, parts.run_state)",
+             "launch.run_state = parts.run_state",
+             ("tests/recipes/test_train_df_sft.py::test_df_sft_resume_equals_an_uninterrupted_run",),
+             "a continued run starts again from step 0 with fresh weights instead of its saved state"),
     Mutation("shared_teacher_not_found_by_its_recorded_hash", "predictor_training/eval/training_cost.py",
              'return parent.get("sha256") is not None and any(weights_sha256(model) == parent["sha256"] for model in shared)',
              "return False",
