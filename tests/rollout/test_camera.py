@@ -3,13 +3,13 @@
 import copy
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from predictor_training.conformance import SET_A
 from predictor_training.rollout import camera
 from predictor_training.rollout.camera import (
     PoseError,
@@ -22,7 +22,6 @@ from predictor_training.rollout.camera import (
 )
 
 
-SET_A = Path(__file__).resolve().parents[1] / "data" / "conformance" / "worldplay_tiny_A"
 NUM_LATENTS = 32
 
 
@@ -71,7 +70,8 @@ def test_combined_pose_string_moves_and_turns_in_one_step():
     np.testing.assert_allclose(step_one[:3, :3], yaw_left, atol=1e-15)
     np.testing.assert_allclose(step_one[:3, 3], yaw_left @ [0, 0, 0.08], atol=1e-15)  # turn first, then move
     _, _, action = pose_to_input(pose, 4)
-    # tests/data/conformance/README.md section 9 codes: forward = 1, right = 3 (translation); yaw left = 2, pitch up = 3 (rotation)
+    # predictor_training/conformance/golden/README.md section 9 codes: forward = 1, right = 3 (translation);
+    # yaw left = 2, pitch up = 3 (rotation)
     assert action.tolist() == [0, 1 * 9 + 2, 1 * 9 + 2, 3 * 9 + 3]
 
 
@@ -180,7 +180,8 @@ def test_retrieval_points_match_golden_without_touching_global_rng(golden, info)
     assert torch.equal(torch.get_rng_state(), state)
     assert points.dtype == torch.float32
     # Bitwise equality holds only on a CPU whose float32 pow/acos/sin/cos round like the generator's; the
-    # conformance tolerance for the points (tests/data/conformance/README.md section 11) is 1e-6, about 2 ulps here.
+    # conformance tolerance for the points (predictor_training/conformance/golden/README.md section 11) is 1e-6,
+    # about 2 ulps here.
     torch.testing.assert_close(points, golden["retr.points"], atol=1e-6, rtol=0)
 
 
