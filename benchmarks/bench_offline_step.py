@@ -20,7 +20,6 @@ means the loop adds little around the compute. Nothing is written outside a temp
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import tempfile
@@ -31,13 +30,10 @@ from pathlib import Path
 
 import torch
 
+import train_predictor_v4
 from predictor_training.data.pair_dataset import disca_pair_batches, v4_pair_batches
+from predictor_training.data.synthetic import write_tiny_teacher_dataset
 from predictor_training.recipes.offline import finish_offline_args
-from predictor_training.runtime.errors import CommandParser
-from predictor_training.runtime.flags import add_run_args, add_tracker_args
-from predictor_training.recipes.flags import (
-    add_data_args, add_loss_args, add_optimization_args, add_predictor_args, add_teacher_args, add_validation_args,
-)
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import cleanup_distributed, init_distributed, seed_everything
 from predictor_training.runtime.logger import MetricsLogger
@@ -55,14 +51,12 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # The two variants' data, as their scripts build it (disca at its default, chunks 1-7).
 DATA = {"v4": v4_pair_batches, "disca": partial(disca_pair_batches, include_chunk0=False)}
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset_root", type=Path, default=None,
-                        help="dataset to read; default: the tests' tiny dataset (2-block tiny Teacher) written to a "
-                             "temporary folder")
+                        help="dataset to read; default: the package's tiny dataset (data/synthetic.py "
+                             "write_tiny_teacher_dataset: a 2-block tiny Teacher) written to a temporary folder")
     parser.add_argument("--variant", choices=sorted(DATA), default="v4", help="Predictor variant")
     parser.add_argument("--source_blocks", type=str, default="0,1", help="source blocks 'a,b' (demo data: 1,2)")
     parser.add_argument("--precision", choices=("fp32", "fp32master"), default="fp32", help="precision mode")
@@ -87,20 +81,12 @@ def training_args(bench: argparse.Namespace, dataset_root: Path, run_dir: Path) 
             "--tracker", "none", "--no_progress", "--log_every", "1"]
     if not bench.gradient_checkpointing:
         argv.append("--no-gradient_checkpointing")
-    # The offline recipe's flags at the recipe's values (train_predictor_v4.py's defaults; the learning rates and loss
-    # weights change no step's time).
-    parser = CommandParser(description=__doc__)
-    add_data_args(parser, pairs="0-1,1-2,2-3", num_workers=0)
-    add_teacher_args(parser)
-    add_predictor_args(parser, source_blocks="1,52", gradient_checkpointing=True)
-    add_optimization_args(parser, fusion_lr=1e-4, blocks_lr=1e-5, max_steps=total, scheduler_warmup_steps=1,
-                          block_warmup_steps=-1, batch_size=bench.batch_size, grad_accum=1, weight_decay=0.01,
-                          adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0)
-    add_loss_args(parser, velocity_weight=1.0, hidden_weight=0.1)
-    add_run_args(parser, experiment=f"bench_offline_step_{bench.variant}", precision="fp32", ckpt_every=-1,
-                 keep_last=1, log_every=1, seed=0)
-    add_tracker_args(parser, tracker="none", project="bench")
-    add_validation_args(parser, val_every=0, val_videos=1)
+    # train_predictor_v4.py's own parser: the recipe's values wherever the flags above set none (the learning rates
+    # and loss weights change no step's time), and the benchmark's own run bookkeeping (name, kept checkpoints,
+    # tracker project, validation videos; no step reads them).
+    parser = train_predictor_v4.build_parser()
+    parser.set_defaults(experiment=f"bench_offline_step_{bench.variant}", keep_last=1, swanlab_project="bench",
+                        val_videos=1)
     args = finish_offline_args(parser, argv, {})
     args.variant = bench.variant
     return args
@@ -184,22 +170,13 @@ def loop_pass(args: argparse.Namespace, env) -> list[float]:
     return [record["time/step_s"] for record in records]
 
 
-def tiny_dataset(folder: Path) -> Path:
-    """The tests' tiny dataset (tests/helpers/offline_dataset.py: write_tiny_dataset)."""
-    spec = importlib.util.spec_from_file_location("offline_dataset",
-                                                  REPO_ROOT / "tests" / "helpers" / "offline_dataset.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.write_tiny_dataset(folder)
-
-
 def main(argv=None) -> dict:
     bench = parse_args(argv)
     env = init_distributed("auto")
     try:
         with tempfile.TemporaryDirectory(prefix="bench_offline_step_") as scratch:
             scratch = Path(scratch)
-            dataset_root = bench.dataset_root or tiny_dataset(scratch / "tiny")
+            dataset_root = bench.dataset_root or write_tiny_teacher_dataset(scratch / "tiny")
             args = training_args(bench, dataset_root, scratch / "run")
             total = bench.warmup + bench.steps
             phases = instrumented_pass(args, env, total)

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
+from predictor_training.conformance import SET_A
 from predictor_training.conformance.calls import bf16_vs_fp32, bf16_vs_fp32_rollout
 from predictor_training.data.synthetic import case_text_kv, offline_batch, trajectory_row
 from predictor_training.eval.methods import PredictorMethod, ReferenceMethod, make_step_fn
@@ -53,7 +54,7 @@ from predictor_training.teacher.flops import (TeacherShape, flop_speedup_bound, 
 from predictor_training.teacher.source import TeacherSource, random_teacher
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFORMANCE_SET = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
+CONFORMANCE_SET = SET_A  # the golden set the package ships (predictor_training/conformance/golden/)
 RECIPES = ("v4", "disca", "rollout")
 ROLLOUTS = {  # name: (replace_steps, context mode)
     "F-F-F-F exact": ((), "exact"),
@@ -422,7 +423,8 @@ def markdown(report: dict) -> str:
 # ---- 6. Main ------------------------------------------------------------------------------------------------------
 def numerics(teacher, text_kv, size: Size, device: torch.device, budget: Budget) -> dict:
     """BF16 against FP32: the conformance Teacher, then a 2-chunk rollout of this Teacher when an FP32 copy fits."""
-    result = {"conformance": {"set": str(CONFORMANCE_SET.relative_to(REPO_ROOT)),
+    shown = CONFORMANCE_SET.relative_to(REPO_ROOT) if CONFORMANCE_SET.is_relative_to(REPO_ROOT) else CONFORMANCE_SET
+    result = {"conformance": {"set": str(shown),
                               **bf16_vs_fp32(CONFORMANCE_SET, device)}}
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     needed = 2 * sum(param.numel() for param in teacher.parameters()) * 4

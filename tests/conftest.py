@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 # MKL picks its kernels by the CPU's vector ISA, so an AVX-512 machine rounds float32 matmuls differently from the
-# AVX2 machine that made the golden vectors, by up to 1.4x the strict conformance tier (tests/data/conformance/
-# README.md section 11). MKL's COMPATIBLE path gives the same results on every x86 CPU. Read when MKL loads: this
-# must run before torch is imported, and the environment passes it on to torchrun workers and tool subprocesses.
+# AVX2 machine that made the golden vectors, by up to 1.4x the strict conformance tier
+# (predictor_training/conformance/golden/README.md section 11). MKL's COMPATIBLE path gives the same results on every
+# x86 CPU. Read when MKL loads: this must run before torch is imported, and the environment passes it on to torchrun
+# workers and tool subprocesses.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 # One intra-op thread for the test process and every tool it starts (the tools' automatic choice otherwise depends
 # on the machine's load, and torchrun workers use one thread as well).

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Check our WorldPlay-1.5 teacher (and the scheduler / camera helpers) against a golden conformance folder.
 
-A conformance folder (format: `tests/data/conformance/README.md`) holds `config.json`, `weights.safetensors.xz`,
-`vectors.safetensors`, `vectors.json`, `pose.json` and `pose_from_string.json`. Nothing here depends on the sizes
-of a particular set: depth, grid, lengths and chunk parameters are read from the files.
+A conformance folder (format: `predictor_training/conformance/golden/README.md`) holds `config.json`,
+`weights.safetensors.xz`, `vectors.safetensors`, `vectors.json`, `pose.json` and `pose_from_string.json`. Nothing here
+depends on the sizes of a particular set: depth, grid, lengths and chunk parameters are read from the files.
 
 Model cases are teacher-forced: the context prefill and the chunk steps receive the stored reference text cache
 (and the chunk with a context the stored context cache), so a failure points at the call that is wrong.
 
-    python tools/check_conformance.py tests/data/conformance/worldplay_tiny_A
+    python tools/check_conformance.py predictor_training/conformance/golden/worldplay_tiny_A
     python tools/check_conformance.py DIR --tier strict --cases text chunk_first scheduler
 
 Prints one line per compared tensor (name, max abs error, tolerance, worst ratio, PASS/FAIL); exits 1 on any
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 
 # The strict tier assumes ISA-independent float32 numerics: MKL would otherwise round matmuls differently on AVX-512
-# and AVX2 CPUs (tests/data/conformance/README.md section 11). Must be set before torch (and MKL) loads.
+# and AVX2 CPUs (predictor_training/conformance/golden/README.md section 11). Must be set before torch (and MKL) loads.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import argparse
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                    if not (Path(args.folder) / name).is_file()]
         if missing:
             raise MissingFileError(f"folder {args.folder}: no {', '.join(missing)}; expected a conformance folder "
-                                   "(tests/data/conformance/README.md)")
+                                   "(predictor_training/conformance/golden/README.md)")
         return report_check_only(f"the {args.tier} tier of {args.folder}")
     set_cpu_threads(args.threads, tool="check_conformance", load_aware=False)
     results = run_conformance(args.folder, args.tier, args.cases)

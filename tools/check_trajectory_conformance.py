@@ -1,7 +1,7 @@
-"""Check our AR rollout against a golden full F-F-F-F trajectory (format: tests/data/conformance/README.md, section
-"Full F-F-F-F trajectory"; the check itself: ``predictor_training.conformance.trajectory``).
+"""Check our AR rollout against a golden full F-F-F-F trajectory (format: predictor_training/conformance/golden/README.md,
+section "Full F-F-F-F trajectory"; the check itself: ``predictor_training.conformance.trajectory``).
 
-    python tools/check_trajectory_conformance.py tests/data/conformance/worldplay_tiny_A
+    python tools/check_trajectory_conformance.py predictor_training/conformance/golden/worldplay_tiny_A
     python tools/check_trajectory_conformance.py DIR --tier portable
 
 DIR holds config.json, weights.safetensors.xz (or weights.safetensors), vectors.safetensors (the text-side inputs),
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 # The strict tier assumes ISA-independent float32 numerics: MKL would otherwise round matmuls differently on AVX-512
-# and AVX2 CPUs (tests/data/conformance/README.md section 11). Must be set before torch (and MKL) loads.
+# and AVX2 CPUs (predictor_training/conformance/golden/README.md section 11). Must be set before torch (and MKL) loads.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import argparse
@@ -44,8 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("folder", type=Path, help="conformance folder with trajectory.safetensors / trajectory.json, "
                         "config.json, weights.safetensors(.xz) and vectors.safetensors")
     parser.add_argument("--tier", choices=sorted(TIERS), default="strict", help="tolerance tier (section 11 of "
-                        "tests/data/conformance/README.md): strict (3e-6, float32 on CPU) or portable (1e-5, any "
-                        "float32 backend)")
+                        "predictor_training/conformance/golden/README.md): strict (3e-6, float32 on CPU) or portable "
+                        "(1e-5, any float32 backend)")
     add_check_only_arg(parser, what="the folder's files it would compare against (it writes nothing in any case)")
     add_threads_arg(parser)
     args = parser.parse_args(argv)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
                    if not (args.folder / name).is_file()]
         if missing:
             raise MissingFileError(f"folder {args.folder}: no {', '.join(missing)}; expected a conformance folder "
-                                   "with a trajectory (tests/data/conformance/README.md)")
+                                   "with a trajectory (predictor_training/conformance/golden/README.md)")
         return report_check_only(f"the {args.tier} tier of {args.folder}'s trajectory")
     set_cpu_threads(args.threads, tool="check_trajectory_conformance", load_aware=False)
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,7 +1,7 @@
 """Single-call conformance: our Teacher (and the scheduler / camera helpers) against a golden conformance folder.
 
-A conformance folder (format: ``tests/data/conformance/README.md``, called "README" below) holds ``config.json``,
-``weights.safetensors.xz``, ``vectors.safetensors``, ``vectors.json``, ``pose.json`` and ``pose_from_string.json``.
+A conformance folder (format: ``predictor_training/conformance/golden/README.md``, called "README" below) holds
+``config.json``, ``weights.safetensors.xz``, ``vectors.safetensors``, ``vectors.json``, ``pose.json`` and ``pose_from_string.json``.
 Nothing here depends on the sizes of a particular set: depth, grid, lengths and chunk parameters are read from the
 files. ``tools/check_conformance.py`` is the command line around ``run_conformance``; ``bf16_vs_fp32`` runs the same
 calls on a device in BF16 and FP32, ``bf16_vs_fp32_rollout`` a Teacher's AR rollout (benchmarks/gpu_acceptance.py's

@@ -1,7 +1,7 @@
 """Trajectory conformance: our AR rollout against a golden full F-F-F-F trajectory.
 
-Format: section "Full F-F-F-F trajectory" of ``tests/data/conformance/README.md`` (called "README" below). A folder
-holds config.json, weights.safetensors.xz (or weights.safetensors), vectors.safetensors (the text-side inputs),
+Format: section "Full F-F-F-F trajectory" of ``predictor_training/conformance/golden/README.md`` (called "README" below). A
+folder holds config.json, weights.safetensors.xz (or weights.safetensors), vectors.safetensors (the text-side inputs),
 trajectory.safetensors and trajectory.json. ``check_trajectory`` loads the model into our Teacher (float32, CPU),
 runs the text prefill on the stored encoder stand-ins, then the whole rollout of ``predictor_training.rollout.ar_rollout`` -
 the loop the dataset builder uses - on its OWN running state (every chunk's context comes from our own earlier

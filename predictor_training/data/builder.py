@@ -138,7 +138,7 @@ def build_case_tensors(teacher, encoded: dict, device, dtype: torch.dtype, stora
 # =============================================================================================================
 def rollout_config(prefeature_layers, dtype: torch.dtype) -> RolloutConfig:
     """The builder's loop settings: the distilled 4-step schedule; bf16 = the real pipeline's casts (section "F.4
-    Precision of the real pipeline" of tests/data/conformance/README.md)."""
+    Precision of the real pipeline" of predictor_training/conformance/golden/README.md)."""
     return RolloutConfig(
         state_dtype=dtype,
         autocast_dtype=None if dtype == torch.float32 else dtype,

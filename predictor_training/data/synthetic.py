@@ -7,6 +7,11 @@ the builder's writer, so the manifest carries the per-tensor checksums) and retu
 compare what the readers yield. Also writes a sample table (``samples/*.jsonl`` + ``samples/poses/*.json``) for the
 trajectory-table dataset. ``damage_tensor`` and ``strip_tensor_checksums`` make a damaged file and an older manifest.
 
+``write_tiny_teacher_dataset(root)`` saves the tiny Teacher (2 blocks, random weights) under ``root/teacher`` and a
+dataset that records it (its ``dataset_config.json`` names the folder and the config's sha256) under ``root/dataset``,
+with velocities the Teacher's own final layer computes: what the offline recipe tests train on and
+benchmarks/bench_offline_step.py times by default.
+
 The synthetic inputs of one training step, at any size (the memory rehearsal, tools/estimate_memory.py, runs them at
 real size on fake tensors; benchmarks/gpu_acceptance.py on the GPU; the tests at tiny size):
 
@@ -35,7 +40,9 @@ from predictor_training.data.shards import (
     write_jsonl_atomic,
     write_safetensors_atomic,
 )
+from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
 from predictor_training.teacher.adapters import add_lora
+from predictor_training.teacher.source import teacher_config_sha256
 
 FRAMES_PER_CHUNK = 4
 
@@ -185,6 +192,98 @@ def write_synthetic_sample_tables(
         tables[split] = folder / f"{split}.jsonl"
         write_sample_table(tables[split], build_sample_rows(cases, actions))
     return tables
+
+
+# ---- the tiny Teacher's dataset ---------------------------------------------------------------------------------
+TINY_NUM_CHUNKS = 3  # chunks 1 and 2 carry context (4 and 8 frames) and a previous chunk
+TINY_GRID = (4, 2, 3)  # C, H, W
+TINY_CASES = ("c0", "c1")
+TINY_ACTIONS = (0, 3)
+TINY_TEXT_LENGTHS = {"c0": 3, "c1": 5}
+
+
+def write_tiny_teacher_dataset(root: str | Path) -> Path:
+    """Tiny Teacher (2 blocks, random weights) saved under root/teacher and a dataset in the docs/dataset.md layout
+    under root/dataset whose config records it (folder and config sha256): cases TINY_CASES (split "train"),
+    actions TINY_ACTIONS, TINY_NUM_CHUNKS chunks of TINY_GRID latents, pre-features of every layer, cameras that
+    walk forward, and a learnable rule (each step adds the same offset to the hidden, the velocity is the Teacher's
+    own final layer on it, as in real data). What the offline recipe tests and benchmarks/bench_offline_step.py
+    train on. Returns the dataset root."""
+    root = Path(root)
+    generator = torch.Generator().manual_seed(7)
+    teacher = WorldPlayTransformer.from_preset("tiny")
+    randomize_zero_initialised_(teacher, generator)
+    teacher.save_pretrained(root / "teacher")
+    depth, heads = teacher.num_layers, teacher.heads_num
+    hidden = teacher.config.hidden_size
+    head_dim = hidden // heads
+    channels, height, width = TINY_GRID
+    chunk_latents = FRAMES_PER_CHUNK
+    dataset = root / "dataset"
+    dataset.mkdir(parents=True)
+    config = {
+        "teacher": {"folder": str(root / "teacher"), "config_sha256": teacher_config_sha256(teacher),
+                    "action_ckpt": None},
+        "grid": {"C": channels, "H": height, "W": width},
+        "num_latents": TINY_NUM_CHUNKS * chunk_latents, "chunk_latents": chunk_latents, "num_chunks": TINY_NUM_CHUNKS,
+        "num_steps": 4, "context_timestep": 14.0, "prefeature_layers": list(range(depth)),
+        "storage_dtype": "bfloat16", "splits": ["train"],
+    }
+    (dataset / "dataset_config.json").write_text(json.dumps(config))
+    frames, tokens = TINY_NUM_CHUNKS * chunk_latents, chunk_latents * height * width
+    hidden_offset = 0.5 * torch.randn(hidden, generator=generator)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).bfloat16()
+
+    for case_id in TINY_CASES:
+        case = {"image_cond": randn(1, channels, 1, height, width),
+                "text_k": randn(depth, heads, TINY_TEXT_LENGTHS[case_id], head_dim),
+                "text_v": randn(depth, heads, TINY_TEXT_LENGTHS[case_id], head_dim)}
+        facts = write_safetensors_atomic(dataset / f"cases/{case_id}.safetensors", case)
+        append_jsonl(dataset / "manifest.jsonl",
+                     make_manifest_entry("case", f"cases/{case_id}.safetensors", facts, case_id, None, "train"))
+        for action_id in TINY_ACTIONS:
+            viewmats = torch.eye(4).repeat(frames, 1, 1)
+            viewmats[:, 2, 3] = -0.1 * torch.arange(frames)  # the camera walks forward
+            intrinsics = torch.tensor([[0.8, 0.0, 0.5], [0.0, 0.8, 0.5], [0.0, 0.0, 1.0]]).repeat(frames, 1, 1)
+            tensors = {"viewmats": viewmats, "Ks": intrinsics,
+                       "action": torch.randint(0, 81, (frames,), generator=generator),
+                       "timesteps": torch.tensor([1000.0, 937.5, 833.3333, 625.0]),
+                       "sigmas": torch.tensor([1.0, 0.9375, 0.8333333, 0.625, 0.0]),
+                       "seed": torch.tensor([action_id], dtype=torch.int64)}
+            for chunk in range(TINY_NUM_CHUNKS):
+                if chunk > 0:
+                    indices = torch.arange(chunk * chunk_latents)
+                    tensors[f"chunk{chunk}.ctx_indices"] = indices
+                    for layer in range(depth):
+                        tensors[f"chunk{chunk}.ctx_prefeature.layer{layer}"] = randn(
+                            indices.numel() * height * width, hidden)
+                chunk_action = tensors["action"][chunk * chunk_latents:(chunk + 1) * chunk_latents]
+                final_hidden = torch.randn(tokens, hidden, generator=generator)
+                for step in range(4):
+                    # A learnable rule: each step adds the same offset to the hidden, and the velocity is the
+                    # Teacher's own final layer applied to it (as in real data).
+                    final_hidden = final_hidden + hidden_offset
+                    tensors[f"chunk{chunk}.step{step}.latent_in"] = randn(channels, chunk_latents, height, width)
+                    tensors[f"chunk{chunk}.step{step}.final_hidden"] = final_hidden.bfloat16()
+                    tensors[f"chunk{chunk}.step{step}.velocity"] = tiny_teacher_velocity(
+                        teacher, final_hidden, tensors["timesteps"][step], chunk_action).bfloat16()
+                tensors[f"chunk{chunk}.final_latent"] = randn(channels, chunk_latents, height, width)
+            file = f"trajectories/{case_id}__a{action_id}.safetensors"
+            facts = write_safetensors_atomic(dataset / file, tensors)
+            append_jsonl(dataset / "manifest.jsonl",
+                         make_manifest_entry("trajectory", file, facts, case_id, action_id, "train"))
+    return dataset
+
+
+@torch.no_grad()
+def tiny_teacher_velocity(teacher, final_hidden, timestep, action):
+    """Teacher final layer on one chunk's hidden of the TINY_GRID: [N, D] -> velocity [C, T, H, W]."""
+    _, height, width = TINY_GRID
+    frame_vec = teacher.frame_vec(timestep.repeat(1, FRAMES_PER_CHUNK), action[None])
+    tokens = teacher.final_projection(final_hidden[None], frame_vec, height * width)
+    return teacher.unpatchify(tokens, FRAMES_PER_CHUNK, height, width)[0]
 
 
 def tensor_byte_range(path: str | Path, name: str) -> tuple[int, int]:

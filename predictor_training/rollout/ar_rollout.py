@@ -1,8 +1,8 @@
 """The Teacher's autoregressive chunk loop (F-F-F-F), shared by the dataset builder, eval and rollout training.
 
 One video of T latent frames is generated as T / 4 chunks of 4 latent frames, each denoised with the distilled
-4-step schedule (guidance 1, one model call per step). For chunk c, with s = 4c (tests/data/conformance/README.md,
-"Full F-F-F-F trajectory", § F.2):
+4-step schedule (guidance 1, one model call per step). For chunk c, with s = 4c
+(predictor_training/conformance/golden/README.md, "Full F-F-F-F trajectory", § F.2):
 
 1. **Context** (c >= 1): ``idx = select_aligned_memory_frames(w2c, s, ...)`` minus the chunk's own frames, sorted;
    n = len(idx). The context input is ``cat(latents[:, :, idx], cond[:, :, idx])`` - the *current running* latents,
@@ -17,8 +17,8 @@ channels). Model inputs are ``[latent C | image-cond C | mask 1]``.
 
 Precision. ``RolloutConfig.state_dtype`` is the dtype of the running latent buffer: float32 reproduces the golden
 trajectory; bfloat16 is what the real pipeline does (every float32 Euler result is written back into a bf16 buffer,
-tests/data/conformance/README.md § F.4). viewmats / Ks (float64 inputs) and action labels are cast to the Teacher's parameter dtype for each
-call; timesteps stay float32. ``autocast_dtype`` runs every Teacher call under autocast (bf16 for the real model).
+predictor_training/conformance/golden/README.md § F.4). viewmats / Ks (float64 inputs) and action labels are cast to the
+Teacher's parameter dtype for each call; timesteps stay float32. ``autocast_dtype`` runs every Teacher call under autocast (bf16 for the real model).
 
 Replacing steps. ``ARRollout.run(step_fn=...)`` calls ``step_fn(call: StepCall) -> StepOutput`` instead of the Full
 step; ``call.run_teacher()`` runs the Full step, so a schedule such as F-P-P-F is written as a hook that either calls
@@ -54,7 +54,7 @@ from predictor_training.teacher.config import DISTILLED_SHIFT, DISTILLED_STEPS
 from predictor_training.teacher import ContextKV, RecomputedContextKV, TextKV
 from predictor_training.teacher.adapters import active_adapter, adapter
 
-CONTEXT_TIMESTEP = 14.0  # stabilization level 15 minus 1 (tests/data/conformance/README.md § F.3)
+CONTEXT_TIMESTEP = 14.0  # stabilization level 15 minus 1 (predictor_training/conformance/golden/README.md § F.3)
 
 
 # ---- inputs and settings -------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ names (the released `transformer/480p_i2v/config.json` uses the same names), plu
 `byt5_hidden_dim` (hard-coded to 1472 / 2048 upstream).
 
 * `worldplay_480p_i2v`: the real 480p image-to-video sizes (8,557,933,856 parameters with the WorldPlay extras).
-* `tiny`: the sizes of conformance set A (`tests/data/conformance/worldplay_tiny_A/config.json`) with 2 double blocks.
+* `tiny`: the sizes of conformance set A (`predictor_training/conformance/golden/worldplay_tiny_A/config.json`) with 2 double
+  blocks.
 * `demo`: a small CPU demo model (a few MB), every width small, ByT5 sizes shrunk as well.
 """
 

@@ -1,6 +1,6 @@
 """Building blocks of the WorldPlay-1.5 teacher (HunyuanVideo-1.5 backbone), with the upstream sub-module names.
 
-Numerics follow the upstream model (see `tests/data/conformance/README.md`, sections 3-5):
+Numerics follow the upstream model (see `predictor_training/conformance/golden/README.md`, sections 3-5):
 * sinusoidal features, RMS qk-norm and RoPE are computed in float32 and cast back, as upstream does under bf16;
 * LayerNorm eps is 1e-6 in the blocks, the refiner and the final layer, 1e-5 in `byt5_in` and `vision_in`;
 * ProPE matrices are computed in the dtype the poses are given in (the model casts them to the compute dtype).

@@ -1,8 +1,9 @@
 """The WorldPlay-1.5 teacher transformer: our own implementation with the upstream state-dict key names.
 
 Only the autoregressive (AR) paths of the upstream model are implemented: the text prefill, the context (memory)
-prefill and the chunk step (tests/data/conformance/README.md, sections 4-7), plus batch-general building blocks for the Predictor.
-Its double-stream block is teacher/double_stream_block.py; the config it supports is checked in teacher/config.py.
+prefill and the chunk step (predictor_training/conformance/golden/README.md, sections 4-7), plus batch-general
+building blocks for the Predictor. Its double-stream block is teacher/double_stream_block.py; the config it supports
+is checked in teacher/config.py.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""Conformance set A (a copy under tests/data) through predictor_training.conformance.calls
-(the logic of tools/check_conformance.py), strict tier: every case passes, a perturbed model fails the chunk cases,
-and the comparison uses atol + rtol."""
+"""Conformance set A (predictor_training/conformance/golden/worldplay_tiny_A) through
+predictor_training.conformance.calls (the logic of tools/check_conformance.py), strict tier: every case passes, a
+perturbed model fails the chunk cases, and the comparison uses atol + rtol."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
+from predictor_training.conformance import SET_A
 from predictor_training.conformance.calls import build_model, compare_close, load_conformance_set, run_conformance
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 
 
 @pytest.fixture(scope="module")

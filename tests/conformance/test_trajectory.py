@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import io
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from predictor_training.conformance import SET_A
 import predictor_training.conformance.trajectory as trajectory_check
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
@@ -50,8 +48,8 @@ def test_trajectory_tool_passes_set_a_at_strict_tier(set_a_run):
 def test_trajectory_comparison_flags_wrong_context_indices_and_small_errors(set_a_ours, capsys):
     golden = trajectory_check.GoldenTrajectory.load(SET_A)
     assert trajectory_check.compare_with_golden(golden, set_a_ours, "strict").passed
-    # chunk 6 with the second-best memory group (tests/data/conformance/README.md F.6), one velocity 2.5x outside the
-    # strict budget
+    # chunk 6 with the second-best memory group (predictor_training/conformance/golden/README.md F.6), one velocity 2.5x
+    # outside the strict budget
     golden.tensors["chunk6.ctx.indices"] = torch.cat([torch.arange(4), torch.arange(8, 24)])
     velocity = golden.tensors["chunk3.step1.velocity"].clone()
     velocity[0, 0, 0, 0, 0] += 2.5 * 3e-6 * (1 + velocity[0, 0, 0, 0, 0].abs())

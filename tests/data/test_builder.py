@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from predictor_training.conformance import SET_A
 import predictor_training.conformance.trajectory as trajectory_check
 from predictor_training.data import builder
 from predictor_training.data.encoders import EncodedCaseError, load_encoded_case
@@ -39,7 +40,6 @@ from predictor_training.teacher import TEACHER_PRESETS, TextKV, WorldPlayTransfo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS = REPO_ROOT / "tools"
-SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 SHORT_LATENTS = 12
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

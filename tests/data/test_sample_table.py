@@ -52,7 +52,8 @@ def rewrite_line(table: Path, line_index: int, edit) -> None:
 # ---- standard actions and rows --------------------------------------------------------------------------------
 def test_standard_action_poses_have_the_documented_motion(tmp_path):
     paths = write_standard_pose_files(tmp_path)
-    # tests/data/conformance/README.md section 9 labels: forward 1, backward 2 (translation, x9); yaw right 1, yaw left 2 (rotation)
+    # predictor_training/conformance/golden/README.md section 9 labels: forward 1, backward 2 (translation, x9); yaw right 1,
+    # yaw left 2 (rotation)
     expected_label = {0: 1 * 9, 1: 2 * 9, 2: 1 * 9 + 2, 3: 1 * 9 + 1}
     assert sorted(paths) == sorted(STANDARD_ACTIONS)
     for action_id, path in paths.items():

@@ -1,5 +1,5 @@
-"""Write a synthetic conformance folder (format of tests/data/conformance/README.md, sections 1-13 and "Full F-F-F-F
-trajectory") from OUR teacher, with sizes chosen by the caller.
+"""Write a synthetic conformance folder (format of predictor_training/conformance/golden/README.md, sections 1-13 and
+"Full F-F-F-F trajectory") from OUR teacher, with sizes chosen by the caller.
 
 The reference tensors are produced by our own implementation (self-consistency): such a folder checks that the
 conformance tools and the library make no assumption about the sizes of set A (depth, hidden, heads, RoPE split,
@@ -85,7 +85,7 @@ class SyntheticSetSpec:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Model with every parameter random (tests/data/conformance/README.md section 2), on the bf16 grid
+# 1. Model with every parameter random (predictor_training/conformance/golden/README.md section 2), on the bf16 grid
 # ---------------------------------------------------------------------------------------------------------------
 def build_random_teacher(config: dict, seed: int) -> WorldPlayTransformer:
     """Our teacher with all parameters random (no zero-initialised path), values on the bfloat16 grid."""

@@ -57,7 +57,7 @@ def test_hook_that_runs_the_teacher_reproduces_the_plain_rollout(tiny_teacher):
     hooked = ARRollout(tiny_teacher, text_kv, inputs, config).run(step_fn=full_step)
     assert torch.equal(hooked, plain.latents)
     assert seen == [(c, k, 4 * c, 4 * c) for c in range(3) for k in range(4)]
-    # loop identities (tests/data/conformance/README.md F.3, item 7) on a different model and grid
+    # loop identities (predictor_training/conformance/golden/README.md F.3, item 7) on a different model and grid
     for chunk in recorder.chunks:
         for before, after in zip(chunk.steps, chunk.steps[1:]):
             assert torch.equal(before.latent_out, after.latent_in)

@@ -4,18 +4,17 @@ tests/rollout/test_memory_retrieval.py)."""
 import copy
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from predictor_training.conformance import SET_A
 from predictor_training.rollout import camera
 from predictor_training.rollout.camera import PoseError, load_pose, pose_string_to_json, pose_to_input
 
 
-SET_A = Path(__file__).resolve().parents[1] / "data" / "conformance" / "worldplay_tiny_A"
 NUM_LATENTS = 32
 
 
@@ -64,7 +63,8 @@ def test_combined_pose_string_moves_and_turns_in_one_step():
     np.testing.assert_allclose(step_one[:3, :3], yaw_left, atol=1e-15)
     np.testing.assert_allclose(step_one[:3, 3], yaw_left @ [0, 0, 0.08], atol=1e-15)  # turn first, then move
     _, _, action = pose_to_input(pose, 4)
-    # tests/data/conformance/README.md section 9 codes: forward = 1, right = 3 (translation); yaw left = 2, pitch up = 3 (rotation)
+    # predictor_training/conformance/golden/README.md section 9 codes: forward = 1, right = 3 (translation);
+    # yaw left = 2, pitch up = 3 (rotation)
     assert action.tolist() == [0, 1 * 9 + 2, 1 * 9 + 2, 3 * 9 + 3]
 
 

@@ -1,20 +1,18 @@
 """Memory retrieval (predictor_training/rollout/memory_retrieval.py) against conformance set A."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from predictor_training.conformance import SET_A
 from predictor_training.rollout.memory_retrieval import (
     make_retrieval_points,
     memory_candidate_distances,
     select_aligned_memory_frames,
 )
 
-
-SET_A = Path(__file__).resolve().parents[1] / "data" / "conformance" / "worldplay_tiny_A"
 NUM_LATENTS = 32
 
 
@@ -34,7 +32,8 @@ def test_retrieval_points_match_golden_without_touching_global_rng(golden, info)
     assert torch.equal(torch.get_rng_state(), state)
     assert points.dtype == torch.float32
     # Bitwise equality holds only on a CPU whose float32 pow/acos/sin/cos round like the generator's; the
-    # conformance tolerance for the points (tests/data/conformance/README.md section 11) is 1e-6, about 2 ulps here.
+    # conformance tolerance for the points (predictor_training/conformance/golden/README.md section 11) is 1e-6,
+    # about 2 ulps here.
     torch.testing.assert_close(points, golden["retr.points"], atol=1e-6, rtol=0)
 
 

@@ -1,15 +1,14 @@
 """Flow-matching Euler scheduler: golden vectors (conformance set A), stateful == pure step, gradients."""
 
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from predictor_training.conformance import SET_A
 from predictor_training.rollout.scheduler import FlowMatchEulerScheduler, differentiable_euler_step, flow_match_sigmas
 
 
-SET_A = Path(__file__).resolve().parents[1] / "data" / "conformance" / "worldplay_tiny_A"
 NUM_STEPS = 4
 
 

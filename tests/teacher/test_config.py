@@ -5,15 +5,15 @@ support."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from predictor_training.conformance import GOLDEN_DIR
 from predictor_training.teacher import TEACHER_PRESETS, WorldPlayTransformer
 
 
-KEYS_JSON = Path(__file__).resolve().parents[1] / "data" / "conformance" / "worldplay_480p_i2v_keys.json"
+KEYS_JSON = GOLDEN_DIR / "worldplay_480p_i2v_keys.json"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from predictor_training.conformance import SET_A
 from predictor_training.conformance.calls import run_conformance
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 TOOL = REPO_ROOT / "tools" / "check_conformance.py"
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
+from predictor_training.conformance import SET_A
+
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SET_A = REPO_ROOT / "tests" / "data" / "conformance" / "worldplay_tiny_A"
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
