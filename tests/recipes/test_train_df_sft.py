@@ -131,13 +131,17 @@ def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
     assert any(name.endswith("lora_B.weight") and tensor.abs().sum() > 0 for name, tensor in tensors.items())
 
 
-def test_df_sft_resume_equals_an_uninterrupted_run(world, tmp_path):
+def test_df_sft_resume_equals_an_uninterrupted_run(world, tmp_path, capsys):
+    """The continued launch runs steps 4..6 from the saved state (a restart from step 0 would log the same
+    deterministic losses, so the steps it ran are checked too)."""
     common = ["--max_steps", "6", "--warmup_steps", "1", "--ckpt_every", "3"]
     whole, split = tmp_path / "whole", tmp_path / "split"
     assert df_sft.main([*map(str, _argv(world, whole)), *common]) == 0
     assert df_sft.main([*map(str, _argv(world, split)), *common, "--stop_at_step", "3"]) == 0
     assert len(_losses(split)) == 3
+    capsys.readouterr()
     assert df_sft.main([*map(str, _argv(world, split)), *common]) == 0  # the directory's own run continues
+    assert "4..6 of a 6-step schedule" in capsys.readouterr().out
     assert _losses(split) == _losses(whole)
 
 
