@@ -105,7 +105,7 @@ class RunPlan:
 class Launch:
     """One launch as `run_recipe` fills it in; the argument of every recipe step after `plan`. data: what the data
     step returned (its `.batches` feed the loop); parts: the build's `RecipeParts`; config: the run config;
-    run_state: the loop's state (the resumed one during the build's successors, the final one in `after`)."""
+    run_state: the loop's state (as resumed in `summarize`, as the loop left it in `after`)."""
 
     args: argparse.Namespace
     plan: RunPlan
