@@ -1,7 +1,8 @@
 """The start and end every recipe's `main()` shares (predictor_training/runtime/launch.py), in one process: when a
 launch has nothing to train, the run directory made and locked for the run's lifetime (a second writer refused in
-one line), the seeds, and the resume of the roles and the batch stream. A whole toy recipe launched through the
-launchers runs in tests/recipes/test_run_lock.py."""
+one line), the seeds, the resume of the roles and the batch stream, and `run_recipe` running a toy recipe's steps
+(a fresh run stopped early, its continuation, a finished run). A whole toy recipe launched through the launchers
+runs in tests/recipes/test_run_lock.py."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import pytest
 import torch
 
 from predictor_training.runtime.checkpoint import RunState, save_training_state
-from predictor_training.runtime.errors import UserInputError
+from predictor_training.runtime.errors import CommandParser, UserInputError
+from predictor_training.runtime.flags import add_run_args, add_tracker_args
 from predictor_training.runtime.launch import (
-    RunSettings, distributed_run, early_exit, rescaled_position, resume_roles,
+    Recipe, RunPlan, RunSettings, distributed_run, early_exit, rescaled_position, resume_roles, run_recipe,
 )
+from predictor_training.runtime.recipe import RecipeData, RecipeParts
 from predictor_training.runtime.roles import Role
-from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart
-from tests.helpers.toy_loop import META, SINGLE, setup_loop
+from predictor_training.runtime.run_directory import RunLock, RunLockedError, RunStart, run_config
+from tests.helpers.toy_loop import META, SINGLE, read_log, setup_loop
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -120,3 +123,58 @@ def test_a_changed_batch_size_keeps_the_items_seen_in_the_epoch():
     assert rescaled_position(data, [16, 8]) == {"epoch": 3, "position": 12, "seed": 0}
     assert rescaled_position(data, [4, 5])["position"] == 4  # 24 items: 4 whole batches of 5
     assert rescaled_position(data, None) is data
+
+
+def toy_recipe(calls: list) -> Recipe:
+    """A regression model through every step of `run_recipe`, recording what each step saw in `calls`."""
+    def data(launch):
+        calls.append(("data", launch.start.kind))
+        _, _, _, dataset, batches = setup_loop(None, max_steps=launch.args.max_steps)
+        return RecipeData(batches, dataset)
+
+    def build(launch):
+        model, optimizer, schedule, _, _ = setup_loop(None, max_steps=launch.args.max_steps)
+        calls.append(("build", launch.data.dataset is not None))
+
+        def step_fn(batch, *, sync, due):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return {"loss": loss.item()}
+        return RecipeParts(roles=[Role("predictor", model, optimizer, schedule)], step_fn=step_fn, models=[model])
+
+    def summarize(launch):
+        calls.append(("summarize", launch.run_state.global_step))
+        return run_config(launch.args, run_name=launch.start.run_name)
+
+    def after(launch):
+        calls.append(("after", launch.run_state.global_step, launch.config["derived"]["run_name"]))
+
+    return Recipe(plan=lambda args: RunPlan(meta=META, naming=lambda flags, **_: "toy_run"), data=data, build=build,
+                  summarize=summarize, after=after)
+
+
+def toy_args(run_dir, *extra: str) -> argparse.Namespace:
+    parser = CommandParser(prog="toy.py")
+    parser.add_argument("--max_steps", type=int, default=4)
+    parser.add_argument("--stop_at_step", type=int, default=-1)
+    parser.add_argument("--grad_accum", type=int, default=1)
+    add_run_args(parser, experiment="toy", precision="fp32", ckpt_every=2, keep_last=2, log_every=1, seed=0)
+    add_tracker_args(parser, tracker="none", project="toy")
+    return parser.parse_args(["--output_dir", str(run_dir), "--backend", "gloo", "--no_progress", *extra])
+
+
+def test_run_recipe_runs_the_steps_in_order_and_a_second_launch_continues_from_the_saved_state(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    calls = []
+    assert run_recipe(toy_args(run_dir, "--check_only"), toy_recipe(calls)) == 0
+    assert calls == [] and not run_dir.exists()  # --check_only: nothing built, nothing made
+    assert run_recipe(toy_args(run_dir, "--stop_at_step", "2"), toy_recipe(calls)) == 0
+    assert calls == [("data", "fresh"), ("build", True), ("summarize", 0), ("after", 2, "toy_run")]
+    calls.clear()
+    assert run_recipe(toy_args(run_dir), toy_recipe(calls)) == 0  # the directory's own run continues
+    assert calls == [("data", "continue"), ("build", True), ("summarize", 2), ("after", 4, "toy_run")]
+    assert [row["step"] for row in read_log(run_dir)] == [1, 2, 3, 4]
+    calls.clear()
+    assert run_recipe(toy_args(run_dir), toy_recipe(calls)) == 0 and calls == []  # finished: nothing to do
+    assert "already finished at step 4" in capsys.readouterr().out
