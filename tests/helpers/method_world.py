@@ -2,7 +2,7 @@
 module: `write_method_world` (a demo-config Teacher and a 3-clip video-latent dataset), a trained-looking v4
 Predictor, an ODE cache of its clips (`write_ode_cache`), the dmd2 world (`write_dmd2_world`, with a real-score LoRA),
 the dmd2 command line on it (`dmd2_argv`) and one dmd2 step built by the recipe's own `build` from the script's flags
-(`build_dmd2_step`)."""
+(`build_dmd2_step`); the nft and df_sft command lines on the method world (`nft_argv`, `df_sft_args`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+import fvtools.train_df_sft as train_df_sft
 import fvtools.train_dmd2 as train_dmd2
 import predictor_training.recipes.dmd2 as dmd2
 from predictor_training.data import video_latent_build as vb
@@ -111,3 +112,19 @@ def build_dmd2_step(world, tmp_path, *extra, wrap_score=None):
                        rollout_config=dmd2.RolloutConfig(state_dtype=torch.float32), wrap_score=wrap_score)
     step = parts.step_fn
     return args, step, *parts.roles, step.teacher, step.real
+
+
+def nft_argv(world, out: Path, *extra: str) -> list[str]:
+    """fvtools/train_nft.py's command line on the method world: a rank-4 LoRA policy, 4 steps, groups of 2."""
+    return ["--teacher", str(world["teacher"]), "--no_action_ckpt", "--dataset_root", str(world["videos"]),
+            "--output_dir", str(out), "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--precision", "fp32", "--lr", "1e-2",
+            "--max_steps", "4", "--warmup_steps", "0", "--samples_per_group", "2", "--chunks_per_sample", "1",
+            "--monitor_every", "100", "--no-gradient_checkpointing", "--tracker", "none", "--num_workers", "0",
+            "--no_progress", *extra]
+
+
+def df_sft_args(world, out: Path, *extra: str):
+    """fvtools/train_df_sft.py's flags, parsed, on the method world (demo preset, no validation)."""
+    return train_df_sft.parse_args(["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root",
+                                    str(world["videos"]), "--output_dir", str(out), "--no_progress", "--val_every",
+                                    "0", *extra])

@@ -5,7 +5,8 @@ scores it converges to (2, 0.5); with a learned critic updated every step and th
 with the two scores swapped it moves away (the sign). As tiny exact tests (no model): the DMD step moves a sample
 towards the real score's x0 and away from the fake score's, and the critic's target is noise - x0.
 
-The wiring in the recipe is tested on the tiny world in tests/recipes/test_train_dmd2.py."""
+The wiring in the recipe is tested on the tiny world in tests/recipes/test_dmd2.py (the script's runs in
+tests/recipes/test_train_dmd2.py)."""
 
 from __future__ import annotations
 

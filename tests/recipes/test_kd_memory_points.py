@@ -3,23 +3,21 @@
 KD's ODE-cache samples and DF-SFT's Teacher samples are the Teacher's own AR rollouts, whose memory points are
 `make_retrieval_points(seed)`. Past `memory_frames` latents the memory is ranked by a Monte-Carlo FOV overlap, so a
 student that re-selects the context with other points can condition on other frames than the Teacher's target was
-made with. The clip here is 32 latents on a camera that looks left (latents 4-7), right (8-11), elsewhere
+made with. The clip here (tests/helpers/memory_clip.py) is 32 latents on a camera that looks left (latents 4-7), right (8-11), elsewhere
 (12-23), then back to the start (24-31): the two memory groups 4-7 and 8-11 overlap the last chunks' view equally in
 expectation, so which one joins the context is decided by the point set (a near-tie, where memory matters most).
 
-Also: `--context_noise` of df_sft (clean = the AR loop's context; independent = diffusion forcing), and the KD
-student's noise levels against the cache's states (`student_state_indices`).
+Also: `--context_noise` of df_sft (clean = the AR loop's context; independent = diffusion forcing). The KD
+student's noise levels against the cache's states (`student_state_indices`) are tested in tests/recipes/test_kd.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,62 +30,29 @@ from predictor_training.data.ode_cache import CacheJob, CacheSettings, OdeCacheD
 from predictor_training.methods.method_model import MethodModel, MethodSettings, build_method_model
 from predictor_training.runtime.flags import settings_from_flags
 from predictor_training.rollout.ar_rollout import RolloutInputs, record_rollout
-from predictor_training.rollout.camera import _rotation_y
 from predictor_training.rollout.memory_retrieval import make_retrieval_points, select_aligned_memory_frames
-from predictor_training.rollout.scheduler import flow_match_sigmas
 from predictor_training.rollout.teacher_forcing import clip_text_kv
 from predictor_training.runtime.checkpoint import RunState
 from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.precision import precision_policy
 from predictor_training.runtime.random_streams import stream_seed
-from predictor_training.teacher import WorldPlayTransformer, randomize_zero_initialised_
+from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.source import TeacherSource
+from tests.helpers.memory_clip import NUM_LATENTS, ROLLOUT_SEED, write_memory_clip
 from tests.helpers.recording_models import RecordingTeacher, frame_indices
 
 
 CPU = torch.device("cpu")
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
 STUDENT = frozenset({"student"})
-NUM_LATENTS = 32
-ROLLOUT_SEED = 100  # its points put memory group 8-11 in the last chunks' context
 OLD_STREAM_SEED = stream_seed(0, 0, 0, 1)  # the per-micro-step points of (seed 0, micro-step 0, rank 0): group 4-7
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _yaw_path(yaws: list[float]) -> torch.Tensor:
-    """World-to-camera [T, 4, 4] (float32) of a camera turning in place."""
-    matrices = []
-    for yaw in yaws:
-        matrix = np.eye(4)
-        matrix[:3, :3] = _rotation_y(math.radians(yaw))
-        matrices.append(matrix)
-    return torch.tensor(np.stack(matrices), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory) -> dict:
     """A demo-config Teacher folder (random weights) and a 32-latent i2v condition with encoder outputs."""
-    root = tmp_path_factory.mktemp("kd_memory")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        teacher = WorldPlayTransformer.from_preset("demo")
-    randomize_zero_initialised_(teacher, torch.Generator().manual_seed(0))
-    teacher.save_pretrained(str(root / "teacher"))
-    generator = torch.Generator().manual_seed(1)
-    yaws = [0.0] * 4 + [-30.0] * 4 + [30.0] * 4 + [90.0] * 12 + [0.0] * 8
-    Ks = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.6, 0.5], [0.0, 0.0, 1.0]]).expand(NUM_LATENTS, 3, 3).clone()
-    condition = {
-        "image_cond": torch.randn(1, 4, 1, 2, 3, generator=generator),
-        "viewmats": _yaw_path(yaws),
-        "Ks": Ks,
-        "action": torch.randint(0, 81, (NUM_LATENTS,), generator=generator),
-        "prompt_embeds": torch.randn(1, 6, 32, generator=generator),
-        "prompt_mask": torch.tensor([[1, 1, 1, 1, 0, 0]]),
-        "byt5_text_states": torch.randn(1, 4, 32, generator=generator),
-        "byt5_text_mask": torch.tensor([[1, 1, 0, 0]]),
-        "vision_states": torch.randn(1, 9, 16, generator=generator),
-    }
-    return {"root": root, "teacher": root / "teacher", "condition": condition}
+    return write_memory_clip(tmp_path_factory.mktemp("kd_memory"))
 
 
 def _selection(viewmats: torch.Tensor, seed: int) -> dict[int, list[int]]:
@@ -308,57 +273,3 @@ def test_noisy_context_needs_the_exact_context_mode(clip, teacher_sample):
                           memory_seed=0, text_grad=False, context_grad=False, noisy_context=context)
     with pytest.raises(ValueError, match=r"sigma must be \[T\] = \[32\]"):
         NoisyContext(latents=history, sigma=torch.zeros(8))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# KD: the student's noise levels index the cache's states
-# ---------------------------------------------------------------------------------------------------------------
-def test_student_state_indices_table():
-    eight = flow_match_sigmas(8, 5.0)[:-1].tolist()  # a cache of 8 steps at shift 5, every state stored
-    assert kd_recipe.student_state_indices(4, 5.0, eight) == [0, 2, 4, 6]
-    assert kd_recipe.student_state_indices(2, 5.0, eight) == [0, 4]
-    assert kd_recipe.student_state_indices(8, 5.0, eight) == list(range(8))
-    assert kd_recipe.student_state_indices(4, 5.0, eight[::2]) == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="rebuild the cache with --store_grid 3"):
-        kd_recipe.student_state_indices(3, 5.0, eight)
-
-
-def test_kd_feeds_each_state_at_its_own_level_on_the_students_grid(clip, tmp_path):
-    """Every chunk step of a KD step sees a cached state and the timestep of that state's sigma, and that sigma is
-    one of the student's levels (4 steps at shift 5) - on a cache of 8 stored states, an index off by one feeds a
-    state between the student's levels."""
-    teacher = WorldPlayTransformer.from_pretrained(str(clip["teacher"])).eval().requires_grad_(False)
-    condition = dict(clip["condition"])
-    for name in ("viewmats", "Ks", "action"):
-        condition[name] = condition[name][:8]
-    job = CacheJob(0, "train0", "train", ROLLOUT_SEED, ("train", 0))
-    settings = CacheSettings(steps=8, shift=5.0, store_grid=8, compute_dtype="float32", storage_dtype="float32")
-    build_cache(teacher, [job], lambda job: condition, settings, tmp_path / "cache", env=ENV, inputs={"test": True})
-    args = kd.parse_args(["--preset", "demo", "--val_every", "0", "--teacher", str(clip["teacher"]), "--cache_root",
-                          str(tmp_path / "cache"), "--output_dir", str(tmp_path / "kd"), "--chunks_per_clip", "2",
-                          "--no_progress"])
-    dataset = OdeCacheDataset(tmp_path / "cache", "train")
-    item = dataset[0]
-    method_model = build_method_model(TeacherSource(args.teacher, None, "--teacher", None),
-                                      settings_from_flags(MethodSettings, args), ENV, precision_policy("fp32", CPU),
-                                      role_name="student")
-    student_sigmas = flow_match_sigmas(4, 5.0)[:-1]
-    seen = set()
-    for micro_step in range(6):
-        recorded_model, recording = _recording(method_model)
-        step = kd_recipe.CausalKDStep(recorded_model, kd_recipe.RolloutConfig(state_dtype=torch.float32),
-                                      kd_recipe.student_state_indices(4, 5.0, dataset.stored_sigmas), args, ENV,
-                                      RunState(micro_step=micro_step))
-        step(item, sync=True, due=STUDENT)
-        steps = _inputs(recording, "chunk_step")
-        assert len(steps) == 2
-        for hidden, timestep in steps:
-            sigma = float(timestep[0]) / 1000.0
-            assert torch.equal(timestep, timestep[:1].expand(4))
-            assert torch.isclose(student_sigmas, torch.tensor(sigma), atol=1e-6).any(), (sigma, student_sigmas)
-            state = int(torch.isclose(item["sigmas"], torch.tensor(sigma), atol=1e-6).nonzero()[0])
-            matches = [chunk for chunk in range(2)
-                       if torch.equal(hidden[0, :4], item["states"][state][:, 4 * chunk:4 * chunk + 4])]
-            assert matches, f"the state fed at sigma {sigma} is not the cached state at that sigma"
-            seen.add(round(sigma, 4))
-    assert len(seen) >= 3  # the draws cover the student's levels

@@ -2,12 +2,11 @@
 
 Data: the video-latent demo (three procedural clips of 8 latents at 2 x 3 through the demo's tiny random encoders:
 two train, one holdout); the model: the demo Teacher config (4 blocks, width 64). Covered: overfitting two clips,
-one noise level per chunk, LoRA training only the adapter, exact resume (also FSDP2 on 2 gloo ranks), strict flags,
-the dry run on the meta device."""
+LoRA training only the adapter, exact resume (also FSDP2 on 2 gloo ranks), strict flags, the dry run on the meta
+device. One noise level per chunk (the recipe's step alone) is tested in tests/recipes/test_df_sft.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -27,8 +26,7 @@ from predictor_training.runtime.provenance import weights_sha256
 from predictor_training.teacher import WorldPlayTransformer
 from predictor_training.teacher.adapters import load_lora, read_lora_header
 from predictor_training.teacher.source import TeacherSource
-from tests.helpers.method_world import write_method_world
-from tests.helpers.recording_models import RecordingTeacher
+from tests.helpers.method_world import df_sft_args, write_method_world
 
 
 CPU = torch.device("cpu")
@@ -39,12 +37,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     return write_method_world(tmp_path_factory.mktemp("fvtools"))
-
-
-def _df_sft_args(world, out: Path, *extra: str):
-    return df_sft.parse_args(["--preset", "demo", "--teacher", str(world["teacher"]), "--dataset_root",
-                              str(world["videos"]), "--output_dir", str(out), "--no_progress", "--val_every", "0",
-                              *extra])
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -71,29 +63,8 @@ def test_df_sft_overfits_two_clips_from_scratch(world, tmp_path):
     assert torch.equal(exported.state_dict()["img_in.proj.weight"], state["img_in.proj.weight"])
 
 
-def test_df_sft_draws_one_noise_level_per_chunk(world, tmp_path):
-    args = _df_sft_args(world, tmp_path / "sigmas", "--chunks_per_clip", "2", "--sigma_min", "0.0")
-    policy = precision_policy("fp32", CPU)
-    source = TeacherSource(args.teacher, None, "--teacher", None)
-    method_model = build_method_model(source, settings_from_flags(MethodSettings, args), ENV, policy,
-                                      role_name="student")
-    recording = RecordingTeacher(method_model.model, "chunk_step")
-    dataset = VideoLatentDataset(world["videos"], "train")
-    rollout_config = df_sft_recipe.RolloutConfig(state_dtype=torch.float32)
-    step = df_sft_recipe.DiffusionForcingStep(dataclasses.replace(method_model, model=recording), rollout_config, args,
-                                              ENV, RunState())
-    metrics = step(dataset[0], sync=True, due=frozenset({"student"}))
-    seen = [call["args"][1] for call in recording.calls["chunk_step"]]  # the per-frame timestep [4]
-    assert len(seen) == 2
-    for timestep in seen:
-        assert torch.all(timestep == timestep[0])  # one level for the 4 frames of a chunk
-    assert seen[0][0] != seen[1][0]  # and another for the next chunk of the same clip
-    assert metrics["sigma/spread"] > 0
-    assert all(param.grad is not None for param in method_model.role.parameters[:5])
-
-
 def test_df_sft_lora_changes_only_the_adapter(world, tmp_path):
-    args = _df_sft_args(world, tmp_path / "lora", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4",
+    args = df_sft_args(world, tmp_path / "lora", "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4",
                         "--lr", "1e-2", "--max_steps", "3", "--warmup_steps", "0")
     policy = precision_policy("fp32", CPU)
     source = TeacherSource(args.teacher, None, "--teacher", None)
@@ -153,18 +124,18 @@ def _argv(world, out: Path) -> list[str]:
 def test_df_sft_flags_and_config_are_strict(world, tmp_path, capsys):
     config = tmp_path / "recipe.yaml"
     config.write_text("lr: 1e-4\nchunks_per_clip: 3\n")
-    args = _df_sft_args(world, tmp_path / "cfg", "--config", str(config))
+    args = df_sft_args(world, tmp_path / "cfg", "--config", str(config))
     assert args.lr == 1e-4 and isinstance(args.lr, float) and args.chunks_per_clip == 3
     config.write_text("learning_rate: 1e-4\n")
     with pytest.raises(SystemExit) as exit_info:
-        _df_sft_args(world, tmp_path / "cfg", "--config", str(config))
+        df_sft_args(world, tmp_path / "cfg", "--config", str(config))
     assert exit_info.value.code == 2
     assert "unknown flag 'learning_rate'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _df_sft_args(world, tmp_path / "cfg", "--sigma_min", "0.5", "--sigma_max", "0.4")
+        df_sft_args(world, tmp_path / "cfg", "--sigma_min", "0.5", "--sigma_max", "0.4")
     assert "--sigma_min=0.5 --sigma_max=0.4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _df_sft_args(world, tmp_path / "cfg", "--data", "teacher_samples")
+        df_sft_args(world, tmp_path / "cfg", "--data", "teacher_samples")
     assert "expected a dataset folder with dataset_config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         df_sft.parse_args(["--teacher", str(world["teacher"])])

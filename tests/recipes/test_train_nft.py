@@ -3,7 +3,7 @@
 Data: the video-latent demo (three procedural clips of 8 latents at 2 x 3, two train, one holdout, through the
 demo's tiny random encoders and VAE); the model: the demo Teacher config (4 blocks, width 64). The NFT loss itself
 (sign, zero advantage, toy convergence) and the rewards are tested in tests/methods/; the 2-rank path runs here and
-in the launcher demo."""
+in the launcher demo; the recipe's step and build (one real step, advantages, sampling) in tests/recipes/test_nft.py."""
 
 from __future__ import annotations
 
@@ -15,19 +15,12 @@ import torch
 
 import fvtools.train_nft as nft
 import predictor_training.recipes.nft as nft_recipe
-from predictor_training.data.video_latents import VideoLatentDataset
-from predictor_training.methods.nft import nft_objective, sampler_sigma_grid
-from predictor_training.methods.rewards import default_vae_folder
 from predictor_training.runtime.checkpoint import read_training_state
-from predictor_training.runtime.distributed import DistEnv
 from predictor_training.runtime.flags import settings_from_flags
-from predictor_training.runtime.precision import precision_policy
-from tests.helpers.method_world import write_method_world
+from tests.helpers.method_world import nft_argv, write_method_world
 from tests.helpers.two_ranks import assert_finished, run_two_ranks
 
 
-CPU = torch.device("cpu")
-ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, backend=None, is_main=True)
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run faster on one thread
 
 
@@ -36,134 +29,46 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return write_method_world(tmp_path_factory.mktemp("nft"))
 
 
-def _argv(world, out: Path, *extra: str) -> list[str]:
-    return ["--teacher", str(world["teacher"]), "--no_action_ckpt", "--dataset_root", str(world["videos"]),
-            "--output_dir", str(out), "--train", "lora", "--lora_rank", "4", "--lora_alpha", "4", "--precision", "fp32", "--lr", "1e-2",
-            "--max_steps", "4", "--warmup_steps", "0", "--samples_per_group", "2", "--chunks_per_sample", "1",
-            "--monitor_every", "100", "--no-gradient_checkpointing", "--tracker", "none", "--num_workers", "0",
-            "--no_progress", *extra]
-
-
 def test_flags_are_checked(world, tmp_path, capsys):
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--rewards", "aesthetic:1"))
+        nft.parse_args(nft_argv(world, tmp_path, "--rewards", "aesthetic:1"))
     assert "unknown reward 'aesthetic'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--samples_per_group", "1"))
+        nft.parse_args(nft_argv(world, tmp_path, "--samples_per_group", "1"))
     assert "argument --samples_per_group: expected >= 2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--reference_video", "none"))
+        nft.parse_args(nft_argv(world, tmp_path, "--reference_video", "none"))
     assert "--reference_video none has none" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--reference_video", "ground_truth"))
+        nft.parse_args(nft_argv(world, tmp_path, "--reference_video", "ground_truth"))
     assert "--ground_truth=None: expected a folder" in capsys.readouterr().err
 
 
 def test_sigma_and_advantage_flags(world, tmp_path, capsys):
     """Defaults: the sampler's sigma grid and the global advantage std. A continuous range below the distilled
     Teacher's lowest trained sigma is refused for a policy that starts from it, unless forced."""
-    args = nft.parse_args(_argv(world, tmp_path))
+    args = nft.parse_args(nft_argv(world, tmp_path))
     assert (args.train_sigmas, args.advantage_std, args.sigma_min) == ("sampler_grid", "global", 0.625)
     grid = nft.sampler_sigma_grid(args.sample_steps, args.sample_shift)
     assert nft.describe_train_sigmas(settings_from_flags(nft.TrainSigmas, args), grid) == \
         "on the sampler's grid {1, 0.9375, 0.8333, 0.625}"
-    assert nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range")).sigma_min == 0.625
+    assert nft.parse_args(nft_argv(world, tmp_path, "--train_sigmas", "range")).sigma_min == 0.625
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2"))
+        nft.parse_args(nft_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2"))
     error = capsys.readouterr().err
     assert "--sigma_min=0.2 with --train_sigmas range" in error and "--allow_sigma_below_teacher" in error
-    forced = nft.parse_args(_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2",
+    forced = nft.parse_args(nft_argv(world, tmp_path, "--train_sigmas", "range", "--sigma_min", "0.2",
                                   "--allow_sigma_below_teacher"))
     assert forced.sigma_min == 0.2
-    scratch = nft.parse_args(_argv(world, tmp_path, "--train", "full", "--init_weights", "scratch", "--train_sigmas",
+    scratch = nft.parse_args(nft_argv(world, tmp_path, "--train", "full", "--init_weights", "scratch", "--train_sigmas",
                                    "range", "--sigma_min", "0.2"))  # not the distilled Teacher: no floor
     assert scratch.sigma_min == 0.2
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--sigma_min", "0.7"))
+        nft.parse_args(nft_argv(world, tmp_path, "--sigma_min", "0.7"))
     assert "--sigma_min=0.7 with --train_sigmas sampler_grid" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        nft.parse_args(_argv(world, tmp_path, "--advantage_std", "batch"))
+        nft.parse_args(nft_argv(world, tmp_path, "--advantage_std", "batch"))
     assert "invalid choice: 'batch'" in capsys.readouterr().err
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# one real step
-# ---------------------------------------------------------------------------------------------------------------
-def _step(world, tmp_path, *extra: str, **seams):
-    """(the NFT step, the policy's method model, the policy models) from the recipe's own `build`; `seams`: its
-    keywords."""
-    args = nft.parse_args(_argv(world, tmp_path / "step", *extra))
-    parts = nft_recipe.build(args, ENV, precision_policy("fp32", CPU),
-                             vae_folder=default_vae_folder(args.dataset_root), **seams)
-    return parts.step_fn, parts.objects["method_model"], parts.step_fn.models
-
-
-@pytest.mark.parametrize("train", ["lora", "full"])
-def test_one_step_trains_only_the_policy(world, tmp_path, train):
-    step, method_model, models = _step(world, tmp_path, "--train", train, "--kl_weight", "1.0")
-    item = VideoLatentDataset(world["videos"], "train")[0]
-    policy_params = {id(param) for param in method_model.role.parameters}
-    frozen = {(id(module), name): param.detach().clone() for module in set(models.modules.values())
-              for name, param in module.named_parameters() if id(param) not in policy_params}
-    frozen_old = {name: param.detach().clone() for name, param in models.old_module.named_parameters()}
-    method_model.role.zero_grad()
-    metrics = step(item, sync=True, due=frozenset({nft_recipe.ROLE}))
-    named = dict(method_model.role.raw_module.named_parameters())
-    without = [name for name, param in named.items() if param.grad is None]
-    last = len(method_model.model.double_blocks) - 1  # the last block's text-stream output feeds nothing
-    assert all(name.startswith(f"double_blocks.{last}.txt_") for name in without), without
-    grads = [param.grad for param in named.values() if param.grad is not None]
-    assert all(torch.isfinite(grad).all() for grad in grads)
-    assert sum(float(grad.abs().sum()) for grad in grads) > 0  # policy == old policy, yet a non-zero update
-    for module in set(models.modules.values()):  # no gradient outside the policy: old policy, reference, base
-        assert all(param.grad is None for param in module.parameters() if id(param) not in policy_params)
-    assert all(torch.equal(param, frozen[id(module), name]) for module in set(models.modules.values())
-               for name, param in module.named_parameters() if id(param) not in policy_params)
-    assert metrics["advantage/abs_mean"] > 0 and metrics["kl"] == 0  # policy == reference before any update
-    assert metrics["monitor/std_ratio"] == 1.0  # step 1: policy == reference, the same noise
-    method_model.role.step()  # optimizer step, then old <- d old + (1 - d) policy (ramp_slow: d = 0.001)
-    for name, param in models.old_module.named_parameters():
-        policy_param = dict(method_model.role.raw_module.named_parameters())[name]
-        torch.testing.assert_close(param, 0.001 * frozen_old[name] + 0.999 * policy_param.detach(), rtol=0,
-                                   atol=1e-7)
-
-
-def test_step_trains_each_sample_with_its_own_advantage_on_the_sampler_grid(world, tmp_path):
-    """The rewards [0, 1] of a group of two: the objective sees sample 0 with A = -0.5/(0.5 + 1e-4) and sample 1 with
-    +0.5/(0.5 + 1e-4) (not negated, not swapped), each chunk at one of the sampler's sigmas."""
-    seen = []
-
-    def recorded_objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs):
-        seen.append((float(t), float(advantage), x0.detach().clone()))
-        return nft_objective(v_policy, v_old, v_reference, x_t, x0, t, advantage, **kwargs)
-
-    def ranked_rewards(videos, item):  # sample k scores k
-        return {"total": torch.arange(videos.shape[0], dtype=torch.float32)}
-
-    step, _, _ = _step(world, tmp_path, objective=recorded_objective,
-                       make_rewards=lambda args, vae_folder, device: ranked_rewards)
-    item = VideoLatentDataset(world["videos"], "train")[0]
-    samples = step.sample(item, "old", range(2))
-    step(item, sync=True, due=frozenset({nft_recipe.ROLE}))
-    assert len(seen) == 2  # one chunk per sample
-    expected = 0.5 / (0.5 + 1e-4)
-    assert [advantage for _, advantage, _ in seen] == pytest.approx([-expected, expected])
-    grid = set(sampler_sigma_grid(4, 5.0).tolist())
-    assert all(sigma in grid for sigma, _, _ in seen)
-    for index, (_, _, x0) in enumerate(seen):  # the objective's x0 is a chunk of sample `index`
-        chunk = x0.shape[2]
-        assert any(torch.equal(x0.cpu(), samples[index:index + 1, :, start:start + chunk])
-                   for start in range(0, samples.shape[2], chunk))
-
-
-def test_sampling_is_regenerated_from_its_counters(world, tmp_path):
-    step, _, _ = _step(world, tmp_path)
-    item = VideoLatentDataset(world["videos"], "train")[0]
-    first = step.sample(item, "old", range(2))
-    assert not torch.equal(first[0], first[1])  # the samples of a group differ
-    assert torch.equal(step.sample(item, "old", range(2)), first)  # the same counters: the same samples
-    step.run_state.micro_step = 1
-    assert not torch.equal(step.sample(item, "old", range(2)), first)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,9 +81,9 @@ def _log(run_dir: Path) -> list[dict]:
 def test_resume_equals_an_uninterrupted_run(world, tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["--ckpt_every", "2", "--monitor_every", "3"]
-    assert nft.main(_argv(world, whole, *common)) == 0
-    assert nft.main(_argv(world, split, *common, "--stop_at_step", "2")) == 0
-    assert nft.main(_argv(world, split, *common)) == 0  # the directory's own run continues at step 3
+    assert nft.main(nft_argv(world, whole, *common)) == 0
+    assert nft.main(nft_argv(world, split, *common, "--stop_at_step", "2")) == 0
+    assert nft.main(nft_argv(world, split, *common)) == 0  # the directory's own run continues at step 3
     timing = ("time/", "memory/")
     strip = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(whole)]
     resumed = [{key: value for key, value in record.items() if not key.startswith(timing)} for record in _log(split)]
@@ -206,7 +111,7 @@ def test_two_ranks_gather_the_groups_and_keep_the_policy_identical(world, tmp_pa
     each. The loop's checkpoint refuses replicas that differ over ranks, so finishing proves the all-reduced LoRA
     policy stayed identical on both ranks; the held-out comparison is sharded over the ranks and gathered."""
     run_dir = tmp_path / "run"
-    result = run_two_ranks("fvtools/train_nft.py", *_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
+    result = run_two_ranks("fvtools/train_nft.py", *nft_argv(world, run_dir, "--max_steps", "2", "--ckpt_every", "1",
                                                           "--eval_clips", "1"))
     assert_finished(result)
     assert read_training_state(run_dir / "training_latest.pt")["world_size"] == 2
@@ -218,8 +123,8 @@ def test_two_ranks_gather_the_groups_and_keep_the_policy_identical(world, tmp_pa
 
 def test_validation_reports_held_out_rewards_and_changes_no_training(world, tmp_path):
     plain, validated = tmp_path / "plain", tmp_path / "validated"
-    assert nft.main(_argv(world, plain, "--max_steps", "2")) == 0
-    assert nft.main(_argv(world, validated, "--max_steps", "2", "--val_every", "1", "--val_videos", "1")) == 0
+    assert nft.main(nft_argv(world, plain, "--max_steps", "2")) == 0
+    assert nft.main(nft_argv(world, validated, "--max_steps", "2", "--val_every", "1", "--val_videos", "1")) == 0
     timing = ("time/", "memory/", "val/")
     assert ([{k: v for k, v in row.items() if not k.startswith(timing)} for row in _log(validated)]
             == [{k: v for k, v in row.items() if not k.startswith(timing)} for row in _log(plain)])
