@@ -34,7 +34,7 @@ from predictor_training.runtime.errors import CommandParser, command
 from predictor_training.runtime.flags import add_run_args, add_tracker_args, check_args, parse_recipe_args
 from predictor_training.recipes.flags import add_method_optimization_args
 from predictor_training.runtime.io import write_json_atomic
-from predictor_training.runtime.launch import resume_roles, run_training
+from predictor_training.runtime.launch import RunSettings, resume_roles, run_training
 from predictor_training.runtime.optim import WarmupCosineSchedule, build_optimizer
 from predictor_training.runtime.precision import PrecisionPolicy, precision_policy
 from predictor_training.runtime.recipe import RecipeParts
@@ -332,8 +332,8 @@ def main(argv=None) -> int:
             log0(f"world VAE: {sum(p.numel() for p in vae.parameters()):,} parameters; {len(clips)} training clips; "
                  f"steps {run_state.global_step + 1}..{start.stop_step}")
             # 6. Train: the VAE step and the shared loop.
-            run_training(args, start, env, roles=parts.roles, batches=batches, step_fn=parts.step_fn,
-                         run_state=run_state, config=config, meta=meta, **parts.loop_options)
+            run_training(RunSettings.from_flags(args), start, env, roles=parts.roles, batches=batches,
+                         step_fn=parts.step_fn, run_state=run_state, config=config, meta=meta, **parts.loop_options)
             if start.stop_step < args.max_steps:
                 return 0
         # 7. Finish: the latent scale, held-out PSNR of whole clips, the diffusers folder.
