@@ -47,7 +47,6 @@ from predictor_training.data.teacher_samples import TeacherSampleDataset
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME
 from predictor_training.data.video_latents import VideoLatentDataset
 from predictor_training.eval.validation import resolve_video_val_inputs
-from predictor_training.methods.flow_matching import add_sigma_args
 from predictor_training.methods.method_model import (
     dry_run_report,
     export_method_model,
@@ -55,7 +54,7 @@ from predictor_training.methods.method_model import (
 )
 from predictor_training.recipes.df_sft import METHOD, ROLE, build
 from predictor_training.recipes.flags import (
-    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+    add_method_model_args, add_method_optimization_args, add_sigma_args, add_validation_args, check_action_ckpt,
 )
 from predictor_training.rollout.ar_rollout import RolloutConfig
 from predictor_training.rollout.teacher_forcing import CONTEXT_NOISE_MODES

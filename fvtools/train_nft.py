@@ -44,14 +44,13 @@ from pathlib import Path
 from predictor_training.data.batches import one_item_per_rank_batches
 from predictor_training.data.provenance import run_provenance
 from predictor_training.data.video_latents import CONFIG_NAME as VIDEO_CONFIG_NAME, VideoLatentDataset
-from predictor_training.methods.flow_matching import add_sigma_args
 from predictor_training.methods.method_model import dry_run_report, export_method_model, method_meta
 from predictor_training.methods.nft import ADVANTAGE_STDS, OLD_DECAY_SCHEDULES, TRAIN_SIGMAS, TrainSigmas, \
     check_train_sigmas, describe_train_sigmas, sampler_sigma_grid
 from predictor_training.methods.rewards import REFERENCE_KINDS, RewardScorer, default_vae_folder, describe_rewards, \
     holds_vae, parse_reward_weights
 from predictor_training.recipes.flags import (
-    add_method_model_args, add_method_optimization_args, add_validation_args, check_action_ckpt,
+    add_method_model_args, add_method_optimization_args, add_sigma_args, add_validation_args, check_action_ckpt,
 )
 from predictor_training.recipes.nft import METHOD, ROLE, build, evaluate
 from predictor_training.rollout.scheduler import DISTILLED_SIGMA_FLOOR

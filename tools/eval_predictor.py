@@ -49,7 +49,8 @@ from predictor_training.eval import (
     run_evaluation,
 )
 from predictor_training.eval.run import check_evaluation
-from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs
+from predictor_training.eval.inputs import INPUT_FLAGS, resolve_inputs
+from predictor_training.recipes.flags import add_input_args
 from predictor_training.eval.reports import SIDE_BY_SIDE_MIN_HEIGHT
 from predictor_training.eval.settings import EVAL_FLAGS
 from predictor_training.recipes.flags import add_plan_args, check_plan

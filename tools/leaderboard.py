@@ -51,7 +51,8 @@ import torch
 
 from predictor_training.eval import DTYPES, resolve_eval_settings
 from predictor_training.eval.front import BOOTSTRAP_UNITS, Estimate
-from predictor_training.eval.inputs import INPUT_FLAGS, add_input_args, resolve_inputs, sample_table_path
+from predictor_training.eval.inputs import INPUT_FLAGS, resolve_inputs, sample_table_path
+from predictor_training.recipes.flags import add_input_args
 from predictor_training.eval.caches import spread_rows
 from predictor_training.eval.adaptive_calibration import calibrate_adaptive
 from predictor_training.eval.leaderboard import (

@@ -1,5 +1,6 @@
-"""The input flags every evaluation command shares (tools/eval_predictor.py, tools/leaderboard.py): the Teacher,
-VAE, sample tables, case source, split and ground truth, or one demo folder for all of them."""
+"""The inputs every evaluation command shares (tools/eval_predictor.py, tools/leaderboard.py): the Teacher, VAE,
+sample tables, case source, split and ground truth, or one demo folder for all of them, resolved from their flags
+(declared by `recipes/flags.py add_input_args`)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,9 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from predictor_training.data.sample_table import FINAL_SPLIT, SPLIT_NAMES
+from predictor_training.data.sample_table import FINAL_SPLIT
 
 DEMO_CONFIG_NAME = "demo_config.json"  # its optional "ground_truth" key names the demo's ground-truth folder
-
-
-def add_input_args(parser: argparse.ArgumentParser) -> None:
-    inputs = parser.add_argument_group("inputs (either --demo D, or the separate flags)")
-    inputs.add_argument("--demo", type=Path, help="demo asset folder (tools/make_demo_assets.py): D/teacher, "
-                        "D/encoders/vae, D/samples/<split>.jsonl, D/encoded")
-    inputs.add_argument("--teacher", type=Path, help="Teacher transformer folder; default: the one recorded in the "
-                        "first checkpoint's run config (flags teacher / dataset_root). Either way its config is "
-                        "checked against the Teacher config recorded by the checkpoints' training dataset, if any")
-    inputs.add_argument("--action_ckpt", type=Path, help="WorldPlay action checkpoint loaded strictly on --teacher")
-    inputs.add_argument("--vae", type=Path, help="AutoencoderKLHunyuanVideo15 folder (or a diffusers pipeline folder "
-                        "with vae/)")
-    inputs.add_argument("--samples_dir", type=Path, help="folder of the sample tables <split>.jsonl")
-    inputs.add_argument("--encoded", type=Path, help="encoder outputs {case_id}.pt (the text prefill then runs and "
-                        "is timed)")
-    inputs.add_argument("--dataset_root", type=Path, help="instead of --encoded: a built dataset whose cases/ hold the "
-                        "stored text K/V (no text prefill is run or timed)")
-    inputs.add_argument("--split", choices=SPLIT_NAMES, default="holdout25", help="which sample table to evaluate; "
-                        "held-out numbers are the ones that count: choose on holdout25 / holdout50, quote final (new "
-                        "scenes nothing is chosen on) in a headline")
-    inputs.add_argument("--max_videos", type=int, default=None, help="evaluate only the first N rows of the split")
-    inputs.add_argument("--num_latents", type=int, default=32, help="latent frames per video (poses must match)")
-    inputs.add_argument("--ground_truth", type=Path, default=None, metavar="DIR", help="folder of ground-truth "
-                        "videos, one per evaluated row, named by its video key <case_id>__a<action_id>: a folder of "
-                        "PNG frames DIR/<key>/ or a file DIR/<key>.mp4, with the decoded videos' frame count, height "
-                        "and width. Every method, the reference included, and the still-image baseline "
-                        "repeat_first_frame (the ground truth's first frame held) are then also scored against it. "
-                        f"Default with --demo D: D/<the 'ground_truth' entry of D/{DEMO_CONFIG_NAME}> when it has "
-                        "one, else none")
 
 
 def demo_ground_truth(parser: argparse.ArgumentParser, demo: Path) -> Path | None:
@@ -64,7 +36,7 @@ def sample_table_path(parser: argparse.ArgumentParser, samples_dir: Path, split:
     return table
 
 
-# The flags `add_input_args` adds, which `resolve_inputs` takes by name.
+# The flags `recipes/flags.py add_input_args` adds, which `resolve_inputs` takes by name.
 INPUT_FLAGS = ("demo", "teacher", "action_ckpt", "vae", "samples_dir", "encoded", "dataset_root", "split",
                "max_videos", "num_latents", "ground_truth")
 

@@ -18,7 +18,6 @@ All random draws take an explicit `torch.Generator` (never the global RNG).
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 from torch import Tensor
@@ -98,29 +97,3 @@ def velocity_target(x0: Tensor, noise: Tensor) -> Tensor:
 def x0_from_velocity(x_sigma: Tensor, velocity: Tensor, sigma: Tensor) -> Tensor:
     """x0 = x_sigma - sigma v. x_sigma, velocity [B, C, T, H, W]; sigma per frame [B, T]."""
     return x_sigma.float() - sigma.to(torch.float32)[:, None, :, None, None] * velocity.float()
-
-
-def add_sigma_args(
-    parser: argparse.ArgumentParser,
-    *,
-    sampler: str,
-    sigma_min: float,
-    sigma_max: float,
-    shift: float,
-    logit_mean: float,
-    logit_std: float,
-) -> None:
-    """How training noise levels are drawn (`flow_matching.sample_sigmas`): always inside the bounds, never clamped."""
-    group = parser.add_argument_group("noise levels")
-    group.add_argument("--sigma_sampler", choices=SIGMA_SAMPLERS, default=sampler,
-                       help="uniform; logit_normal (sigmoid of a normal, redrawn outside the bounds); shifted (a "
-                            "uniform u mapped by the schedule shift, more high noise for shift > 1) (default "
-                            "%(default)s)")
-    group.add_argument("--sigma_min", type=float, default=sigma_min, help="lowest noise level (default %(default)g)")
-    group.add_argument("--sigma_max", type=float, default=sigma_max, help="highest noise level (default %(default)g)")
-    group.add_argument("--sigma_shift", type=float, default=shift,
-                       help="shift of --sigma_sampler shifted (default %(default)g, the 4-step schedule's)")
-    group.add_argument("--logit_mean", type=float, default=logit_mean,
-                       help="mean of --sigma_sampler logit_normal (default %(default)g)")
-    group.add_argument("--logit_std", type=float, default=logit_std,
-                       help="std of --sigma_sampler logit_normal (default %(default)g)")

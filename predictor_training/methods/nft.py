@@ -90,7 +90,7 @@ def draw_grid_sigmas(grid: Tensor, count: int, generator: torch.Generator) -> Te
 
 # Where the training sigmas come from: the sampler's own noise levels, or --sigma_sampler within --sigma_min/max.
 TRAIN_SIGMAS = ("sampler_grid", "range")
-# The --sigma_* flags (flow_matching.add_sigma_args); they apply with --train_sigmas range only.
+# The --sigma_* flags (recipes/flags.py add_sigma_args); they apply with --train_sigmas range only.
 RANGE_FLAGS = ("sigma_sampler", "sigma_min", "sigma_max", "sigma_shift", "logit_mean", "logit_std")
 
 

@@ -15,6 +15,9 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
+from predictor_training.data.sample_table import SPLIT_NAMES
+from predictor_training.eval.inputs import DEMO_CONFIG_NAME
+from predictor_training.methods.flow_matching import SIGMA_SAMPLERS
 from predictor_training.rollout.schedule import DEFAULT_REPLACE_STEPS, StepPlan, parse_replace_steps
 from predictor_training.runtime.errors import CommandParser
 
@@ -312,3 +315,63 @@ def check_plan(parser: argparse.ArgumentParser, plan: StepPlan, *, predictor_ste
                      "Predictor runs")
     if predictor_step and not plan.predictor_steps:
         parser.error("--replace_steps is empty: the Predictor runs (and trains on) at least one step")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training noise levels (generic methods) and the evaluation commands' inputs
+# ---------------------------------------------------------------------------------------------------------------
+def add_sigma_args(
+    parser: argparse.ArgumentParser,
+    *,
+    sampler: str,
+    sigma_min: float,
+    sigma_max: float,
+    shift: float,
+    logit_mean: float,
+    logit_std: float,
+) -> None:
+    """How training noise levels are drawn (`flow_matching.sample_sigmas`): always inside the bounds, never clamped."""
+    group = parser.add_argument_group("noise levels")
+    group.add_argument("--sigma_sampler", choices=SIGMA_SAMPLERS, default=sampler,
+                       help="uniform; logit_normal (sigmoid of a normal, redrawn outside the bounds); shifted (a "
+                            "uniform u mapped by the schedule shift, more high noise for shift > 1) (default "
+                            "%(default)s)")
+    group.add_argument("--sigma_min", type=float, default=sigma_min, help="lowest noise level (default %(default)g)")
+    group.add_argument("--sigma_max", type=float, default=sigma_max, help="highest noise level (default %(default)g)")
+    group.add_argument("--sigma_shift", type=float, default=shift,
+                       help="shift of --sigma_sampler shifted (default %(default)g, the 4-step schedule's)")
+    group.add_argument("--logit_mean", type=float, default=logit_mean,
+                       help="mean of --sigma_sampler logit_normal (default %(default)g)")
+    group.add_argument("--logit_std", type=float, default=logit_std,
+                       help="std of --sigma_sampler logit_normal (default %(default)g)")
+
+
+def add_input_args(parser: argparse.ArgumentParser) -> None:
+    """The evaluation commands' inputs (`eval/inputs.resolve_inputs` reads them): --demo, or the Teacher, VAE,
+    sample tables, case source, split and ground truth one by one."""
+    inputs = parser.add_argument_group("inputs (either --demo D, or the separate flags)")
+    inputs.add_argument("--demo", type=Path, help="demo asset folder (tools/make_demo_assets.py): D/teacher, "
+                        "D/encoders/vae, D/samples/<split>.jsonl, D/encoded")
+    inputs.add_argument("--teacher", type=Path, help="Teacher transformer folder; default: the one recorded in the "
+                        "first checkpoint's run config (flags teacher / dataset_root). Either way its config is "
+                        "checked against the Teacher config recorded by the checkpoints' training dataset, if any")
+    inputs.add_argument("--action_ckpt", type=Path, help="WorldPlay action checkpoint loaded strictly on --teacher")
+    inputs.add_argument("--vae", type=Path, help="AutoencoderKLHunyuanVideo15 folder (or a diffusers pipeline folder "
+                        "with vae/)")
+    inputs.add_argument("--samples_dir", type=Path, help="folder of the sample tables <split>.jsonl")
+    inputs.add_argument("--encoded", type=Path, help="encoder outputs {case_id}.pt (the text prefill then runs and "
+                        "is timed)")
+    inputs.add_argument("--dataset_root", type=Path, help="instead of --encoded: a built dataset whose cases/ hold the "
+                        "stored text K/V (no text prefill is run or timed)")
+    inputs.add_argument("--split", choices=SPLIT_NAMES, default="holdout25", help="which sample table to evaluate; "
+                        "held-out numbers are the ones that count: choose on holdout25 / holdout50, quote final (new "
+                        "scenes nothing is chosen on) in a headline")
+    inputs.add_argument("--max_videos", type=int, default=None, help="evaluate only the first N rows of the split")
+    inputs.add_argument("--num_latents", type=int, default=32, help="latent frames per video (poses must match)")
+    inputs.add_argument("--ground_truth", type=Path, default=None, metavar="DIR", help="folder of ground-truth "
+                        "videos, one per evaluated row, named by its video key <case_id>__a<action_id>: a folder of "
+                        "PNG frames DIR/<key>/ or a file DIR/<key>.mp4, with the decoded videos' frame count, height "
+                        "and width. Every method, the reference included, and the still-image baseline "
+                        "repeat_first_frame (the ground truth's first frame held) are then also scored against it. "
+                        f"Default with --demo D: D/<the 'ground_truth' entry of D/{DEMO_CONFIG_NAME}> when it has "
+                        "one, else none")
