@@ -24,6 +24,7 @@ Per chunk, from ONE generator sample x̂ (FastVideo draws a second rollout for t
                   + --anchor_weight x the regression anchor to the Teacher (predictor: the composite's own
                   velocity_weight mse_v + hidden_weight mse_h against the Teacher's steps; student: mse of its x0
                   estimate against the Teacher's at the same state)
+                  + --truth_weight x mse(x̂, the clip's own latents of the chunk)
 
 The Predictor's sample is its chunk's final latent with the graph of its Predictor steps; when the schedule ends
 on Full steps (F-P-P-F) those Teacher steps are re-run with a graph to their input latent (chunk_generators.py), so
@@ -137,6 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="weight of the regression anchor to the Teacher added to the generator loss (default: 1 "
                           "for --generator predictor, its composite's own Predictor-vs-Teacher loss; 0 for student, "
                           "where it is the mse of the student's x0 estimate against the Teacher's)")
+    gen.add_argument("--truth_weight", type=at_least(float, 0), default=0.0,
+                     help="weight of the mse of each generated chunk against the clip's own latents (the data's "
+                          "truth, e.g. the rendered frames of the demo world) added to the generator loss: keeps "
+                          "the conditional mean that distribution matching alone gives up (default %(default)g)")
     gen.add_argument("--init_from", type=Path, default=None,
                      help="--generator predictor: Predictor weights to start from (a v4 training_latest.pt, e.g. the "
                           "rollout recipe's, or a predictor_step_XXXXX.safetensors); required for a fresh run")
@@ -379,7 +384,7 @@ def summarize(launch: Launch) -> dict:
     log_summary("DMD2" + (" + Self-Forcing" if args.rollout == "self" else " (teacher-forced)"), {
         "run dir": str(start.run_dir),
         "generator": f"{generator_text}; updated every {args.generator_every} steps; anchor weight "
-                     f"{args.anchor_weight:g}; {ema_text}",
+                     f"{args.anchor_weight:g}; truth weight {args.truth_weight:g}; {ema_text}",
         "real score": f"{args.real_score} ({args.real_score_kind}), frozen",
         "fake score": f"{args.fake_score_train} copy of the real score, lr {args.fake_score_lr:g}, every step",
         "trainable": " | ".join(f"{name} {count:,}" for name, count in trainable.items()),

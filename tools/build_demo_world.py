@@ -164,6 +164,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="the lowest noise level the real and fake scores see (fvtools/train_dmd2.py "
                           "--score_sigma_min); 0.6 keeps them where a real score trained by a last df_sft_continue "
                           "round at --df_sft_continue_sigma_min 0.6 was trained last (default %(default)g)")
+    dmd.add_argument("--dmd_truth_weight", type=float, default=0.0,
+                     help="weight of the mse of the student's chunks against the rendered clip's latents in its "
+                          "loss (fvtools/train_dmd2.py --truth_weight; 0 = distribution matching alone) "
+                          "(default %(default)g)")
     dmd.add_argument("--dmd_val_every", type=int, default=250,
                      help="validate the student's own rollout of held-out clips against their truth every N steps; "
                           "0 = never (default %(default)s)")
@@ -214,6 +218,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 <= args.dmd_score_sigma_min < 0.98:
         parser.error(f"--dmd_score_sigma_min={args.dmd_score_sigma_min}: expected 0 <= it < 0.98 (the scores' highest "
                      "level)")
+    if args.dmd_truth_weight < 0:
+        parser.error(f"--dmd_truth_weight={args.dmd_truth_weight}: expected a number >= 0")
     if args.dmd_val_every < 0:
         parser.error(f"--dmd_val_every={args.dmd_val_every}: expected an integer >= 0")
     for name in ("dmd_lr", "dmd_fake_score_lr"):
@@ -443,6 +449,7 @@ def stage_commands(stage: str, args, out: Path) -> list[list[str]]:
                  "--generator", "student", "--train", "full", "--init_weights", "teacher",
                  "--fake_score_train", "full", "--rollout", "self", "--exit_step", "uniform", "--precision", "fp32",
                  "--student_sampler", args.dmd_student_sampler, "--score_sigma_min", f"{args.dmd_score_sigma_min:g}",
+                 "--truth_weight", f"{args.dmd_truth_weight:g}",
                  "--lr", f"{args.dmd_lr:g}", "--fake_score_lr", f"{args.dmd_fake_score_lr:g}", "--adam_beta1", "0",
                  "--generator_every", str(args.dmd_generator_every), "--max_steps", str(args.dmd_steps),
                  "--warmup_steps", str(args.dmd_warmup_steps), "--no-gradient_checkpointing",

@@ -187,12 +187,15 @@ def _recorded_step(world, tmp_path, *extra):
     return calls, step, generator_role, fake_role
 
 
-@pytest.mark.parametrize("replace_steps", ["1,2,3", "1,2"], ids=["F-P-P-P", "F-P-P-F"])
-def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tmp_path, replace_steps):
+@pytest.mark.parametrize("replace_steps,truth_weight", [("1,2,3", 0.0), ("1,2", 0.0), ("1,2,3", 0.5)],
+                         ids=["F-P-P-P", "F-P-P-F", "F-P-P-P-truth"])
+def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tmp_path, replace_steps, truth_weight):
     """The gradient the generator's sample receives is exactly (x0_fake - x0_real) / mean|x̂ - x0_real| / numel per
     chunk (DMD2's sign and normaliser), with x0_fake from the fake score and x0_real from the real score at the same
-    noisy input: swapping the scores, flipping a sign or letting the critic's loss reach the sample breaks it."""
-    calls, step, generator_role, fake_role = _recorded_step(world, tmp_path, "--replace_steps", replace_steps)
+    noisy input, plus --truth_weight x 2 (x̂ - the clip's latents of that chunk) / numel: swapping the scores,
+    flipping a sign, letting the critic's loss reach the sample or regressing onto the wrong frames breaks it."""
+    calls, step, generator_role, fake_role = _recorded_step(world, tmp_path, "--replace_steps", replace_steps,
+                                                            "--truth_weight", str(truth_weight))
     dataset = VideoLatentDataset(world["videos"], "train")
     _critic_update(step, fake_role, dataset[1])
     calls.clear()
@@ -207,6 +210,12 @@ def test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real(world, tm
     assert torch.equal(generator_sample.detach(), sample)
     assert not torch.equal(x0_fake, x0_real)
     expected = (x0_fake - x0_real) / (sample - x0_real).abs().mean() / sample.numel()
+    if truth_weight:
+        frames = slice(4 * trace["chunk"], 4 * trace["chunk"] + 4)
+        truth = dataset[0]["latents"][None, :, frames].float()
+        expected = expected + truth_weight * 2 * (sample - truth) / sample.numel()
+        assert float((truth_weight * 2 * (sample - truth)).abs().max()) > 10 * float((x0_fake - x0_real).abs().max()
+                                                                                  / (sample - x0_real).abs().mean())
     torch.testing.assert_close(generator_sample.grad, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
 
 
