@@ -39,6 +39,16 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("dmd_truth_term_on_the_wrong_frames", "predictor_training/recipes/dmd2.py",
+             "truth = data[:, :, start:start + self.config.chunk_latents]",
+             "truth = data[:, :, :self.config.chunk_latents]",
+             ("tests/recipes/test_dmd2.py::test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real",),
+             "the generator's truth term regresses every chunk onto the clip's first chunk"),
+    Mutation("dmd_truth_term_sign", "predictor_training/recipes/dmd2.py",
+             "total = total + args.truth_weight * loss_truth",
+             "total = total - args.truth_weight * loss_truth",
+             ("tests/recipes/test_dmd2.py::test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real",),
+             "the generator is pushed away from the truth"),
     Mutation("run_recipe_checkpoints_without_the_recipe", "predictor_training/runtime/launch.py",
              "meta = plan.meta if plan.resume_meta is None else plan.resume_meta",
              "meta = plan.meta",
