@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from predictor_training.methods.dmd2_models import EMA_FOLDER
 from predictor_training.methods.method_model import WEIGHTS_NAME
 from predictor_training.runtime.checkpoint import TRAINING_STATE_NAME, read_training_summary
 from predictor_training.runtime.inference_weights import INFERENCE_FORMAT
@@ -200,7 +201,12 @@ def _header(path: Path) -> dict:
 
 
 def _run_dir_of(folder: Path) -> Path | None:
-    return folder if (folder / TRAIN_CONFIG_NAME).is_file() or (folder / LOG_NAME).is_file() else None
+    """The run behind weights in `folder`: the folder itself, or the run above a student's EMA export
+    (`<run_dir>/ema/`)."""
+    for candidate in (folder, folder.parent) if folder.name == EMA_FOLDER else (folder,):
+        if (candidate / TRAIN_CONFIG_NAME).is_file() or (candidate / LOG_NAME).is_file():
+            return candidate
+    return None
 
 
 def _run_config(run_dir: Path | None) -> dict | None:

@@ -22,6 +22,7 @@ from predictor_training.eval.training_cost import (
     training_cost,
 )
 from predictor_training.runtime.inference_weights import save_inference_weights
+from predictor_training.teacher.adapters import LORA_FILE_FORMAT
 from predictor_training.world.assets import WORLD_WEIGHTS
 
 FRRP_KEY = {"recipe": "rollout", "replace_steps": [3], "reuse_steps": [1, 2], "context_mode": "exact"}
@@ -275,6 +276,24 @@ def test_a_real_score_shared_by_every_row_is_not_counted(tmp_path):
     assert [item["link"] for item in training_cost(run, table=table)["missing"]] == ["teacher", "real_score"]
     assert [item["link"] for item in training_cost(run, table=table, shared=[teacher])["missing"]] == ["real_score"]
     assert training_cost(run, table=table, shared=[teacher, score])["lineage_complete"]
+
+
+def test_a_students_ema_export_costs_what_its_run_cost(tmp_path):
+    """`<run>/ema/model` (a full student's EMA) and `<run>/ema/lora_student.safetensors` are the run's weights: the
+    same steps, core-hours and FLOPs as `<run>/model`, not an unknown cost."""
+    table = write_table(tmp_path / "table.json", per_item(DMD2_KEY, 2.0))
+    run = write_run(tmp_path / "dmd2", method_config("dmd2", teacher=None), [1.0, 3.0])
+    raw = write_model_folder(run / "model", {"method": "dmd2", "step": 2})
+    ema = write_model_folder(run / "ema" / "model", {"method": "dmd2", "step": 2})
+    lora = run / "ema" / "lora_student.safetensors"
+    safetensors.torch.save_file({"weight": torch.zeros(2)}, str(lora),
+                                metadata={"format": LORA_FILE_FORMAT, "metadata": json.dumps({"step": 2})})
+    expected = training_cost(raw, table=table)
+    assert expected["core_hours"] == pytest.approx(4.0 / 3600) and expected["flops"] > 0
+    for weights in (ema, lora):
+        cost = training_cost(weights, table=table)
+        assert (cost["core_hours"], cost["flops"], cost["lineage_complete"]) == (
+            expected["core_hours"], expected["flops"], expected["lineage_complete"]), weights
 
 
 def test_a_trained_teacher_outside_any_run_is_missing_a_base_model_is_not(tmp_path):

@@ -39,6 +39,11 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("ema_export_cost_unknown", "predictor_training/eval/training_cost.py",
+             "for candidate in (folder, folder.parent) if folder.name == EMA_FOLDER else (folder,):",
+             "for candidate in (folder,):",
+             ("tests/eval/test_training_cost.py::test_a_students_ema_export_costs_what_its_run_cost",),
+             "a student's EMA export shows an unknown training cost"),
     Mutation("dmd_truth_term_on_the_wrong_frames", "predictor_training/recipes/dmd2.py",
              "truth = data[:, :, start:start + self.config.chunk_latents]",
              "truth = data[:, :, :self.config.chunk_latents]",
