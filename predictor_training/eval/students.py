@@ -56,7 +56,7 @@ def read_student(path: str | Path) -> StudentSource:
     if "student_steps" not in flags or flags.get("generator", "student") != "student":
         raise UserInputError(f"--student {path}: the run {run_dir.name} trained no few-step student (its "
                              "train_config.json flags have no student_steps, or its generator is not a student)")
-    return StudentSource(path=path, run_dir=run_dir, method=str(config.get("method", flags.get("experiment", "?"))),
+    return StudentSource(path=path, run_dir=run_dir, method=str(config.get("derived", {}).get("method", "student")),
                          train=str(flags.get("train", "full")), steps=int(flags["student_steps"]),
                          shift=float(flags["student_shift"]), ema="ema" in path.resolve().relative_to(run_dir).parts[:-1])
 

@@ -31,7 +31,9 @@ def _student_run(tmp_path, name: str, flags: dict, method: str = "kd") -> "Path"
     (run / "ema" / "model").mkdir(parents=True)
     (run / "ema" / "model" / "config.json").write_text("{}")
     (run / "lora_student.safetensors").write_bytes(b"")
-    (run / "train_config.json").write_text(json.dumps({"method": method, "flags": flags}))
+    # the layout the loop writes (runtime/run_directory.py): the recipe's method under "derived"
+    (run / "train_config.json").write_text(json.dumps({"flags": {"experiment": "students", **flags},
+                                                       "derived": {"method": method}}))
     return run
 
 
