@@ -39,6 +39,11 @@ class Mutation:
 
 
 MUTATIONS = [
+    Mutation("student_label_without_its_method", "predictor_training/eval/students.py",
+             'method=str(config.get("derived", {}).get("method", "student")),',
+             'method=str(config.get("method", "student")),',
+             ("tests/eval/test_students.py::test_students_are_read_from_their_run_and_get_a_row_each",),
+             "a KD and a DMD2 student get the same row label"),
     Mutation("ema_export_cost_unknown", "predictor_training/eval/training_cost.py",
              "for candidate in (folder, folder.parent) if folder.name == EMA_FOLDER else (folder,):",
              "for candidate in (folder,):",
