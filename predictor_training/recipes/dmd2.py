@@ -165,8 +165,7 @@ class DistributionMatchingStep:
                 if chunk.anchor is not None and args.anchor_weight > 0:
                     total = total + args.anchor_weight * chunk.anchor
                 if args.truth_weight > 0:
-                    start = chunk_index * self.config.chunk_latents  # the chunk's frames of the clip
-                    truth = data[:, :, start:start + self.config.chunk_latents]
+                    truth = data[:, :, self.config.chunk_frames(chunk_index)]
                     loss_truth = torch.mean((chunk.sample - truth) ** 2)
                     total = total + args.truth_weight * loss_truth
                     metrics["truth_loss"] = float(loss_truth.detach())

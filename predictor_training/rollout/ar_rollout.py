@@ -131,6 +131,11 @@ class RolloutConfig:
         if self.chunk_latents < 1 or self.num_steps < 1:
             raise ValueError(f"chunk_latents and num_steps must be >= 1, got {self.chunk_latents}, {self.num_steps}")
 
+    def chunk_frames(self, chunk_index: int) -> slice:
+        """The latent frames of a chunk: ``slice(4c, 4c + 4)``."""
+        start = chunk_index * self.chunk_latents
+        return slice(start, start + self.chunk_latents)
+
     @classmethod
     def from_dataset_config(
         cls, dataset_config: dict, where: str, *, state_dtype: torch.dtype, autocast_dtype: torch.dtype | None
@@ -314,9 +319,8 @@ class ARRollout:
         return torch.cat([latent, self.cond[:, :, frames].to(self.model_dtype)], dim=1)
 
     def chunk_frames(self, chunk_index: int) -> slice:
-        """The latent frames of a chunk: ``slice(4c, 4c + 4)``."""
-        start = chunk_index * self.config.chunk_latents
-        return slice(start, start + self.config.chunk_latents)
+        """The latent frames of a chunk: ``slice(4c, 4c + 4)`` (`RolloutConfig.chunk_frames`)."""
+        return self.config.chunk_frames(chunk_index)
 
     @torch.no_grad()
     def write_chunk(self, chunk_index: int, latent: Tensor) -> None:

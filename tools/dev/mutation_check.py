@@ -50,7 +50,7 @@ MUTATIONS = [
              ("tests/eval/test_training_cost.py::test_a_students_ema_export_costs_what_its_run_cost",),
              "a student's EMA export shows an unknown training cost"),
     Mutation("dmd_truth_term_on_the_wrong_frames", "predictor_training/recipes/dmd2.py",
-             "truth = data[:, :, start:start + self.config.chunk_latents]",
+             "truth = data[:, :, self.config.chunk_frames(chunk_index)]",
              "truth = data[:, :, :self.config.chunk_latents]",
              ("tests/recipes/test_dmd2.py::test_the_generator_sample_gets_the_dmd_gradient_of_fake_minus_real",),
              "the generator's truth term regresses every chunk onto the clip's first chunk"),
