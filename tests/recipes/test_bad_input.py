@@ -584,6 +584,9 @@ METHOD_CASES = {
     "dmd2_init_from_missing": ("dmd2", lambda w: method(w, "--real_score", w["method"]["teacher"], "--init_from",
                                                         w["out"] / "gone.pt", "--generator_every", "1"),
                                lambda w: "gone.pt"),
+    "dmd2_truth_weight_negative": ("dmd2", lambda w: method(w, "--real_score", w["method"]["teacher"],
+                                                            "--truth_weight", "-1"),
+                                   lambda w: "--truth_weight"),
     "nft_rewards_unknown": ("nft", lambda w: method(w, "--rewards", "beauty:1"), lambda w: "beauty"),
     "adversarial_source_blocks_past_the_teacher": (
         "adversarial", lambda w: offline(w, "--source_blocks", "0,7"), lambda w: "--source_blocks"),
@@ -693,6 +696,9 @@ TOOL_CASES = {
     "world_build_kd_lr_per_round": ("build_demo_world", lambda w: ["--out", w["out"] / "world", "--teacher_from", "kd",
                                                                    "--kd_steps", "5,6,7", "--kd_lr", "1e-4,2e-4"],
                                     lambda w: "--kd_lr: 2 values for 3 rounds of --kd_steps; expected one or one per round"),
+    "world_build_dmd_truth_weight_negative": (
+        "build_demo_world", lambda w: ["--out", w["out"] / "world", "--teacher_from", "dmd", "--dmd_truth_weight", "-1"],
+        lambda w: "--dmd_truth_weight"),
     "world_build_kd_steps_not_numbers": ("build_demo_world", lambda w: ["--out", w["out"] / "world", "--kd_steps", "5,x"],
                                          lambda w: "--kd_steps / --kd_lr: comma-separated numbers expected"),
     "sample_table_tool_non_utf8_cases": ("make_sample_table",

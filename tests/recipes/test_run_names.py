@@ -141,6 +141,7 @@ def test_config_file_values_go_through_the_flags_types_and_unknown_keys_are_erro
     ("train_nft", ["--sample_steps", "x"], "argument --sample_steps: invalid int value: 'x'"),
     ("train_dmd2", ["--ema_decay", "1"], "argument --ema_decay: expected in [0, 1), or -1, got 1"),
     ("train_dmd2", ["--anchor_weight", "-0.5"], "argument --anchor_weight: expected >= 0, got -0.5"),
+    ("train_dmd2", ["--truth_weight", "-1"], "argument --truth_weight: expected >= 0, got -1"),
 ])
 def test_method_flag_ranges_are_refused_by_argparse(capsys, script, flags, message):
     """The methods' range checks are argparse `type=` validators (runtime/flags.py): the error names the flag and

@@ -216,6 +216,10 @@ def test_dmd_stage_distils_a_student_against_the_many_step_model_and_ships_its_e
     command = build_demo_world.stage_commands("dmd", given, out)[0]
     assert flag(command, "--teacher") == str(student.resolve())
     assert flag(command, "--real_score") == str(weights.resolve() / "teacher")
+    assert flag(command, "--truth_weight") == "0"
+    weighted = build_demo_world.parse_args(["--out", str(out), "--reuse_weights", str(weights), "--teacher_from",
+                                            "dmd", "--dmd_from", str(student), "--dmd_truth_weight", "0.25"])
+    assert flag(build_demo_world.stage_commands("dmd", weighted, out)[0], "--truth_weight") == "0.25"
     for bad in (["--dmd_from", str(tmp_path)], ["--dmd_steps", "0"], ["--dmd_warmup_steps", "2000"],
                 ["--dmd_score_sigma_min", "0.99"]):
         with pytest.raises(SystemExit):
